@@ -1,0 +1,2 @@
+//! wasmop: a Kubernetes operator whose reconcile logic runs as WebAssembly
+//! components.

@@ -1,0 +1,1 @@
+//! The wasmop plugin SDK.

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
+# and kwok from their Go modules at the versions pinned in versions.env.
+# Results are cached outside the repo ($WASMOP_CACHE/bin/<component>-<version>);
+# a second run finds them and builds nothing.
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+command -v go >/dev/null || die "go is required (Go >= 1.26) to build the control plane"
+export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
+
+build_k8s() {
+  local out="$K8S_BIN" bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  local b missing=0
+  for b in "${bins[@]}"; do [[ -x "$out/$b" ]] || missing=1; done
+  if [[ $missing == 0 ]]; then log "kubernetes $K8S_VERSION: cached in $out"; return; fi
+  log "kubernetes $K8S_VERSION: building ${bins[*]} (cold build takes a while)"
+  local work; work="$(mktemp -d)"
+  (
+    cd "$work"
+    go mod init wasmop.local/k8s-build >/dev/null 2>&1
+    local gomod
+    gomod="$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
+    [[ -f "$gomod" ]] || die "could not download k8s.io/kubernetes@$K8S_VERSION"
+    local minor_patch="${K8S_VERSION#v1.}"
+    # Every staging module that k8s.io/kubernetes replaces with a local path is
+    # published separately as k8s.io/<name> v0.<minor>.<patch>.
+    grep -E '^\s*k8s\.io/[a-z0-9-]+ => \./staging/' "$gomod" | awk '{print $1}' | while read -r m; do
+      go mod edit -replace "$m=$m@v0.$minor_patch"
+    done
+    go mod edit -require "k8s.io/kubernetes@$K8S_VERSION"
+    local pkgs=()
+    for b in "${bins[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
+    cat > tools.go <<GO
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)
+GO
+    go mod tidy -e >/dev/null 2>&1 || true
+    go mod download
+    local major=1 minor="${minor_patch%%.*}"
+    local ld="-s -w"
+    for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+      ld+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=$major -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
+    done
+    mkdir -p "$out.tmp"
+    go build -tags tools,notest -trimpath -ldflags "$ld" -o "$out.tmp/" "${pkgs[@]}"
+  )
+  rm -rf "$work" "$out"
+  mv "$out.tmp" "$out"
+  log "kubernetes $K8S_VERSION: built into $out"
+}
+
+build_etcd() {
+  local out="$ETCD_BIN"
+  if [[ -x "$out/etcd" ]]; then log "etcd $ETCD_VERSION: cached in $out"; return; fi
+  log "etcd $ETCD_VERSION: building"
+  local work; work="$(mktemp -d)"
+  (
+    cd "$work"
+    go mod init wasmop.local/etcd-build >/dev/null 2>&1
+    go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null
+    mkdir -p "$out.tmp"
+    go build -trimpath -ldflags "-s -w" -o "$out.tmp/etcd" go.etcd.io/etcd/server/v3
+  )
+  rm -rf "$work" "$out"
+  mv "$out.tmp" "$out"
+  log "etcd $ETCD_VERSION: built into $out"
+}
+
+build_kwok() {
+  local out="$KWOK_BIN"
+  if [[ -x "$out/kwok" && -d "$out/stages" ]]; then log "kwok $KWOK_VERSION: cached in $out"; return; fi
+  log "kwok $KWOK_VERSION: building"
+  local work; work="$(mktemp -d)"
+  (
+    cd "$work"
+    go mod init wasmop.local/kwok-build >/dev/null 2>&1
+    go get "sigs.k8s.io/kwok@$KWOK_VERSION" >/dev/null
+    mkdir -p "$out.tmp/stages"
+    go build -trimpath -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" -o "$out.tmp/kwok" sigs.k8s.io/kwok/cmd/kwok
+    local dir
+    dir="$(go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
+    # The stage definitions (node heartbeat, pod ready/complete/delete) ship
+    # in the module; kwok needs them passed explicitly.
+    find "$dir/kustomize/stage" -name '*.yaml' ! -name 'kustomization.yaml' -exec cp {} "$out.tmp/stages/" \;
+    chmod -R u+w "$out.tmp"
+  )
+  rm -rf "$work" "$out"
+  mv "$out.tmp" "$out"
+  log "kwok $KWOK_VERSION: built into $out"
+}
+
+start=$(date +%s)
+build_etcd
+build_kwok
+build_k8s
+log "control plane binaries ready in $(( $(date +%s) - start ))s"

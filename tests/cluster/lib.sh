@@ -1,0 +1,19 @@
+# Shared settings for the local control plane scripts. Sourced, not run.
+# shellcheck shell=bash
+
+CLUSTER_SCRIPTS="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=tests/cluster/versions.env
+. "$CLUSTER_SCRIPTS/versions.env"
+
+# Built binaries live outside the repository, keyed by version, so a fresh
+# clone on the same machine reuses them.
+WASMOP_CACHE="${WASMOP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/wasmop}"
+K8S_BIN="$WASMOP_CACHE/bin/k8s-$K8S_VERSION"
+ETCD_BIN="$WASMOP_CACHE/bin/etcd-$ETCD_VERSION"
+KWOK_BIN="$WASMOP_CACHE/bin/kwok-$KWOK_VERSION"
+
+# Runtime state of one local cluster (certs, data, logs, pids, kubeconfig).
+WASMOP_CLUSTER_DIR="${WASMOP_CLUSTER_DIR:-${TMPDIR:-/tmp}/wasmop-cluster}"
+
+log() { printf '[cluster] %s\n' "$*" >&2; }
+die() { printf '[cluster] error: %s\n' "$*" >&2; exit 1; }
