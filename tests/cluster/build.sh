@@ -77,7 +77,7 @@ build_etcd() {
 
 build_kwok() {
   local out="$KWOK_BIN"
-  if [[ -x "$out/kwok" && -d "$out/stages" ]]; then log "kwok $KWOK_VERSION: cached in $out"; return; fi
+  if [[ -x "$out/kwok" && -f "$out/storage-class.yaml" ]]; then log "kwok $KWOK_VERSION: cached in $out"; return; fi
   log "kwok $KWOK_VERSION: building"
   local work; work="$(mktemp -d)"
   (
@@ -88,9 +88,17 @@ build_kwok() {
     go build -trimpath -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" -o "$out.tmp/kwok" sigs.k8s.io/kwok/cmd/kwok
     local dir
     dir="$(go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
-    # The stage definitions (node heartbeat, pod ready/complete/delete) ship
-    # in the module; kwok needs them passed explicitly.
-    find "$dir/kustomize/stage" -name '*.yaml' ! -name 'kustomization.yaml' -exec cp {} "$out.tmp/stages/" \;
+    # The stage definitions ship in the module; kwok needs them passed
+    # explicitly. Nodes: initialise and heartbeat through Leases. Pods: become
+    # Ready, complete (Jobs), go away when deleted. Volumes: PVCs of the
+    # `kwok-volume` StorageClass get bound to a simulated PV.
+    local s
+    for s in node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease \
+             pod/fast/pod-ready pod/fast/pod-complete pod/fast/pod-delete \
+             volume/fast/pvc-provision volume/fast/pv-bind volume/fast/pv-delete volume/fast/pvc-delete; do
+      cp "$dir/kustomize/stage/$s.yaml" "$out.tmp/stages/"
+    done
+    cp "$dir/kustomize/stage/volume/fast/storage-class.yaml" "$out.tmp/storage-class.yaml"
     chmod -R u+w "$out.tmp"
   )
   rm -rf "$work" "$out"

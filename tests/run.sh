@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The one command that sets up and runs every test of wasmop:
+#   1. installs what the build needs (the wasm32-wasip2 target, clippy, rustfmt);
+#   2. builds or reuses the cached control-plane binaries (tests/cluster/build.sh);
+#   3. builds every plugin and test plugin to a real .wasm component;
+#   4. checks formatting and lints;
+#   5. starts the local control plane (tests/cluster/up.sh);
+#   6. runs `cargo test --workspace` — unit tests, golden plans and the
+#      integration tests against the control plane;
+#   7. stops the control plane, also when something failed.
+# Exits non-zero on any failure.
+#
+# Environment:
+#   WASMOP_CACHE        cache for Go binaries and the cargo target dir
+#                       (default ${XDG_CACHE_HOME:-$HOME/.cache}/wasmop)
+#   WASMOP_KEEP_CLUSTER=1  leave the control plane running afterwards
+#   CARGO_TEST_ARGS     extra arguments for cargo test (e.g. a test name filter)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+. tests/cluster/lib.sh
+
+step() { printf '\n==> %s\n' "$*"; }
+t0=$(date +%s)
+
+step "toolchain: wasm32-wasip2 target, clippy, rustfmt"
+rustup target add wasm32-wasip2
+rustup component add clippy rustfmt
+
+# Cargo's build output is cached outside the repository, so a fresh clone on
+# the same machine reuses compiled dependencies.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$WASMOP_CACHE/target}"
+export WASMOP_PLUGIN_DIR="${WASMOP_PLUGIN_DIR:-$CARGO_TARGET_DIR/plugins}"
+export WASMOP_PLUGIN_OUT="$WASMOP_PLUGIN_DIR"
+
+step "control-plane binaries"
+bash tests/cluster/build.sh
+
+step "plugins (wasm32-wasip2 components)"
+bash tests/build-plugins.sh "$WASMOP_PLUGIN_DIR"
+
+step "formatting and lints"
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "local control plane"
+cleanup() {
+  if [[ ${WASMOP_KEEP_CLUSTER:-0} == 1 ]]; then
+    log "leaving the control plane running (WASMOP_KEEP_CLUSTER=1); stop it with bash tests/cluster/down.sh"
+  else
+    bash tests/cluster/down.sh --keep-logs || true
+  fi
+}
+trap cleanup EXIT
+KUBECONFIG="$(bash tests/cluster/up.sh)"
+export KUBECONFIG
+
+step "cargo test --workspace"
+# shellcheck disable=SC2086
+cargo test --workspace --no-fail-fast ${CARGO_TEST_ARGS:-}
+
+step "all tests passed in $(( $(date +%s) - t0 ))s"
