@@ -169,7 +169,7 @@ for s in "$KWOK_BIN"/stages/*.yaml; do stage_args+=("--config=$s"); done
 start kwok "$KWOK_BIN/kwok" \
   --kubeconfig="$KUBECONFIG" --manage-all-nodes=false \
   --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
-  --cidr=10.244.0.0/16 --node-ip=10.240.0.1 \
+  --cidr=10.244.0.0/16 --node-ip=10.240.0.1 --node-lease-duration-seconds=40 \
   --server-address="127.0.0.1:$KWOK_PORT" "${stage_args[@]}"
 
 "$KUBECTL" apply -f - >/dev/null <<NODE || fail kube-apiserver "could not create the fake Node"

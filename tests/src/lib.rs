@@ -83,14 +83,13 @@ where
     Fut: Future<Output = Result<Option<T>>>,
 {
     let start = Instant::now();
-    let mut last = String::from("condition never evaluated");
     let mut interval = Duration::from_millis(50);
     loop {
-        match check().await {
+        let last = match check().await {
             Ok(Some(v)) => return Ok(v),
-            Ok(None) => last = "condition not met yet".into(),
-            Err(e) => last = format!("{e:#}"),
-        }
+            Ok(None) => "condition not met yet".to_string(),
+            Err(e) => format!("{e:#}"),
+        };
         if start.elapsed() >= deadline {
             bail!("timed out after {deadline:?} waiting for {what}; last state: {last}");
         }
@@ -105,7 +104,6 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// A fresh namespace on the local cluster and a client to use it, deleted
 /// when dropped.
-#[derive(Debug)]
 pub struct TestNamespace {
     /// Client for the local cluster.
     pub client: Client,
@@ -159,15 +157,21 @@ impl TestNamespace {
     }
 }
 
+impl std::fmt::Debug for TestNamespace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestNamespace").field("name", &self.name).finish()
+    }
+}
+
 impl Drop for TestNamespace {
     fn drop(&mut self) {
         if self.keep {
             eprintln!("keeping namespace {} (WASMOP_KEEP_NAMESPACES)", self.name);
             return;
         }
-        // Drop cannot await; delete from a separate thread with its own
-        // runtime so this works inside and outside a tokio runtime.
-        let client = self.client.clone();
+        // Drop cannot await. Delete from a separate thread with its own
+        // runtime and its own client: the test's client drives its
+        // connections on the test's runtime, which is blocked in this join.
         let name = self.name.clone();
         let done = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -175,9 +179,11 @@ impl Drop for TestNamespace {
                 .build();
             if let Ok(rt) = rt {
                 let _ = rt.block_on(async move {
+                    let client = client().await?;
                     Api::<Namespace>::all(client)
                         .delete(&name, &DeleteParams::background())
-                        .await
+                        .await?;
+                    anyhow::Ok(())
                 });
             }
         });
