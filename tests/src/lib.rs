@@ -9,6 +9,8 @@
 //! Waiting is always on a condition with a deadline ([`wait_for`]); tests
 //! never sleep to synchronise.
 
+pub mod operator;
+
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};

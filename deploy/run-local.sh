@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Shows wasmop working on a fresh machine with no cluster of your own:
+# builds the plugins, starts the local control plane (tests/cluster/up.sh,
+# the same scripts the tests use), installs the CRDs, runs the operator,
+# applies the examples in deploy/examples/ and shows what the operator made
+# and the primaries' conditions as they converge. Ctrl-C stops everything
+# this script started.
+#
+#   bash deploy/run-local.sh [EXAMPLE.yaml ...]
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+. tests/cluster/lib.sh
+
+examples=("$@")
+[[ ${#examples[@]} -gt 0 ]] || examples=(deploy/examples/widgets.yaml)
+
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$WASMOP_CACHE/target}"
+plugins="$CARGO_TARGET_DIR/plugins"
+KUBECTL="$K8S_BIN/kubectl"
+
+bash tests/build-plugins.sh "$plugins"
+cargo build --release -p wasmop
+WASMOP="$CARGO_TARGET_DIR/release/wasmop"
+
+started_cluster=0
+if ! bash tests/cluster/up.sh >/dev/null 2>&1; then
+  bash tests/cluster/up.sh  # again, to show why it failed
+fi
+started_cluster=1
+export KUBECONFIG="$WASMOP_CLUSTER_DIR/kubeconfig"
+
+op_pid=""
+stop() {
+  trap - INT TERM EXIT
+  echo
+  [[ -n $op_pid ]] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null
+  [[ $started_cluster == 1 ]] && bash tests/cluster/down.sh
+  exit 0
+}
+trap stop INT TERM EXIT
+
+"$KUBECTL" apply -f tests/fixtures/crds/ >/dev/null
+if compgen -G "crds/*.yaml" >/dev/null; then "$KUBECTL" apply -f crds/ >/dev/null; fi
+"$KUBECTL" wait --for=condition=Established crd --all --timeout=60s >/dev/null
+
+log_file="$WASMOP_CLUSTER_DIR/logs/wasmop.log"
+"$WASMOP" run --plugins "$plugins" >"$log_file" 2>&1 &
+op_pid=$!
+echo "operator running (pid $op_pid), log: $log_file"
+
+for f in "${examples[@]}"; do "$KUBECTL" apply -f "$f"; done
+
+kinds=$(for f in "${examples[@]}"; do awk '/^kind:/{print $2}' "$f"; done | sort -u | paste -sd, -)
+while true; do
+  clear 2>/dev/null || true
+  date
+  echo "--- primaries ($kinds) and their conditions"
+  "$KUBECTL" get "$kinds" -A \
+    -o custom-columns='KIND:.kind,NAMESPACE:.metadata.namespace,NAME:.metadata.name,CONDITIONS:.status.conditions[*].type,STATUS:.status.conditions[*].status,REASON:.status.conditions[*].reason' || true
+  echo "--- objects the operator made (label app.kubernetes.io/managed-by=wasmop)"
+  "$KUBECTL" get all,configmaps,secrets -A -l app.kubernetes.io/managed-by=wasmop || true
+  echo "--- last operator log lines"
+  tail -n 5 "$log_file"
+  echo "(Ctrl-C stops the operator and the control plane)"
+  kill -0 "$op_pid" 2>/dev/null || { echo "operator exited; see $log_file"; exit 1; }
+  sleep 2
+done

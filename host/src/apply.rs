@@ -1,0 +1,267 @@
+//! Execution of a validated plan against the Kubernetes API: server-side
+//! apply under the plugin's field manager, preconditioned creates and
+//! deletes, one status write, finalizers and Events.
+//!
+//! Nothing here decides *whether* a write is allowed; `plan::validate` did
+//! that for the whole plan before the first call into this module.
+//!
+//! # Guarantees
+//! - Deletes always carry UID and resourceVersion preconditions; a failed
+//!   precondition is reported as [`ApplyError::Conflict`], never forced.
+//! - An apply with a resourceVersion precondition sends it with the apply
+//!   (optimistic concurrency); one that requires absence is a create.
+//! - Fields owned by another field manager are never overwritten: applies
+//!   are not forced (only the status, which the plugin owns outright).
+
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
+};
+use kube::Client;
+use serde_json::{Value, json};
+
+/// Why a write failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// A precondition did not hold (the object changed, exists, or is gone
+    /// since the snapshot); the reconcile is retried, never forced.
+    #[error("conflict on {target}: {message}")]
+    Conflict {
+        /// `Kind namespace/name` of the object.
+        target: String,
+        /// What the API server said.
+        message: String,
+    },
+    /// The API server refused the write for another reason.
+    #[error("writing {target} failed: {message}")]
+    Api {
+        /// `Kind namespace/name` of the object.
+        target: String,
+        /// What the API server said.
+        message: String,
+    },
+}
+
+impl ApplyError {
+    /// Short CamelCase reason for conditions and Events.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Conflict { .. } => "WriteConflict",
+            Self::Api { .. } => "WriteFailed",
+        }
+    }
+
+    fn from_kube(target: String, e: kube::Error) -> Self {
+        match &e {
+            kube::Error::Api(status) if status.code == 409 || status.code == 422 && status.reason == "Invalid" && status.message.contains("Precondition") => {
+                Self::Conflict {
+                    target,
+                    message: status.message.clone(),
+                }
+            }
+            kube::Error::Api(status) => Self::Api {
+                target,
+                message: format!("{} ({})", status.message, status.code),
+            },
+            other => Self::Api {
+                target,
+                message: other.to_string(),
+            },
+        }
+    }
+}
+
+/// `Kind namespace/name` for messages.
+pub fn describe(obj: &Value) -> String {
+    let kind = obj["kind"].as_str().unwrap_or("object");
+    let name = obj["metadata"]["name"].as_str().unwrap_or("?");
+    match obj["metadata"]["namespace"].as_str() {
+        Some(ns) if !ns.is_empty() => format!("{kind} {ns}/{name}"),
+        _ => format!("{kind} {name}"),
+    }
+}
+
+fn api_for(client: &Client, resource: &ApiResource, namespace: Option<&str>) -> Api<DynamicObject> {
+    match namespace.filter(|n| !n.is_empty()) {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
+        None => Api::all_with(client.clone(), resource),
+    }
+}
+
+fn ns_of(obj: &Value) -> Option<&str> {
+    obj["metadata"]["namespace"].as_str()
+}
+
+fn name_of(obj: &Value) -> &str {
+    obj["metadata"]["name"].as_str().unwrap_or_default()
+}
+
+/// Writes objects for one field manager.
+#[derive(Clone)]
+pub struct Writer {
+    client: Client,
+    field_manager: String,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer").field("field_manager", &self.field_manager).finish()
+    }
+}
+
+impl Writer {
+    /// A writer using `field_manager` for every write.
+    pub fn new(client: Client, field_manager: impl Into<String>) -> Self {
+        Self {
+            client,
+            field_manager: field_manager.into(),
+        }
+    }
+
+    /// The field manager name.
+    pub fn field_manager(&self) -> &str {
+        &self.field_manager
+    }
+
+    /// Server-side applies `obj` (not forced). With `resource_version`, the
+    /// apply only succeeds while the object is at that version.
+    ///
+    /// # Errors
+    /// [`ApplyError::Conflict`] when another manager owns a field being
+    /// changed or the version moved; [`ApplyError::Api`] otherwise.
+    pub async fn apply(
+        &self,
+        resource: &ApiResource,
+        obj: &Value,
+        resource_version: Option<&str>,
+    ) -> Result<Value, ApplyError> {
+        let mut body = obj.clone();
+        if let Some(rv) = resource_version {
+            body["metadata"]["resourceVersion"] = json!(rv);
+        }
+        let api = api_for(&self.client, resource, ns_of(obj));
+        api.patch(
+            name_of(obj),
+            &PatchParams::apply(&self.field_manager),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map(|o| serde_json::to_value(o).unwrap_or_default())
+        .map_err(|e| ApplyError::from_kube(describe(obj), e))
+    }
+
+    /// Creates `obj`; fails with a conflict when it already exists.
+    ///
+    /// # Errors
+    /// [`ApplyError::Conflict`] when the object exists.
+    pub async fn create(&self, resource: &ApiResource, obj: &Value) -> Result<Value, ApplyError> {
+        let dynamic: DynamicObject =
+            serde_json::from_value(obj.clone()).map_err(|e| ApplyError::Api {
+                target: describe(obj),
+                message: format!("not a Kubernetes object: {e}"),
+            })?;
+        let api = api_for(&self.client, resource, ns_of(obj));
+        let pp = PostParams {
+            field_manager: Some(self.field_manager.clone()),
+            ..PostParams::default()
+        };
+        api.create(&pp, &dynamic)
+            .await
+            .map(|o| serde_json::to_value(o).unwrap_or_default())
+            .map_err(|e| ApplyError::from_kube(describe(obj), e))
+    }
+
+    /// Deletes an object if it still has this UID and resourceVersion.
+    /// An object that is already gone counts as deleted.
+    ///
+    /// # Errors
+    /// [`ApplyError::Conflict`] when the preconditions do not hold.
+    pub async fn delete(
+        &self,
+        resource: &ApiResource,
+        namespace: Option<&str>,
+        name: &str,
+        uid: &str,
+        resource_version: &str,
+    ) -> Result<(), ApplyError> {
+        let api = api_for(&self.client, resource, namespace);
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_string()),
+                resource_version: Some(resource_version.to_string()),
+            }),
+            ..DeleteParams::background()
+        };
+        let target = match namespace.filter(|n| !n.is_empty()) {
+            Some(ns) => format!("{} {ns}/{name}", resource.kind),
+            None => format!("{} {name}", resource.kind),
+        };
+        match api.delete(name, &dp).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(ApplyError::from_kube(target, e)),
+        }
+    }
+
+    /// Writes `status` of `primary` through the status subresource
+    /// (server-side apply, forced: the status belongs to the plugin).
+    ///
+    /// # Errors
+    /// [`ApplyError::Api`] when the API server refuses it.
+    pub async fn write_status(
+        &self,
+        resource: &ApiResource,
+        primary: &Value,
+        status: &Value,
+    ) -> Result<(), ApplyError> {
+        let body = json!({
+            "apiVersion": primary["apiVersion"],
+            "kind": primary["kind"],
+            "metadata": {"name": primary["metadata"]["name"], "namespace": primary["metadata"]["namespace"]},
+            "status": status,
+        });
+        let api = api_for(&self.client, resource, ns_of(primary));
+        api.patch_status(
+            name_of(primary),
+            &PatchParams::apply(&self.field_manager).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| ApplyError::from_kube(describe(primary), e))
+    }
+
+    /// Sets the finalizer list of `primary`, only while it is at the
+    /// resourceVersion the snapshot saw.
+    ///
+    /// # Errors
+    /// [`ApplyError::Conflict`] when the primary changed meanwhile.
+    pub async fn set_finalizers(
+        &self,
+        resource: &ApiResource,
+        primary: &Value,
+        finalizers: &[String],
+    ) -> Result<Value, ApplyError> {
+        let patch = json!({"metadata": {
+            "finalizers": finalizers,
+            "resourceVersion": primary["metadata"]["resourceVersion"],
+        }});
+        let api = api_for(&self.client, resource, ns_of(primary));
+        api.patch(name_of(primary), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|o| serde_json::to_value(o).unwrap_or_default())
+            .map_err(|e| ApplyError::from_kube(describe(primary), e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn describe_names_kind_namespace_and_name() {
+        let o = json!({"kind":"ConfigMap","metadata":{"name":"a","namespace":"n"}});
+        assert_eq!(describe(&o), "ConfigMap n/a");
+        let o = json!({"kind":"EtcdBackup","metadata":{"name":"b"}});
+        assert_eq!(describe(&o), "EtcdBackup b");
+    }
+}

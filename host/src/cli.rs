@@ -1,0 +1,292 @@
+//! The `wasmop` command line.
+//!
+//! Each subcommand is one [`Command`] variant holding its arguments and one
+//! function `fn name(args) -> Result<ExitCode, CliError>`, dispatched in
+//! [`execute`]. Errors are [`CliError`]s that display as one line.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::Serialize;
+use serde_json::Value;
+use thiserror::Error;
+
+use crate::manifest::Manifest;
+use crate::offline::{self, InputError, OfflineError, Outcome};
+use crate::plugin::{CompileCache, LoadError, LoadOptions, LoadedPlugin};
+use crate::rbac;
+use crate::sandbox::{Limits, Sandbox, SandboxConfig, SandboxError};
+
+/// wasmop: a Kubernetes operator whose reconcile logic runs as WebAssembly
+/// components.
+#[derive(Debug, Parser)]
+#[command(name = "wasmop", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show a plugin's manifest, digest and the RBAC rules it needs.
+    Inspect(InspectArgs),
+    /// Compute a plugin's plan offline from objects in a YAML file.
+    Plan(PlanArgs),
+}
+
+/// Output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// Pretty-printed JSON.
+    Json,
+    /// YAML.
+    Yaml,
+}
+
+/// Options shared by commands that load a plugin.
+#[derive(Debug, Clone, Args)]
+pub struct PluginArgs {
+    /// Directory of the compiled-plugin cache
+    /// [default: ${XDG_CACHE_HOME:-$HOME/.cache}/wasmop/compiled].
+    #[arg(long, env = "WASMOP_COMPILE_CACHE", value_name = "DIR")]
+    pub compile_cache: Option<PathBuf>,
+    /// Compile the plugin without reading or writing the cache.
+    #[arg(long)]
+    pub no_compile_cache: bool,
+    /// Deadline of one plugin call, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 2000)]
+    pub deadline_ms: u64,
+    /// Memory cap of one plugin call, in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 64)]
+    pub memory_mib: usize,
+}
+
+impl PluginArgs {
+    fn load_options(&self, settings: Value) -> LoadOptions {
+        let cache = if self.no_compile_cache {
+            None
+        } else {
+            self.compile_cache
+                .clone()
+                .or_else(CompileCache::default_dir)
+                .map(CompileCache::new)
+        };
+        LoadOptions {
+            settings,
+            limits: Limits {
+                deadline: Duration::from_millis(self.deadline_ms),
+                memory_bytes: self.memory_mib.saturating_mul(1 << 20),
+            },
+            cache,
+        }
+    }
+}
+
+/// Arguments of `wasmop inspect`.
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// The plugin component.
+    #[arg(value_name = "FILE.wasm")]
+    pub plugin: PathBuf,
+    /// Settings to load the plugin with (YAML or JSON file).
+    #[arg(long, value_name = "FILE")]
+    pub settings: Option<PathBuf>,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Format::Yaml)]
+    pub output: Format,
+    /// Plugin loading options.
+    #[command(flatten)]
+    pub load: PluginArgs,
+}
+
+/// Arguments of `wasmop plan`.
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// The plugin component.
+    #[arg(long, value_name = "FILE.wasm")]
+    pub plugin: PathBuf,
+    /// Objects (multi-document YAML or JSON; `kind: List` accepted).
+    #[arg(short = 'f', long = "filename", value_name = "OBJECTS.yaml")]
+    pub objects: PathBuf,
+    /// The plugin's settings (YAML or JSON file).
+    #[arg(long, value_name = "FILE")]
+    pub settings: Option<PathBuf>,
+    /// The snapshot's time, RFC 3339 [default: now].
+    #[arg(long, value_name = "RFC3339")]
+    pub now: Option<String>,
+    /// Which controller to run, when the plugin has several.
+    #[arg(long, value_name = "NAME")]
+    pub controller: Option<String>,
+    /// Output format of the plan.
+    #[arg(short, long, value_enum, default_value_t = Format::Json)]
+    pub output: Format,
+    /// Plugin loading options.
+    #[command(flatten)]
+    pub load: PluginArgs,
+}
+
+/// Why a command failed. Displays as one line (with its sources joined).
+#[derive(Debug, Error)]
+pub enum CliError {
+    /// A file could not be read.
+    #[error("cannot read {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A settings file is not YAML or JSON.
+    #[error("{path} is not valid YAML or JSON: {reason}")]
+    Settings {
+        /// The file.
+        path: PathBuf,
+        /// The parser's complaint.
+        reason: String,
+    },
+    /// The objects file is not usable.
+    #[error(transparent)]
+    Input(#[from] InputError),
+    /// The sandbox could not be built.
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    /// The plugin could not be loaded.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// The offline run could not start.
+    #[error(transparent)]
+    Offline(#[from] OfflineError),
+    /// The result could not be printed.
+    #[error("cannot print the result: {reason}")]
+    Render {
+        /// The serializer's complaint.
+        reason: String,
+    },
+}
+
+/// Runs the parsed command line.
+///
+/// # Errors
+///
+/// [`CliError`] for anything that stops a command from running. A plan
+/// with violations or a failing plugin is not an error: the command
+/// reports it and returns [`ExitCode::FAILURE`].
+pub fn execute(cli: Cli) -> Result<ExitCode, CliError> {
+    match cli.command {
+        Command::Inspect(args) => inspect(args),
+        Command::Plan(args) => plan(args),
+    }
+}
+
+fn read(path: &Path) -> Result<String, CliError> {
+    std::fs::read_to_string(path).map_err(|source| CliError::Read {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn read_settings(path: &Path) -> Result<Value, CliError> {
+    let text = read(path)?;
+    let value: Value = serde_yaml::from_str(&text).map_err(|e| CliError::Settings {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })?;
+    Ok(if value.is_null() {
+        Value::Object(serde_json::Map::new())
+    } else {
+        value
+    })
+}
+
+fn render<T: Serialize>(value: &T, format: Format) -> Result<String, CliError> {
+    let text = match format {
+        Format::Json => serde_json::to_string_pretty(value)
+            .map(|mut s| {
+                s.push('\n');
+                s
+            })
+            .map_err(|e| e.to_string()),
+        Format::Yaml => serde_yaml::to_string(value).map_err(|e| e.to_string()),
+    };
+    text.map_err(|reason| CliError::Render { reason })
+}
+
+/// What `wasmop inspect` prints.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Inspection<'a> {
+    name: &'a str,
+    version: &'a str,
+    digest: &'a str,
+    manifest: &'a Manifest,
+    cluster_role: k8s_openapi::api::rbac::v1::ClusterRole,
+}
+
+fn inspect(args: InspectArgs) -> Result<ExitCode, CliError> {
+    let settings = match &args.settings {
+        Some(path) => read_settings(path)?,
+        None => Value::Object(serde_json::Map::new()),
+    };
+    let sandbox = Sandbox::new(SandboxConfig::default())?;
+    let plugin = LoadedPlugin::load(&sandbox, &args.plugin, &args.load.load_options(settings))?;
+    let manifest = plugin.manifest();
+    let inspection = Inspection {
+        name: plugin.name(),
+        version: plugin.version(),
+        digest: plugin.digest(),
+        manifest,
+        cluster_role: rbac::cluster_role(manifest),
+    };
+    print!("{}", render(&inspection, args.output)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn plan(args: PlanArgs) -> Result<ExitCode, CliError> {
+    let text = read(&args.objects)?;
+    let input = offline::parse_input(&text, &args.objects.display().to_string())?;
+    let settings = match &args.settings {
+        Some(path) => read_settings(path)?,
+        None => input
+            .options
+            .settings
+            .clone()
+            .unwrap_or_else(|| Value::Object(serde_json::Map::new())),
+    };
+    let sandbox = Sandbox::new(SandboxConfig::default())?;
+    let plugin = LoadedPlugin::load(&sandbox, &args.plugin, &args.load.load_options(settings))?;
+    let run = offline::run(
+        &plugin,
+        &input,
+        args.now.as_deref(),
+        args.controller.as_deref(),
+    )?;
+    if let Some(plan) = run.outcome.plan() {
+        print!("{}", render(plan, args.output)?);
+    }
+    match &run.outcome {
+        Outcome::Planned(_) => Ok(ExitCode::SUCCESS),
+        Outcome::Rejected { violations, .. } => {
+            eprintln!(
+                "error: the plan breaks {} rule(s); nothing of it would be written:",
+                violations.len()
+            );
+            for v in violations {
+                eprintln!("  - {}: {v}", v.rule.as_str());
+            }
+            Ok(ExitCode::FAILURE)
+        }
+        Outcome::Failed(e) => {
+            eprintln!(
+                "error: plugin {} failed ({}): {e}",
+                plugin.name(),
+                e.reason()
+            );
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}

@@ -1,0 +1,491 @@
+//! The whole reconcile path without a cluster: objects from YAML, the
+//! snapshot from a [`MemorySource`], the plugin call, plan validation.
+//! `wasmop plan` and the [`crate::golden`] harness are built on it.
+//!
+//! # Input
+//!
+//! Multi-document YAML (or JSON) of Kubernetes objects; a `kind: List`
+//! contributes its `items`. Two documents of `apiVersion: wasmop.dev/v1`
+//! are not objects but inputs for the run:
+//!
+//! - `kind: Observations` with `items: [{id, status, body, error,
+//!   observedAt, ageMs}]` — the snapshot's observations;
+//! - `kind: PlanOptions` with optional `now`, `controller` and `settings`
+//!   — defaults for the command-line options, so a fixture file is
+//!   self-contained.
+//!
+//! The first object whose kind is a controller's primary is the primary.
+//! Missing `metadata.uid`s are filled deterministically (the primary gets
+//! [`PRIMARY_UID`], so fixtures can name it in ownerReferences), as are
+//! missing `resourceVersion`s (`"1"`) and missing namespaces of namespaced
+//! kinds the manifest knows (`default`).
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use thiserror::Error;
+
+use crate::manifest::{Controller, Manifest, split_api_version};
+use crate::object;
+use crate::plan::{Plan, Violation, validate};
+use crate::plugin::{CallError, LoadedPlugin};
+use crate::snapshot::{MemorySource, Observation, build_snapshot};
+
+/// The uid given to a primary that has none.
+pub const PRIMARY_UID: &str = "00000000-0000-0000-0000-000000000001";
+
+/// The `apiVersion` of wasmop's own input documents.
+pub const INPUT_API_VERSION: &str = "wasmop.dev/v1";
+
+/// Options a fixture can carry (`kind: PlanOptions`).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanOptions {
+    /// Snapshot time, RFC 3339.
+    #[serde(default)]
+    pub now: Option<String>,
+    /// Controller to run, when the plugin has several.
+    #[serde(default)]
+    pub controller: Option<String>,
+    /// The plugin's settings.
+    #[serde(default)]
+    pub settings: Option<Value>,
+}
+
+/// Parsed input of an offline run.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OfflineInput {
+    /// Kubernetes objects, in file order.
+    pub objects: Vec<Value>,
+    /// Observations for the snapshot.
+    pub observations: Vec<Observation>,
+    /// Options from a `PlanOptions` document.
+    pub options: PlanOptions,
+}
+
+/// Why the input could not be used.
+#[derive(Debug, Error)]
+pub enum InputError {
+    /// A document is not valid YAML.
+    #[error("{origin}: document {index} is not valid YAML: {reason}")]
+    Yaml {
+        /// File name.
+        origin: String,
+        /// 1-based document number.
+        index: usize,
+        /// The parser's complaint (with line and column).
+        reason: String,
+    },
+    /// A document is not a mapping.
+    #[error("{origin}: document {index} is not an object")]
+    NotAnObject {
+        /// File name.
+        origin: String,
+        /// 1-based document number.
+        index: usize,
+    },
+    /// A document lacks apiVersion, kind or metadata.name.
+    #[error("{origin}: document {index} ({what}) needs apiVersion, kind and metadata.name")]
+    MissingIdentity {
+        /// File name.
+        origin: String,
+        /// 1-based document number.
+        index: usize,
+        /// What the document looks like.
+        what: String,
+    },
+    /// An `Observations` or `PlanOptions` document does not have its shape.
+    #[error("{origin}: document {index} is not a valid {kind}: {reason}")]
+    BadInputDocument {
+        /// File name.
+        origin: String,
+        /// 1-based document number.
+        index: usize,
+        /// `Observations` or `PlanOptions`.
+        kind: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Why an offline run could not reach the plugin.
+#[derive(Debug, Error)]
+pub enum OfflineError {
+    /// No object is of a kind the plugin reconciles.
+    #[error("no object is of a kind plugin {plugin} reconciles ({kinds})")]
+    NoPrimary {
+        /// The plugin.
+        plugin: String,
+        /// The primary kinds it reconciles.
+        kinds: String,
+    },
+    /// `--controller` names a controller the plugin does not have.
+    #[error("plugin {plugin} has no controller {controller:?} (it has: {known})")]
+    UnknownController {
+        /// The plugin.
+        plugin: String,
+        /// The name asked for.
+        controller: String,
+        /// The controllers it has.
+        known: String,
+    },
+    /// `now` is not an RFC 3339 time.
+    #[error("--now {now:?} is not an RFC 3339 time such as 2025-01-01T00:00:00Z")]
+    BadNow {
+        /// The text given.
+        now: String,
+    },
+}
+
+/// How an offline run ended.
+#[derive(Debug)]
+pub enum Outcome {
+    /// A plan that passed validation.
+    Planned(Plan),
+    /// A plan that broke rules; nothing of it would be written.
+    Rejected {
+        /// The plan as the plugin returned it.
+        plan: Plan,
+        /// Every rule broken.
+        violations: Vec<Violation>,
+    },
+    /// The call failed.
+    Failed(CallError),
+}
+
+impl Outcome {
+    /// The plan, when the plugin returned one.
+    pub fn plan(&self) -> Option<&Plan> {
+        match self {
+            Outcome::Planned(plan) | Outcome::Rejected { plan, .. } => Some(plan),
+            Outcome::Failed(_) => None,
+        }
+    }
+
+    /// The golden-file form: the plan itself when valid, otherwise
+    /// `{"rejected":{"violations":[…],"plan":{…}}}` or
+    /// `{"failed":{"reason":"…","message":"…"}}`.
+    pub fn to_golden_json(&self) -> Value {
+        #[derive(Serialize)]
+        struct Rejected<'a> {
+            violations: &'a [Violation],
+            plan: &'a Plan,
+        }
+        let value = match self {
+            Outcome::Planned(plan) => serde_json::to_value(plan),
+            Outcome::Rejected { plan, violations } => {
+                serde_json::to_value(Rejected { violations, plan })
+                    .map(|r| serde_json::json!({ "rejected": r }))
+            }
+            Outcome::Failed(e) => Ok(serde_json::json!({
+                "failed": {"reason": e.reason(), "message": e.to_string()}
+            })),
+        };
+        value.unwrap_or(Value::Null)
+    }
+}
+
+/// Parses the objects file.
+///
+/// # Errors
+///
+/// [`InputError`] naming the file and document that is wrong.
+pub fn parse_input(text: &str, origin: &str) -> Result<OfflineInput, InputError> {
+    let mut input = OfflineInput::default();
+    for (i, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let index = i + 1;
+        let doc = Value::deserialize(document).map_err(|e| InputError::Yaml {
+            origin: origin.to_owned(),
+            index,
+            reason: e.to_string(),
+        })?;
+        if doc.is_null() {
+            continue;
+        }
+        if !doc.is_object() {
+            return Err(InputError::NotAnObject {
+                origin: origin.to_owned(),
+                index,
+            });
+        }
+        let bad = |kind: &str, reason: String| InputError::BadInputDocument {
+            origin: origin.to_owned(),
+            index,
+            kind: kind.to_owned(),
+            reason,
+        };
+        match (object::api_version(&doc), object::kind(&doc)) {
+            (INPUT_API_VERSION, "Observations") => {
+                let items = doc.get("items").cloned().unwrap_or(Value::Array(vec![]));
+                let items: Vec<Observation> = serde_json::from_value(items)
+                    .map_err(|e| bad("Observations", e.to_string()))?;
+                input.observations.extend(items);
+            }
+            (INPUT_API_VERSION, "PlanOptions") => {
+                input.options =
+                    serde_json::from_value(doc).map_err(|e| bad("PlanOptions", e.to_string()))?;
+            }
+            (_, "List") => {
+                let items = doc.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
+                for item in items {
+                    push_object(&mut input, item, origin, index)?;
+                }
+            }
+            _ => push_object(&mut input, doc, origin, index)?,
+        }
+    }
+    Ok(input)
+}
+
+fn push_object(
+    input: &mut OfflineInput,
+    obj: Value,
+    origin: &str,
+    index: usize,
+) -> Result<(), InputError> {
+    if !obj.is_object() {
+        return Err(InputError::NotAnObject {
+            origin: origin.to_owned(),
+            index,
+        });
+    }
+    if object::api_version(&obj).is_empty() || object::kind(&obj).is_empty() || object::name(&obj).is_empty() {
+        return Err(InputError::MissingIdentity {
+            origin: origin.to_owned(),
+            index,
+            what: object::describe(&obj),
+        });
+    }
+    input.objects.push(obj);
+    Ok(())
+}
+
+/// What an offline run saw and produced.
+#[derive(Debug)]
+pub struct OfflineRun {
+    /// The controller that ran.
+    pub controller: String,
+    /// The primary, with defaults filled.
+    pub primary: Arc<Value>,
+    /// How the run ended.
+    pub outcome: Outcome,
+}
+
+/// Runs `plugin` over `input`: picks the primary, builds the snapshot with
+/// the live host's selection rules, calls the plugin and validates the plan.
+///
+/// `now` and `controller` override the input's `PlanOptions`; `now`
+/// defaults to the current time. The plugin's settings are the ones it was
+/// loaded with.
+///
+/// # Errors
+///
+/// [`OfflineError`] when there is no primary, the controller is unknown
+/// or `now` is not RFC 3339. A failing plugin is an [`Outcome::Failed`].
+pub fn run(
+    plugin: &LoadedPlugin,
+    input: &OfflineInput,
+    now: Option<&str>,
+    controller: Option<&str>,
+) -> Result<OfflineRun, OfflineError> {
+    let manifest = plugin.manifest();
+    let now = match now.or(input.options.now.as_deref()) {
+        Some(text) => {
+            let ts: k8s_openapi::jiff::Timestamp = text.parse().map_err(|_| OfflineError::BadNow {
+                now: text.to_owned(),
+            })?;
+            ts.to_string()
+        }
+        None => k8s_openapi::jiff::Timestamp::now().to_string(),
+    };
+    let wanted = controller.or(input.options.controller.as_deref());
+    if let Some(name) = wanted
+        && manifest.controller(name).is_none()
+    {
+        return Err(OfflineError::UnknownController {
+            plugin: manifest.name.clone(),
+            controller: name.to_owned(),
+            known: controller_names(manifest),
+        });
+    }
+
+    let objects = with_defaults(manifest, &input.objects);
+    let found = objects.iter().enumerate().find_map(|(i, o)| {
+        let c = manifest.controller_for(object::api_version(o), object::kind(o))?;
+        wanted.is_none_or(|w| w == c.name).then_some((i, c))
+    });
+    let Some((index, controller)) = found else {
+        return Err(OfflineError::NoPrimary {
+            plugin: manifest.name.clone(),
+            kinds: manifest
+                .controllers
+                .iter()
+                .filter(|c| wanted.is_none_or(|w| w == c.name))
+                .map(|c| c.primary.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    };
+    let primary = Arc::new(objects[index].clone());
+    let source = MemorySource::new(objects);
+    let snapshot = build_snapshot(
+        controller,
+        Arc::clone(&primary),
+        &source,
+        &now,
+        plugin.settings(),
+        input.observations.clone(),
+    );
+    let outcome = match plugin.reconcile(&snapshot) {
+        Err(e) => Outcome::Failed(e),
+        Ok(plan) => match validate(&plan, controller, &primary, &source) {
+            Ok(()) => Outcome::Planned(plan),
+            Err(violations) => Outcome::Rejected { plan, violations },
+        },
+    };
+    Ok(OfflineRun {
+        controller: controller.name.clone(),
+        primary,
+        outcome,
+    })
+}
+
+fn controller_names(manifest: &Manifest) -> String {
+    manifest
+        .controllers
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Fills uid, resourceVersion and (for namespaced kinds the manifest
+/// knows) namespace where they are missing.
+fn with_defaults(manifest: &Manifest, objects: &[Value]) -> Vec<Value> {
+    let primary_index = objects.iter().position(|o| {
+        manifest
+            .controller_for(object::api_version(o), object::kind(o))
+            .is_some()
+    });
+    let mut next_uid = 2u64;
+    objects
+        .iter()
+        .enumerate()
+        .map(|(i, o)| {
+            let mut o = o.clone();
+            let namespaced = known_namespaced(manifest, &o);
+            let Some(meta) = o
+                .as_object_mut()
+                .and_then(|m| m.entry("metadata").or_insert_with(|| serde_json::json!({})).as_object_mut())
+            else {
+                return o;
+            };
+            if meta.get("uid").and_then(Value::as_str).is_none_or(str::is_empty) {
+                let uid = if Some(i) == primary_index {
+                    PRIMARY_UID.to_owned()
+                } else {
+                    next_uid += 1;
+                    format!("00000000-0000-0000-0000-{:012x}", next_uid - 1)
+                };
+                meta.insert("uid".into(), Value::String(uid));
+            }
+            if meta.get("resourceVersion").is_none() {
+                meta.insert("resourceVersion".into(), Value::String("1".into()));
+            }
+            if namespaced == Some(true)
+                && meta.get("namespace").and_then(Value::as_str).is_none_or(str::is_empty)
+            {
+                meta.insert("namespace".into(), Value::String("default".into()));
+            }
+            o
+        })
+        .collect()
+}
+
+/// Whether the manifest knows the object's kind as namespaced.
+fn known_namespaced(manifest: &Manifest, obj: &Value) -> Option<bool> {
+    let (group, _) = split_api_version(object::api_version(obj));
+    let kind = object::kind(obj);
+    manifest
+        .controllers
+        .iter()
+        .flat_map(Controller::kinds)
+        .find(|k| k.group == group && k.kind == kind)
+        .map(|k| k.namespaced)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::manifest::tests::manifest;
+
+    #[test]
+    fn documents_lists_observations_and_options_are_read() {
+        let text = r#"
+apiVersion: test.wasmop.dev/v1
+kind: Widget
+metadata: {name: w}
+---
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: v1, kind: ConfigMap, metadata: {name: a}}
+---
+apiVersion: wasmop.dev/v1
+kind: Observations
+items:
+- {id: health, status: 200, body: ok, observedAt: "2025-01-01T00:00:00Z", ageMs: 5}
+---
+apiVersion: wasmop.dev/v1
+kind: PlanOptions
+now: "2025-01-01T00:00:00Z"
+settings: {replicas: 2}
+---
+"#;
+        let input = parse_input(text, "f.yaml").expect("parses");
+        assert_eq!(input.objects.len(), 2);
+        assert_eq!(input.observations[0].status, Some(200));
+        assert_eq!(input.options.now.as_deref(), Some("2025-01-01T00:00:00Z"));
+        assert_eq!(input.options.settings, Some(json!({"replicas": 2})));
+    }
+
+    #[test]
+    fn bad_yaml_is_one_line_naming_the_document() {
+        let err = parse_input(
+            "{apiVersion: v1, kind: ConfigMap, metadata: {name: a}}\n---\nb: [\n",
+            "f.yaml",
+        ).unwrap_err();
+        let text = err.to_string();
+        assert!(text.starts_with("f.yaml: document 2 is not valid YAML"), "{text}");
+        assert!(!text.contains('\n'), "{text}");
+    }
+
+    #[test]
+    fn objects_need_an_identity() {
+        let err = parse_input("apiVersion: v1\nkind: ConfigMap\n", "f.yaml").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "f.yaml: document 1 (ConfigMap (unnamed)) needs apiVersion, kind and metadata.name"
+        );
+    }
+
+    #[test]
+    fn defaults_give_the_primary_a_fixed_uid_and_namespaces() {
+        let objects = vec![
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}}),
+            json!({"apiVersion": "test.wasmop.dev/v1", "kind": "Widget", "metadata": {"name": "w"}}),
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}}),
+        ];
+        let out = with_defaults(&manifest(), &objects);
+        assert_eq!(object::uid(&out[1]), PRIMARY_UID);
+        assert_eq!(object::namespace(&out[1]), Some("default"));
+        assert_eq!(object::uid(&out[0]), "00000000-0000-0000-0000-000000000002");
+        assert_eq!(object::namespace(&out[0]), Some("default"));
+        // Secret is unknown to the manifest: its scope is not guessed.
+        assert_eq!(object::namespace(&out[2]), None);
+        assert_eq!(object::resource_version(&out[2]), "1");
+    }
+}

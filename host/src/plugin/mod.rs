@@ -1,0 +1,599 @@
+//! Loading a plugin component and calling it.
+//!
+//! [`LoadedPlugin::load`] reads a `.wasm` file, hashes it, compiles it (or
+//! takes the compiled artifact from the [`CompileCache`]), links it against
+//! the [`Sandbox`], reads its manifest, checks it, and has the plugin
+//! validate its settings. Anything wrong rejects the load with a
+//! [`LoadError`]; a loaded plugin is known to be usable.
+//!
+//! [`LoadedPlugin::reconcile`] runs one call in a fresh store — no state
+//! survives between calls — under the plugin's deadline and memory cap.
+//! A failed call is a [`CallError`] with a stable [`CallError::reason`].
+//! Calls are synchronous and may run from many threads at once; the live
+//! controller runs them on `tokio::task::spawn_blocking`.
+
+mod cache;
+mod convert;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+use wasmtime::Store;
+use wasmtime::component::Component;
+
+pub use self::cache::CompileCache;
+pub use self::convert::{MAX_OUTPUT_BYTES, OutputProblem};
+use crate::bindings::{Plugin, PluginPre, types as wit};
+use crate::manifest::{Manifest, ManifestProblem};
+use crate::plan::Plan;
+use crate::sandbox::{Limits, Sandbox, StoreState};
+use crate::snapshot::Snapshot;
+
+/// A boxed error from wasmtime or the OS, kept as a `source`.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// How to load one plugin.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// The plugin's settings (JSON); `{}` when the operator gives none.
+    pub settings: Value,
+    /// Deadline and memory cap of each call.
+    pub limits: Limits,
+    /// Where compiled artifacts are cached; `None` compiles every time.
+    pub cache: Option<CompileCache>,
+}
+
+impl Default for LoadOptions {
+    /// Empty settings, default limits, and the cache in
+    /// [`CompileCache::default_dir`] when a home directory is known.
+    fn default() -> Self {
+        LoadOptions {
+            settings: Value::Object(serde_json::Map::new()),
+            limits: Limits::default(),
+            cache: CompileCache::default_dir().map(CompileCache::new),
+        }
+    }
+}
+
+/// A settings problem the plugin reported (WIT `settings-problem`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SettingsProblem {
+    /// Dotted path of the setting, empty for the whole document.
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl std::fmt::Display for SettingsProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.path.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+fn join<T: std::fmt::Display>(items: &[T]) -> String {
+    items
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Why a plugin could not be loaded. Every variant displays as one line.
+#[derive(Debug, Error)]
+pub enum LoadError {
+    /// The file could not be read.
+    #[error("cannot read plugin {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The bytes are not a valid WebAssembly component.
+    #[error("{origin} is not a valid WebAssembly component")]
+    Compile {
+        /// The file (or other origin) of the bytes.
+        origin: String,
+        /// wasmtime's complaint.
+        #[source]
+        source: BoxError,
+    },
+    /// The component does not fit the `plugin` world, or imports something
+    /// the sandbox does not provide.
+    #[error("{origin} does not implement the wasmop:reconciler@0.1.0 plugin world")]
+    Link {
+        /// The file (or other origin).
+        origin: String,
+        /// wasmtime's complaint.
+        #[source]
+        source: BoxError,
+    },
+    /// The requested limits exceed what the sandbox was built for.
+    #[error("memory cap of {requested} bytes exceeds the sandbox maximum of {maximum}")]
+    LimitsTooLarge {
+        /// The per-plugin cap asked for.
+        requested: usize,
+        /// The sandbox's slot size.
+        maximum: usize,
+    },
+    /// Calling `manifest` or `validate-settings` failed.
+    #[error("{origin}: calling {export} failed")]
+    Call {
+        /// The file (or other origin).
+        origin: String,
+        /// `manifest` or `validate-settings`.
+        export: &'static str,
+        /// What went wrong in the call.
+        #[source]
+        source: CallError,
+    },
+    /// The manifest breaks the rules of [`Manifest::problems`].
+    #[error("{origin} has an invalid manifest: {}", join(problems))]
+    InvalidManifest {
+        /// The file (or other origin).
+        origin: String,
+        /// Every problem found.
+        problems: Vec<ManifestProblem>,
+    },
+    /// The plugin rejected its settings.
+    #[error("plugin {plugin} rejected its settings: {}", join(problems))]
+    InvalidSettings {
+        /// The plugin's name.
+        plugin: String,
+        /// Every problem the plugin reported.
+        problems: Vec<SettingsProblem>,
+    },
+}
+
+/// Which of the plugin's own errors it returned (WIT `reconcile-error`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PluginErrorKind {
+    /// The primary's spec cannot be reconciled as written.
+    InvalidSpec,
+    /// Something the plugin needs is not there yet.
+    NotReady,
+    /// The snapshot was not what the plugin expected (a bug).
+    Internal,
+}
+
+impl std::fmt::Display for PluginErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PluginErrorKind::InvalidSpec => "invalid spec",
+            PluginErrorKind::NotReady => "not ready",
+            PluginErrorKind::Internal => "internal plugin error",
+        })
+    }
+}
+
+/// Why one call produced no plan. Nothing may be written for any of these.
+#[derive(Debug, Error)]
+pub enum CallError {
+    /// The plugin trapped (a panic, an `unreachable`, an out-of-bounds
+    /// access). `message` is the panic message from its stderr when there
+    /// is one, followed by the wasm trap.
+    #[error("plugin trapped: {message}")]
+    Trap {
+        /// What the plugin printed and the trap, trimmed to one line.
+        message: String,
+    },
+    /// The call ran past its deadline and was interrupted.
+    #[error("plugin exceeded its deadline of {} ms", deadline.as_millis())]
+    Timeout {
+        /// The deadline.
+        deadline: Duration,
+    },
+    /// The plugin tried to grow its memory past its cap.
+    #[error("plugin exceeded its memory cap of {} MiB", cap_bytes >> 20)]
+    OutOfMemory {
+        /// The cap, in bytes.
+        cap_bytes: usize,
+    },
+    /// The call returned, but its output is not a usable plan.
+    #[error("plugin output is malformed: {0}")]
+    MalformedOutput(OutputProblem),
+    /// The plugin returned one of its own errors.
+    #[error("{kind}: {message}")]
+    PluginError {
+        /// Which error.
+        kind: PluginErrorKind,
+        /// The plugin's message.
+        message: String,
+    },
+    /// The sandbox could not instantiate the plugin (e.g. every pool slot
+    /// is busy); retrying later may succeed.
+    #[error("cannot instantiate the plugin")]
+    Instantiate(#[source] BoxError),
+}
+
+impl CallError {
+    /// A stable CamelCase reason for Conditions and Events.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            CallError::Trap { .. } => "PluginTrapped",
+            CallError::Timeout { .. } => "PluginTimedOut",
+            CallError::OutOfMemory { .. } => "PluginOutOfMemory",
+            CallError::MalformedOutput(_) => "PluginOutputMalformed",
+            CallError::PluginError {
+                kind: PluginErrorKind::InvalidSpec,
+                ..
+            } => "InvalidSpec",
+            CallError::PluginError {
+                kind: PluginErrorKind::NotReady,
+                ..
+            } => "NotReady",
+            CallError::PluginError {
+                kind: PluginErrorKind::Internal,
+                ..
+            } => "PluginError",
+            CallError::Instantiate(_) => "PluginUnavailable",
+        }
+    }
+}
+
+/// A plugin ready to be called: compiled, linked, its manifest checked and
+/// its settings accepted.
+pub struct LoadedPlugin {
+    name: String,
+    version: String,
+    digest: String,
+    manifest: Manifest,
+    settings: Value,
+    limits: Limits,
+    from_cache: bool,
+    sandbox: Arc<Sandbox>,
+    pre: PluginPre<StoreState>,
+}
+
+impl std::fmt::Debug for LoadedPlugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedPlugin")
+            .field("name", &self.name)
+            .field("version", &self.version)
+            .field("digest", &self.digest)
+            .field("limits", &self.limits)
+            .field("from_cache", &self.from_cache)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `sha256:<hex>` of `bytes`.
+pub fn digest(bytes: &[u8]) -> String {
+    format!("sha256:{}", cache::hex(&Sha256::digest(bytes)))
+}
+
+impl LoadedPlugin {
+    /// Loads the component at `path`.
+    ///
+    /// # Errors
+    ///
+    /// [`LoadError`] when the file cannot be read, is not a component of
+    /// the `plugin` world, its manifest is invalid, or it rejects
+    /// `options.settings`. A failed load changes nothing.
+    pub fn load(
+        sandbox: &Arc<Sandbox>,
+        path: &Path,
+        options: &LoadOptions,
+    ) -> Result<LoadedPlugin, LoadError> {
+        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_bytes(sandbox, &bytes, &path.display().to_string(), options)
+    }
+
+    /// Loads a component from its bytes; `origin` names it in errors.
+    ///
+    /// # Errors
+    ///
+    /// As [`LoadedPlugin::load`], except reading.
+    pub fn from_bytes(
+        sandbox: &Arc<Sandbox>,
+        bytes: &[u8],
+        origin: &str,
+        options: &LoadOptions,
+    ) -> Result<LoadedPlugin, LoadError> {
+        let maximum = sandbox.config().max_memory_bytes;
+        if options.limits.memory_bytes > maximum {
+            return Err(LoadError::LimitsTooLarge {
+                requested: options.limits.memory_bytes,
+                maximum,
+            });
+        }
+        let engine = sandbox.engine();
+        let digest = digest(bytes);
+        let cached = options
+            .cache
+            .as_ref()
+            .and_then(|cache| cache.load(engine, &digest));
+        let from_cache = cached.is_some();
+        let component = match cached {
+            Some(component) => component,
+            None => {
+                let component =
+                    Component::new(engine, bytes).map_err(|e| LoadError::Compile {
+                        origin: origin.to_owned(),
+                        source: e.into(),
+                    })?;
+                if let Some(cache) = &options.cache {
+                    cache.store(engine, &digest, &component);
+                }
+                component
+            }
+        };
+        let link_error = |e: wasmtime::Error| LoadError::Link {
+            origin: origin.to_owned(),
+            source: e.into(),
+        };
+        let instance_pre = sandbox
+            .linker()
+            .instantiate_pre(&component)
+            .map_err(link_error)?;
+        let pre = PluginPre::new(instance_pre).map_err(link_error)?;
+
+        let mut plugin = LoadedPlugin {
+            name: String::new(),
+            version: String::new(),
+            digest,
+            manifest: Manifest {
+                name: String::new(),
+                version: String::new(),
+                controllers: Vec::new(),
+            },
+            settings: options.settings.clone(),
+            limits: options.limits,
+            from_cache,
+            sandbox: Arc::clone(sandbox),
+            pre,
+        };
+
+        let call_error = |export| {
+            move |source| LoadError::Call {
+                origin: origin.to_owned(),
+                export,
+                source,
+            }
+        };
+        let manifest = plugin
+            .call(UNIX_EPOCH, |p, store| p.call_manifest(store))
+            .map_err(call_error("manifest"))?;
+        let manifest = convert::manifest_from_wit(manifest);
+        let problems = manifest.problems();
+        if !problems.is_empty() {
+            return Err(LoadError::InvalidManifest {
+                origin: origin.to_owned(),
+                problems,
+            });
+        }
+        let settings_text = serde_json::to_string(&options.settings).unwrap_or_else(|_| "{}".into());
+        let verdict = plugin
+            .call(UNIX_EPOCH, |p, store| {
+                p.call_validate_settings(store, &settings_text)
+            })
+            .map_err(call_error("validate-settings"))?;
+        if let Err(problems) = verdict {
+            return Err(LoadError::InvalidSettings {
+                plugin: manifest.name,
+                problems: problems
+                    .into_iter()
+                    .map(|p| SettingsProblem {
+                        path: p.path,
+                        message: p.message,
+                    })
+                    .collect(),
+            });
+        }
+        plugin.name = manifest.name.clone();
+        plugin.version = manifest.version.clone();
+        plugin.manifest = manifest;
+        Ok(plugin)
+    }
+
+    /// The plugin's name (from its manifest).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The plugin's version (from its manifest).
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// `sha256:<hex>` of the component file.
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    /// The checked manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// The settings the plugin accepted.
+    pub fn settings(&self) -> &Value {
+        &self.settings
+    }
+
+    /// Deadline and memory cap of each call.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// True when the compiled code came from the compile cache.
+    pub fn compiled_from_cache(&self) -> bool {
+        self.from_cache
+    }
+
+    /// Computes the plan for one snapshot.
+    ///
+    /// # Guarantees
+    ///
+    /// A fresh store per call: nothing of an earlier call is visible. The
+    /// call is interrupted at the plugin's deadline and cannot grow memory
+    /// past its cap. The guest's clock reads `snapshot.now`.
+    ///
+    /// # Errors
+    ///
+    /// [`CallError`] for a trap, timeout, memory cap, malformed output or
+    /// the plugin's own error. The plan is *not* validated against the
+    /// manifest here; see [`crate::plan::validate`].
+    pub fn reconcile(&self, snapshot: &Snapshot) -> Result<Plan, CallError> {
+        let input = convert::snapshot_to_wit(snapshot);
+        let now = parse_now(&snapshot.now);
+        let answer = self.call(now, |p, store| p.call_reconcile(store, &input))?;
+        match answer {
+            Ok(plan) => convert::plan_from_wit(plan).map_err(CallError::MalformedOutput),
+            Err(e) => {
+                let (kind, message) = match e {
+                    wit::ReconcileError::InvalidSpec(m) => (PluginErrorKind::InvalidSpec, m),
+                    wit::ReconcileError::NotReady(m) => (PluginErrorKind::NotReady, m),
+                    wit::ReconcileError::Internal(m) => (PluginErrorKind::Internal, m),
+                };
+                Err(CallError::PluginError { kind, message })
+            }
+        }
+    }
+
+    /// Instantiates the plugin in a fresh bounded store and runs `f`.
+    fn call<R>(
+        &self,
+        now: SystemTime,
+        f: impl FnOnce(&Plugin, &mut Store<StoreState>) -> wasmtime::Result<R>,
+    ) -> Result<R, CallError> {
+        let mut store = self.sandbox.store(&self.limits, now);
+        let plugin = match self.pre.instantiate(&mut store) {
+            Ok(plugin) => plugin,
+            Err(e) => {
+                return Err(match classify(&e, store.data(), self.limits) {
+                    Some(err) => err,
+                    None => CallError::Instantiate(e.into()),
+                });
+            }
+        };
+        f(&plugin, &mut store).map_err(|e| {
+            classify(&e, store.data(), self.limits).unwrap_or_else(|| CallError::Trap {
+                message: trap_message(&e, &store.data().stderr()),
+            })
+        })
+    }
+}
+
+/// Timeout and out-of-memory, told apart from other failures.
+fn classify(e: &wasmtime::Error, state: &StoreState, limits: Limits) -> Option<CallError> {
+    if e.downcast_ref::<wasmtime::Trap>() == Some(&wasmtime::Trap::Interrupt) {
+        return Some(CallError::Timeout {
+            deadline: limits.deadline,
+        });
+    }
+    if state.memory_cap_hit() {
+        return Some(CallError::OutOfMemory {
+            cap_bytes: state.memory_cap(),
+        });
+    }
+    None
+}
+
+/// Longest trap message kept.
+const MAX_TRAP_MESSAGE: usize = 1024;
+
+/// One line: the panic text from stderr (without Rust's backtrace hint)
+/// followed by the wasm trap.
+fn trap_message(e: &wasmtime::Error, stderr: &str) -> String {
+    let trap = match e.downcast_ref::<wasmtime::Trap>() {
+        Some(trap) => format!("wasm trap: {trap}"),
+        None => e.to_string(),
+    };
+    let printed: Vec<&str> = stderr
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("note: run with `RUST_BACKTRACE"))
+        .collect();
+    let mut message = if printed.is_empty() {
+        trap
+    } else {
+        format!("{} ({trap})", printed.join(" "))
+    };
+    if message.len() > MAX_TRAP_MESSAGE {
+        let mut cut = MAX_TRAP_MESSAGE;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+        message.push('…');
+    }
+    message
+}
+
+/// The snapshot's `now` as a time for the guest clock; the Unix epoch when
+/// it does not parse.
+fn parse_now(now: &str) -> SystemTime {
+    now.parse::<k8s_openapi::jiff::Timestamp>()
+        .map(SystemTime::from)
+        .unwrap_or(UNIX_EPOCH)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loaded_plugins_are_shareable_across_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<LoadedPlugin>();
+    }
+
+    #[test]
+    fn reasons_are_stable() {
+        let cases = [
+            (CallError::Trap { message: String::new() }, "PluginTrapped"),
+            (CallError::Timeout { deadline: Duration::from_secs(2) }, "PluginTimedOut"),
+            (CallError::OutOfMemory { cap_bytes: 64 << 20 }, "PluginOutOfMemory"),
+            (
+                CallError::MalformedOutput(OutputProblem::NotAnObject { field: "status".into() }),
+                "PluginOutputMalformed",
+            ),
+            (
+                CallError::PluginError { kind: PluginErrorKind::InvalidSpec, message: String::new() },
+                "InvalidSpec",
+            ),
+            (
+                CallError::PluginError { kind: PluginErrorKind::NotReady, message: String::new() },
+                "NotReady",
+            ),
+            (
+                CallError::PluginError { kind: PluginErrorKind::Internal, message: String::new() },
+                "PluginError",
+            ),
+        ];
+        for (err, reason) in cases {
+            assert_eq!(err.reason(), reason, "{err}");
+        }
+    }
+
+    #[test]
+    fn trap_messages_keep_the_panic_and_drop_the_backtrace_hint() {
+        let e = wasmtime::Error::new(wasmtime::Trap::UnreachableCodeReached);
+        let stderr = "\nthread '<unnamed>' panicked at src/lib.rs:5:5:\ndeliberate panic\nnote: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n";
+        let message = trap_message(&e, stderr);
+        assert!(message.starts_with("thread '<unnamed>' panicked at src/lib.rs:5:5: deliberate panic (wasm trap:"), "{message}");
+        assert!(!message.contains('\n'));
+    }
+
+    #[test]
+    fn now_parses_rfc3339() {
+        assert_eq!(
+            parse_now("1970-01-01T00:00:10Z"),
+            UNIX_EPOCH + Duration::from_secs(10)
+        );
+        assert_eq!(parse_now("yesterday"), UNIX_EPOCH);
+    }
+}

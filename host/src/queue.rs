@@ -1,0 +1,263 @@
+//! The work queue: which primaries to reconcile, when, and never twice at
+//! once.
+//!
+//! # Guarantees
+//! - A key waiting in the queue is held once, however often it is added.
+//! - A key is handed to at most one worker at a time. A key added while it
+//!   is being reconciled runs again right after (nothing is lost).
+//! - A delayed add keeps only the earliest requested time per key.
+//! - Keys come out in the order they were first added.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+#[derive(Debug)]
+struct State<K> {
+    order: VecDeque<K>,
+    waiting: HashSet<K>,
+    running: HashSet<K>,
+    /// Added while running: must run again when the current run ends.
+    dirty: HashSet<K>,
+    /// Earliest pending delayed add per key.
+    scheduled: HashMap<K, Instant>,
+    closed: bool,
+}
+
+/// A de-duplicating work queue of keys.
+#[derive(Debug)]
+pub struct Queue<K> {
+    state: Mutex<State<K>>,
+    notify: Notify,
+}
+
+impl<K: Clone + Eq + Hash + Send + Sync + 'static> Queue<K> {
+    /// An empty queue.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(State {
+                order: VecDeque::new(),
+                waiting: HashSet::new(),
+                running: HashSet::new(),
+                dirty: HashSet::new(),
+                scheduled: HashMap::new(),
+                closed: false,
+            }),
+            notify: Notify::new(),
+        })
+    }
+
+    /// Adds a key now.
+    pub fn add(&self, key: K) {
+        let mut s = self.state.lock().expect("queue lock");
+        s.scheduled.remove(&key);
+        if s.running.contains(&key) {
+            s.dirty.insert(key);
+            return;
+        }
+        if s.waiting.insert(key.clone()) {
+            s.order.push_back(key);
+            drop(s);
+            self.notify.notify_one();
+        }
+    }
+
+    /// Adds a key after `delay`, unless an earlier add is already scheduled.
+    pub fn add_after(self: &Arc<Self>, key: K, delay: Duration) {
+        if delay.is_zero() {
+            self.add(key);
+            return;
+        }
+        let at = Instant::now() + delay;
+        {
+            let mut s = self.state.lock().expect("queue lock");
+            if s.scheduled.get(&key).is_some_and(|&t| t <= at) {
+                return;
+            }
+            s.scheduled.insert(key.clone(), at);
+        }
+        let queue = Arc::downgrade(self);
+        tokio::spawn(async move {
+            tokio::time::sleep_until(at).await;
+            let Some(queue) = queue.upgrade() else { return };
+            let due = {
+                let mut s = queue.state.lock().expect("queue lock");
+                // Only the timer of the earliest schedule fires the add; an
+                // immediate add in between already took the key.
+                if s.scheduled.get(&key) == Some(&at) {
+                    s.scheduled.remove(&key);
+                    true
+                } else {
+                    false
+                }
+            };
+            if due {
+                queue.add(key);
+            }
+        });
+    }
+
+    /// Forgets a pending delayed add of `key` (e.g. the object is gone).
+    pub fn forget(&self, key: &K) {
+        self.state.lock().expect("queue lock").scheduled.remove(key);
+    }
+
+    /// Waits for the next key and marks it running. `None` once closed.
+    pub async fn next(&self) -> Option<K> {
+        loop {
+            let notified = self.notify.notified();
+            {
+                let mut s = self.state.lock().expect("queue lock");
+                if s.closed {
+                    return None;
+                }
+                if let Some(key) = s.order.pop_front() {
+                    s.waiting.remove(&key);
+                    s.running.insert(key.clone());
+                    if !s.order.is_empty() {
+                        self.notify.notify_one();
+                    }
+                    return Some(key);
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Marks a key's run finished; re-adds it when it was added meanwhile.
+    pub fn done(&self, key: &K) {
+        let again = {
+            let mut s = self.state.lock().expect("queue lock");
+            s.running.remove(key);
+            s.dirty.remove(key)
+        };
+        if again {
+            self.add(key.clone());
+        }
+    }
+
+    /// Stops handing out keys; waiting workers get `None`.
+    pub fn close(&self) {
+        self.state.lock().expect("queue lock").closed = true;
+        self.notify.notify_waiters();
+    }
+
+    /// Number of keys waiting (not running, not scheduled).
+    pub fn len(&self) -> usize {
+        self.state.lock().expect("queue lock").order.len()
+    }
+
+    /// True when no key is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Exponential backoff per key: `base * 2^failures`, at most `max`.
+#[derive(Debug)]
+pub struct Backoff<K> {
+    failures: Mutex<HashMap<K, u32>>,
+    base: Duration,
+    max: Duration,
+}
+
+impl<K: Clone + Eq + Hash> Backoff<K> {
+    /// A backoff starting at `base` and capped at `max`.
+    pub fn new(base: Duration, max: Duration) -> Self {
+        Self {
+            failures: Mutex::new(HashMap::new()),
+            base,
+            max,
+        }
+    }
+
+    /// Records a failure and returns how long to wait before the next try.
+    pub fn fail(&self, key: &K) -> Duration {
+        let mut f = self.failures.lock().expect("backoff lock");
+        let n = f.entry(key.clone()).or_insert(0);
+        let delay = self
+            .base
+            .checked_mul(1u32 << (*n).min(20))
+            .unwrap_or(self.max)
+            .min(self.max);
+        *n = n.saturating_add(1);
+        delay
+    }
+
+    /// Records a success: the next failure starts from `base` again.
+    pub fn reset(&self, key: &K) {
+        self.failures.lock().expect("backoff lock").remove(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn key_added_twice_while_waiting_is_handed_out_once() {
+        let q = Queue::new();
+        q.add("a");
+        q.add("a");
+        q.add("b");
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.next().await, Some("a"));
+        assert_eq!(q.next().await, Some("b"));
+        assert!(q.is_empty());
+    }
+
+    #[tokio::test]
+    async fn key_added_while_running_runs_again_after_done_and_not_concurrently() {
+        let q = Queue::new();
+        q.add("a");
+        assert_eq!(q.next().await, Some("a"));
+        q.add("a");
+        // Still running: not handed out a second time.
+        assert!(q.is_empty());
+        q.done(&"a");
+        assert_eq!(q.next().await, Some("a"));
+        q.done(&"a");
+        assert!(q.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn delayed_add_keeps_the_earliest_time() {
+        let q = Queue::new();
+        q.add_after("a", Duration::from_secs(10));
+        q.add_after("a", Duration::from_secs(1));
+        q.add_after("a", Duration::from_secs(30));
+        let start = Instant::now();
+        assert_eq!(q.next().await, Some("a"));
+        let waited = start.elapsed();
+        assert!(waited >= Duration::from_secs(1) && waited < Duration::from_secs(10), "{waited:?}");
+        q.done(&"a");
+        // The later timers must not re-add the key.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(q.is_empty());
+    }
+
+    #[tokio::test]
+    async fn close_releases_waiting_workers() {
+        let q: Arc<Queue<&str>> = Queue::new();
+        let q2 = q.clone();
+        let waiter = tokio::spawn(async move { q2.next().await });
+        tokio::task::yield_now().await;
+        q.close();
+        assert_eq!(waiter.await.unwrap(), None);
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap_and_resets_on_success() {
+        let b = Backoff::new(Duration::from_secs(1), Duration::from_secs(5));
+        assert_eq!(b.fail(&"k"), Duration::from_secs(1));
+        assert_eq!(b.fail(&"k"), Duration::from_secs(2));
+        assert_eq!(b.fail(&"k"), Duration::from_secs(4));
+        assert_eq!(b.fail(&"k"), Duration::from_secs(5));
+        b.reset(&"k");
+        assert_eq!(b.fail(&"k"), Duration::from_secs(1));
+    }
+}

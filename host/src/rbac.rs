@@ -1,0 +1,119 @@
+//! The RBAC rules a plugin needs, derived from its manifest, as
+//! `wasmop inspect` prints them.
+//!
+//! - primary kinds: get, list, watch; update and patch (finalizers and
+//!   `primary-fields`); `<plural>/status`: get, update, patch;
+//!   `<plural>/finalizers`: update (needed to set `blockOwnerDeletion`
+//!   ownerReferences to the primary).
+//! - owned kinds: get, list, watch, create, update, patch, delete.
+//! - read kinds and HTTP target kinds: get, list, watch.
+//! - Events (core and `events.k8s.io`): create, patch.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::manifest::Manifest;
+
+const READ: &[&str] = &["get", "list", "watch"];
+const WRITE: &[&str] = &["create", "update", "patch", "delete"];
+
+/// Verbs in the order kubectl users expect to read them.
+const VERB_ORDER: &[&str] = &["get", "list", "watch", "create", "update", "patch", "delete"];
+
+/// The rules the plugin's controllers need, merged per API group and
+/// resource, deterministic in order.
+pub fn rules(manifest: &Manifest) -> Vec<PolicyRule> {
+    let mut grants: BTreeMap<(String, String), BTreeSet<&'static str>> = BTreeMap::new();
+    let mut grant = |group: &str, resource: String, verbs: &[&'static str]| {
+        grants
+            .entry((group.to_owned(), resource))
+            .or_default()
+            .extend(verbs.iter().copied());
+    };
+    for c in &manifest.controllers {
+        let p = &c.primary;
+        grant(&p.group, p.plural.clone(), READ);
+        grant(&p.group, p.plural.clone(), &["update", "patch"]);
+        grant(&p.group, format!("{}/status", p.plural), &["get", "update", "patch"]);
+        grant(&p.group, format!("{}/finalizers", p.plural), &["update"]);
+        for owned in &c.owns {
+            grant(&owned.group, owned.plural.clone(), READ);
+            grant(&owned.group, owned.plural.clone(), WRITE);
+        }
+        for read in &c.reads {
+            grant(&read.kind.group, read.kind.plural.clone(), READ);
+        }
+        for target in &c.http_targets {
+            grant(&target.kind.group, target.kind.plural.clone(), READ);
+        }
+    }
+    grant("", "events".to_owned(), &["create", "patch"]);
+    grant("events.k8s.io", "events".to_owned(), &["create", "patch"]);
+
+    // One rule per (group, verb set), listing its resources.
+    let mut merged: BTreeMap<(String, Vec<&str>), Vec<String>> = BTreeMap::new();
+    for ((group, resource), verbs) in grants {
+        let verbs: Vec<&str> = VERB_ORDER.iter().copied().filter(|v| verbs.contains(v)).collect();
+        merged.entry((group, verbs)).or_default().push(resource);
+    }
+    let mut out: Vec<PolicyRule> = merged
+        .into_iter()
+        .map(|((group, verbs), resources)| PolicyRule {
+            api_groups: Some(vec![group]),
+            resources: Some(resources),
+            verbs: verbs.into_iter().map(str::to_owned).collect(),
+            ..PolicyRule::default()
+        })
+        .collect();
+    out.sort_by(|a, b| (&a.api_groups, &a.resources).cmp(&(&b.api_groups, &b.resources)));
+    out
+}
+
+/// A ClusterRole `wasmop-plugin-<name>` holding [`rules`].
+pub fn cluster_role(manifest: &Manifest) -> ClusterRole {
+    ClusterRole {
+        metadata: ObjectMeta {
+            name: Some(format!("wasmop-plugin-{}", manifest.name)),
+            ..ObjectMeta::default()
+        },
+        rules: Some(rules(manifest)),
+        ..ClusterRole::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::tests::manifest;
+
+    fn as_text(rules: &[PolicyRule]) -> Vec<String> {
+        rules
+            .iter()
+            .map(|r| {
+                format!(
+                    "{:?} {:?} {:?}",
+                    r.api_groups.clone().unwrap_or_default(),
+                    r.resources.clone().unwrap_or_default(),
+                    r.verbs
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn rules_cover_primary_owned_status_and_events() {
+        assert_eq!(
+            as_text(&rules(&manifest())),
+            vec![
+                r#"[""] ["configmaps"] ["get", "list", "watch", "create", "update", "patch", "delete"]"#,
+                r#"[""] ["events"] ["create", "patch"]"#,
+                r#"["events.k8s.io"] ["events"] ["create", "patch"]"#,
+                r#"["test.wasmop.dev"] ["widgets"] ["get", "list", "watch", "update", "patch"]"#,
+                r#"["test.wasmop.dev"] ["widgets/finalizers"] ["update"]"#,
+                r#"["test.wasmop.dev"] ["widgets/status"] ["get", "update", "patch"]"#,
+            ]
+        );
+    }
+}

@@ -1,0 +1,361 @@
+//! The wasmtime engine every plugin runs on, and the only way to get a
+//! [`Store`] for a plugin call: with a memory cap and a deadline.
+//!
+//! One [`Sandbox`] is shared by all plugins. It owns the [`Engine`]
+//! (component model, pooling allocator, epoch interruption), the
+//! [`Linker`] (WASI preview 2 with nothing granted), and an epoch ticker
+//! thread that holds only a weak engine reference and stops when the
+//! engine is dropped.
+//!
+//! Calls are synchronous CPU work (no wasmtime async): the live controller
+//! runs them on `tokio::task::spawn_blocking`.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use thiserror::Error;
+use wasmtime::component::{Linker, ResourceTable};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store};
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxView, WasiView};
+
+/// How the shared engine is sized.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SandboxConfig {
+    /// Plugin calls that may run at once (pool slots). Default 64.
+    pub max_instances: u32,
+    /// Largest memory any plugin may be given, in bytes (the pool's slot
+    /// size). Per-plugin caps ([`Limits::memory_bytes`]) must not exceed it.
+    /// Default 512 MiB.
+    pub max_memory_bytes: usize,
+    /// How often the epoch advances; deadlines are enforced to about this
+    /// precision. Default 10 ms.
+    pub epoch_tick: Duration,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            max_instances: 64,
+            max_memory_bytes: 512 << 20,
+            epoch_tick: Duration::from_millis(10),
+        }
+    }
+}
+
+/// The bounds of one plugin call; configurable per plugin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Wall-clock time a call may run. Default 2 s.
+    pub deadline: Duration,
+    /// Largest size of any one linear memory of the plugin, in bytes.
+    /// Default 64 MiB.
+    pub memory_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            deadline: Duration::from_secs(2),
+            memory_bytes: 64 << 20,
+        }
+    }
+}
+
+/// Size of the in-memory stderr a call may fill (for panic messages).
+pub const STDERR_CAPACITY: usize = 16 << 10;
+
+/// Why the sandbox could not be built.
+#[derive(Debug, Error)]
+pub enum SandboxError {
+    /// wasmtime rejected the engine configuration.
+    #[error("cannot create the wasmtime engine")]
+    Engine(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// WASI could not be added to the linker.
+    #[error("cannot link WASI into the plugin linker")]
+    Linker(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The epoch ticker thread could not be started.
+    #[error("cannot start the epoch ticker thread")]
+    Ticker(#[source] std::io::Error),
+}
+
+/// The shared engine and linker. Cheap to share behind an [`Arc`].
+pub struct Sandbox {
+    engine: Engine,
+    linker: Linker<StoreState>,
+    config: SandboxConfig,
+}
+
+impl std::fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sandbox").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl Sandbox {
+    /// Builds the engine, the WASI linker and starts the epoch ticker.
+    ///
+    /// # Errors
+    ///
+    /// [`SandboxError`] when wasmtime rejects the configuration (e.g. the
+    /// platform cannot reserve the pool) or the ticker thread cannot start.
+    pub fn new(config: SandboxConfig) -> Result<Arc<Sandbox>, SandboxError> {
+        let mut pool = PoolingAllocationConfig::new();
+        let n = config.max_instances.max(1);
+        pool.total_component_instances(n)
+            // A Rust wasip2 component holds a few core instances (the
+            // program plus adapter shims) and usually one memory.
+            .total_core_instances(n.saturating_mul(8))
+            .total_memories(n.saturating_mul(2))
+            .total_tables(n.saturating_mul(8))
+            .max_memories_per_module(1)
+            .max_memory_size(config.max_memory_bytes);
+
+        let mut wasm = Config::new();
+        wasm.wasm_component_model(true)
+            .epoch_interruption(true)
+            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&wasm).map_err(|e| SandboxError::Engine(e.into()))?;
+
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| SandboxError::Linker(e.into()))?;
+
+        let weak = engine.weak();
+        let tick = config.epoch_tick;
+        std::thread::Builder::new()
+            .name("wasmop-epoch".into())
+            .spawn(move || {
+                while let Some(engine) = weak.upgrade() {
+                    engine.increment_epoch();
+                    drop(engine);
+                    std::thread::sleep(tick);
+                }
+            })
+            .map_err(SandboxError::Ticker)?;
+
+        Ok(Arc::new(Sandbox {
+            engine,
+            linker,
+            config,
+        }))
+    }
+
+    /// The shared engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The configuration the sandbox was built with.
+    pub fn config(&self) -> &SandboxConfig {
+        &self.config
+    }
+
+    pub(crate) fn linker(&self) -> &Linker<StoreState> {
+        &self.linker
+    }
+
+    /// A fresh store for one call, bounded by `limits`: memories may not
+    /// grow past `limits.memory_bytes`, and the call traps with
+    /// `Trap::Interrupt` once `limits.deadline` has passed. The guest's
+    /// wall clock reads `now`, its monotonic clock stands still, its
+    /// random sources are fixed, it has no files, environment, arguments
+    /// or network, and its stderr goes to a [`STDERR_CAPACITY`] buffer.
+    pub fn store(&self, limits: &Limits, now: SystemTime) -> Store<StoreState> {
+        let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
+        let wasi = WasiCtx::builder()
+            .stderr(stderr.clone())
+            .wall_clock(FixedWallClock(
+                now.duration_since(UNIX_EPOCH).unwrap_or_default(),
+            ))
+            .monotonic_clock(FrozenMonotonicClock)
+            .secure_random(wasmtime_wasi::Deterministic::new(vec![0x5a, 0xa5, 0x3c, 0xc3]))
+            .insecure_random(wasmtime_wasi::Deterministic::new(vec![0x42, 0x24]))
+            .insecure_random_seed(0x7761_736d_6f70)
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .build();
+        let state = StoreState {
+            wasi,
+            table: ResourceTable::new(),
+            limiter: MemoryCap {
+                bytes: limits.memory_bytes,
+                hit: false,
+            },
+            stderr,
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limiter);
+        store.set_epoch_deadline(deadline_ticks(limits.deadline, self.config.epoch_tick));
+        store.epoch_deadline_trap();
+        store
+    }
+}
+
+/// Epoch ticks that cover `deadline`, plus one for the tick in progress.
+fn deadline_ticks(deadline: Duration, tick: Duration) -> u64 {
+    let tick = tick.as_nanos().max(1);
+    let ticks = deadline.as_nanos().div_ceil(tick);
+    u64::try_from(ticks).unwrap_or(u64::MAX).saturating_add(1)
+}
+
+/// Per-call state inside a [`Store`].
+pub struct StoreState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limiter: MemoryCap,
+    stderr: MemoryOutputPipe,
+}
+
+impl std::fmt::Debug for StoreState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreState")
+            .field("memory_cap", &self.limiter.bytes)
+            .field("memory_cap_hit", &self.limiter.hit)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StoreState {
+    /// What the guest wrote to stderr so far (lossy UTF-8).
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.stderr.contents()).into_owned()
+    }
+
+    /// True when the guest tried to grow a memory past its cap.
+    pub fn memory_cap_hit(&self) -> bool {
+        self.limiter.hit
+    }
+
+    /// The memory cap of this store, in bytes.
+    pub fn memory_cap(&self) -> usize {
+        self.limiter.bytes
+    }
+}
+
+impl WasiView for StoreState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// Caps each linear memory and remembers whether the cap was hit, so an
+/// allocation failure can be reported as "out of memory" rather than as
+/// the trap the guest turns it into.
+struct MemoryCap {
+    bytes: usize,
+    hit: bool,
+}
+
+/// Table growth beyond this many elements is refused.
+const MAX_TABLE_ELEMENTS: usize = 100_000;
+
+impl wasmtime::ResourceLimiter for MemoryCap {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.bytes {
+            self.hit = true;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= MAX_TABLE_ELEMENTS)
+    }
+
+    fn instances(&self) -> usize {
+        32
+    }
+
+    fn tables(&self) -> usize {
+        32
+    }
+
+    fn memories(&self) -> usize {
+        4
+    }
+}
+
+/// A wall clock that always reads the same instant (the snapshot's `now`).
+struct FixedWallClock(Duration);
+
+impl HostWallClock for FixedWallClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
+    fn now(&self) -> Duration {
+        self.0
+    }
+}
+
+/// A monotonic clock that never advances.
+struct FrozenMonotonicClock;
+
+impl HostMonotonicClock for FrozenMonotonicClock {
+    fn resolution(&self) -> u64 {
+        1_000_000_000
+    }
+
+    fn now(&self) -> u64 {
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_round_up_to_whole_ticks_plus_one() {
+        let tick = Duration::from_millis(10);
+        assert_eq!(deadline_ticks(Duration::from_secs(2), tick), 201);
+        assert_eq!(deadline_ticks(Duration::from_millis(15), tick), 3);
+        assert_eq!(deadline_ticks(Duration::ZERO, tick), 1);
+    }
+
+    #[test]
+    fn the_epoch_ticker_stops_when_the_engine_is_dropped() {
+        let sandbox = Sandbox::new(SandboxConfig {
+            max_instances: 2,
+            max_memory_bytes: 16 << 20,
+            epoch_tick: Duration::from_millis(1),
+        })
+        .expect("sandbox");
+        let weak = sandbox.engine().weak();
+        drop(sandbox);
+        // The ticker holds the engine only for the instant of a tick.
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while weak.upgrade().is_some() {
+            assert!(std::time::Instant::now() < deadline, "engine still alive");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn every_store_has_a_memory_cap() {
+        let sandbox = Sandbox::new(SandboxConfig {
+            max_instances: 2,
+            max_memory_bytes: 16 << 20,
+            epoch_tick: Duration::from_millis(10),
+        })
+        .expect("sandbox");
+        let store = sandbox.store(&Limits::default(), UNIX_EPOCH);
+        assert_eq!(store.data().memory_cap(), 64 << 20);
+        assert!(!store.data().memory_cap_hit());
+    }
+}

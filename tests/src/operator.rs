@@ -1,0 +1,149 @@
+//! Runs the real wasmop operator in-process for a test: real `.wasm`
+//! plugins, the real host, the local control plane.
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use kube::Client;
+use serde_json::Value;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use wasmop::controller::{Operator, OperatorConfig};
+use wasmop::{LoadOptions, LoadedPlugin, Sandbox, SandboxConfig};
+
+use crate::repo_root;
+
+/// Folder holding the built plugins: `$WASMOP_PLUGIN_DIR`, else
+/// `target/plugins` (where `tests/build-plugins.sh` puts them).
+pub fn plugin_dir() -> PathBuf {
+    std::env::var_os("WASMOP_PLUGIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target/plugins"))
+}
+
+/// Path of a built plugin.
+///
+/// # Errors
+/// When the file does not exist: the plugins must be built first.
+pub fn plugin_path(name: &str) -> Result<PathBuf> {
+    let path = plugin_dir().join(format!("{name}.wasm"));
+    if !path.is_file() {
+        bail!(
+            "plugin {} not found: build the plugins with `bash tests/build-plugins.sh` \
+             (or run every test with `bash tests/run.sh`)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// The engine shared by every operator in this test process.
+pub fn sandbox() -> Arc<Sandbox> {
+    static SANDBOX: OnceLock<Arc<Sandbox>> = OnceLock::new();
+    SANDBOX
+        .get_or_init(|| Sandbox::new(SandboxConfig::default()).expect("sandbox"))
+        .clone()
+}
+
+/// Loads a built plugin with `settings`.
+///
+/// # Errors
+/// When the plugin is missing or does not load.
+pub fn load_plugin(name: &str, settings: Value) -> Result<Arc<LoadedPlugin>> {
+    let path = plugin_path(name)?;
+    let options = LoadOptions {
+        settings,
+        ..LoadOptions::default()
+    };
+    let plugin = LoadedPlugin::load(&sandbox(), &path, &options)
+        .with_context(|| format!("loading {}", path.display()))?;
+    Ok(Arc::new(plugin))
+}
+
+/// An operator running in this process; stopped when dropped.
+pub struct RunningOperator {
+    /// The operator.
+    pub operator: Arc<Operator>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for RunningOperator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningOperator").finish_non_exhaustive()
+    }
+}
+
+impl RunningOperator {
+    /// Starts an operator watching `namespaces` with `plugins`.
+    ///
+    /// # Errors
+    /// When a plugin does not load or cannot be registered.
+    pub async fn start(
+        client: Client,
+        namespaces: Vec<String>,
+        plugins: Vec<Arc<LoadedPlugin>>,
+    ) -> Result<Self> {
+        init_tracing();
+        let config = OperatorConfig {
+            backoff_base: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(5),
+            ..OperatorConfig::default()
+        };
+        let (operator, changes) = Operator::new(client, namespaces, config);
+        for p in plugins {
+            operator.add_plugin(p).await?;
+        }
+        let (tx, rx) = oneshot::channel();
+        let task = tokio::spawn(operator.clone().run(changes, async {
+            let _ = rx.await;
+        }));
+        Ok(Self {
+            operator,
+            shutdown: Some(tx),
+            task: Some(task),
+        })
+    }
+
+    /// Stops the operator after in-flight reconciles finished.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
+    }
+
+    /// Stops the operator at once, mid-reconcile if need be (a crash).
+    pub fn kill(mut self) {
+        self.operator.abort();
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for RunningOperator {
+    fn drop(&mut self) {
+        self.operator.abort();
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+fn init_tracing() {
+    static INIT: OnceLock<()> = OnceLock::new();
+    INIT.get_or_init(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_env("WASMOP_LOG")
+                    .unwrap_or_else(|_| "wasmop=info".into()),
+            )
+            .with_test_writer()
+            .try_init();
+    });
+}
