@@ -323,6 +323,32 @@ mod tests {
     }
 
     #[test]
+    fn snapshot_json_uses_the_documented_camel_case_keys() {
+        let v = serde_json::to_value(snapshot()).unwrap();
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        let mut expected = [
+            "controller",
+            "primary",
+            "owned",
+            "related",
+            "now",
+            "deleting",
+            "settings",
+            "observations",
+        ];
+        expected.sort_unstable();
+        let mut keys = keys;
+        keys.sort_unstable();
+        assert_eq!(keys, expected);
+        assert_eq!(
+            v["observations"][0],
+            json!({"id": "health", "status": 200, "body": "{\"ok\":true}", "error": null,
+                   "observedAt": "2025-03-04T05:06:00Z", "ageMs": 7000})
+        );
+        assert_eq!(v["related"][0]["read"], "instance");
+    }
+
+    #[test]
     fn missing_fields_take_their_documented_defaults() {
         let s: Snapshot = serde_json::from_value(
             json!({"controller": "c", "primary": {}, "now": "2025-01-01T00:00:00Z"}),
