@@ -203,7 +203,8 @@ impl Writer {
     }
 
     /// Writes `status` of `primary` through the status subresource
-    /// (server-side apply, forced: the status belongs to the plugin).
+    /// (server-side apply, forced: the status belongs to the plugin) and
+    /// returns the updated object.
     ///
     /// # Errors
     /// [`ApplyError::Api`] when the API server refuses it.
@@ -212,7 +213,7 @@ impl Writer {
         resource: &ApiResource,
         primary: &Value,
         status: &Value,
-    ) -> Result<(), ApplyError> {
+    ) -> Result<Value, ApplyError> {
         let body = json!({
             "apiVersion": primary["apiVersion"],
             "kind": primary["kind"],
@@ -226,7 +227,7 @@ impl Writer {
             &Patch::Apply(&body),
         )
         .await
-        .map(|_| ())
+        .map(|o| serde_json::to_value(o).unwrap_or_default())
         .map_err(|e| ApplyError::from_kube(describe(primary), e))
     }
 

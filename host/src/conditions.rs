@@ -39,6 +39,28 @@ pub fn set(
     }
 }
 
+/// Copies condition `type_` from `from` into `status` when `status` lacks it.
+pub fn carry_over(status: &mut Value, from: &Value, type_: &str) {
+    let present = status["conditions"]
+        .as_array()
+        .is_some_and(|l| l.iter().any(|c| c["type"] == type_));
+    if present {
+        return;
+    }
+    let Some(found) = from["conditions"]
+        .as_array()
+        .and_then(|l| l.iter().find(|c| c["type"] == type_))
+    else {
+        return;
+    };
+    if !status["conditions"].is_array() {
+        status["conditions"] = json!([]);
+    }
+    if let Some(list) = status["conditions"].as_array_mut() {
+        list.push(found.clone());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -53,5 +75,15 @@ mod tests {
         set(&mut s, "Ready", "True", "C", "m3", Some(2), "t3");
         assert_eq!(s["conditions"][0]["lastTransitionTime"], "t3");
         assert_eq!(s["conditions"].as_array().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn carry_over_keeps_a_condition_the_new_status_dropped() {
+        let old = json!({"conditions":[{"type":"Reconciled","status":"True","lastTransitionTime":"t0"}]});
+        let mut new = json!({"conditions":[{"type":"Ready","status":"True"}]});
+        carry_over(&mut new, &old, "Reconciled");
+        set(&mut new, "Reconciled", "True", "R", "m", None, "t9");
+        let r = new["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Reconciled").unwrap().clone();
+        assert_eq!(r["lastTransitionTime"], "t0");
     }
 }

@@ -577,7 +577,8 @@ impl Operator {
                 "metadata": {"name": primary["metadata"]["name"], "namespace": primary["metadata"]["namespace"]},
             });
             merge(&mut body, patch);
-            w.apply(&a.primary_resource, &body, None).await?;
+            let updated = w.apply(&a.primary_resource, &body, None).await?;
+            follow_version(&mut primary, &updated);
         }
         for op in &plan.apply {
             let obj = plan::prepare_apply(&op.object, &primary, a.plugin.name());
@@ -612,6 +613,9 @@ impl Operator {
         if let Some(g) = primary["metadata"]["generation"].as_i64() {
             status["observedGeneration"] = json!(g);
         }
+        // A plugin that writes its own conditions list without ours must not
+        // reset our condition's lastTransitionTime on every pass.
+        conditions::carry_over(&mut status, &primary["status"], RECONCILED_CONDITION);
         conditions::set(
             &mut status,
             RECONCILED_CONDITION,
@@ -622,7 +626,8 @@ impl Operator {
             now,
         );
         if status != primary["status"] {
-            w.write_status(&a.primary_resource, &primary, &status).await?;
+            let updated = w.write_status(&a.primary_resource, &primary, &status).await?;
+            follow_version(&mut primary, &updated);
         }
         for e in &plan.events {
             self.event(&primary, e.event_type == plan::EventType::Warning, &e.reason, &e.message).await;
@@ -712,6 +717,14 @@ fn finalizers(obj: &Value) -> Vec<String> {
         .as_array()
         .map(|a| a.iter().filter_map(|f| f.as_str().map(String::from)).collect())
         .unwrap_or_default()
+}
+
+/// Takes the resourceVersion of our own write, so a later preconditioned
+/// write in the same reconcile does not conflict with it.
+fn follow_version(primary: &mut Value, updated: &Value) {
+    if let Some(rv) = updated["metadata"]["resourceVersion"].as_str() {
+        primary["metadata"]["resourceVersion"] = json!(rv);
+    }
 }
 
 fn strip_managed_fields(obj: &mut Value) {

@@ -31,6 +31,7 @@ pub mod plan;
 pub mod plugin;
 pub mod queue;
 pub mod rbac;
+pub mod run;
 pub mod sandbox;
 pub mod selector;
 pub mod snapshot;

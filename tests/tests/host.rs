@@ -300,3 +300,71 @@ async fn crash_mid_reconcile_and_restart_converges_without_duplicates() -> Resul
     assert_eq!(configmap_names(&ns).await?, expected, "exactly one ConfigMap per Widget");
     Ok(())
 }
+
+#[tokio::test]
+async fn referenced_object_retriggers_its_referrer_and_finalizer_holds_deletion() -> Result<()> {
+    let ns = TestNamespace::new("host-referrer").await?;
+    let _op = start(&ns, &["referrer"]).await?;
+    let api = test_kind(&ns, "Referrer", "referrers");
+    let cms: Api<ConfigMap> = ns.api();
+    create(&api, "Referrer", "r", json!({"configRef": "src"})).await?;
+
+    // Finalizer first, the set-once spec.id, and a status saying the
+    // referenced ConfigMap is missing. The plan asks for no requeue.
+    let r = wait_for("the finalizer, spec.id and status", DEFAULT_DEADLINE, || {
+        let api = api.clone();
+        async move {
+            let r = api.get("r").await?;
+            let ok = r.metadata.finalizers.clone().unwrap_or_default() == vec!["test.wasmop.dev/cleanup".to_string()]
+                && r.data["spec"]["id"].as_str().is_some_and(|s| s.starts_with("id-"))
+                && r.data["status"]["configFound"] == json!(false);
+            Ok(ok.then_some(r))
+        }
+    })
+    .await?;
+    let uid = r.metadata.uid.clone().unwrap_or_default();
+    assert_eq!(r.data["spec"]["id"], json!(format!("id-{}", &uid[..8])));
+    assert!(cms.get_opt("r-copy").await?.is_none());
+
+    // Creating the referenced ConfigMap re-triggers the referrer through the
+    // reference index (no requeue, no backoff pending).
+    let src: ConfigMap = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "src"}, "data": {"k": "one"}
+    }))?;
+    cms.create(&PostParams::default(), &src).await?;
+    let copy_has = |v: &'static str| {
+        let cms = cms.clone();
+        move || {
+            let cms = cms.clone();
+            async move {
+                let c = cms.get_opt("r-copy").await?;
+                Ok(c.filter(|c| c.data.clone().unwrap_or_default().get("k").map(String::as_str) == Some(v)).map(|_| ()))
+            }
+        }
+    };
+    wait_for("the copy of the referenced ConfigMap", DEFAULT_DEADLINE, copy_has("one")).await?;
+    cms.patch("src", &PatchParams::default(), &Patch::Merge(json!({"data": {"k": "two"}})))
+        .await?;
+    wait_for("the copy to follow the referenced ConfigMap", DEFAULT_DEADLINE, copy_has("two")).await?;
+    // spec.id is set once: still the same.
+    assert_eq!(api.get("r").await?.data["spec"]["id"], json!(format!("id-{}", &uid[..8])));
+
+    // Deletion waits for the plugin to say cleanup is complete.
+    api.delete("r", &DeleteParams::background()).await?;
+    wait_for("the CleanupBlocked event's effect: still present, deleting", DEFAULT_DEADLINE, || {
+        let api = api.clone();
+        async move {
+            let r = api.get_opt("r").await?;
+            Ok(r.filter(|r| r.metadata.deletion_timestamp.is_some()).map(|_| ()))
+        }
+    })
+    .await?;
+    api.patch("r", &PatchParams::default(), &Patch::Merge(json!({"spec": {"allowCleanup": true}})))
+        .await?;
+    wait_for("the finalizer to be released and the Referrer gone", DEFAULT_DEADLINE, || {
+        let api = api.clone();
+        async move { Ok(api.get_opt("r").await?.is_none().then_some(())) }
+    })
+    .await?;
+    Ok(())
+}
