@@ -3,7 +3,7 @@
 //! A fixture directory holds `NAME.yaml` files (input of
 //! [`crate::offline`]: objects plus optional `Observations` and
 //! `PlanOptions` documents) and next to each the expected `NAME.plan.json`
-//! ([`crate::offline::Outcome::to_golden_json`], pretty-printed). The snapshot
+//! ([`crate::offline::Outcome::to_golden_text`]). The snapshot
 //! time is the fixture's `PlanOptions.now`, or [`GOLDEN_NOW`].
 //!
 //! ```no_run
@@ -135,12 +135,17 @@ pub fn check(plugin: &Path, dir: &Path) -> Result<GoldenReport, GoldenError> {
             plugins.insert(key.clone(), loaded);
         }
         let loaded = &plugins[&key];
-        let now = input.options.now.clone().unwrap_or_else(|| GOLDEN_NOW.to_owned());
-        let run = offline::run(loaded, &input, Some(&now), None).map_err(|source| GoldenError::Run {
-            fixture: fixture.clone(),
-            source,
-        })?;
-        let actual = render(&run.outcome.to_golden_json());
+        let now = input
+            .options
+            .now
+            .clone()
+            .unwrap_or_else(|| GOLDEN_NOW.to_owned());
+        let run =
+            offline::run(loaded, &input, Some(&now), None).map_err(|source| GoldenError::Run {
+                fixture: fixture.clone(),
+                source,
+            })?;
+        let actual = run.outcome.to_golden_text();
         let expected_path = expected_path(&fixture);
         if bless {
             std::fs::write(&expected_path, &actual).map_err(|source| GoldenError::Io {
@@ -191,12 +196,6 @@ fn fixtures(dir: &Path) -> Result<Vec<PathBuf>, GoldenError> {
         });
     }
     Ok(out)
-}
-
-fn render(value: &Value) -> String {
-    let mut text = serde_json::to_string_pretty(value).unwrap_or_default();
-    text.push('\n');
-    text
 }
 
 fn first_difference(expected: &str, actual: &str) -> String {

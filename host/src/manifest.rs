@@ -250,7 +250,8 @@ impl Manifest {
     /// Services the controller owns or reads.
     pub fn problems(&self) -> Vec<ManifestProblem> {
         let mut out = Vec::new();
-        let mut problem = |path: String, message: String| out.push(ManifestProblem { path, message });
+        let mut problem =
+            |path: String, message: String| out.push(ManifestProblem { path, message });
 
         if self.name.is_empty() {
             problem("name".into(), "plugin name is empty".into());
@@ -261,7 +262,10 @@ impl Manifest {
             problem("version".into(), "plugin version is empty".into());
         }
         if self.controllers.is_empty() {
-            problem("controllers".into(), "the plugin declares no controller".into());
+            problem(
+                "controllers".into(),
+                "the plugin declares no controller".into(),
+            );
         }
 
         let mut controller_names = BTreeSet::new();
@@ -271,12 +275,18 @@ impl Manifest {
             if c.name.is_empty() {
                 problem(format!("{at}.name"), "controller name is empty".into());
             } else if !controller_names.insert(c.name.as_str()) {
-                problem(format!("{at}.name"), format!("duplicate controller name {:?}", c.name));
+                problem(
+                    format!("{at}.name"),
+                    format!("duplicate controller name {:?}", c.name),
+                );
             }
             if let Some((_, other)) = primaries.iter().find(|(k, _)| k.same_type(&c.primary)) {
                 problem(
                     format!("{at}.primary"),
-                    format!("kind {} is already the primary of controller {other:?}", c.primary),
+                    format!(
+                        "kind {} is already the primary of controller {other:?}",
+                        c.primary
+                    ),
                 );
             }
             primaries.push((&c.primary, &c.name));
@@ -290,7 +300,10 @@ impl Manifest {
                     problem(path.clone(), msg);
                 }
                 if owned.same_type(&c.primary) {
-                    problem(path.clone(), format!("primary kind {} is also listed as owned", owned));
+                    problem(
+                        path.clone(),
+                        format!("primary kind {} is also listed as owned", owned),
+                    );
                 }
                 if c.owns[..oi].iter().any(|k| k.same_type(owned)) {
                     problem(path, format!("kind {owned} is owned twice"));
@@ -303,7 +316,10 @@ impl Manifest {
                 if read.id.is_empty() {
                     problem(format!("{path}.id"), "read id is empty".into());
                 } else if !read_ids.insert(read.id.as_str()) {
-                    problem(format!("{path}.id"), format!("duplicate read id {:?}", read.id));
+                    problem(
+                        format!("{path}.id"),
+                        format!("duplicate read id {:?}", read.id),
+                    );
                 }
                 for msg in kind_problems(&read.kind) {
                     problem(format!("{path}.kind"), msg);
@@ -361,7 +377,10 @@ impl Manifest {
                         format!("target id {:?} is empty or reserved", target.id),
                     );
                 } else if !target_ids.insert(target.id.as_str()) {
-                    problem(format!("{path}.id"), format!("duplicate target id {:?}", target.id));
+                    problem(
+                        format!("{path}.id"),
+                        format!("duplicate target id {:?}", target.id),
+                    );
                 }
                 if !(target.kind.group.is_empty()
                     && (target.kind.kind == "Pod" || target.kind.kind == "Service"))
@@ -376,11 +395,17 @@ impl Manifest {
                 if !declared {
                     problem(
                         format!("{path}.kind"),
-                        format!("kind {} is neither owned nor read by the controller", target.kind),
+                        format!(
+                            "kind {} is neither owned nor read by the controller",
+                            target.kind
+                        ),
                     );
                 }
                 if target.ports.is_empty() || target.ports.contains(&0) {
-                    problem(format!("{path}.ports"), "ports must be non-empty and non-zero".into());
+                    problem(
+                        format!("{path}.ports"),
+                        "ports must be non-empty and non-zero".into(),
+                    );
                 }
             }
         }
@@ -398,7 +423,11 @@ pub fn split_api_version(api_version: &str) -> (&str, &str) {
 
 fn kind_problems(kind: &KindRef) -> Vec<String> {
     let mut out = Vec::new();
-    let name = if kind.kind.is_empty() { "(unnamed)" } else { kind.kind.as_str() };
+    let name = if kind.kind.is_empty() {
+        "(unnamed)"
+    } else {
+        kind.kind.as_str()
+    };
     if kind.kind.is_empty() {
         out.push("kind is empty".to_owned());
     }
@@ -408,7 +437,10 @@ fn kind_problems(kind: &KindRef) -> Vec<String> {
     if kind.plural.is_empty() {
         out.push(format!("kind {name} is missing its plural"));
     } else if kind.plural != kind.plural.to_lowercase() || kind.plural.contains('/') {
-        out.push(format!("plural {:?} of kind {name} must be lowercase, without '/'", kind.plural));
+        out.push(format!(
+            "plural {:?} of kind {name} must be lowercase, without '/'",
+            kind.plural
+        ));
     }
     out
 }
@@ -488,7 +520,10 @@ pub(crate) mod tests {
         let mut second = controller();
         second.primary = KindRef::namespaced("test.wasmop.dev", "v1", "Gadget", "gadgets");
         m.controllers.push(second);
-        assert_eq!(messages(&m), vec!["controllers[1].name: duplicate controller name \"widget\""]);
+        assert_eq!(
+            messages(&m),
+            vec!["controllers[1].name: duplicate controller name \"widget\""]
+        );
     }
 
     #[test]
@@ -536,7 +571,10 @@ pub(crate) mod tests {
             selector: Selector::SameNamespace,
         };
         m.controllers[0].reads = vec![read.clone(), read];
-        assert_eq!(messages(&m), vec!["controllers[0].reads[1].id: duplicate read id \"cm\""]);
+        assert_eq!(
+            messages(&m),
+            vec!["controllers[0].reads[1].id: duplicate read id \"cm\""]
+        );
     }
 
     #[test]
@@ -549,7 +587,10 @@ pub(crate) mod tests {
         }];
         let problems = messages(&m);
         assert_eq!(problems.len(), 1);
-        assert!(problems[0].starts_with("controllers[0].reads[0].selector.labels:"), "{problems:?}");
+        assert!(
+            problems[0].starts_with("controllers[0].reads[0].selector.labels:"),
+            "{problems:?}"
+        );
     }
 
     #[test]
@@ -569,7 +610,9 @@ pub(crate) mod tests {
         }];
         assert_eq!(
             messages(&m),
-            vec!["controllers[0].httpTargets[0].kind: kind Pod is neither owned nor read by the controller"]
+            vec![
+                "controllers[0].httpTargets[0].kind: kind Pod is neither owned nor read by the controller"
+            ]
         );
     }
 

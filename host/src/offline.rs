@@ -163,26 +163,37 @@ impl Outcome {
         }
     }
 
-    /// The golden-file form: the plan itself when valid, otherwise
-    /// `{"rejected":{"violations":[…],"plan":{…}}}` or
+    /// The golden-file form, pretty-printed JSON ending in a newline: the
+    /// plan itself when valid (exactly as `wasmop plan -o json` prints it),
+    /// otherwise `{"rejected":{"violations":[…],"plan":{…}}}` or
     /// `{"failed":{"reason":"…","message":"…"}}`.
-    pub fn to_golden_json(&self) -> Value {
+    pub fn to_golden_text(&self) -> String {
         #[derive(Serialize)]
-        struct Rejected<'a> {
-            violations: &'a [Violation],
-            plan: &'a Plan,
+        #[serde(rename_all = "camelCase")]
+        enum Golden<'a> {
+            Rejected {
+                violations: &'a [Violation],
+                plan: &'a Plan,
+            },
+            Failed {
+                reason: &'static str,
+                message: String,
+            },
         }
-        let value = match self {
-            Outcome::Planned(plan) => serde_json::to_value(plan),
+        let text = match self {
+            Outcome::Planned(plan) => serde_json::to_string_pretty(plan),
             Outcome::Rejected { plan, violations } => {
-                serde_json::to_value(Rejected { violations, plan })
-                    .map(|r| serde_json::json!({ "rejected": r }))
+                serde_json::to_string_pretty(&Golden::Rejected { violations, plan })
             }
-            Outcome::Failed(e) => Ok(serde_json::json!({
-                "failed": {"reason": e.reason(), "message": e.to_string()}
-            })),
+            Outcome::Failed(e) => serde_json::to_string_pretty(&Golden::Failed {
+                reason: e.reason(),
+                message: e.to_string(),
+            }),
         };
-        value.unwrap_or(Value::Null)
+        // Serializing these types cannot fail: every map key is a string.
+        let mut text = text.unwrap_or_default();
+        text.push('\n');
+        text
     }
 }
 
@@ -227,7 +238,11 @@ pub fn parse_input(text: &str, origin: &str) -> Result<OfflineInput, InputError>
                     serde_json::from_value(doc).map_err(|e| bad("PlanOptions", e.to_string()))?;
             }
             (_, "List") => {
-                let items = doc.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
+                let items = doc
+                    .get("items")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default();
                 for item in items {
                     push_object(&mut input, item, origin, index)?;
                 }
@@ -250,7 +265,10 @@ fn push_object(
             index,
         });
     }
-    if object::api_version(&obj).is_empty() || object::kind(&obj).is_empty() || object::name(&obj).is_empty() {
+    if object::api_version(&obj).is_empty()
+        || object::kind(&obj).is_empty()
+        || object::name(&obj).is_empty()
+    {
         return Err(InputError::MissingIdentity {
             origin: origin.to_owned(),
             index,
@@ -292,9 +310,10 @@ pub fn run(
     let manifest = plugin.manifest();
     let now = match now.or(input.options.now.as_deref()) {
         Some(text) => {
-            let ts: k8s_openapi::jiff::Timestamp = text.parse().map_err(|_| OfflineError::BadNow {
-                now: text.to_owned(),
-            })?;
+            let ts: k8s_openapi::jiff::Timestamp =
+                text.parse().map_err(|_| OfflineError::BadNow {
+                    now: text.to_owned(),
+                })?;
             ts.to_string()
         }
         None => k8s_openapi::jiff::Timestamp::now().to_string(),
@@ -375,13 +394,18 @@ fn with_defaults(manifest: &Manifest, objects: &[Value]) -> Vec<Value> {
         .map(|(i, o)| {
             let mut o = o.clone();
             let namespaced = known_namespaced(manifest, &o);
-            let Some(meta) = o
-                .as_object_mut()
-                .and_then(|m| m.entry("metadata").or_insert_with(|| serde_json::json!({})).as_object_mut())
-            else {
+            let Some(meta) = o.as_object_mut().and_then(|m| {
+                m.entry("metadata")
+                    .or_insert_with(|| serde_json::json!({}))
+                    .as_object_mut()
+            }) else {
                 return o;
             };
-            if meta.get("uid").and_then(Value::as_str).is_none_or(str::is_empty) {
+            if meta
+                .get("uid")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+            {
                 let uid = if Some(i) == primary_index {
                     PRIMARY_UID.to_owned()
                 } else {
@@ -394,7 +418,10 @@ fn with_defaults(manifest: &Manifest, objects: &[Value]) -> Vec<Value> {
                 meta.insert("resourceVersion".into(), Value::String("1".into()));
             }
             if namespaced == Some(true)
-                && meta.get("namespace").and_then(Value::as_str).is_none_or(str::is_empty)
+                && meta
+                    .get("namespace")
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
             {
                 meta.insert("namespace".into(), Value::String("default".into()));
             }
@@ -457,9 +484,13 @@ settings: {replicas: 2}
         let err = parse_input(
             "{apiVersion: v1, kind: ConfigMap, metadata: {name: a}}\n---\nb: [\n",
             "f.yaml",
-        ).unwrap_err();
+        )
+        .unwrap_err();
         let text = err.to_string();
-        assert!(text.starts_with("f.yaml: document 2 is not valid YAML"), "{text}");
+        assert!(
+            text.starts_with("f.yaml: document 2 is not valid YAML"),
+            "{text}"
+        );
         assert!(!text.contains('\n'), "{text}");
     }
 

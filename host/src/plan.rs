@@ -254,8 +254,12 @@ pub struct ExistingObject {
 /// `MemorySource` and the live watch cache both answer it.
 pub trait ExistingLookup {
     /// The object of `kind` at `namespace`/`name`, if it exists.
-    fn existing(&self, kind: &KindRef, namespace: Option<&str>, name: &str)
-    -> Option<ExistingObject>;
+    fn existing(
+        &self,
+        kind: &KindRef,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Option<ExistingObject>;
 }
 
 impl<S: crate::snapshot::ObjectSource + ?Sized> ExistingLookup for S {
@@ -442,7 +446,11 @@ impl<'a> Validator<'a> {
         };
         let mut ok = true;
         if let Err(why) = names::dns1123_subdomain(name) {
-            self.push(Rule::InvalidName, desc.clone(), format!("name {name:?} {why}"));
+            self.push(
+                Rule::InvalidName,
+                desc.clone(),
+                format!("name {name:?} {why}"),
+            );
             ok = false;
         }
         match (owned.namespaced, namespace) {
@@ -456,7 +464,11 @@ impl<'a> Validator<'a> {
             }
             (true, Some(ns)) => {
                 if let Err(why) = names::dns1123_label(ns) {
-                    self.push(Rule::InvalidName, desc.clone(), format!("namespace {ns:?} {why}"));
+                    self.push(
+                        Rule::InvalidName,
+                        desc.clone(),
+                        format!("namespace {ns:?} {why}"),
+                    );
                     ok = false;
                 } else if !controller.may_write_namespace(self.primary_namespace, ns) {
                     let message = match self.primary_namespace {
@@ -573,7 +585,10 @@ impl<'a> Validator<'a> {
             Some(found) if found.uid != op.uid => self.push(
                 Rule::UidMismatch,
                 desc,
-                format!("the delete names uid {:?} but the object has uid {:?}", op.uid, found.uid),
+                format!(
+                    "the delete names uid {:?} but the object has uid {:?}",
+                    op.uid, found.uid
+                ),
             ),
             Some(_) => {}
         }
@@ -583,9 +598,11 @@ impl<'a> Validator<'a> {
         let mut leaves = Vec::new();
         leaf_paths(patch, String::new(), &mut leaves);
         for path in leaves {
-            let allowed = self.controller.primary_fields.iter().any(|field| {
-                path == *field || path.starts_with(&format!("{field}."))
-            });
+            let allowed = self
+                .controller
+                .primary_fields
+                .iter()
+                .any(|field| path == *field || path.starts_with(&format!("{field}.")));
             if !allowed {
                 let message = if path.is_empty() {
                     "primaryPatch must be a JSON object".to_owned()
@@ -623,7 +640,12 @@ impl<'a> Validator<'a> {
             if req.target == "allow-list" {
                 continue;
             }
-            match self.controller.http_targets.iter().find(|t| t.id == req.target) {
+            match self
+                .controller
+                .http_targets
+                .iter()
+                .find(|t| t.id == req.target)
+            {
                 None => self.push(
                     Rule::HttpTargetNotAllowed,
                     desc,
@@ -741,7 +763,14 @@ mod tests {
     struct World(BTreeMap<(String, String, String), ExistingObject>);
 
     impl World {
-        fn with(mut self, kind: &str, ns: &str, name: &str, uid: &str, controller: Option<&str>) -> Self {
+        fn with(
+            mut self,
+            kind: &str,
+            ns: &str,
+            name: &str,
+            uid: &str,
+            controller: Option<&str>,
+        ) -> Self {
             self.0.insert(
                 (kind.into(), ns.into(), name.into()),
                 ExistingObject {
@@ -756,7 +785,11 @@ mod tests {
     impl ExistingLookup for World {
         fn existing(&self, kind: &KindRef, ns: Option<&str>, name: &str) -> Option<ExistingObject> {
             self.0
-                .get(&(kind.kind.clone(), ns.unwrap_or_default().into(), name.into()))
+                .get(&(
+                    kind.kind.clone(),
+                    ns.unwrap_or_default().into(),
+                    name.into(),
+                ))
                 .cloned()
         }
     }
@@ -800,7 +833,10 @@ mod tests {
 
     #[test]
     fn a_plan_creating_owned_objects_in_the_primarys_namespace_is_valid() {
-        assert_eq!(violations(&apply(vec![cm("ns", "w-cm")]), &World::default()), Vec::<String>::new());
+        assert_eq!(
+            violations(&apply(vec![cm("ns", "w-cm")]), &World::default()),
+            Vec::<String>::new()
+        );
     }
 
     #[test]
@@ -823,7 +859,9 @@ mod tests {
         let plan = apply(vec![cm("other", "w-cm")]);
         assert_eq!(
             violations(&plan, &World::default()),
-            vec!["ConfigMap other/w-cm: namespace other is not the primary's (ns) nor in write-namespaces of controller widget"]
+            vec![
+                "ConfigMap other/w-cm: namespace other is not the primary's (ns) nor in write-namespaces of controller widget"
+            ]
         );
         let mut c = controller();
         c.write_namespaces = vec!["*".into()];
@@ -856,7 +894,9 @@ mod tests {
         let world = World::default().with("ConfigMap", "ns", "taken", "u1", Some("someone-else"));
         assert_eq!(
             violations(&apply(vec![cm("ns", "taken")]), &world),
-            vec!["ConfigMap ns/taken: exists and is controlled by another owner (uid someone-else)"]
+            vec![
+                "ConfigMap ns/taken: exists and is controlled by another owner (uid someone-else)"
+            ]
         );
     }
 
@@ -898,7 +938,9 @@ mod tests {
         };
         assert_eq!(
             violations(&stale, &world),
-            vec!["ConfigMap ns/mine: the delete names uid \"old-uid\" but the object has uid \"u1\""]
+            vec![
+                "ConfigMap ns/mine: the delete names uid \"old-uid\" but the object has uid \"u1\""
+            ]
         );
     }
 
@@ -908,14 +950,23 @@ mod tests {
             "name": "x", "namespace": "ns",
             "ownerReferences": [{"uid": "u"}],
             "labels": {"app.kubernetes.io/managed-by": "me", "wasmop.dev/plugin": "other"}}});
-        let rules: Vec<Rule> = validate(&apply(vec![obj]), &controller(), &primary(), &World::default())
-            .unwrap_err()
-            .into_iter()
-            .map(|v| v.rule)
-            .collect();
+        let rules: Vec<Rule> = validate(
+            &apply(vec![obj]),
+            &controller(),
+            &primary(),
+            &World::default(),
+        )
+        .unwrap_err()
+        .into_iter()
+        .map(|v| v.rule)
+        .collect();
         assert_eq!(
             rules,
-            vec![Rule::OwnerReferencesForged, Rule::HostLabelForged, Rule::HostLabelForged]
+            vec![
+                Rule::OwnerReferencesForged,
+                Rule::HostLabelForged,
+                Rule::HostLabelForged
+            ]
         );
     }
 
@@ -936,7 +987,9 @@ mod tests {
     fn names_must_be_dns1123() {
         assert_eq!(
             violations(&apply(vec![cm("ns", "Bad_Name")]), &World::default()),
-            vec!["ConfigMap ns/Bad_Name: name \"Bad_Name\" may contain only lowercase letters, digits, '-' and '.'"]
+            vec![
+                "ConfigMap ns/Bad_Name: name \"Bad_Name\" may contain only lowercase letters, digits, '-' and '.'"
+            ]
         );
     }
 
@@ -948,7 +1001,9 @@ mod tests {
         };
         assert!(violations(&ok, &World::default()).is_empty());
         let bad = Plan {
-            primary_patch: Some(json!({"spec": {"id": "abc", "replicas": 3}, "metadata": {"labels": {"a": "b"}}})),
+            primary_patch: Some(
+                json!({"spec": {"id": "abc", "replicas": 3}, "metadata": {"labels": {"a": "b"}}}),
+            ),
             ..Plan::default()
         };
         assert_eq!(
@@ -983,7 +1038,11 @@ mod tests {
             max_age_ms: 0,
         };
         let plan = Plan {
-            http_requests: vec![req("members", 8080), req("members", 9090), req("nowhere", 80)],
+            http_requests: vec![
+                req("members", 8080),
+                req("members", 9090),
+                req("nowhere", 80),
+            ],
             ..Plan::default()
         };
         let vs = validate(&plan, &c, &primary(), &World::default()).unwrap_err();

@@ -20,7 +20,9 @@ const READ: &[&str] = &["get", "list", "watch"];
 const WRITE: &[&str] = &["create", "update", "patch", "delete"];
 
 /// Verbs in the order kubectl users expect to read them.
-const VERB_ORDER: &[&str] = &["get", "list", "watch", "create", "update", "patch", "delete"];
+const VERB_ORDER: &[&str] = &[
+    "get", "list", "watch", "create", "update", "patch", "delete",
+];
 
 /// The rules the plugin's controllers need, merged per API group and
 /// resource, deterministic in order.
@@ -36,7 +38,11 @@ pub fn rules(manifest: &Manifest) -> Vec<PolicyRule> {
         let p = &c.primary;
         grant(&p.group, p.plural.clone(), READ);
         grant(&p.group, p.plural.clone(), &["update", "patch"]);
-        grant(&p.group, format!("{}/status", p.plural), &["get", "update", "patch"]);
+        grant(
+            &p.group,
+            format!("{}/status", p.plural),
+            &["get", "update", "patch"],
+        );
         grant(&p.group, format!("{}/finalizers", p.plural), &["update"]);
         for owned in &c.owns {
             grant(&owned.group, owned.plural.clone(), READ);
@@ -55,7 +61,11 @@ pub fn rules(manifest: &Manifest) -> Vec<PolicyRule> {
     // One rule per (group, verb set), listing its resources.
     let mut merged: BTreeMap<(String, Vec<&str>), Vec<String>> = BTreeMap::new();
     for ((group, resource), verbs) in grants {
-        let verbs: Vec<&str> = VERB_ORDER.iter().copied().filter(|v| verbs.contains(v)).collect();
+        let verbs: Vec<&str> = VERB_ORDER
+            .iter()
+            .copied()
+            .filter(|v| verbs.contains(v))
+            .collect();
         merged.entry((group, verbs)).or_default().push(resource);
     }
     let mut out: Vec<PolicyRule> = merged

@@ -88,7 +88,9 @@ pub struct Sandbox {
 
 impl std::fmt::Debug for Sandbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sandbox").field("config", &self.config).finish_non_exhaustive()
+        f.debug_struct("Sandbox")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
     }
 }
 
@@ -169,7 +171,9 @@ impl Sandbox {
                 now.duration_since(UNIX_EPOCH).unwrap_or_default(),
             ))
             .monotonic_clock(FrozenMonotonicClock)
-            .secure_random(wasmtime_wasi::Deterministic::new(vec![0x5a, 0xa5, 0x3c, 0xc3]))
+            .secure_random(wasmtime_wasi::Deterministic::new(vec![
+                0x5a, 0xa5, 0x3c, 0xc3,
+            ]))
             .insecure_random(wasmtime_wasi::Deterministic::new(vec![0x42, 0x24]))
             .insecure_random_seed(0x7761_736d_6f70)
             .allow_tcp(false)

@@ -190,7 +190,9 @@ fn token(part: &str, text: &str, is_key: bool) -> Result<String, SelectorError> 
     let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
     let valid = if is_key {
         let name = text.rsplit_once('/').map_or(text, |(_, n)| n);
-        !name.is_empty() && text.chars().all(|c| allowed(c) || c == '/') && text.matches('/').count() <= 1
+        !name.is_empty()
+            && text.chars().all(|c| allowed(c) || c == '/')
+            && text.matches('/').count() <= 1
     } else {
         text.chars().all(allowed)
     };
@@ -209,7 +211,10 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     fn matches(selector: &str, pairs: &[(&str, &str)]) -> bool {
@@ -253,8 +258,14 @@ mod tests {
     #[test]
     fn requirements_combine_with_and() {
         let sel = "app=web,tier in (a,b),!legacy,example.com/team";
-        assert!(matches(sel, &[("app", "web"), ("tier", "a"), ("example.com/team", "x")]));
-        assert!(!matches(sel, &[("app", "web"), ("tier", "a"), ("legacy", "1")]));
+        assert!(matches(
+            sel,
+            &[("app", "web"), ("tier", "a"), ("example.com/team", "x")]
+        ));
+        assert!(!matches(
+            sel,
+            &[("app", "web"), ("tier", "a"), ("legacy", "1")]
+        ));
     }
 
     #[test]

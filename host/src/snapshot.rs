@@ -146,10 +146,14 @@ pub fn build_snapshot(
     let mut related = Vec::new();
     for read in &controller.reads {
         let objects = select(read, controller, &primary, source);
-        related.extend(sorted_unique(objects).into_iter().map(|object| RelatedObject {
-            read: read.id.clone(),
-            object,
-        }));
+        related.extend(
+            sorted_unique(objects)
+                .into_iter()
+                .map(|object| RelatedObject {
+                    read: read.id.clone(),
+                    object,
+                }),
+        );
     }
 
     Snapshot {
@@ -189,7 +193,11 @@ fn select(
             let Ok(selector) = LabelSelector::parse(text) else {
                 return Vec::new();
             };
-            let scope = if read.kind.namespaced { primary_ns } else { None };
+            let scope = if read.kind.namespaced {
+                primary_ns
+            } else {
+                None
+            };
             source
                 .list(&read.kind, scope)
                 .into_iter()
@@ -207,7 +215,11 @@ fn primary_namespace<'a>(controller: &Controller, primary: &'a Value) -> Option<
     }
 }
 
-fn field_reference(read: &Read, controller: &Controller, primary: &Value) -> Option<FieldReference> {
+fn field_reference(
+    read: &Read,
+    controller: &Controller,
+    primary: &Value,
+) -> Option<FieldReference> {
     let Selector::Field(field) = &read.selector else {
         return None;
     };
@@ -218,7 +230,11 @@ fn field_reference(read: &Read, controller: &Controller, primary: &Value) -> Opt
             .as_deref()
             .and_then(|p| object::str_at(primary, p))
             .filter(|ns| !ns.is_empty());
-        Some(explicit.or(primary_namespace(controller, primary))?.to_owned())
+        Some(
+            explicit
+                .or(primary_namespace(controller, primary))?
+                .to_owned(),
+        )
     } else {
         None
     };
@@ -320,7 +336,11 @@ impl ObjectSource for MemorySource {
     }
 
     fn get(&self, kind: &KindRef, namespace: Option<&str>, name: &str) -> Option<Arc<Value>> {
-        let ns = if kind.namespaced { namespace.unwrap_or_default() } else { "" };
+        let ns = if kind.namespaced {
+            namespace.unwrap_or_default()
+        } else {
+            ""
+        };
         self.by_name
             .get(&(type_key(kind), ns.to_owned(), name.to_owned()))
             .cloned()
@@ -409,7 +429,10 @@ mod tests {
     #[test]
     fn owned_objects_are_those_controlled_by_the_primary_sorted() {
         let s = snapshot_with(vec![]);
-        assert_eq!(names(&s.owned), vec!["ConfigMap ns/a-owned", "ConfigMap ns/b-owned"]);
+        assert_eq!(
+            names(&s.owned),
+            vec!["ConfigMap ns/a-owned", "ConfigMap ns/b-owned"]
+        );
         assert!(s.related.is_empty());
         assert!(!s.deleting);
     }
@@ -417,7 +440,13 @@ mod tests {
     #[test]
     fn field_reads_follow_name_and_namespace_paths() {
         let s = snapshot_with(vec![
-            ("cfg", Selector::Field(FieldRef { name_path: "spec.configRef".into(), namespace_path: None })),
+            (
+                "cfg",
+                Selector::Field(FieldRef {
+                    name_path: "spec.configRef".into(),
+                    namespace_path: None,
+                }),
+            ),
             (
                 "other",
                 Selector::Field(FieldRef {
@@ -425,9 +454,18 @@ mod tests {
                     namespace_path: Some("spec.other.namespace".into()),
                 }),
             ),
-            ("missing", Selector::Field(FieldRef { name_path: "spec.nothing".into(), namespace_path: None })),
+            (
+                "missing",
+                Selector::Field(FieldRef {
+                    name_path: "spec.nothing".into(),
+                    namespace_path: None,
+                }),
+            ),
         ]);
-        assert_eq!(related(&s), vec!["cfg: ConfigMap ns/settings", "other: ConfigMap elsewhere/x"]);
+        assert_eq!(
+            related(&s),
+            vec!["cfg: ConfigMap ns/settings", "other: ConfigMap elsewhere/x"]
+        );
     }
 
     #[test]
@@ -441,20 +479,33 @@ mod tests {
     #[test]
     fn label_reads_stay_in_the_primarys_namespace() {
         let s = snapshot_with(vec![("web", Selector::Labels("app=web".into()))]);
-        assert_eq!(related(&s), vec!["web: ConfigMap ns/a-owned", "web: ConfigMap ns/foreign"]);
+        assert_eq!(
+            related(&s),
+            vec!["web: ConfigMap ns/a-owned", "web: ConfigMap ns/foreign"]
+        );
     }
 
     #[test]
     fn owned_by_primary_reads() {
         let s = snapshot_with(vec![("mine", Selector::OwnedByPrimary)]);
-        assert_eq!(related(&s), vec!["mine: ConfigMap ns/a-owned", "mine: ConfigMap ns/b-owned"]);
+        assert_eq!(
+            related(&s),
+            vec!["mine: ConfigMap ns/a-owned", "mine: ConfigMap ns/b-owned"]
+        );
     }
 
     #[test]
     fn deleting_follows_the_deletion_timestamp() {
         let mut p = primary();
         p["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:00:00Z");
-        let s = build_snapshot(&controller(), Arc::new(p), &source(), "now", &json!({}), vec![]);
+        let s = build_snapshot(
+            &controller(),
+            Arc::new(p),
+            &source(),
+            "now",
+            &json!({}),
+            vec![],
+        );
         assert!(s.deleting);
     }
 
@@ -465,7 +516,10 @@ mod tests {
             Read {
                 id: "cfg".into(),
                 kind: configmap(),
-                selector: Selector::Field(FieldRef { name_path: "spec.configRef".into(), namespace_path: None }),
+                selector: Selector::Field(FieldRef {
+                    name_path: "spec.configRef".into(),
+                    namespace_path: None,
+                }),
             },
             Read {
                 id: "all".into(),

@@ -64,6 +64,12 @@ fn options(limits: Limits) -> LoadOptions {
 }
 
 fn load(name: &str, limits: Limits) -> LoadedPlugin {
+    // One load at a time, so each plugin compiles once and later loads
+    // (in other tests) come from the shared compile cache.
+    static LOADING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = LOADING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     LoadedPlugin::load(&sandbox(), &plugin_path(name), &options(limits))
         .unwrap_or_else(|e| panic!("{name} loads: {e}"))
 }
@@ -74,7 +80,11 @@ fn primary(kind: &str, spec: Value) -> Value {
            "spec": spec})
 }
 
-fn reconcile(plugin: &LoadedPlugin, primary: Value, others: Vec<Value>) -> Result<wasmop::Plan, CallError> {
+fn reconcile(
+    plugin: &LoadedPlugin,
+    primary: Value,
+    others: Vec<Value>,
+) -> Result<wasmop::Plan, CallError> {
     let controller = &plugin.manifest().controllers[0];
     let primary = Arc::new(primary);
     let mut objects = others;
@@ -123,7 +133,10 @@ fn settings_reach_the_plugin_and_bad_settings_reject_the_load() {
     opts.settings = json!({"label": "custom"});
     let plugin = LoadedPlugin::load(&sandbox, &path, &opts).expect("loads with settings");
     let plan = reconcile(&plugin, primary("Widget", json!({})), vec![]).expect("plan");
-    assert_eq!(plan.apply[0].object["metadata"]["labels"]["test.wasmop.dev/version"], "custom");
+    assert_eq!(
+        plan.apply[0].object["metadata"]["labels"]["test.wasmop.dev/version"],
+        "custom"
+    );
 
     opts.settings = json!({"colour": "blue"});
     let err = LoadedPlugin::load(&sandbox, &path, &opts).expect_err("unknown setting rejected");
@@ -147,7 +160,10 @@ fn looper_times_out_within_its_deadline() {
     assert!(matches!(err, CallError::Timeout { .. }), "{err}");
     assert_eq!(err.reason(), "PluginTimedOut");
     assert!(elapsed >= deadline, "interrupted early: {elapsed:?}");
-    assert!(elapsed < deadline + Duration::from_secs(1), "interrupted late: {elapsed:?}");
+    assert!(
+        elapsed < deadline + Duration::from_secs(1),
+        "interrupted late: {elapsed:?}"
+    );
 }
 
 #[test]
@@ -160,7 +176,10 @@ fn hog_hits_its_memory_cap() {
         },
     );
     let err = reconcile(&plugin, primary("Hog", json!({})), vec![]).expect_err("runs out");
-    assert!(matches!(err, CallError::OutOfMemory { cap_bytes } if cap_bytes == 32 << 20), "{err}");
+    assert!(
+        matches!(err, CallError::OutOfMemory { cap_bytes } if cap_bytes == 32 << 20),
+        "{err}"
+    );
     assert_eq!(err.reason(), "PluginOutOfMemory");
 }
 
@@ -194,8 +213,12 @@ fn malformed_output_is_reported() {
     assert_eq!(err.reason(), "PluginOutputMalformed");
     if let CallError::MalformedOutput(problem) = &err {
         assert!(
-            matches!(problem, OutputProblem::NotJson { .. } | OutputProblem::NotAnObject { .. }
-                | OutputProblem::MissingIdentity { .. }),
+            matches!(
+                problem,
+                OutputProblem::NotJson { .. }
+                    | OutputProblem::NotAnObject { .. }
+                    | OutputProblem::MissingIdentity { .. }
+            ),
             "{problem}"
         );
     }
@@ -211,7 +234,11 @@ fn bad_writer_plan_violates_ownership_naming_the_secret() {
         .expect_err("the Secret is not owned");
     assert_eq!(violations.len(), 1, "{violations:?}");
     assert_eq!(violations[0].rule, Rule::KindNotOwned);
-    assert!(violations[0].to_string().starts_with("Secret ns/w-secret:"), "{}", violations[0]);
+    assert!(
+        violations[0].to_string().starts_with("Secret ns/w-secret:"),
+        "{}",
+        violations[0]
+    );
 }
 
 #[test]
@@ -228,7 +255,11 @@ fn bad_deleter_cannot_delete_another_owners_object() {
     let source = MemorySource::new(vec![p.clone(), victim]);
     let violations = validate(&plan, &plugin.manifest().controllers[0], &p, &source)
         .expect_err("not ours to delete");
-    assert_eq!(violations[0].rule, Rule::NotControlledByPrimary, "{violations:?}");
+    assert_eq!(
+        violations[0].rule,
+        Rule::NotControlledByPrimary,
+        "{violations:?}"
+    );
 }
 
 #[test]
@@ -245,8 +276,12 @@ fn a_truncated_component_is_a_load_error() {
 
 #[test]
 fn a_missing_file_is_a_read_error() {
-    let err = LoadedPlugin::load(&sandbox(), Path::new("no/such/plugin.wasm"), &options(Limits::default()))
-        .expect_err("missing");
+    let err = LoadedPlugin::load(
+        &sandbox(),
+        Path::new("no/such/plugin.wasm"),
+        &options(Limits::default()),
+    )
+    .expect_err("missing");
     assert!(matches!(err, LoadError::Read { .. }), "{err}");
 }
 
@@ -267,8 +302,14 @@ fn the_compile_cache_is_hit_on_the_second_load() {
     assert_eq!(first.digest(), second.digest());
     reconcile(&second, primary("Widget", json!({})), vec![]).expect("cached plugin plans");
 
-    // A corrupt artifact is discarded and the plugin compiled again.
-    std::fs::write(&artifact, b"not a compiled component").expect("corrupt");
+    // A corrupt artifact is discarded and the plugin compiled again. The
+    // artifact is mapped into memory while a plugin loaded from it lives,
+    // so it is replaced by rename, never rewritten in place (as the cache
+    // itself does).
+    drop((first, second));
+    let corrupt = dir.join("corrupt.tmp");
+    std::fs::write(&corrupt, b"not a compiled component").expect("corrupt");
+    std::fs::rename(&corrupt, &artifact).expect("replace");
     let third = LoadedPlugin::load(&sandbox(), &plugin_path("good"), &opts).expect("third load");
     assert!(!third.compiled_from_cache());
 }
@@ -280,8 +321,12 @@ fn calls_run_concurrently_from_many_threads() {
         .map(|i| {
             let plugin = Arc::clone(&plugin);
             std::thread::spawn(move || {
-                let plan = reconcile(&plugin, primary("Widget", json!({"value": format!("v{i}")})), vec![])
-                    .expect("plan");
+                let plan = reconcile(
+                    &plugin,
+                    primary("Widget", json!({"value": format!("v{i}")})),
+                    vec![],
+                )
+                .expect("plan");
                 assert_eq!(plan.apply[0].object["data"]["value"], format!("v{i}"));
             })
         })
@@ -306,12 +351,19 @@ fn offline_run_picks_the_primary_and_reports_violations() {
     let Outcome::Rejected { violations, .. } = &run.outcome else {
         panic!("expected violations, got {:?}", run.outcome);
     };
-    assert_eq!(violations[0].to_string(), "Secret ns/b-secret: kind Secret (v1) is not owned by controller badwriter");
+    assert_eq!(
+        violations[0].to_string(),
+        "Secret ns/b-secret: kind Secret (v1) is not owned by controller badwriter"
+    );
 }
 
 #[test]
 fn golden_plans_of_the_good_plugin() {
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/good");
-    let report = wasmop::golden::check(&plugin_path("good"), &fixtures).unwrap_or_else(|e| panic!("{e}"));
-    assert!(report.matched.len() + report.blessed.len() >= 3, "{report:?}");
+    let report =
+        wasmop::golden::check(&plugin_path("good"), &fixtures).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        report.matched.len() + report.blessed.len() >= 3,
+        "{report:?}"
+    );
 }

@@ -97,6 +97,9 @@ fn deserialize(engine: &Engine, path: &Path) -> wasmtime::Result<Component> {
     // by the component's sha256, the wasmtime version and the engine's
     // compilation settings, so the artifact matches this engine; wasmtime
     // also checks version and settings in the artifact header before use.
+    // The file is mapped into memory for as long as the component lives;
+    // `store` only ever replaces artifacts by rename (and `load` only
+    // unlinks them), so a mapped file is never modified in place.
     unsafe { Component::deserialize_file(engine, path) }
 }
 
@@ -117,8 +120,10 @@ impl Hasher for StableHasher {
 /// Lowercase hex of `bytes`.
 pub(crate) fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }

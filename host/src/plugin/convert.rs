@@ -6,9 +6,7 @@ use serde_json::Value;
 use thiserror::Error;
 
 use crate::bindings::types as wit;
-use crate::manifest::{
-    Controller, FieldRef, HttpTarget, KindRef, Manifest, Read, Selector,
-};
+use crate::manifest::{Controller, FieldRef, HttpTarget, KindRef, Manifest, Read, Selector};
 use crate::object;
 use crate::plan::{
     ApplyOp, DeleteOp, Event, EventType, HttpMethod, HttpRequest, ObjectRef, Plan, Precondition,
@@ -158,7 +156,10 @@ fn output_size(p: &wit::Plan) -> usize {
         + p.delete.len() * 256
         + p.status.as_ref().map_or(0, String::len)
         + p.primary_patch.as_ref().map_or(0, String::len)
-        + p.events.iter().map(|e| e.reason.len() + e.message.len()).sum::<usize>()
+        + p.events
+            .iter()
+            .map(|e| e.reason.len() + e.message.len())
+            .sum::<usize>()
         + p.http_requests
             .iter()
             .map(|r| r.body.len() + r.path.len() + strings(&r.headers))
@@ -312,7 +313,10 @@ mod tests {
         assert!(matches!(err, OutputProblem::NotJson { .. }), "{err}");
         let err = plan_from_wit(plan_with_object("[1]")).unwrap_err();
         assert_eq!(err.to_string(), "apply[0].object is not a JSON object");
-        let err = plan_from_wit(plan_with_object(r#"{"apiVersion":"v1","kind":"ConfigMap"}"#)).unwrap_err();
+        let err = plan_from_wit(plan_with_object(
+            r#"{"apiVersion":"v1","kind":"ConfigMap"}"#,
+        ))
+        .unwrap_err();
         assert_eq!(err.to_string(), "apply[0].object has no metadata.name");
         let ok = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"}}"#;
         assert!(plan_from_wit(plan_with_object(ok)).is_ok());
@@ -320,9 +324,13 @@ mod tests {
 
     #[test]
     fn status_must_be_an_object() {
-        let mut p = plan_with_object(r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"}}"#);
+        let mut p =
+            plan_with_object(r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"}}"#);
         p.status = Some("\"ready\"".into());
-        assert_eq!(plan_from_wit(p).unwrap_err().to_string(), "status is not a JSON object");
+        assert_eq!(
+            plan_from_wit(p).unwrap_err().to_string(),
+            "status is not a JSON object"
+        );
     }
 
     #[test]

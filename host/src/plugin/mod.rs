@@ -319,11 +319,10 @@ impl LoadedPlugin {
         let component = match cached {
             Some(component) => component,
             None => {
-                let component =
-                    Component::new(engine, bytes).map_err(|e| LoadError::Compile {
-                        origin: origin.to_owned(),
-                        source: e.into(),
-                    })?;
+                let component = Component::new(engine, bytes).map_err(|e| LoadError::Compile {
+                    origin: origin.to_owned(),
+                    source: e.into(),
+                })?;
                 if let Some(cache) = &options.cache {
                     cache.store(engine, &digest, &component);
                 }
@@ -374,7 +373,8 @@ impl LoadedPlugin {
                 problems,
             });
         }
-        let settings_text = serde_json::to_string(&options.settings).unwrap_or_else(|_| "{}".into());
+        let settings_text =
+            serde_json::to_string(&options.settings).unwrap_or_else(|_| "{}".into());
         let verdict = plugin
             .call(UNIX_EPOCH, |p, store| {
                 p.call_validate_settings(store, &settings_text)
@@ -554,23 +554,49 @@ mod tests {
     #[test]
     fn reasons_are_stable() {
         let cases = [
-            (CallError::Trap { message: String::new() }, "PluginTrapped"),
-            (CallError::Timeout { deadline: Duration::from_secs(2) }, "PluginTimedOut"),
-            (CallError::OutOfMemory { cap_bytes: 64 << 20 }, "PluginOutOfMemory"),
             (
-                CallError::MalformedOutput(OutputProblem::NotAnObject { field: "status".into() }),
+                CallError::Trap {
+                    message: String::new(),
+                },
+                "PluginTrapped",
+            ),
+            (
+                CallError::Timeout {
+                    deadline: Duration::from_secs(2),
+                },
+                "PluginTimedOut",
+            ),
+            (
+                CallError::OutOfMemory {
+                    cap_bytes: 64 << 20,
+                },
+                "PluginOutOfMemory",
+            ),
+            (
+                CallError::MalformedOutput(OutputProblem::NotAnObject {
+                    field: "status".into(),
+                }),
                 "PluginOutputMalformed",
             ),
             (
-                CallError::PluginError { kind: PluginErrorKind::InvalidSpec, message: String::new() },
+                CallError::PluginError {
+                    kind: PluginErrorKind::InvalidSpec,
+                    message: String::new(),
+                },
                 "InvalidSpec",
             ),
             (
-                CallError::PluginError { kind: PluginErrorKind::NotReady, message: String::new() },
+                CallError::PluginError {
+                    kind: PluginErrorKind::NotReady,
+                    message: String::new(),
+                },
                 "NotReady",
             ),
             (
-                CallError::PluginError { kind: PluginErrorKind::Internal, message: String::new() },
+                CallError::PluginError {
+                    kind: PluginErrorKind::Internal,
+                    message: String::new(),
+                },
                 "PluginError",
             ),
         ];
@@ -584,7 +610,12 @@ mod tests {
         let e = wasmtime::Error::new(wasmtime::Trap::UnreachableCodeReached);
         let stderr = "\nthread '<unnamed>' panicked at src/lib.rs:5:5:\ndeliberate panic\nnote: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n";
         let message = trap_message(&e, stderr);
-        assert!(message.starts_with("thread '<unnamed>' panicked at src/lib.rs:5:5: deliberate panic (wasm trap:"), "{message}");
+        assert!(
+            message.starts_with(
+                "thread '<unnamed>' panicked at src/lib.rs:5:5: deliberate panic (wasm trap:"
+            ),
+            "{message}"
+        );
         assert!(!message.contains('\n'));
     }
 
