@@ -231,6 +231,29 @@ impl Writer {
         .map_err(|e| ApplyError::from_kube(describe(primary), e))
     }
 
+    /// JSON-merge-patches `patch` into `obj` under this field manager (an
+    /// update, not an apply: fields set earlier are never removed because a
+    /// later patch omits them).
+    ///
+    /// # Errors
+    /// [`ApplyError::Api`] when the API server refuses it.
+    pub async fn merge_patch(
+        &self,
+        resource: &ApiResource,
+        obj: &Value,
+        patch: &Value,
+    ) -> Result<Value, ApplyError> {
+        let api = api_for(&self.client, resource, ns_of(obj));
+        let pp = PatchParams {
+            field_manager: Some(self.field_manager.clone()),
+            ..PatchParams::default()
+        };
+        api.patch(name_of(obj), &pp, &Patch::Merge(patch))
+            .await
+            .map(|o| serde_json::to_value(o).unwrap_or_default())
+            .map_err(|e| ApplyError::from_kube(describe(obj), e))
+    }
+
     /// Sets the finalizer list of `primary`, only while it is at the
     /// resourceVersion the snapshot saw.
     ///

@@ -36,6 +36,9 @@ pub enum Command {
     Inspect(InspectArgs),
     /// Compute a plugin's plan offline from objects in a YAML file.
     Plan(PlanArgs),
+    /// Run the operator: reconcile with the plugins in a directory, and
+    /// hot-swap them as the directory changes.
+    Run(crate::run::RunArgs),
 }
 
 /// Output formats.
@@ -161,6 +164,9 @@ pub enum CliError {
     /// The offline run could not start.
     #[error(transparent)]
     Offline(#[from] OfflineError),
+    /// The operator could not start.
+    #[error(transparent)]
+    Run(#[from] crate::run::RunError),
     /// The result could not be printed.
     #[error("cannot print the result: {reason}")]
     Render {
@@ -180,6 +186,7 @@ pub fn execute(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
         Command::Inspect(args) => inspect(args),
         Command::Plan(args) => plan(args),
+        Command::Run(args) => Ok(crate::run::run(args)?),
     }
 }
 

@@ -35,6 +35,7 @@ use crate::apply::{ApplyError, Writer, describe};
 use crate::cache::{Cache, Change, KindCache, KindKey, WatchSpec};
 use crate::conditions;
 use crate::manifest::{Controller, KindRef, Selector};
+use crate::metrics;
 use crate::object;
 use crate::plan::{self, Plan, Precondition};
 use crate::plugin::LoadedPlugin;
@@ -43,6 +44,10 @@ use crate::snapshot::{self, ObjectSource};
 
 /// Condition type the host maintains on every primary.
 pub const RECONCILED_CONDITION: &str = "Reconciled";
+
+/// Annotation naming the plugin version that last reconciled a primary:
+/// `<plugin> <version> <digest>`.
+pub const RECONCILED_BY_ANNOTATION: &str = "wasmop.dev/reconciled-by";
 
 /// Tunables of the live operator.
 #[derive(Clone, Debug)]
@@ -55,6 +60,11 @@ pub struct OperatorConfig {
     pub backoff_max: Duration,
     /// Name reported as the Events' reporting controller.
     pub reporter: String,
+    /// How long a new plugin's caches may take to sync before it is
+    /// rejected (e.g. its CRD is not installed).
+    pub sync_timeout: Duration,
+    /// Spacing of the re-queues after a plugin starts or is swapped.
+    pub requeue_spacing: Duration,
 }
 
 impl Default for OperatorConfig {
@@ -64,6 +74,8 @@ impl Default for OperatorConfig {
             backoff_base: Duration::from_millis(500),
             backoff_max: Duration::from_secs(300),
             reporter: "wasmop".into(),
+            sync_timeout: Duration::from_secs(60),
+            requeue_spacing: Duration::from_millis(5),
         }
     }
 }
@@ -80,6 +92,16 @@ pub enum OperatorError {
         owner: String,
         /// The plugin being loaded.
         plugin: String,
+    },
+    /// A kind's watch did not complete its first list in time.
+    #[error("{plugin}: the watch of {kind} did not sync within {waited:?} (is its CRD installed?)")]
+    NotSynced {
+        /// The kind.
+        kind: String,
+        /// The plugin being loaded.
+        plugin: String,
+        /// How long it waited.
+        waited: Duration,
     },
 }
 
@@ -295,12 +317,20 @@ impl Operator {
         self.cache.stop();
     }
 
-    /// Starts the controllers of a loaded plugin: watches its kinds, waits
-    /// until their caches synced, then queues every existing primary.
+    /// Starts the controllers of a loaded plugin, or replaces the running
+    /// version of a plugin with the same name (hot swap).
+    ///
+    /// Watches the plugin's kinds, waits until their caches synced, then
+    /// switches over in one step: reconciles already running finish on the
+    /// old version, every later one runs the new. Every primary of the
+    /// plugin is queued again, spread out at [`OperatorConfig::requeue_spacing`]
+    /// so a swap is not a thundering herd.
     ///
     /// # Errors
-    /// [`OperatorError::KindClaimed`] when a primary kind is already
-    /// reconciled by another plugin; nothing is started then.
+    /// [`OperatorError::KindClaimed`] when a primary kind is reconciled by
+    /// another plugin; [`OperatorError::NotSynced`] when a kind's cache does
+    /// not sync in time (e.g. its CRD is not installed). Nothing changes
+    /// then: the running version, if any, keeps serving.
     pub async fn add_plugin(&self, plugin: Arc<LoadedPlugin>) -> Result<(), OperatorError> {
         let manifest = plugin.manifest().clone();
         {
@@ -352,25 +382,116 @@ impl Operator {
             }));
         }
         for c in &caches {
-            c.wait_synced().await;
-        }
-        let mut controllers = self.controllers.write().expect("controllers lock");
-        for a in actives {
-            tracing::info!(
-                controller = %a.id,
-                plugin_version = %a.plugin.version(),
-                digest = %a.plugin.digest(),
-                "controller started"
-            );
-            controllers.insert(a.id.clone(), a.clone());
-            if let Some(kc) = self.cache.kind(&a.primary) {
-                for obj in kc.list(None) {
-                    self.index_refs(&a, &obj);
-                    self.queue.add(key_of(&a.id, &obj));
-                }
+            if tokio::time::timeout(self.config.sync_timeout, c.wait_synced()).await.is_err() {
+                self.drop_unused_caches();
+                return Err(OperatorError::NotSynced {
+                    kind: c.key().to_string(),
+                    plugin: plugin.name().to_string(),
+                    waited: self.config.sync_timeout,
+                });
             }
         }
+        let mut queued = Vec::new();
+        let replaced = {
+            let mut controllers = self.controllers.write().expect("controllers lock");
+            let old: Vec<Arc<str>> = controllers
+                .iter()
+                .filter(|(_, a)| a.plugin.name() == plugin.name())
+                .map(|(k, _)| k.clone())
+                .collect();
+            let replaced = old.iter().filter_map(|k| controllers.remove(k)).next();
+            for a in actives {
+                if let Some(kc) = self.cache.kind(&a.primary) {
+                    for obj in kc.list(None) {
+                        self.index_refs(&a, &obj);
+                        queued.push(key_of(&a.id, &obj));
+                    }
+                }
+                controllers.insert(a.id.clone(), a);
+            }
+            replaced
+        };
+        let m = metrics::global();
+        if let Some(old) = &replaced {
+            m.remove_where("wasmop_plugin_info", "plugin", old.plugin.name());
+        }
+        m.set(
+            "wasmop_plugin_info",
+            &[("plugin", plugin.name()), ("version", plugin.version()), ("digest", plugin.digest())],
+            1.0,
+        );
+        m.inc("wasmop_plugin_loads_total", &[("plugin", plugin.name())]);
+        match &replaced {
+            Some(old) => tracing::info!(
+                plugin = plugin.name(), from = old.plugin.version(), to = plugin.version(),
+                digest = plugin.digest(), primaries = queued.len(), "plugin swapped"),
+            None => tracing::info!(
+                plugin = plugin.name(), version = plugin.version(), digest = plugin.digest(),
+                controllers = manifest.controllers.len(), primaries = queued.len(), "plugin started"),
+        }
+        for (i, key) in queued.into_iter().enumerate() {
+            let delay = self.config.requeue_spacing.saturating_mul(u32::try_from(i).unwrap_or(u32::MAX));
+            self.queue.add_after(key, delay);
+        }
+        self.drop_unused_caches();
         Ok(())
+    }
+
+    /// Stops the controllers of a plugin. Its objects stay: nothing is
+    /// deleted because a plugin went away. Returns whether it was running.
+    pub fn remove_plugin(&self, name: &str) -> bool {
+        let removed: Vec<Arc<Active>> = {
+            let mut controllers = self.controllers.write().expect("controllers lock");
+            let ids: Vec<Arc<str>> = controllers
+                .iter()
+                .filter(|(_, a)| a.plugin.name() == name)
+                .map(|(k, _)| k.clone())
+                .collect();
+            ids.iter().filter_map(|k| controllers.remove(k)).collect()
+        };
+        if removed.is_empty() {
+            return false;
+        }
+        metrics::global().remove_where("wasmop_plugin_info", "plugin", name);
+        tracing::info!(plugin = name, "plugin removed; its controllers stopped, its objects left in place");
+        self.drop_unused_caches();
+        true
+    }
+
+    /// The name, version and digest of every running plugin.
+    pub fn plugins(&self) -> Vec<(String, String, String)> {
+        let mut out: Vec<(String, String, String)> = self
+            .controllers
+            .read()
+            .expect("controllers lock")
+            .values()
+            .map(|a| (a.plugin.name().to_string(), a.plugin.version().to_string(), a.plugin.digest().to_string()))
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// Stops the watches no running controller needs any more.
+    fn drop_unused_caches(&self) {
+        let needed: HashSet<KindKey> = self
+            .controllers
+            .read()
+            .expect("controllers lock")
+            .values()
+            .flat_map(|a| {
+                let c = &a.spec;
+                std::iter::once(kind_key(&c.primary))
+                    .chain(c.owns.iter().map(kind_key))
+                    .chain(c.reads.iter().map(|r| kind_key(&r.kind)))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        for k in self.cache.kinds() {
+            if !needed.contains(&k) {
+                self.cache.remove(&k);
+            }
+        }
     }
 
     fn kind_is_read(&self, key: &KindKey, incoming: &[Controller]) -> bool {
@@ -517,6 +638,7 @@ impl Operator {
         let started = std::time::Instant::now();
         let outcome = tokio::task::spawn_blocking(move || plugin.reconcile(&snap)).await;
         let elapsed = started.elapsed();
+        metrics::global().add("wasmop_reconcile_seconds_total", &[("controller", &a.id)], elapsed.as_secs_f64());
         let plan = match outcome {
             Ok(Ok(plan)) => plan,
             Ok(Err(e)) => {
@@ -542,6 +664,7 @@ impl Operator {
         }
         match self.execute(&a, &primary, &plan, &now).await {
             Ok(()) => {
+                metrics::global().inc("wasmop_reconcile_total", &[("controller", &a.id), ("result", "Reconciled")]);
                 self.backoff.reset(key);
                 tracing::info!(primary = %key, plugin_version = %a.plugin.version(),
                     applied = plan.apply.len(), deleted = plan.delete.len(), "reconciled");
@@ -571,13 +694,16 @@ impl Operator {
                 strip_managed_fields(&mut primary);
             }
         }
-        if let Some(patch) = &plan.primary_patch {
-            let mut body = json!({
-                "apiVersion": primary["apiVersion"], "kind": primary["kind"],
-                "metadata": {"name": primary["metadata"]["name"], "namespace": primary["metadata"]["namespace"]},
-            });
-            merge(&mut body, patch);
-            let updated = w.apply(&a.primary_resource, &body, None).await?;
+        // Fields of the primary (validated to be declared `primary-fields`)
+        // and the record of which plugin version reconciles it, in one merge
+        // patch: set-once values are never removed by a later pass.
+        let mut patch = plan.primary_patch.clone().unwrap_or_else(|| json!({}));
+        let reconciled_by = reconciled_by(&a.plugin);
+        if primary["metadata"]["annotations"][RECONCILED_BY_ANNOTATION].as_str() != Some(reconciled_by.as_str()) {
+            merge(&mut patch, &json!({"metadata": {"annotations": {RECONCILED_BY_ANNOTATION: reconciled_by}}}));
+        }
+        if patch.as_object().is_some_and(|m| !m.is_empty()) {
+            let updated = w.merge_patch(&a.primary_resource, &primary, &patch).await?;
             follow_version(&mut primary, &updated);
         }
         for op in &plan.apply {
@@ -643,6 +769,7 @@ impl Operator {
 
     /// Reports a failed reconcile on the primary and schedules a retry.
     async fn fail(&self, a: &Active, key: &PrimaryKey, primary: &Value, reason: &str, message: &str, now: &str) {
+        metrics::global().inc("wasmop_reconcile_total", &[("controller", &a.id), ("result", reason)]);
         let delay = self.backoff.fail(key);
         tracing::warn!(primary = %key, plugin_version = %a.plugin.version(), reason, message, retry_in = ?delay, "reconcile failed");
         if self.leader.load(Ordering::SeqCst) {
@@ -719,6 +846,12 @@ fn finalizers(obj: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// `<plugin> <version> <digest prefix>`, the value of [`RECONCILED_BY_ANNOTATION`].
+pub fn reconciled_by(plugin: &LoadedPlugin) -> String {
+    let digest: String = plugin.digest().chars().take(19).collect();
+    format!("{} {} {digest}", plugin.name(), plugin.version())
+}
+
 /// Takes the resourceVersion of our own write, so a later preconditioned
 /// write in the same reconcile does not conflict with it.
 fn follow_version(primary: &mut Value, updated: &Value) {
@@ -743,6 +876,12 @@ fn trigger_view(obj: &Value) -> Value {
     if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
         meta.remove("resourceVersion");
         meta.remove("managedFields");
+        if let Some(ann) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+            ann.remove(RECONCILED_BY_ANNOTATION);
+            if ann.is_empty() {
+                meta.remove("annotations");
+            }
+        }
     }
     v
 }

@@ -19,7 +19,9 @@ use serde_json::Value;
 use thiserror::Error;
 
 use crate::controller::{Operator, OperatorConfig};
-use crate::plugin::{CompileCache, LoadOptions, LoadedPlugin};
+use crate::hotswap::{OptionsFor, PluginDir};
+use crate::metrics;
+use crate::plugin::{CompileCache, LoadOptions};
 use crate::sandbox::{Limits, Sandbox, SandboxConfig};
 
 /// Arguments of `wasmop run`.
@@ -43,6 +45,12 @@ pub struct RunArgs {
     /// [default: ${XDG_CACHE_HOME:-$HOME/.cache}/wasmop/compiled].
     #[arg(long, env = "WASMOP_COMPILE_CACHE", value_name = "DIR")]
     pub compile_cache: Option<PathBuf>,
+    /// How often the plugin directory is checked for changes (hot swap).
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    pub poll_interval_ms: u64,
+    /// Serve Prometheus metrics at http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// The operator configuration file.
@@ -100,9 +108,6 @@ pub enum RunError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// No plugin loaded.
-    #[error("no plugin could be loaded from {0} (see the errors above)")]
-    NoPlugins(PathBuf),
     /// No usable Kubernetes configuration.
     #[error("no Kubernetes configuration: {0}")]
     Kube(String),
@@ -125,29 +130,12 @@ fn read_config(path: &Path) -> Result<OperatorFile, RunError> {
     })
 }
 
-/// The `*.wasm` files of a directory, sorted. Follows symlinks, so a
-/// mounted ConfigMap (files behind `..data` symlinks) works.
-///
-/// # Errors
-/// When the directory cannot be listed.
-pub fn plugin_files(dir: &Path) -> Result<Vec<PathBuf>, RunError> {
-    let entries = std::fs::read_dir(dir).map_err(|source| RunError::PluginDir {
-        path: dir.to_owned(),
-        source,
-    })?;
-    let mut files: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "wasm") && p.is_file())
-        .collect();
-    files.sort();
-    Ok(files)
-}
-
 /// Runs the operator until SIGINT or SIGTERM.
 ///
 /// # Errors
 /// [`RunError`] when nothing can run: bad configuration, no cluster, no
-/// plugin loaded. A single broken plugin is logged and skipped.
+/// cluster. A broken plugin file is logged and skipped; the directory is
+/// watched, so fixing the file brings the plugin up without a restart.
 pub fn run(args: RunArgs) -> Result<ExitCode, RunError> {
     let file = match &args.config {
         Some(p) => read_config(p)?,
@@ -162,88 +150,68 @@ pub fn run(args: RunArgs) -> Result<ExitCode, RunError> {
 
 async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunError> {
     let sandbox = Sandbox::new(SandboxConfig::default()).map_err(|e| RunError::Sandbox(e.to_string()))?;
-    let cache = args
-        .compile_cache
-        .clone()
-        .or_else(CompileCache::default_dir)
-        .map(CompileCache::new);
-    let mut plugins = Vec::new();
-    for path in plugin_files(&args.plugins)? {
-        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
-        let conf = file.plugins.get(&stem);
-        let defaults = Limits::default();
-        let options = LoadOptions {
-            settings: conf
-                .and_then(|c| c.settings.clone())
-                .unwrap_or_else(|| Value::Object(Default::default())),
-            limits: Limits {
-                deadline: conf
-                    .and_then(|c| c.deadline_ms)
-                    .map(Duration::from_millis)
-                    .unwrap_or(defaults.deadline),
-                memory_bytes: conf
-                    .and_then(|c| c.memory_mib)
-                    .map(|m| m.saturating_mul(1 << 20))
-                    .unwrap_or(defaults.memory_bytes),
-            },
-            cache: cache.clone(),
-        };
-        let sandbox = sandbox.clone();
-        let loaded = tokio::task::spawn_blocking(move || LoadedPlugin::load(&sandbox, &path, &options).map_err(|e| (path, e)))
-            .await;
-        match loaded {
-            Ok(Ok(p)) => {
-                tracing::info!(plugin = p.name(), version = p.version(), digest = p.digest(),
-                    from_cache = p.compiled_from_cache(), "plugin loaded");
-                plugins.push(Arc::new(p));
-            }
-            Ok(Err((path, e))) => {
-                tracing::error!(file = %path.display(), error = %error_chain(&e), "plugin rejected; not loaded");
-            }
-            Err(e) => tracing::error!(error = %e, "plugin load task failed"),
-        }
+    if !args.plugins.is_dir() {
+        return Err(RunError::PluginDir {
+            path: args.plugins.clone(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory"),
+        });
     }
     for name in file.plugins.keys() {
         if !args.plugins.join(format!("{name}.wasm")).is_file() {
             tracing::warn!(plugin = %name, "configuration names a plugin that is not in the plugin directory");
         }
     }
-    if plugins.is_empty() {
-        return Err(RunError::NoPlugins(args.plugins));
-    }
-
     let client = client(args.kubeconfig.as_deref()).await?;
     let config = OperatorConfig {
         workers: file.workers.unwrap_or(OperatorConfig::default().workers),
         ..OperatorConfig::default()
     };
+    if let Some(addr) = args.metrics_addr {
+        metrics::serve(addr)
+            .await
+            .map_err(|e| RunError::Kube(format!("cannot serve metrics on {addr}: {e}")))?;
+    }
     let (operator, changes) = Operator::new(client, args.namespaces.clone(), config);
-    let mut started = 0;
-    for p in plugins {
-        let name = p.name().to_string();
-        match operator.add_plugin(p).await {
-            Ok(()) => started += 1,
-            Err(e) => tracing::error!(plugin = %name, error = %e, "plugin not started"),
-        }
+    let compile_cache = args
+        .compile_cache
+        .clone()
+        .or_else(CompileCache::default_dir)
+        .map(CompileCache::new);
+    let file = Arc::new(file);
+    let options: OptionsFor = Arc::new(move |stem: &str| load_options(&file, stem, compile_cache.clone()));
+    let mut dir = PluginDir::new(args.plugins.clone(), sandbox, operator.clone(), options);
+    let first = dir.scan(false).await;
+    if first.activated.is_empty() {
+        tracing::warn!(dir = %args.plugins.display(), "no plugin active yet; watching the directory for plugins");
     }
-    if started == 0 {
-        return Err(RunError::NoPlugins(args.plugins));
-    }
-    tracing::info!(controllers = ?operator.controller_ids(), "operator running");
+    tracing::info!(plugins = ?operator.plugins(), "operator running");
+    let watcher = tokio::spawn(dir.watch(Duration::from_millis(args.poll_interval_ms)));
     operator.run(changes, shutdown_signal()).await;
+    watcher.abort();
     tracing::info!("operator stopped");
     Ok(ExitCode::SUCCESS)
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        cur = s.source();
+/// Settings and limits for the plugin file with this stem.
+fn load_options(file: &OperatorFile, stem: &str, cache: Option<CompileCache>) -> LoadOptions {
+    let conf = file.plugins.get(stem);
+    let defaults = Limits::default();
+    LoadOptions {
+        settings: conf
+            .and_then(|c| c.settings.clone())
+            .unwrap_or_else(|| Value::Object(Default::default())),
+        limits: Limits {
+            deadline: conf
+                .and_then(|c| c.deadline_ms)
+                .map(Duration::from_millis)
+                .unwrap_or(defaults.deadline),
+            memory_bytes: conf
+                .and_then(|c| c.memory_mib)
+                .map(|m| m.saturating_mul(1 << 20))
+                .unwrap_or(defaults.memory_bytes),
+        },
+        cache,
     }
-    out
 }
 
 async fn client(kubeconfig: Option<&Path>) -> Result<Client, RunError> {
