@@ -23,9 +23,7 @@ cargo build --release -p wasmop
 WASMOP="$CARGO_TARGET_DIR/release/wasmop"
 
 started_cluster=0
-if ! bash tests/cluster/up.sh >/dev/null 2>&1; then
-  bash tests/cluster/up.sh  # again, to show why it failed
-fi
+bash tests/cluster/up.sh >/dev/null
 started_cluster=1
 export KUBECONFIG="$WASMOP_CLUSTER_DIR/kubeconfig"
 
@@ -39,16 +37,16 @@ stop() {
 }
 trap stop INT TERM EXIT
 
-"$KUBECTL" apply -f tests/fixtures/crds/ >/dev/null
-if compgen -G "crds/*.yaml" >/dev/null; then "$KUBECTL" apply -f crds/ >/dev/null; fi
+"$KUBECTL" apply --server-side -f tests/fixtures/crds/ >/dev/null
+if compgen -G "crds/*.yaml" >/dev/null; then "$KUBECTL" apply --server-side -f crds/ >/dev/null; fi
 "$KUBECTL" wait --for=condition=Established crd --all --timeout=60s >/dev/null
 
 log_file="$WASMOP_CLUSTER_DIR/logs/wasmop.log"
-"$WASMOP" run --plugins "$plugins" >"$log_file" 2>&1 &
+"$WASMOP" run --plugins "$plugins" --metrics-addr 127.0.0.1:9464 >"$log_file" 2>&1 &
 op_pid=$!
 echo "operator running (pid $op_pid), log: $log_file"
 
-for f in "${examples[@]}"; do "$KUBECTL" apply -f "$f"; done
+for f in "${examples[@]}"; do "$KUBECTL" apply --server-side -f "$f"; done
 
 kinds=$(for f in "${examples[@]}"; do awk '/^kind:/{print $2}' "$f"; done | sort -u | paste -sd, -)
 while true; do

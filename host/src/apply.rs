@@ -13,10 +13,10 @@
 //! - Fields owned by another field manager are never overwritten: applies
 //!   are not forced (only the status, which the plugin owns outright).
 
+use kube::Client;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
 };
-use kube::Client;
 use serde_json::{Value, json};
 
 /// Why a write failed.
@@ -52,7 +52,12 @@ impl ApplyError {
 
     fn from_kube(target: String, e: kube::Error) -> Self {
         match &e {
-            kube::Error::Api(status) if status.code == 409 || status.code == 422 && status.reason == "Invalid" && status.message.contains("Precondition") => {
+            kube::Error::Api(status)
+                if status.code == 409
+                    || status.code == 422
+                        && status.reason == "Invalid"
+                        && status.message.contains("Precondition") =>
+            {
                 Self::Conflict {
                     target,
                     message: status.message.clone(),
@@ -104,7 +109,9 @@ pub struct Writer {
 
 impl std::fmt::Debug for Writer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Writer").field("field_manager", &self.field_manager).finish()
+        f.debug_struct("Writer")
+            .field("field_manager", &self.field_manager)
+            .finish()
     }
 }
 
@@ -270,10 +277,14 @@ impl Writer {
             "resourceVersion": primary["metadata"]["resourceVersion"],
         }});
         let api = api_for(&self.client, resource, ns_of(primary));
-        api.patch(name_of(primary), &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map(|o| serde_json::to_value(o).unwrap_or_default())
-            .map_err(|e| ApplyError::from_kube(describe(primary), e))
+        api.patch(
+            name_of(primary),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map(|o| serde_json::to_value(o).unwrap_or_default())
+        .map_err(|e| ApplyError::from_kube(describe(primary), e))
     }
 }
 

@@ -19,10 +19,10 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::api::{Api, ApiResource, DynamicObject};
-use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
 use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -107,12 +107,12 @@ impl Data {
         if self.by_uid.get(uid) == Some(key) {
             self.by_uid.remove(uid);
         }
-        if let Some(owner) = object::controller_uid(&old) {
-            if let Some(set) = self.by_owner.get_mut(owner) {
-                set.remove(key);
-                if set.is_empty() {
-                    self.by_owner.remove(owner);
-                }
+        if let Some(owner) = object::controller_uid(&old)
+            && let Some(set) = self.by_owner.get_mut(owner)
+        {
+            set.remove(key);
+            if set.is_empty() {
+                self.by_owner.remove(owner);
             }
         }
         Some(old)
@@ -205,18 +205,24 @@ impl KindCache {
     }
 }
 
+/// A watched kind: its cache and the watch tasks feeding it.
+type Watched = (Arc<KindCache>, Vec<JoinHandle<()>>);
+
 /// All watch caches of the operator.
 pub struct Cache {
     client: Client,
     namespaces: Vec<String>,
-    kinds: RwLock<HashMap<KindKey, (Arc<KindCache>, Vec<JoinHandle<()>>)>>,
+    kinds: RwLock<HashMap<KindKey, Watched>>,
     changes: mpsc::UnboundedSender<Change>,
 }
 
 impl Cache {
     /// A cache watching `namespaces` (empty: all namespaces) that reports
     /// changes on the returned receiver.
-    pub fn new(client: Client, namespaces: Vec<String>) -> (Arc<Self>, mpsc::UnboundedReceiver<Change>) {
+    pub fn new(
+        client: Client,
+        namespaces: Vec<String>,
+    ) -> (Arc<Self>, mpsc::UnboundedReceiver<Change>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let cache = Arc::new(Self {
             client,
@@ -238,7 +244,12 @@ impl Cache {
 
     /// Keys of every watched kind.
     pub fn kinds(&self) -> Vec<KindKey> {
-        self.kinds.read().expect("cache lock").keys().cloned().collect()
+        self.kinds
+            .read()
+            .expect("cache lock")
+            .keys()
+            .cloned()
+            .collect()
     }
 
     /// Makes sure a kind is watched as `spec` says and returns its cache.
@@ -247,7 +258,11 @@ impl Cache {
     /// with the managed-only filter that is now needed unfiltered is
     /// restarted without the filter.
     pub fn ensure(&self, spec: WatchSpec) -> Arc<KindCache> {
-        let key = KindKey::new(&spec.resource.group, &spec.resource.version, &spec.resource.kind);
+        let key = KindKey::new(
+            &spec.resource.group,
+            &spec.resource.version,
+            &spec.resource.kind,
+        );
         let mut kinds = self.kinds.write().expect("cache lock");
         if let Some((existing, tasks)) = kinds.get(&key) {
             if existing.spec.managed_only == spec.managed_only || !existing.spec.managed_only {
@@ -375,7 +390,11 @@ async fn run_watch(
                 if let Some(v) = to_value(obj) {
                     let key = obj_key(&v);
                     let new = Arc::new(v);
-                    let old = kc.data.write().expect("cache lock").insert(key, new.clone());
+                    let old = kc
+                        .data
+                        .write()
+                        .expect("cache lock")
+                        .insert(key, new.clone());
                     let _ = changes.send(Change {
                         kind: kc.key.clone(),
                         old,
@@ -488,5 +507,4 @@ mod tests {
         assert!(d.by_owner.is_empty());
         assert!(d.by_uid.is_empty());
     }
-
 }

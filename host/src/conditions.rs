@@ -79,11 +79,18 @@ mod tests {
 
     #[test]
     fn carry_over_keeps_a_condition_the_new_status_dropped() {
-        let old = json!({"conditions":[{"type":"Reconciled","status":"True","lastTransitionTime":"t0"}]});
+        let old =
+            json!({"conditions":[{"type":"Reconciled","status":"True","lastTransitionTime":"t0"}]});
         let mut new = json!({"conditions":[{"type":"Ready","status":"True"}]});
         carry_over(&mut new, &old, "Reconciled");
         set(&mut new, "Reconciled", "True", "R", "m", None, "t9");
-        let r = new["conditions"].as_array().unwrap().iter().find(|c| c["type"] == "Reconciled").unwrap().clone();
+        let r = new["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Reconciled")
+            .unwrap()
+            .clone();
         assert_eq!(r["lastTransitionTime"], "t0");
     }
 }

@@ -25,9 +25,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Client;
 use kube::api::ApiResource;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
-use kube::Client;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
@@ -140,7 +140,10 @@ impl RefIndex {
     fn set(&mut self, primary: ObjId, targets: Vec<RefTarget>) {
         self.clear(&primary);
         for t in &targets {
-            self.by_target.entry(t.clone()).or_default().insert(primary.clone());
+            self.by_target
+                .entry(t.clone())
+                .or_default()
+                .insert(primary.clone());
         }
         if !targets.is_empty() {
             self.by_primary.insert(primary, targets);
@@ -225,7 +228,11 @@ impl Operator {
     /// An operator watching `namespaces` (empty: all). Call [`Operator::run`]
     /// to start routing and workers, and [`Operator::add_plugin`] for each
     /// plugin.
-    pub fn new(client: Client, namespaces: Vec<String>, config: OperatorConfig) -> (Arc<Self>, mpsc::UnboundedReceiver<Change>) {
+    pub fn new(
+        client: Client,
+        namespaces: Vec<String>,
+        config: OperatorConfig,
+    ) -> (Arc<Self>, mpsc::UnboundedReceiver<Change>) {
         let (cache, changes) = Cache::new(client.clone(), namespaces);
         let reporter = Reporter {
             controller: config.reporter.clone(),
@@ -337,7 +344,9 @@ impl Operator {
             let controllers = self.controllers.read().expect("controllers lock");
             for c in &manifest.controllers {
                 for other in controllers.values() {
-                    if other.plugin.name() != plugin.name() && other.spec.primary.same_type(&c.primary) {
+                    if other.plugin.name() != plugin.name()
+                        && other.spec.primary.same_type(&c.primary)
+                    {
                         return Err(OperatorError::KindClaimed {
                             kind: c.primary.to_string(),
                             owner: other.id.to_string(),
@@ -382,7 +391,10 @@ impl Operator {
             }));
         }
         for c in &caches {
-            if tokio::time::timeout(self.config.sync_timeout, c.wait_synced()).await.is_err() {
+            if tokio::time::timeout(self.config.sync_timeout, c.wait_synced())
+                .await
+                .is_err()
+            {
                 self.drop_unused_caches();
                 return Err(OperatorError::NotSynced {
                     kind: c.key().to_string(),
@@ -417,20 +429,37 @@ impl Operator {
         }
         m.set(
             "wasmop_plugin_info",
-            &[("plugin", plugin.name()), ("version", plugin.version()), ("digest", plugin.digest())],
+            &[
+                ("plugin", plugin.name()),
+                ("version", plugin.version()),
+                ("digest", plugin.digest()),
+            ],
             1.0,
         );
         m.inc("wasmop_plugin_loads_total", &[("plugin", plugin.name())]);
         match &replaced {
             Some(old) => tracing::info!(
-                plugin = plugin.name(), from = old.plugin.version(), to = plugin.version(),
-                digest = plugin.digest(), primaries = queued.len(), "plugin swapped"),
+                plugin = plugin.name(),
+                from = old.plugin.version(),
+                to = plugin.version(),
+                digest = plugin.digest(),
+                primaries = queued.len(),
+                "plugin swapped"
+            ),
             None => tracing::info!(
-                plugin = plugin.name(), version = plugin.version(), digest = plugin.digest(),
-                controllers = manifest.controllers.len(), primaries = queued.len(), "plugin started"),
+                plugin = plugin.name(),
+                version = plugin.version(),
+                digest = plugin.digest(),
+                controllers = manifest.controllers.len(),
+                primaries = queued.len(),
+                "plugin started"
+            ),
         }
         for (i, key) in queued.into_iter().enumerate() {
-            let delay = self.config.requeue_spacing.saturating_mul(u32::try_from(i).unwrap_or(u32::MAX));
+            let delay = self
+                .config
+                .requeue_spacing
+                .saturating_mul(u32::try_from(i).unwrap_or(u32::MAX));
             self.queue.add_after(key, delay);
         }
         self.drop_unused_caches();
@@ -453,7 +482,10 @@ impl Operator {
             return false;
         }
         metrics::global().remove_where("wasmop_plugin_info", "plugin", name);
-        tracing::info!(plugin = name, "plugin removed; its controllers stopped, its objects left in place");
+        tracing::info!(
+            plugin = name,
+            "plugin removed; its controllers stopped, its objects left in place"
+        );
         self.drop_unused_caches();
         true
     }
@@ -465,7 +497,13 @@ impl Operator {
             .read()
             .expect("controllers lock")
             .values()
-            .map(|a| (a.plugin.name().to_string(), a.plugin.version().to_string(), a.plugin.digest().to_string()))
+            .map(|a| {
+                (
+                    a.plugin.name().to_string(),
+                    a.plugin.version().to_string(),
+                    a.plugin.digest().to_string(),
+                )
+            })
             .collect();
         out.sort();
         out.dedup();
@@ -528,13 +566,21 @@ impl Operator {
             .cloned()
             .collect();
         let mut keys = Vec::new();
-        let objects: Vec<&Value> = change.old.iter().chain(change.new.iter()).map(|v| v.as_ref()).collect();
+        let objects: Vec<&Value> = change
+            .old
+            .iter()
+            .chain(change.new.iter())
+            .map(|v| v.as_ref())
+            .collect();
         for a in &controllers {
             if a.primary == change.kind {
                 match (&change.old, &change.new) {
                     (_, Some(new)) => {
                         self.index_refs(a, new);
-                        let changed = change.old.as_ref().is_none_or(|old| trigger_view(old) != trigger_view(new));
+                        let changed = change
+                            .old
+                            .as_ref()
+                            .is_none_or(|old| trigger_view(old) != trigger_view(new));
                         if changed {
                             keys.push(key_of(&a.id, new));
                         }
@@ -559,7 +605,12 @@ impl Operator {
                     }
                 }
             }
-            for r in a.spec.reads.iter().filter(|r| kind_key(&r.kind) == change.kind) {
+            for r in a
+                .spec
+                .reads
+                .iter()
+                .filter(|r| kind_key(&r.kind) == change.kind)
+            {
                 match &r.selector {
                     Selector::OwnedByPrimary => {}
                     Selector::Field(_) => {
@@ -571,7 +622,11 @@ impl Operator {
                                 object::name(obj).to_string(),
                             );
                             for (ns, name) in refs.referrers(&target) {
-                                keys.push(PrimaryKey { controller: a.id.clone(), namespace: ns, name });
+                                keys.push(PrimaryKey {
+                                    controller: a.id.clone(),
+                                    namespace: ns,
+                                    name,
+                                });
                             }
                         }
                     }
@@ -584,7 +639,11 @@ impl Operator {
                     Selector::Labels(sel) => {
                         for obj in &objects {
                             if crate::selector::selector_matches(sel, &object::labels(obj)) {
-                                let ns = if a.spec.primary.namespaced { object::namespace(obj) } else { None };
+                                let ns = if a.spec.primary.namespaced {
+                                    object::namespace(obj)
+                                } else {
+                                    None
+                                };
                                 keys.extend(self.primaries_in(a, ns));
                             }
                         }
@@ -598,8 +657,14 @@ impl Operator {
     }
 
     fn primaries_in(&self, a: &Active, namespace: Option<&str>) -> Vec<PrimaryKey> {
-        let Some(kc) = self.cache.kind(&a.primary) else { return Vec::new() };
-        let ns = if a.spec.primary.namespaced { namespace } else { None };
+        let Some(kc) = self.cache.kind(&a.primary) else {
+            return Vec::new();
+        };
+        let ns = if a.spec.primary.namespaced {
+            namespace
+        } else {
+            None
+        };
         kc.list(ns).iter().map(|p| key_of(&a.id, p)).collect()
     }
 
@@ -618,7 +683,11 @@ impl Operator {
             .get(&key.controller)
             .cloned();
         let Some(a) = active else { return };
-        let Some(primary) = self.cache.kind(&a.primary).and_then(|kc| kc.get(&key.namespace, &key.name)) else {
+        let Some(primary) = self
+            .cache
+            .kind(&a.primary)
+            .and_then(|kc| kc.get(&key.namespace, &key.name))
+        else {
             return;
         };
         let deleting = object::is_deleting(&primary);
@@ -633,30 +702,60 @@ impl Operator {
         }
         let now = now_rfc3339();
         let source = CacheSource { cache: &self.cache };
-        let snap = snapshot::build_snapshot(&a.spec, primary.clone(), &source, &now, a.plugin.settings(), Vec::new());
+        let snap = snapshot::build_snapshot(
+            &a.spec,
+            primary.clone(),
+            &source,
+            &now,
+            a.plugin.settings(),
+            Vec::new(),
+        );
         let plugin = a.plugin.clone();
         let started = std::time::Instant::now();
         let outcome = tokio::task::spawn_blocking(move || plugin.reconcile(&snap)).await;
         let elapsed = started.elapsed();
-        metrics::global().add("wasmop_reconcile_seconds_total", &[("controller", &a.id)], elapsed.as_secs_f64());
+        metrics::global().add(
+            "wasmop_reconcile_seconds_total",
+            &[("controller", &a.id)],
+            elapsed.as_secs_f64(),
+        );
         let plan = match outcome {
             Ok(Ok(plan)) => plan,
             Ok(Err(e)) => {
-                self.fail(&a, key, &primary, e.reason(), &e.to_string(), &now).await;
+                self.fail(&a, key, &primary, e.reason(), &e.to_string(), &now)
+                    .await;
                 return;
             }
             Err(join) => {
-                self.fail(&a, key, &primary, "PluginTrapped", &format!("reconcile task failed: {join}"), &now)
-                    .await;
+                self.fail(
+                    &a,
+                    key,
+                    &primary,
+                    "PluginTrapped",
+                    &format!("reconcile task failed: {join}"),
+                    &now,
+                )
+                .await;
                 return;
             }
         };
         tracing::debug!(primary = %key, plugin_version = %a.plugin.version(), ?elapsed,
             plan = %serde_json::to_string(&plan).unwrap_or_default(), "plan");
         if let Err(violations) = plan::validate(&plan, &a.spec, &primary, &source) {
-            let message = violations.iter().map(|v| v.to_string()).collect::<Vec<_>>().join("; ");
-            self.fail(&a, key, &primary, "PlanRejected", &format!("plan rejected, nothing written: {message}"), &now)
-                .await;
+            let message = violations
+                .iter()
+                .map(|v| v.to_string())
+                .collect::<Vec<_>>()
+                .join("; ");
+            self.fail(
+                &a,
+                key,
+                &primary,
+                "PlanRejected",
+                &format!("plan rejected, nothing written: {message}"),
+                &now,
+            )
+            .await;
             return;
         }
         if !self.leader.load(Ordering::SeqCst) {
@@ -664,7 +763,10 @@ impl Operator {
         }
         match self.execute(&a, &primary, &plan, &now).await {
             Ok(()) => {
-                metrics::global().inc("wasmop_reconcile_total", &[("controller", &a.id), ("result", "Reconciled")]);
+                metrics::global().inc(
+                    "wasmop_reconcile_total",
+                    &[("controller", &a.id), ("result", "Reconciled")],
+                );
                 self.backoff.reset(key);
                 tracing::info!(primary = %key, plugin_version = %a.plugin.version(),
                     applied = plan.apply.len(), deleted = plan.delete.len(), "reconciled");
@@ -675,14 +777,24 @@ impl Operator {
             Err(e) => {
                 let reason = e.reason();
                 // Re-read: the failed write may have been preceded by others.
-                let current = self.cache.kind(&a.primary).and_then(|kc| kc.get(&key.namespace, &key.name));
+                let current = self
+                    .cache
+                    .kind(&a.primary)
+                    .and_then(|kc| kc.get(&key.namespace, &key.name));
                 let primary = current.unwrap_or(primary);
-                self.fail(&a, key, &primary, reason, &e.to_string(), &now).await;
+                self.fail(&a, key, &primary, reason, &e.to_string(), &now)
+                    .await;
             }
         }
     }
 
-    async fn execute(&self, a: &Active, primary: &Value, plan: &Plan, now: &str) -> Result<(), ApplyError> {
+    async fn execute(
+        &self,
+        a: &Active,
+        primary: &Value,
+        plan: &Plan,
+        now: &str,
+    ) -> Result<(), ApplyError> {
         let mut primary = primary.clone();
         let deleting = object::is_deleting(&primary);
         let w = &a.writer;
@@ -690,7 +802,9 @@ impl Operator {
             let mut list = finalizers(&primary);
             if !deleting && !list.iter().any(|x| x == f) {
                 list.push(f.clone());
-                primary = w.set_finalizers(&a.primary_resource, &primary, &list).await?;
+                primary = w
+                    .set_finalizers(&a.primary_resource, &primary, &list)
+                    .await?;
                 strip_managed_fields(&mut primary);
             }
         }
@@ -699,8 +813,13 @@ impl Operator {
         // patch: set-once values are never removed by a later pass.
         let mut patch = plan.primary_patch.clone().unwrap_or_else(|| json!({}));
         let reconciled_by = reconciled_by(&a.plugin);
-        if primary["metadata"]["annotations"][RECONCILED_BY_ANNOTATION].as_str() != Some(reconciled_by.as_str()) {
-            merge(&mut patch, &json!({"metadata": {"annotations": {RECONCILED_BY_ANNOTATION: reconciled_by}}}));
+        if primary["metadata"]["annotations"][RECONCILED_BY_ANNOTATION].as_str()
+            != Some(reconciled_by.as_str())
+        {
+            merge(
+                &mut patch,
+                &json!({"metadata": {"annotations": {RECONCILED_BY_ANNOTATION: reconciled_by}}}),
+            );
         }
         if patch.as_object().is_some_and(|m| !m.is_empty()) {
             let updated = w.merge_patch(&a.primary_resource, &primary, &patch).await?;
@@ -717,7 +836,9 @@ impl Operator {
             };
             match &op.precondition {
                 Some(Precondition::Absent) => w.create(&resource, &obj).await.map(|_| ())?,
-                Some(Precondition::ResourceVersion(rv)) => w.apply(&resource, &obj, Some(rv)).await.map(|_| ())?,
+                Some(Precondition::ResourceVersion(rv)) => {
+                    w.apply(&resource, &obj, Some(rv)).await.map(|_| ())?
+                }
                 None => w.apply(&resource, &obj, None).await.map(|_| ())?,
             }
         }
@@ -729,10 +850,20 @@ impl Operator {
                 .find(|k| k.matches(&d.target.api_version, &d.target.kind));
             if let Some(kind) = kind {
                 let ns = (!d.target.namespace.is_empty()).then_some(d.target.namespace.as_str());
-                w.delete(&api_resource(kind), ns, &d.target.name, &d.uid, &d.resource_version).await?;
+                w.delete(
+                    &api_resource(kind),
+                    ns,
+                    &d.target.name,
+                    &d.uid,
+                    &d.resource_version,
+                )
+                .await?;
             }
         }
-        let mut status = plan.status.clone().unwrap_or_else(|| primary["status"].clone());
+        let mut status = plan
+            .status
+            .clone()
+            .unwrap_or_else(|| primary["status"].clone());
         if !status.is_object() {
             status = json!({});
         }
@@ -747,29 +878,57 @@ impl Operator {
             RECONCILED_CONDITION,
             "True",
             "Reconciled",
-            &format!("reconciled by plugin {} {}", a.plugin.name(), a.plugin.version()),
+            &format!(
+                "reconciled by plugin {} {}",
+                a.plugin.name(),
+                a.plugin.version()
+            ),
             primary["metadata"]["generation"].as_i64(),
             now,
         );
         if status != primary["status"] {
-            let updated = w.write_status(&a.primary_resource, &primary, &status).await?;
+            let updated = w
+                .write_status(&a.primary_resource, &primary, &status)
+                .await?;
             follow_version(&mut primary, &updated);
         }
         for e in &plan.events {
-            self.event(&primary, e.event_type == plan::EventType::Warning, &e.reason, &e.message).await;
+            self.event(
+                &primary,
+                e.event_type == plan::EventType::Warning,
+                &e.reason,
+                &e.message,
+            )
+            .await;
         }
-        if deleting && plan.cleanup_complete {
-            if let Some(f) = &a.spec.finalizer {
-                let list: Vec<String> = finalizers(&primary).into_iter().filter(|x| x != f).collect();
-                w.set_finalizers(&a.primary_resource, &primary, &list).await?;
-            }
+        if deleting
+            && plan.cleanup_complete
+            && let Some(f) = &a.spec.finalizer
+        {
+            let list: Vec<String> = finalizers(&primary)
+                .into_iter()
+                .filter(|x| x != f)
+                .collect();
+            w.set_finalizers(&a.primary_resource, &primary, &list)
+                .await?;
         }
         Ok(())
     }
 
     /// Reports a failed reconcile on the primary and schedules a retry.
-    async fn fail(&self, a: &Active, key: &PrimaryKey, primary: &Value, reason: &str, message: &str, now: &str) {
-        metrics::global().inc("wasmop_reconcile_total", &[("controller", &a.id), ("result", reason)]);
+    async fn fail(
+        &self,
+        a: &Active,
+        key: &PrimaryKey,
+        primary: &Value,
+        reason: &str,
+        message: &str,
+        now: &str,
+    ) {
+        metrics::global().inc(
+            "wasmop_reconcile_total",
+            &[("controller", &a.id), ("result", reason)],
+        );
         let delay = self.backoff.fail(key);
         tracing::warn!(primary = %key, plugin_version = %a.plugin.version(), reason, message, retry_in = ?delay, "reconcile failed");
         if self.leader.load(Ordering::SeqCst) {
@@ -786,10 +945,13 @@ impl Operator {
                 primary["metadata"]["generation"].as_i64(),
                 now,
             );
-            if status != primary["status"] {
-                if let Err(e) = a.writer.write_status(&a.primary_resource, primary, &status).await {
-                    tracing::warn!(primary = %key, error = %e, "could not write the failure condition");
-                }
+            if status != primary["status"]
+                && let Err(e) = a
+                    .writer
+                    .write_status(&a.primary_resource, primary, &status)
+                    .await
+            {
+                tracing::warn!(primary = %key, error = %e, "could not write the failure condition");
             }
             self.event(primary, true, reason, message).await;
         }
@@ -810,7 +972,11 @@ impl Operator {
             note.push('…');
         }
         let ev = KubeEvent {
-            type_: if warning { EventType::Warning } else { EventType::Normal },
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
             reason: reason.chars().take(128).collect(),
             note: Some(note),
             action: "Reconcile".into(),
@@ -824,7 +990,9 @@ impl Operator {
 
 /// The owned kind an object to apply belongs to.
 fn owned_kind<'a>(c: &'a Controller, obj: &Value) -> Option<&'a KindRef> {
-    c.owns.iter().find(|k| k.matches(object::api_version(obj), object::kind(obj)))
+    c.owns
+        .iter()
+        .find(|k| k.matches(object::api_version(obj), object::kind(obj)))
 }
 
 fn key_of(controller: &Arc<str>, obj: &Value) -> PrimaryKey {
@@ -836,13 +1004,20 @@ fn key_of(controller: &Arc<str>, obj: &Value) -> PrimaryKey {
 }
 
 fn obj_id(obj: &Value) -> ObjId {
-    (object::namespace(obj).unwrap_or_default().to_string(), object::name(obj).to_string())
+    (
+        object::namespace(obj).unwrap_or_default().to_string(),
+        object::name(obj).to_string(),
+    )
 }
 
 fn finalizers(obj: &Value) -> Vec<String> {
     obj["metadata"]["finalizers"]
         .as_array()
-        .map(|a| a.iter().filter_map(|f| f.as_str().map(String::from)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f.as_str().map(String::from))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -900,7 +1075,10 @@ fn merge(base: &mut Value, patch: &Value) {
 
 /// Current time as RFC 3339 UTC with second precision.
 pub fn now_rfc3339() -> String {
-    jiff::Timestamp::now().round(jiff::Unit::Second).map(|t| t.to_string()).unwrap_or_default()
+    jiff::Timestamp::now()
+        .round(jiff::Unit::Second)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
 }
 
 /// The live caches as the snapshot builder's object source.
@@ -910,15 +1088,23 @@ struct CacheSource<'a> {
 
 impl ObjectSource for CacheSource<'_> {
     fn owned_by(&self, kind: &KindRef, owner_uid: &str) -> Vec<Arc<Value>> {
-        self.cache.kind(&kind_key(kind)).map(|kc| kc.owned_by(owner_uid)).unwrap_or_default()
+        self.cache
+            .kind(&kind_key(kind))
+            .map(|kc| kc.owned_by(owner_uid))
+            .unwrap_or_default()
     }
 
     fn get(&self, kind: &KindRef, namespace: Option<&str>, name: &str) -> Option<Arc<Value>> {
-        self.cache.kind(&kind_key(kind))?.get(namespace.unwrap_or_default(), name)
+        self.cache
+            .kind(&kind_key(kind))?
+            .get(namespace.unwrap_or_default(), name)
     }
 
     fn list(&self, kind: &KindRef, namespace: Option<&str>) -> Vec<Arc<Value>> {
-        self.cache.kind(&kind_key(kind)).map(|kc| kc.list(namespace)).unwrap_or_default()
+        self.cache
+            .kind(&kind_key(kind))
+            .map(|kc| kc.list(namespace))
+            .unwrap_or_default()
     }
 }
 
@@ -946,9 +1132,15 @@ mod tests {
         let k = KindKey::new("g", "v1", "K");
         let p = ("ns".to_string(), "p".to_string());
         idx.set(p.clone(), vec![(k.clone(), "ns".into(), "a".into())]);
-        assert_eq!(idx.referrers(&(k.clone(), "ns".into(), "a".into())), vec![p.clone()]);
+        assert_eq!(
+            idx.referrers(&(k.clone(), "ns".into(), "a".into())),
+            vec![p.clone()]
+        );
         idx.set(p.clone(), vec![(k.clone(), "ns".into(), "b".into())]);
-        assert!(idx.referrers(&(k.clone(), "ns".into(), "a".into())).is_empty());
+        assert!(
+            idx.referrers(&(k.clone(), "ns".into(), "a".into()))
+                .is_empty()
+        );
         idx.clear(&p);
         assert!(idx.by_target.is_empty() && idx.by_primary.is_empty());
     }
@@ -957,6 +1149,9 @@ mod tests {
     fn merge_replaces_scalars_and_merges_objects() {
         let mut base = json!({"metadata":{"name":"x"},"spec":{"a":1}});
         merge(&mut base, &json!({"spec":{"id":"u"}}));
-        assert_eq!(base, json!({"metadata":{"name":"x"},"spec":{"a":1,"id":"u"}}));
+        assert_eq!(
+            base,
+            json!({"metadata":{"name":"x"},"spec":{"a":1,"id":"u"}})
+        );
     }
 }

@@ -68,7 +68,9 @@ pub struct PluginDir {
 
 impl std::fmt::Debug for PluginDir {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PluginDir").field("dir", &self.dir).finish_non_exhaustive()
+        f.debug_struct("PluginDir")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
     }
 }
 
@@ -96,7 +98,10 @@ fn wasm_files(dir: &Path) -> Vec<PathBuf> {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
             p.extension().is_some_and(|x| x == "wasm")
-                && !p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('.'))
+                && !p
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with('.'))
         })
         .collect();
     files.sort();
@@ -104,12 +109,20 @@ fn wasm_files(dir: &Path) -> Vec<PathBuf> {
 }
 
 fn stem(path: &Path) -> String {
-    path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string()
+    path.file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or_default()
+        .to_string()
 }
 
 impl PluginDir {
     /// A plugin directory feeding `operator`.
-    pub fn new(dir: PathBuf, sandbox: Arc<Sandbox>, operator: Arc<Operator>, options: OptionsFor) -> Self {
+    pub fn new(
+        dir: PathBuf,
+        sandbox: Arc<Sandbox>,
+        operator: Arc<Operator>,
+        options: OptionsFor,
+    ) -> Self {
         Self {
             dir,
             sandbox,
@@ -125,7 +138,8 @@ impl PluginDir {
     pub async fn scan(&mut self, settle: bool) -> ScanReport {
         let mut report = ScanReport::default();
         let files = wasm_files(&self.dir);
-        let present: HashMap<PathBuf, Option<Stat>> = files.iter().map(|p| (p.clone(), stat(p))).collect();
+        let present: HashMap<PathBuf, Option<Stat>> =
+            files.iter().map(|p| (p.clone(), stat(p))).collect();
 
         // Files that went away: stop their plugins.
         let gone: Vec<PathBuf> = self
@@ -135,17 +149,17 @@ impl PluginDir {
             .cloned()
             .collect();
         for path in gone {
-            if let Some(known) = self.known.remove(&path) {
-                if let Some(name) = known.plugin {
-                    if self.operator.remove_plugin(&name) {
-                        report.removed.push(name);
-                    }
-                }
+            if let Some(name) = self.known.remove(&path).and_then(|k| k.plugin)
+                && self.operator.remove_plugin(&name)
+            {
+                report.removed.push(name);
             }
         }
 
         for path in files {
-            let Some(now) = present.get(&path).cloned().flatten() else { continue };
+            let Some(now) = present.get(&path).cloned().flatten() else {
+                continue;
+            };
             let known = self.known.entry(path.clone()).or_default();
             if known.stat.as_ref() != Some(&now) {
                 known.stat = Some(now);
@@ -162,7 +176,12 @@ impl PluginDir {
             let bytes = match std::fs::read(&path) {
                 Ok(b) => b,
                 Err(e) => {
-                    reject(&mut report, &path, "Unreadable", &format!("cannot read: {e}"));
+                    reject(
+                        &mut report,
+                        &path,
+                        "Unreadable",
+                        &format!("cannot read: {e}"),
+                    );
                     continue;
                 }
             };
@@ -180,7 +199,10 @@ impl PluginDir {
         let options = (self.options)(&stem(path));
         let sandbox = self.sandbox.clone();
         let origin = path.display().to_string();
-        let loaded = tokio::task::spawn_blocking(move || LoadedPlugin::from_bytes(&sandbox, &bytes, &origin, &options)).await;
+        let loaded = tokio::task::spawn_blocking(move || {
+            LoadedPlugin::from_bytes(&sandbox, &bytes, &origin, &options)
+        })
+        .await;
         let plugin = match loaded {
             Ok(Ok(p)) => Arc::new(p),
             Ok(Err(e)) => {
@@ -234,9 +256,19 @@ fn reject(report: &mut ScanReport, path: &Path, reason: &str, message: &str) {
     tracing::error!(file = %path.display(), reason, error = message, "plugin file rejected; the running version, if any, keeps serving");
     metrics::global().inc(
         "wasmop_plugin_load_failures_total",
-        &[("file", &path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string()), ("reason", reason)],
+        &[
+            (
+                "file",
+                path.file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or_default(),
+            ),
+            ("reason", reason),
+        ],
     );
-    report.rejected.push((path.to_owned(), format!("{reason}: {message}")));
+    report
+        .rejected
+        .push((path.to_owned(), format!("{reason}: {message}")));
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

@@ -16,8 +16,8 @@
 //!   [`golden`] plan tests built on it.
 //! - [`cli`]: the `wasmop` command line.
 
-mod bindings;
 pub mod apply;
+mod bindings;
 pub mod cache;
 pub mod cli;
 pub mod conditions;
@@ -28,6 +28,7 @@ pub mod manifest;
 pub mod metrics;
 pub mod names;
 pub mod object;
+pub mod observe;
 pub mod offline;
 pub mod plan;
 pub mod plugin;

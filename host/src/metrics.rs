@@ -26,14 +26,20 @@ pub struct Metrics {
 }
 
 fn labels(pairs: &[(&str, &str)]) -> Labels {
-    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
 impl Metrics {
     /// Adds `by` to a counter.
     pub fn add(&self, name: &str, pairs: &[(&str, &str)], by: f64) {
         let mut s = self.series.lock().expect("metrics lock");
-        *s.entry(name.to_string()).or_default().entry(labels(pairs)).or_insert(0.0) += by;
+        *s.entry(name.to_string())
+            .or_default()
+            .entry(labels(pairs))
+            .or_insert(0.0) += by;
     }
 
     /// Adds one to a counter.
@@ -44,7 +50,9 @@ impl Metrics {
     /// Sets a gauge.
     pub fn set(&self, name: &str, pairs: &[(&str, &str)], value: f64) {
         let mut s = self.series.lock().expect("metrics lock");
-        s.entry(name.to_string()).or_default().insert(labels(pairs), value);
+        s.entry(name.to_string())
+            .or_default()
+            .insert(labels(pairs), value);
     }
 
     /// Removes every series of `name` whose label `key` equals `value`.
@@ -66,12 +74,18 @@ impl Metrics {
         let s = self.series.lock().expect("metrics lock");
         let mut out = String::new();
         for (name, series) in s.iter() {
-            let kind = if name.ends_with("_total") { "counter" } else { "gauge" };
+            let kind = if name.ends_with("_total") {
+                "counter"
+            } else {
+                "gauge"
+            };
             let _ = writeln!(out, "# TYPE {name} {kind}");
             for (l, v) in series {
                 let body: Vec<String> = l
                     .iter()
-                    .map(|(k, v)| format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\"")))
+                    .map(|(k, v)| {
+                        format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\""))
+                    })
                     .collect();
                 if body.is_empty() {
                     let _ = writeln!(out, "{name} {v}");
@@ -100,7 +114,9 @@ pub async fn serve(addr: SocketAddr) -> std::io::Result<tokio::task::JoinHandle<
     tracing::info!(%addr, "serving metrics at /metrics");
     Ok(tokio::spawn(async move {
         loop {
-            let Ok((mut sock, _)) = listener.accept().await else { continue };
+            let Ok((mut sock, _)) = listener.accept().await else {
+                continue;
+            };
             tokio::spawn(async move {
                 let mut buf = [0u8; 2048];
                 let n = sock.read(&mut buf).await.unwrap_or(0);
@@ -127,8 +143,14 @@ mod tests {
     #[test]
     fn renders_counters_and_gauges_with_escaped_labels() {
         let m = Metrics::default();
-        m.inc("wasmop_reconcile_total", &[("controller", "a/b"), ("result", "ok")]);
-        m.inc("wasmop_reconcile_total", &[("controller", "a/b"), ("result", "ok")]);
+        m.inc(
+            "wasmop_reconcile_total",
+            &[("controller", "a/b"), ("result", "ok")],
+        );
+        m.inc(
+            "wasmop_reconcile_total",
+            &[("controller", "a/b"), ("result", "ok")],
+        );
         m.set("wasmop_plugin_info", &[("plugin", "p\"q")], 1.0);
         let text = m.render();
         assert!(text.contains("# TYPE wasmop_reconcile_total counter"));
@@ -146,7 +168,9 @@ mod tests {
         drop(probe);
         let task = serve(addr).await.unwrap();
         let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
-        sock.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
+        sock.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
         let mut out = String::new();
         sock.read_to_string(&mut out).await.unwrap();
         assert!(out.starts_with("HTTP/1.1 200 OK"));

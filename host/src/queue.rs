@@ -233,7 +233,10 @@ mod tests {
         let start = Instant::now();
         assert_eq!(q.next().await, Some("a"));
         let waited = start.elapsed();
-        assert!(waited >= Duration::from_secs(1) && waited < Duration::from_secs(10), "{waited:?}");
+        assert!(
+            waited >= Duration::from_secs(1) && waited < Duration::from_secs(10),
+            "{waited:?}"
+        );
         q.done(&"a");
         // The later timers must not re-add the key.
         tokio::time::sleep(Duration::from_secs(60)).await;

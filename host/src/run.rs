@@ -149,7 +149,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode, RunError> {
 }
 
 async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunError> {
-    let sandbox = Sandbox::new(SandboxConfig::default()).map_err(|e| RunError::Sandbox(e.to_string()))?;
+    let sandbox =
+        Sandbox::new(SandboxConfig::default()).map_err(|e| RunError::Sandbox(e.to_string()))?;
     if !args.plugins.is_dir() {
         return Err(RunError::PluginDir {
             path: args.plugins.clone(),
@@ -178,7 +179,8 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
         .or_else(CompileCache::default_dir)
         .map(CompileCache::new);
     let file = Arc::new(file);
-    let options: OptionsFor = Arc::new(move |stem: &str| load_options(&file, stem, compile_cache.clone()));
+    let options: OptionsFor =
+        Arc::new(move |stem: &str| load_options(&file, stem, compile_cache.clone()));
     let mut dir = PluginDir::new(args.plugins.clone(), sandbox, operator.clone(), options);
     let first = dir.scan(false).await;
     if first.activated.is_empty() {
@@ -217,12 +219,15 @@ fn load_options(file: &OperatorFile, stem: &str, cache: Option<CompileCache>) ->
 async fn client(kubeconfig: Option<&Path>) -> Result<Client, RunError> {
     let config = match kubeconfig {
         Some(path) => {
-            let kc = Kubeconfig::read_from(path).map_err(|e| RunError::Kube(format!("{}: {e}", path.display())))?;
+            let kc = Kubeconfig::read_from(path)
+                .map_err(|e| RunError::Kube(format!("{}: {e}", path.display())))?;
             Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
                 .await
                 .map_err(|e| RunError::Kube(format!("{}: {e}", path.display())))?
         }
-        None => Config::infer().await.map_err(|e| RunError::Kube(e.to_string()))?,
+        None => Config::infer()
+            .await
+            .map_err(|e| RunError::Kube(e.to_string()))?,
     };
     Client::try_from(config).map_err(|e| RunError::Kube(e.to_string()))
 }
@@ -231,13 +236,14 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {},
             _ = term.recv() => {},
@@ -258,8 +264,10 @@ mod tests {
     fn operator_file_rejects_unknown_keys() {
         let bad: Result<OperatorFile, _> = serde_yaml::from_str("plugins: {a: {setings: {}}}");
         assert!(bad.unwrap_err().to_string().contains("setings"));
-        let good: OperatorFile =
-            serde_yaml::from_str("workers: 2\nplugins: {a: {settings: {x: 1}, deadlineMs: 10, memoryMiB: 8}}").unwrap();
+        let good: OperatorFile = serde_yaml::from_str(
+            "workers: 2\nplugins: {a: {settings: {x: 1}, deadlineMs: 10, memoryMiB: 8}}",
+        )
+        .unwrap();
         assert_eq!(good.workers, Some(2));
         assert_eq!(good.plugins["a"].memory_mib, Some(8));
     }

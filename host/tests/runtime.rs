@@ -367,3 +367,14 @@ fn golden_plans_of_the_good_plugin() {
         "{report:?}"
     );
 }
+
+#[test]
+fn golden_plans_record_rejected_plans() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/bad-writer");
+    let report = wasmop::golden::check(&plugin_path("bad-writer"), &fixtures)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(report.matched.len() + report.blessed.len(), 1, "{report:?}");
+    let expected =
+        std::fs::read_to_string(fixtures.join("unowned-secret.plan.json")).expect("expected plan");
+    assert!(expected.contains("\"kindNotOwned\""), "{expected}");
+}

@@ -132,7 +132,11 @@ impl TestNamespace {
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
             .take(40)
             .collect();
-        let name = format!("{prefix}-{:x}{:x}{n}", std::process::id() % 4096, nanos % 65536);
+        let name = format!(
+            "{prefix}-{:x}{:x}{n}",
+            std::process::id() % 4096,
+            nanos % 65536
+        );
         let ns: Namespace = serde_json::from_value(json!({
             "apiVersion": "v1",
             "kind": "Namespace",
@@ -161,7 +165,9 @@ impl TestNamespace {
 
 impl std::fmt::Debug for TestNamespace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TestNamespace").field("name", &self.name).finish()
+        f.debug_struct("TestNamespace")
+            .field("name", &self.name)
+            .finish()
     }
 }
 
@@ -232,24 +238,20 @@ pub async fn apply_crd_files(client: &Client, files: &[PathBuf]) -> Result<Vec<S
         }
     }
     for name in &names {
-        wait_for(
-            &format!("CRD {name} Established"),
-            DEFAULT_DEADLINE,
-            || {
-                let api = api.clone();
-                let name = name.clone();
-                async move {
-                    let crd = api.get(&name).await?;
-                    let established = crd
-                        .status
-                        .and_then(|s| s.conditions)
-                        .unwrap_or_default()
-                        .iter()
-                        .any(|c| c.type_ == "Established" && c.status == "True");
-                    Ok(established.then_some(()))
-                }
-            },
-        )
+        wait_for(&format!("CRD {name} Established"), DEFAULT_DEADLINE, || {
+            let api = api.clone();
+            let name = name.clone();
+            async move {
+                let crd = api.get(&name).await?;
+                let established = crd
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True");
+                Ok(established.then_some(()))
+            }
+        })
         .await?;
     }
     Ok(names)

@@ -20,7 +20,12 @@ fn test_kind(ns: &TestNamespace, kind: &str, plural: &str) -> Api<DynamicObject>
     Api::namespaced_with(ns.client.clone(), &ns.name, &ar)
 }
 
-async fn create(api: &Api<DynamicObject>, kind: &str, name: &str, spec: Value) -> Result<DynamicObject> {
+async fn create(
+    api: &Api<DynamicObject>,
+    kind: &str,
+    name: &str,
+    spec: Value,
+) -> Result<DynamicObject> {
     let obj: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "test.wasmop.dev/v1", "kind": kind,
         "metadata": {"name": name}, "spec": spec,
@@ -29,7 +34,12 @@ async fn create(api: &Api<DynamicObject>, kind: &str, name: &str, spec: Value) -
 }
 
 /// Waits until condition `type_` of `name` has `status`, returns it.
-async fn wait_condition(api: &Api<DynamicObject>, name: &str, type_: &str, status: &str) -> Result<Value> {
+async fn wait_condition(
+    api: &Api<DynamicObject>,
+    name: &str,
+    type_: &str,
+    status: &str,
+) -> Result<Value> {
     wait_for(
         &format!("{name}: condition {type_}={status}"),
         DEFAULT_DEADLINE,
@@ -37,7 +47,10 @@ async fn wait_condition(api: &Api<DynamicObject>, name: &str, type_: &str, statu
             let api = api.clone();
             async move {
                 let obj = api.get(name).await?;
-                let conds = obj.data["status"]["conditions"].as_array().cloned().unwrap_or_default();
+                let conds = obj.data["status"]["conditions"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
                 let c = conds.into_iter().find(|c| c["type"] == type_);
                 match c {
                     Some(c) if c["status"] == status => Ok(Some(c)),
@@ -84,9 +97,17 @@ async fn good_plugin_creates_updates_and_garbage_collects_its_objects() -> Resul
     assert_eq!(cond["reason"], "Reconciled");
     let cms: Api<ConfigMap> = ns.api();
     let cm = cms.get("w1-cm").await?;
-    assert_eq!(cm.data.unwrap_or_default().get("value").map(String::as_str), Some("one"));
+    assert_eq!(
+        cm.data.unwrap_or_default().get("value").map(String::as_str),
+        Some("one")
+    );
     let labels = cm.metadata.labels.unwrap_or_default();
-    assert_eq!(labels.get("app.kubernetes.io/managed-by").map(String::as_str), Some("wasmop"));
+    assert_eq!(
+        labels
+            .get("app.kubernetes.io/managed-by")
+            .map(String::as_str),
+        Some("wasmop")
+    );
     let owners = cm.metadata.owner_references.unwrap_or_default();
     assert_eq!(owners.len(), 1);
     assert_eq!(owners[0].kind, "Widget");
@@ -96,23 +117,38 @@ async fn good_plugin_creates_updates_and_garbage_collects_its_objects() -> Resul
 
     // A spec change reaches the ConfigMap.
     widgets
-        .patch("w1", &PatchParams::default(), &Patch::Merge(json!({"spec": {"value": "two"}})))
+        .patch(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"value": "two"}})),
+        )
         .await?;
-    wait_for("the ConfigMap to follow the spec change", DEFAULT_DEADLINE, || {
-        let cms = cms.clone();
-        async move {
-            let cm = cms.get("w1-cm").await?;
-            Ok((cm.data.unwrap_or_default().get("value").map(String::as_str) == Some("two")).then_some(()))
-        }
-    })
+    wait_for(
+        "the ConfigMap to follow the spec change",
+        DEFAULT_DEADLINE,
+        || {
+            let cms = cms.clone();
+            async move {
+                let cm = cms.get("w1-cm").await?;
+                Ok(
+                    (cm.data.unwrap_or_default().get("value").map(String::as_str) == Some("two"))
+                        .then_some(()),
+                )
+            }
+        },
+    )
     .await?;
 
     // Deleting the primary garbage-collects what it owned.
     widgets.delete("w1", &DeleteParams::background()).await?;
-    wait_for("the ConfigMap to be garbage-collected", DEFAULT_DEADLINE, || {
-        let cms = cms.clone();
-        async move { Ok(cms.get_opt("w1-cm").await?.is_none().then_some(())) }
-    })
+    wait_for(
+        "the ConfigMap to be garbage-collected",
+        DEFAULT_DEADLINE,
+        || {
+            let cms = cms.clone();
+            async move { Ok(cms.get_opt("w1-cm").await?.is_none().then_some(())) }
+        },
+    )
     .await?;
     Ok(())
 }
@@ -133,7 +169,11 @@ async fn status_write_does_not_retrigger_the_primary() -> Result<()> {
     wait_condition(&widgets, "marker", "Reconciled", "True").await?;
     let marker_cm: Api<ConfigMap> = ns.api();
     assert!(marker_cm.get_opt("marker-cm").await?.is_some());
-    assert_eq!(widgets.get("w").await?.metadata.resource_version, rv, "no further write on w");
+    assert_eq!(
+        widgets.get("w").await?.metadata.resource_version,
+        rv,
+        "no further write on w"
+    );
     Ok(())
 }
 
@@ -188,7 +228,12 @@ async fn plan_deleting_another_owners_object_is_refused() -> Result<()> {
     .await?;
     let cond = wait_condition(&bad, "bd", "Reconciled", "False").await?;
     assert_eq!(cond["reason"], "PlanRejected");
-    assert!(cond["message"].as_str().unwrap_or_default().contains("victim"));
+    assert!(
+        cond["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("victim")
+    );
     let still = cms.get("victim").await?;
     assert_eq!(still.metadata.uid, victim.metadata.uid);
     Ok(())
@@ -196,7 +241,14 @@ async fn plan_deleting_another_owners_object_is_refused() -> Result<()> {
 
 /// Each misbehaving plugin fails its reconcile with a readable reason and
 /// changes nothing in the cluster, while `good` goes on.
-async fn sandbox_failure(prefix: &str, plugin: &str, kind: &str, plural: &str, reason: &str, needle: &str) -> Result<()> {
+async fn sandbox_failure(
+    prefix: &str,
+    plugin: &str,
+    kind: &str,
+    plural: &str,
+    reason: &str,
+    needle: &str,
+) -> Result<()> {
     let ns = TestNamespace::new(prefix).await?;
     let _op = start(&ns, &["good", plugin]).await?;
     let api = test_kind(&ns, kind, plural);
@@ -204,8 +256,15 @@ async fn sandbox_failure(prefix: &str, plugin: &str, kind: &str, plural: &str, r
     let cond = wait_condition(&api, "x", "Reconciled", "False").await?;
     assert_eq!(cond["reason"], reason, "condition: {cond}");
     let msg = cond["message"].as_str().unwrap_or_default();
-    assert!(msg.to_lowercase().contains(needle), "message {msg:?} should mention {needle:?}");
-    assert_eq!(configmap_names(&ns).await?, Vec::<String>::new(), "nothing written");
+    assert!(
+        msg.to_lowercase().contains(needle),
+        "message {msg:?} should mention {needle:?}"
+    );
+    assert_eq!(
+        configmap_names(&ns).await?,
+        Vec::<String>::new(),
+        "nothing written"
+    );
 
     let widgets = test_kind(&ns, "Widget", "widgets");
     create(&widgets, "Widget", "ok", json!({"value": "x"})).await?;
@@ -216,22 +275,54 @@ async fn sandbox_failure(prefix: &str, plugin: &str, kind: &str, plural: &str, r
 
 #[tokio::test]
 async fn endless_loop_hits_the_deadline() -> Result<()> {
-    sandbox_failure("host-looper", "looper", "Looper", "loopers", "PluginTimedOut", "deadline").await
+    sandbox_failure(
+        "host-looper",
+        "looper",
+        "Looper",
+        "loopers",
+        "PluginTimedOut",
+        "deadline",
+    )
+    .await
 }
 
 #[tokio::test]
 async fn unbounded_allocation_hits_the_memory_cap() -> Result<()> {
-    sandbox_failure("host-hog", "hog", "Hog", "hogs", "PluginOutOfMemory", "memory").await
+    sandbox_failure(
+        "host-hog",
+        "hog",
+        "Hog",
+        "hogs",
+        "PluginOutOfMemory",
+        "memory",
+    )
+    .await
 }
 
 #[tokio::test]
 async fn panic_is_reported_with_its_message() -> Result<()> {
-    sandbox_failure("host-panicker", "panicker", "Panicker", "panickers", "PluginTrapped", "deliberate panic").await
+    sandbox_failure(
+        "host-panicker",
+        "panicker",
+        "Panicker",
+        "panickers",
+        "PluginTrapped",
+        "deliberate panic",
+    )
+    .await
 }
 
 #[tokio::test]
 async fn malformed_output_is_rejected() -> Result<()> {
-    sandbox_failure("host-malformed", "malformed", "Malformed", "malformeds", "PluginOutputMalformed", "json").await
+    sandbox_failure(
+        "host-malformed",
+        "malformed",
+        "Malformed",
+        "malformeds",
+        "PluginOutputMalformed",
+        "json",
+    )
+    .await
 }
 
 #[tokio::test]
@@ -254,12 +345,19 @@ async fn empty_plan_never_deletes_children() -> Result<()> {
     }))?;
     cms.create(&PostParams::default(), &child).await?;
     // Touch the child so the primary is reconciled with it in the snapshot.
-    cms.patch("child", &PatchParams::default(), &Patch::Merge(json!({"data": {"touched": "yes"}})))
-        .await?;
+    cms.patch(
+        "child",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"touched": "yes"}})),
+    )
+    .await?;
     wait_condition(&api, "e", "Reconciled", "True").await?;
     let gen_before = api.get("e").await?.data["status"]["observedGeneration"].clone();
     assert_eq!(gen_before, json!(1));
-    assert!(cms.get_opt("child").await?.is_some(), "the child must survive an empty plan");
+    assert!(
+        cms.get_opt("child").await?.is_some(),
+        "the child must survive an empty plan"
+    );
     Ok(())
 }
 
@@ -271,7 +369,13 @@ async fn crash_mid_reconcile_and_restart_converges_without_duplicates() -> Resul
     const N: usize = 20;
     let op = start(&ns, &["good"]).await?;
     for i in 0..N {
-        create(&widgets, "Widget", &format!("w{i:02}"), json!({"value": format!("v{i}")})).await?;
+        create(
+            &widgets,
+            "Widget",
+            &format!("w{i:02}"),
+            json!({"value": format!("v{i}")}),
+        )
+        .await?;
     }
     // Crash as soon as the first objects are written: some primaries are
     // done, some in flight, some untouched.
@@ -284,20 +388,32 @@ async fn crash_mid_reconcile_and_restart_converges_without_duplicates() -> Resul
 
     let _op = start(&ns, &["good"]).await?;
     let expected: Vec<String> = (0..N).map(|i| format!("w{i:02}-cm")).collect();
-    wait_for("every Widget to have its ConfigMap", DEFAULT_DEADLINE + Duration::from_secs(30), || {
-        let ns = &ns;
-        let expected = &expected;
-        async move { Ok((configmap_names(ns).await? == *expected).then_some(())) }
-    })
+    wait_for(
+        "every Widget to have its ConfigMap",
+        DEFAULT_DEADLINE + Duration::from_secs(30),
+        || {
+            let ns = &ns;
+            let expected = &expected;
+            async move { Ok((configmap_names(ns).await? == *expected).then_some(())) }
+        },
+    )
     .await?;
     for i in 0..N {
         wait_condition(&widgets, &format!("w{i:02}"), "Reconciled", "True").await?;
     }
     let cms: Api<ConfigMap> = ns.api();
-    for cm in cms.list(&ListParams::default().labels("app.kubernetes.io/managed-by=wasmop")).await?.items {
+    for cm in cms
+        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=wasmop"))
+        .await?
+        .items
+    {
         assert_eq!(cm.metadata.owner_references.unwrap_or_default().len(), 1);
     }
-    assert_eq!(configmap_names(&ns).await?, expected, "exactly one ConfigMap per Widget");
+    assert_eq!(
+        configmap_names(&ns).await?,
+        expected,
+        "exactly one ConfigMap per Widget"
+    );
     Ok(())
 }
 
@@ -311,16 +427,23 @@ async fn referenced_object_retriggers_its_referrer_and_finalizer_holds_deletion(
 
     // Finalizer first, the set-once spec.id, and a status saying the
     // referenced ConfigMap is missing. The plan asks for no requeue.
-    let r = wait_for("the finalizer, spec.id and status", DEFAULT_DEADLINE, || {
-        let api = api.clone();
-        async move {
-            let r = api.get("r").await?;
-            let ok = r.metadata.finalizers.clone().unwrap_or_default() == vec!["test.wasmop.dev/cleanup".to_string()]
-                && r.data["spec"]["id"].as_str().is_some_and(|s| s.starts_with("id-"))
-                && r.data["status"]["configFound"] == json!(false);
-            Ok(ok.then_some(r))
-        }
-    })
+    let r = wait_for(
+        "the finalizer, spec.id and status",
+        DEFAULT_DEADLINE,
+        || {
+            let api = api.clone();
+            async move {
+                let r = api.get("r").await?;
+                let ok = r.metadata.finalizers.clone().unwrap_or_default()
+                    == vec!["test.wasmop.dev/cleanup".to_string()]
+                    && r.data["spec"]["id"]
+                        .as_str()
+                        .is_some_and(|s| s.starts_with("id-"))
+                    && r.data["status"]["configFound"] == json!(false);
+                Ok(ok.then_some(r))
+            }
+        },
+    )
     .await?;
     let uid = r.metadata.uid.clone().unwrap_or_default();
     assert_eq!(r.data["spec"]["id"], json!(format!("id-{}", &uid[..8])));
@@ -338,33 +461,71 @@ async fn referenced_object_retriggers_its_referrer_and_finalizer_holds_deletion(
             let cms = cms.clone();
             async move {
                 let c = cms.get_opt("r-copy").await?;
-                Ok(c.filter(|c| c.data.clone().unwrap_or_default().get("k").map(String::as_str) == Some(v)).map(|_| ()))
+                Ok(c.filter(|c| {
+                    c.data
+                        .clone()
+                        .unwrap_or_default()
+                        .get("k")
+                        .map(String::as_str)
+                        == Some(v)
+                })
+                .map(|_| ()))
             }
         }
     };
-    wait_for("the copy of the referenced ConfigMap", DEFAULT_DEADLINE, copy_has("one")).await?;
-    cms.patch("src", &PatchParams::default(), &Patch::Merge(json!({"data": {"k": "two"}})))
-        .await?;
-    wait_for("the copy to follow the referenced ConfigMap", DEFAULT_DEADLINE, copy_has("two")).await?;
+    wait_for(
+        "the copy of the referenced ConfigMap",
+        DEFAULT_DEADLINE,
+        copy_has("one"),
+    )
+    .await?;
+    cms.patch(
+        "src",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"k": "two"}})),
+    )
+    .await?;
+    wait_for(
+        "the copy to follow the referenced ConfigMap",
+        DEFAULT_DEADLINE,
+        copy_has("two"),
+    )
+    .await?;
     // spec.id is set once: still the same.
-    assert_eq!(api.get("r").await?.data["spec"]["id"], json!(format!("id-{}", &uid[..8])));
+    assert_eq!(
+        api.get("r").await?.data["spec"]["id"],
+        json!(format!("id-{}", &uid[..8]))
+    );
 
     // Deletion waits for the plugin to say cleanup is complete.
     api.delete("r", &DeleteParams::background()).await?;
-    wait_for("the CleanupBlocked event's effect: still present, deleting", DEFAULT_DEADLINE, || {
-        let api = api.clone();
-        async move {
-            let r = api.get_opt("r").await?;
-            Ok(r.filter(|r| r.metadata.deletion_timestamp.is_some()).map(|_| ()))
-        }
-    })
+    wait_for(
+        "the CleanupBlocked event's effect: still present, deleting",
+        DEFAULT_DEADLINE,
+        || {
+            let api = api.clone();
+            async move {
+                let r = api.get_opt("r").await?;
+                Ok(r.filter(|r| r.metadata.deletion_timestamp.is_some())
+                    .map(|_| ()))
+            }
+        },
+    )
     .await?;
-    api.patch("r", &PatchParams::default(), &Patch::Merge(json!({"spec": {"allowCleanup": true}})))
-        .await?;
-    wait_for("the finalizer to be released and the Referrer gone", DEFAULT_DEADLINE, || {
-        let api = api.clone();
-        async move { Ok(api.get_opt("r").await?.is_none().then_some(())) }
-    })
+    api.patch(
+        "r",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"allowCleanup": true}})),
+    )
+    .await?;
+    wait_for(
+        "the finalizer to be released and the Referrer gone",
+        DEFAULT_DEADLINE,
+        || {
+            let api = api.clone();
+            async move { Ok(api.get_opt("r").await?.is_none().then_some(())) }
+        },
+    )
     .await?;
     Ok(())
 }

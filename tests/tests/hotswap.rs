@@ -20,7 +20,11 @@ use wasmop_tests::{DEFAULT_DEADLINE, TestNamespace, apply_test_crds, wait_for};
 
 fn widgets(ns: &TestNamespace) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("test.wasmop.dev", "v1", "Widget");
-    Api::namespaced_with(ns.client.clone(), &ns.name, &ApiResource::from_gvk_with_plural(&gvk, "widgets"))
+    Api::namespaced_with(
+        ns.client.clone(),
+        &ns.name,
+        &ApiResource::from_gvk_with_plural(&gvk, "widgets"),
+    )
 }
 
 async fn create_widget(api: &Api<DynamicObject>, name: &str) -> Result<()> {
@@ -50,7 +54,14 @@ async fn labelled(ns: &TestNamespace, v: &str) -> Result<(usize, usize)> {
         .items;
     let with = all
         .iter()
-        .filter(|c| c.metadata.labels.as_ref().and_then(|l| l.get("test.wasmop.dev/version")).map(String::as_str) == Some(v))
+        .filter(|c| {
+            c.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("test.wasmop.dev/version"))
+                .map(String::as_str)
+                == Some(v)
+        })
         .count();
     Ok((with, all.len()))
 }
@@ -95,8 +106,17 @@ async fn setup(prefix: &str) -> Result<Setup> {
     let options: OptionsFor = Arc::new(|_stem: &str| LoadOptions::default());
     let mut plugins = PluginDir::new(dir.0.clone(), sandbox(), op.operator.clone(), options);
     let first = plugins.scan(false).await;
-    assert_eq!(first.activated, vec![("good".to_string(), "0.1.0".to_string())], "{first:?}");
-    Ok(Setup { ns, dir, op, plugins })
+    assert_eq!(
+        first.activated,
+        vec![("good".to_string(), "0.1.0".to_string())],
+        "{first:?}"
+    );
+    Ok(Setup {
+        ns,
+        dir,
+        op,
+        plugins,
+    })
 }
 
 /// Scans until the change to the directory has been applied (a changed
@@ -133,46 +153,72 @@ async fn new_version_takes_over_every_primary_while_primaries_keep_arriving() ->
     let started = Instant::now();
     install(&plugin_path("good-v2")?, &s.dir.0.join("good.wasm"))?;
     let report = settle(&mut s.plugins).await;
-    assert_eq!(report.activated, vec![("good".to_string(), "0.2.0".to_string())], "{report:?}");
+    assert_eq!(
+        report.activated,
+        vec![("good".to_string(), "0.2.0".to_string())],
+        "{report:?}"
+    );
     assert_eq!(s.op.operator.plugins()[0].1, "0.2.0");
     stream.await??;
 
     let total = BEFORE + DURING;
-    wait_for("every Widget's ConfigMap to carry the v2 label", DEFAULT_DEADLINE, || {
-        let ns = &s.ns;
-        async move {
-            let (v2, all) = labelled(ns, "v2").await?;
-            if v2 == total && all == total {
-                Ok(Some(()))
-            } else {
-                bail!("{v2} of {all} ConfigMaps on v2, {total} expected")
+    wait_for(
+        "every Widget's ConfigMap to carry the v2 label",
+        DEFAULT_DEADLINE,
+        || {
+            let ns = &s.ns;
+            async move {
+                let (v2, all) = labelled(ns, "v2").await?;
+                if v2 == total && all == total {
+                    Ok(Some(()))
+                } else {
+                    bail!("{v2} of {all} ConfigMaps on v2, {total} expected")
+                }
             }
-        }
-    })
+        },
+    )
     .await?;
-    eprintln!("swap measured: file replaced to all {total} primaries on v2 in {:?}", started.elapsed());
+    eprintln!(
+        "swap measured: file replaced to all {total} primaries on v2 in {:?}",
+        started.elapsed()
+    );
     // Every primary says which version reconciled it, and none failed.
     for w in api.list(&ListParams::default()).await?.items {
         let name = w.metadata.name.clone().unwrap_or_default();
-        wait_for(&format!("{name} reconciled by 0.2.0"), DEFAULT_DEADLINE, || {
-            let api = api.clone();
-            let name = name.clone();
-            async move {
-                let w = api.get(&name).await?;
-                let by = w.metadata.annotations.unwrap_or_default().get("wasmop.dev/reconciled-by").cloned();
-                let conds = w.data["status"]["conditions"].as_array().cloned().unwrap_or_default();
-                let failed = conds.iter().any(|c| c["type"] == "Reconciled" && c["status"] != "True");
-                assert!(!failed, "{name} has a failed reconcile: {conds:?}");
-                Ok(by.filter(|b| b.starts_with("good 0.2.0 ")).map(|_| ()))
-            }
-        })
+        wait_for(
+            &format!("{name} reconciled by 0.2.0"),
+            DEFAULT_DEADLINE,
+            || {
+                let api = api.clone();
+                let name = name.clone();
+                async move {
+                    let w = api.get(&name).await?;
+                    let by = w
+                        .metadata
+                        .annotations
+                        .unwrap_or_default()
+                        .get("wasmop.dev/reconciled-by")
+                        .cloned();
+                    let conds = w.data["status"]["conditions"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default();
+                    let failed = conds
+                        .iter()
+                        .any(|c| c["type"] == "Reconciled" && c["status"] != "True");
+                    assert!(!failed, "{name} has a failed reconcile: {conds:?}");
+                    Ok(by.filter(|b| b.starts_with("good 0.2.0 ")).map(|_| ()))
+                }
+            },
+        )
         .await?;
     }
     Ok(())
 }
 
 #[tokio::test]
-async fn broken_files_and_conflicting_plugins_are_refused_and_the_old_version_keeps_serving() -> Result<()> {
+async fn broken_files_and_conflicting_plugins_are_refused_and_the_old_version_keeps_serving()
+-> Result<()> {
     let mut s = setup("swap-refuse").await?;
     let api = widgets(&s.ns);
     create_widget(&api, "w").await?;
@@ -183,7 +229,10 @@ async fn broken_files_and_conflicting_plugins_are_refused_and_the_old_version_ke
     .await?;
     let failures = |reason: &str| {
         metrics::global()
-            .get("wasmop_plugin_load_failures_total", &[("file", "good.wasm"), ("reason", reason)])
+            .get(
+                "wasmop_plugin_load_failures_total",
+                &[("file", "good.wasm"), ("reason", reason)],
+            )
             .unwrap_or(0.0)
     };
 
@@ -204,24 +253,37 @@ async fn broken_files_and_conflicting_plugins_are_refused_and_the_old_version_ke
     let report = settle(&mut s.plugins).await;
     assert!(report.activated.is_empty(), "{report:?}");
     let why = &report.rejected[0].1;
-    assert!(why.contains("manifest"), "rejection names the manifest: {why}");
+    assert!(
+        why.contains("manifest"),
+        "rejection names the manifest: {why}"
+    );
     assert_eq!(s.op.operator.plugins()[0].1, "0.1.0");
 
     // A second plugin claiming the kind `good` reconciles.
     install(&plugin_path("claimer")?, &s.dir.0.join("claimer.wasm"))?;
     let report = settle(&mut s.plugins).await;
     assert!(report.activated.is_empty(), "{report:?}");
-    assert!(report.rejected[0].1.contains("already reconciled"), "{report:?}");
+    assert!(
+        report.rejected[0].1.contains("already reconciled"),
+        "{report:?}"
+    );
 
     // The old version still serves: a spec change is reconciled by v1.
-    api.patch("w", &PatchParams::default(), &Patch::Merge(json!({"spec": {"value": "changed"}})))
-        .await?;
+    api.patch(
+        "w",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"value": "changed"}})),
+    )
+    .await?;
     let cms: Api<ConfigMap> = s.ns.api();
     wait_for("v1 to reconcile the change", DEFAULT_DEADLINE, || {
         let cms = cms.clone();
         async move {
             let cm = cms.get("w-cm").await?;
-            Ok((cm.data.unwrap_or_default().get("value").map(String::as_str) == Some("changed")).then_some(()))
+            Ok(
+                (cm.data.unwrap_or_default().get("value").map(String::as_str) == Some("changed"))
+                    .then_some(()),
+            )
         }
     })
     .await?;
@@ -253,6 +315,9 @@ async fn removing_the_file_stops_the_plugin_and_deletes_nothing() -> Result<()> 
     install(&plugin_path("good")?, &s.dir.0.join("good.wasm"))?;
     let report = settle(&mut s.plugins).await;
     assert_eq!(report.activated.len(), 1, "{report:?}");
-    eprintln!("re-activation from a cached artifact took {:?}", started.elapsed());
+    eprintln!(
+        "re-activation from a cached artifact took {:?}",
+        started.elapsed()
+    );
     Ok(())
 }

@@ -33,7 +33,10 @@ async fn crd_and_custom_resource_round_trip_through_apiserver_and_etcd() -> Resu
         "metadata": {"name": "w1"}, "spec": {"value": "hello"}
     }));
     let created = api.create(&PostParams::default(), &obj).await?;
-    assert!(created.metadata.uid.is_some(), "the API server assigns a UID");
+    assert!(
+        created.metadata.uid.is_some(),
+        "the API server assigns a UID"
+    );
     let read = api.get("w1").await?;
     assert_eq!(read.data["spec"]["value"], "hello");
     Ok(())
@@ -83,7 +86,9 @@ async fn deployment_pod_is_scheduled_to_the_fake_node_and_ready() -> Result<()> 
                     p.status
                         .as_ref()
                         .and_then(|s| s.conditions.as_ref())
-                        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+                        .is_some_and(|cs| {
+                            cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                        })
                 }))
             }
         },

@@ -11,6 +11,13 @@
 //! A failed call is a [`CallError`] with a stable [`CallError::reason`].
 //! Calls are synchronous and may run from many threads at once; the live
 //! controller runs them on `tokio::task::spawn_blocking`.
+//!
+//! # Caveats
+//!
+//! Loading and calling must not happen directly on an async task: the
+//! synchronous WASI bindings block on tokio internally, which panics
+//! inside a runtime's worker thread. Use `spawn_blocking` (or a plain
+//! thread).
 
 mod cache;
 mod convert;
@@ -509,7 +516,7 @@ const MAX_TRAP_MESSAGE: usize = 1024;
 /// followed by the wasm trap.
 fn trap_message(e: &wasmtime::Error, stderr: &str) -> String {
     let trap = match e.downcast_ref::<wasmtime::Trap>() {
-        Some(trap) => format!("wasm trap: {trap}"),
+        Some(trap) => trap.to_string(),
         None => e.to_string(),
     };
     let printed: Vec<&str> = stderr
@@ -612,7 +619,7 @@ mod tests {
         let message = trap_message(&e, stderr);
         assert!(
             message.starts_with(
-                "thread '<unnamed>' panicked at src/lib.rs:5:5: deliberate panic (wasm trap:"
+                "thread '<unnamed>' panicked at src/lib.rs:5:5: deliberate panic (wasm `unreachable`"
             ),
             "{message}"
         );

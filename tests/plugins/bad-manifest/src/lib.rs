@@ -2,7 +2,9 @@
 //! which the host's manifest checks reject at load.
 
 use serde_json::Value;
-use wasmop_sdk::{Controller, KindRef, Manifest, Plan, Plugin, ReconcileError, SettingsProblem, Snapshot};
+use wasmop_sdk::{
+    Controller, KindRef, Manifest, Plan, Plugin, ReconcileError, SettingsProblem, Snapshot,
+};
 
 /// The `bad-manifest` plugin.
 #[derive(Debug)]
@@ -11,7 +13,8 @@ pub struct BadManifest;
 impl Plugin for BadManifest {
     fn manifest() -> Manifest {
         let widget = KindRef::namespaced("test.wasmop.dev", "v1", "Widget", "widgets");
-        Manifest::new("good", "9.9.9").controller(Controller::new("widget", widget.clone()).owns(widget))
+        Manifest::new("good", "9.9.9")
+            .controller(Controller::new("widget", widget.clone()).owns(widget))
     }
 
     fn validate_settings(_settings: &Value) -> Result<(), Vec<SettingsProblem>> {

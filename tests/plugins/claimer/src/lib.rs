@@ -3,7 +3,9 @@
 
 use serde_json::Value;
 use wasmop_sdk::k8s_openapi::api::core::v1::ConfigMap;
-use wasmop_sdk::{Controller, KindRef, Manifest, Plan, Plugin, ReconcileError, SettingsProblem, Snapshot};
+use wasmop_sdk::{
+    Controller, KindRef, Manifest, Plan, Plugin, ReconcileError, SettingsProblem, Snapshot,
+};
 
 /// The `claimer` plugin.
 #[derive(Debug)]
@@ -12,8 +14,11 @@ pub struct Claimer;
 impl Plugin for Claimer {
     fn manifest() -> Manifest {
         Manifest::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION")).controller(
-            Controller::new("widget", KindRef::namespaced("test.wasmop.dev", "v1", "Widget", "widgets"))
-                .owns(KindRef::of::<ConfigMap>()),
+            Controller::new(
+                "widget",
+                KindRef::namespaced("test.wasmop.dev", "v1", "Widget", "widgets"),
+            )
+            .owns(KindRef::of::<ConfigMap>()),
         )
     }
 

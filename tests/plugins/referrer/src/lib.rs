@@ -122,19 +122,36 @@ spec: {configRef: src}
 
     #[test]
     fn sets_the_id_once_and_reports_a_missing_config() {
-        let plan = run::<ReferrerPlugin>(&SnapshotBuilder::from_yaml("referrer", PRIMARY).build()).unwrap();
-        assert_eq!(plan.primary_patch, Some(json!({"spec": {"id": "id-01234567"}})));
+        let plan = run::<ReferrerPlugin>(&SnapshotBuilder::from_yaml("referrer", PRIMARY).build())
+            .unwrap();
+        assert_eq!(
+            plan.primary_patch,
+            Some(json!({"spec": {"id": "id-01234567"}}))
+        );
         assert_eq!(plan.status, Some(json!({"configFound": false})));
         assert!(plan.apply.is_empty());
     }
 
     #[test]
     fn holds_cleanup_until_allowed() {
-        let yaml = PRIMARY.replace("metadata: {", "metadata: {deletionTimestamp: '2026-01-01T00:00:00Z', ");
-        let plan = run::<ReferrerPlugin>(&SnapshotBuilder::from_yaml("referrer", &yaml).deleting(true).build()).unwrap();
+        let yaml = PRIMARY.replace(
+            "metadata: {",
+            "metadata: {deletionTimestamp: '2026-01-01T00:00:00Z', ",
+        );
+        let plan = run::<ReferrerPlugin>(
+            &SnapshotBuilder::from_yaml("referrer", &yaml)
+                .deleting(true)
+                .build(),
+        )
+        .unwrap();
         assert!(!plan.cleanup_complete);
         let yaml = yaml.replace("configRef: src", "configRef: src, allowCleanup: true");
-        let plan = run::<ReferrerPlugin>(&SnapshotBuilder::from_yaml("referrer", &yaml).deleting(true).build()).unwrap();
+        let plan = run::<ReferrerPlugin>(
+            &SnapshotBuilder::from_yaml("referrer", &yaml)
+                .deleting(true)
+                .build(),
+        )
+        .unwrap();
         assert!(plan.cleanup_complete);
     }
 }
