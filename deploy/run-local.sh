@@ -19,20 +19,28 @@ plugins="$CARGO_TARGET_DIR/plugins"
 KUBECTL="$K8S_BIN/kubectl"
 
 bash tests/build-plugins.sh "$plugins"
-cargo build --release -p wasmop
-WASMOP="$CARGO_TARGET_DIR/release/wasmop"
+cargo build -p wasmop
+WASMOP="$CARGO_TARGET_DIR/debug/wasmop"
 
-started_cluster=0
-bash tests/cluster/up.sh >/dev/null
+# Reuse a control plane that is already up (and leave it running after);
+# otherwise start one and stop it on exit.
 started_cluster=1
+if [[ -x $KUBECTL ]] && KUBECONFIG="$WASMOP_CLUSTER_DIR/kubeconfig" "$KUBECTL" get --raw /readyz >/dev/null 2>&1; then
+  started_cluster=0
+  echo "reusing the local control plane already running in $WASMOP_CLUSTER_DIR"
+fi
+bash tests/cluster/up.sh >/dev/null
 export KUBECONFIG="$WASMOP_CLUSTER_DIR/kubeconfig"
 
 op_pid=""
 stop() {
   trap - INT TERM EXIT
   echo
-  [[ -n $op_pid ]] && kill "$op_pid" 2>/dev/null && wait "$op_pid" 2>/dev/null
-  [[ $started_cluster == 1 ]] && bash tests/cluster/down.sh
+  if [[ -n $op_pid ]]; then
+    kill "$op_pid" 2>/dev/null || true
+    wait "$op_pid" 2>/dev/null || true
+  fi
+  if [[ $started_cluster == 1 ]]; then bash tests/cluster/down.sh; fi
   exit 0
 }
 trap stop INT TERM EXIT

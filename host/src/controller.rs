@@ -37,6 +37,7 @@ use crate::conditions;
 use crate::manifest::{Controller, KindRef, Selector};
 use crate::metrics;
 use crate::object;
+use crate::observe::{ObserveConfig, Observer, PrimaryInfo};
 use crate::plan::{self, Plan, Precondition};
 use crate::plugin::LoadedPlugin;
 use crate::queue::{Backoff, Queue};
@@ -65,6 +66,8 @@ pub struct OperatorConfig {
     pub sync_timeout: Duration,
     /// Spacing of the re-queues after a plugin starts or is swapped.
     pub requeue_spacing: Duration,
+    /// Limits and allow-list of the HTTP observations plans ask for.
+    pub observe: ObserveConfig,
 }
 
 impl Default for OperatorConfig {
@@ -76,6 +79,7 @@ impl Default for OperatorConfig {
             reporter: "wasmop".into(),
             sync_timeout: Duration::from_secs(60),
             requeue_spacing: Duration::from_millis(5),
+            observe: ObserveConfig::default(),
         }
     }
 }
@@ -213,6 +217,7 @@ pub struct Operator {
     config: OperatorConfig,
     leader: Arc<AtomicBool>,
     tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+    observer: Arc<Observer>,
 }
 
 impl std::fmt::Debug for Operator {
@@ -245,6 +250,7 @@ impl Operator {
             controllers: RwLock::new(BTreeMap::new()),
             queue: Queue::new(),
             backoff: Backoff::new(config.backoff_base, config.backoff_max),
+            observer: Observer::new(config.observe.clone()),
             config,
             leader: Arc::new(AtomicBool::new(true)),
             tasks: Mutex::new(Vec::new()),
@@ -587,6 +593,8 @@ impl Operator {
                     }
                     (Some(old), None) => {
                         a.refs.lock().expect("refs lock").clear(&obj_id(old));
+                        self.observer.forget(object::uid(old));
+                        self.observer.forget(object::uid(old));
                         let key = key_of(&a.id, old);
                         self.queue.forget(&key);
                         self.backoff.reset(&key);
@@ -702,14 +710,24 @@ impl Operator {
         }
         let now = now_rfc3339();
         let source = CacheSource { cache: &self.cache };
+        let observations = self
+            .observer
+            .results(object::uid(&primary), jiff::Timestamp::now());
         let snap = snapshot::build_snapshot(
             &a.spec,
             primary.clone(),
             &source,
             &now,
             a.plugin.settings(),
-            Vec::new(),
+            observations,
         );
+        // What the plan's HTTP requests may reach: the objects of this snapshot.
+        let seen: Vec<Arc<Value>> = snap
+            .owned
+            .iter()
+            .cloned()
+            .chain(snap.related.iter().map(|r| r.object.clone()))
+            .collect();
         let plugin = a.plugin.clone();
         let started = std::time::Instant::now();
         let outcome = tokio::task::spawn_blocking(move || plugin.reconcile(&snap)).await;
@@ -772,6 +790,9 @@ impl Operator {
                     applied = plan.apply.len(), deleted = plan.delete.len(), "reconciled");
                 if let Some(ms) = plan.requeue_after_ms {
                     self.queue.add_after(key.clone(), Duration::from_millis(ms));
+                }
+                if !plan.http_requests.is_empty() {
+                    self.observe(&a, key, &primary, &plan, &seen);
                 }
             }
             Err(e) => {
@@ -913,6 +934,45 @@ impl Operator {
                 .await?;
         }
         Ok(())
+    }
+
+    /// Performs the plan's HTTP requests after its writes; their results
+    /// reach the primary's next snapshot, which is queued when they are in.
+    fn observe(
+        &self,
+        a: &Active,
+        key: &PrimaryKey,
+        primary: &Value,
+        plan: &Plan,
+        seen: &[Arc<Value>],
+    ) {
+        let find = |kind: &KindRef, name: &str| -> Option<Value> {
+            seen.iter()
+                .find(|o| {
+                    kind.matches(object::api_version(o), object::kind(o)) && object::name(o) == name
+                })
+                .map(|o| o.as_ref().clone())
+        };
+        let secret = KindRef::namespaced("", "v1", "Secret", "secrets");
+        let resolved = self.observer.prepare(
+            &plan.http_requests,
+            &a.spec.http_targets,
+            find,
+            |name: &str| find(&secret, name),
+        );
+        let queue = self.queue.clone();
+        let key = key.clone();
+        self.observer.submit(
+            PrimaryInfo::of(primary, a.plugin.name(), a.plugin.version()),
+            resolved,
+            // Only a result the plugin has not seen is worth a reconcile;
+            // re-queueing on an unchanged result would loop.
+            move |outcome| {
+                if outcome.changed > 0 {
+                    queue.add(key);
+                }
+            },
+        );
     }
 
     /// Reports a failed reconcile on the primary and schedules a retry.

@@ -48,6 +48,10 @@ pub struct RunArgs {
     /// How often the plugin directory is checked for changes (hot swap).
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     pub poll_interval_ms: u64,
+    /// Base URL (`http://host:port`) that plans may call with target
+    /// `allow-list`; repeat for several.
+    #[arg(long = "allow-url", value_name = "URL")]
+    pub allow_urls: Vec<String>,
     /// Serve Prometheus metrics at http://ADDR/metrics.
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
@@ -163,10 +167,18 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
         }
     }
     let client = client(args.kubeconfig.as_deref()).await?;
-    let config = OperatorConfig {
+    let mut config = OperatorConfig {
         workers: file.workers.unwrap_or(OperatorConfig::default().workers),
         ..OperatorConfig::default()
     };
+    config.observe.allow_list = args.allow_urls.clone();
+    let problems = config.observe.allow_list_problems();
+    if !problems.is_empty() {
+        return Err(RunError::Config {
+            path: PathBuf::from("--allow-url"),
+            reason: problems.join("; "),
+        });
+    }
     if let Some(addr) = args.metrics_addr {
         metrics::serve(addr)
             .await
