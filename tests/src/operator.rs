@@ -77,21 +77,30 @@ impl std::fmt::Debug for RunningOperator {
 }
 
 impl RunningOperator {
-    /// Starts an operator watching `namespaces` with `plugins`.
+    /// Starts an operator watching `namespaces` with `plugins`, with short
+    /// backoffs for tests.
     ///
     /// # Errors
-    /// When a plugin does not load or cannot be registered.
+    /// When a plugin cannot be registered.
     pub async fn start(
         client: Client,
         namespaces: Vec<String>,
         plugins: Vec<Arc<LoadedPlugin>>,
     ) -> Result<Self> {
+        Self::start_with(client, namespaces, plugins, test_config()).await
+    }
+
+    /// Starts an operator with an explicit configuration.
+    ///
+    /// # Errors
+    /// When a plugin cannot be registered.
+    pub async fn start_with(
+        client: Client,
+        namespaces: Vec<String>,
+        plugins: Vec<Arc<LoadedPlugin>>,
+        config: OperatorConfig,
+    ) -> Result<Self> {
         init_tracing();
-        let config = OperatorConfig {
-            backoff_base: Duration::from_millis(200),
-            backoff_max: Duration::from_secs(5),
-            ..OperatorConfig::default()
-        };
         let (operator, changes) = Operator::new(client, namespaces, config);
         for p in plugins {
             operator.add_plugin(p).await?;
@@ -132,6 +141,15 @@ impl Drop for RunningOperator {
         if let Some(t) = self.task.take() {
             t.abort();
         }
+    }
+}
+
+/// The operator configuration tests use: short backoffs.
+pub fn test_config() -> OperatorConfig {
+    OperatorConfig {
+        backoff_base: Duration::from_millis(200),
+        backoff_max: Duration::from_secs(5),
+        ..OperatorConfig::default()
     }
 }
 
