@@ -946,10 +946,15 @@ impl Operator {
         plan: &Plan,
         seen: &[Arc<Value>],
     ) {
+        // Targets and Secrets are looked up by name in the primary's
+        // namespace, among the objects of its snapshot only.
+        let namespace = object::namespace(primary);
         let find = |kind: &KindRef, name: &str| -> Option<Value> {
             seen.iter()
                 .find(|o| {
-                    kind.matches(object::api_version(o), object::kind(o)) && object::name(o) == name
+                    kind.matches(object::api_version(o), object::kind(o))
+                        && object::name(o) == name
+                        && object::namespace(o) == namespace
                 })
                 .map(|o| o.as_ref().clone())
         };
@@ -968,6 +973,23 @@ impl Operator {
             // Only a result the plugin has not seen is worth a reconcile;
             // re-queueing on an unchanged result would loop.
             move |outcome| {
+                let m = metrics::global();
+                let c: &str = &key.controller;
+                m.add(
+                    "wasmop_http_requests_total",
+                    &[("controller", c), ("outcome", "sent")],
+                    outcome.sent as f64,
+                );
+                m.add(
+                    "wasmop_http_requests_total",
+                    &[("controller", c), ("outcome", "refused")],
+                    outcome.refused as f64,
+                );
+                m.add(
+                    "wasmop_http_requests_total",
+                    &[("controller", c), ("outcome", "rate_limited")],
+                    outcome.rate_limited as f64,
+                );
                 if outcome.changed > 0 {
                     queue.add(key);
                 }

@@ -8,6 +8,7 @@
 //! | `wasmop_plugin_load_failures_total` | file, reason | plugin files rejected |
 //! | `wasmop_reconcile_total` | controller, result | reconciles by outcome reason |
 //! | `wasmop_reconcile_seconds_total` | controller | time spent in plugin calls |
+//! | `wasmop_http_requests_total` | controller, outcome | plan HTTP requests: sent, refused, rate_limited |
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

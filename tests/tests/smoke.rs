@@ -189,3 +189,51 @@ async fn job_runs_to_completion() -> Result<()> {
     assert_eq!(succeeded, Some(1));
     Ok(())
 }
+
+#[tokio::test]
+async fn deploy_manifests_are_accepted_by_the_api_server() -> Result<()> {
+    // Server-side dry run: every object of deploy/wasmop.yaml passes the API
+    // server's validation (schemas, RBAC rule shapes) without being stored.
+    let ns = TestNamespace::new("smoke-deploy-manifests").await?;
+    let client = ns.client.clone();
+    let text = std::fs::read_to_string(wasmop_tests::repo_root().join("deploy/wasmop.yaml"))?;
+    let mut kinds = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let value = <serde_json::Value as serde::Deserialize>::deserialize(doc)?;
+        if value.is_null() {
+            continue;
+        }
+        let mut obj: DynamicObject = serde_json::from_value(value.clone())?;
+        // Namespaced objects go to the test's namespace (the manifest's own
+        // Namespace is dry-run created, so it does not exist).
+        if obj.metadata.namespace.is_some() {
+            obj.metadata.namespace = Some(ns.name.clone());
+        }
+        let types = obj.types.clone().expect("apiVersion and kind");
+        let (group, version) = match types.api_version.split_once('/') {
+            Some((g, v)) => (g.to_string(), v.to_string()),
+            None => (String::new(), types.api_version.clone()),
+        };
+        let gvk = GroupVersionKind::gvk(&group, &version, &types.kind);
+        let (ar, caps) = kube::discovery::pinned_kind(&client, &gvk).await?;
+        let api: Api<DynamicObject> = match (&obj.metadata.namespace, caps.scope) {
+            (Some(ns), kube::discovery::Scope::Namespaced) => {
+                Api::namespaced_with(client.clone(), ns, &ar)
+            }
+            _ => Api::all_with(client.clone(), &ar),
+        };
+        let pp = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        if let Err(e) = api.create(&pp, &obj).await {
+            anyhow::bail!("{} {:?} refused: {e}", types.kind, obj.metadata.name);
+        }
+        kinds.push(types.kind);
+    }
+    assert!(
+        kinds.contains(&"Deployment".to_string()) && kinds.contains(&"ClusterRole".to_string()),
+        "{kinds:?}"
+    );
+    Ok(())
+}

@@ -1,0 +1,75 @@
+//! What a hot swap costs between "the file changed" and "the new version is
+//! active", less the directory poll interval: reading the file, digesting
+//! it, compiling it (or deserialising the cached artifact), instantiating
+//! it to read the manifest and validate the settings.
+//!
+//! Measured with an empty compile cache (first time this version is seen)
+//! and with the artifact already cached by digest (a restart, or a file
+//! swapped back), in the same run.
+//!
+//! ```sh
+//! cargo bench -p wasmop --bench swap
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use wasmop::{CompileCache, LoadOptions, LoadedPlugin, Sandbox, SandboxConfig};
+
+fn plugin_path(name: &str) -> PathBuf {
+    let dir = std::env::var_os("WASMOP_PLUGIN_DIR").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/plugins"),
+        PathBuf::from,
+    );
+    let path = dir.join(format!("{name}.wasm"));
+    assert!(
+        path.is_file(),
+        "{} is missing: run `bash tests/build-plugins.sh` first",
+        path.display()
+    );
+    path
+}
+
+fn bench(c: &mut Criterion) {
+    let sandbox = Sandbox::new(SandboxConfig::default()).expect("sandbox");
+    let path = plugin_path("good-v2");
+    let scratch = std::env::temp_dir().join(format!("wasmop-bench-swap-{}", std::process::id()));
+    let mut group = c.benchmark_group("swap");
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(10));
+
+    // Criterion calls the routine more than once (warm-up, measurement):
+    // the counter lives outside it so every iteration gets a new directory.
+    let fresh = std::sync::atomic::AtomicU64::new(0);
+    group.bench_function("load_uncached", |b| {
+        b.iter(|| {
+            // A fresh, empty cache directory every time: a real compile.
+            let i = fresh.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let options = LoadOptions {
+                cache: Some(CompileCache::new(scratch.join(format!("cold-{i}")))),
+                ..LoadOptions::default()
+            };
+            let p = LoadedPlugin::load(&sandbox, &path, &options).expect("loads");
+            assert!(!p.compiled_from_cache());
+        });
+    });
+
+    let warm = LoadOptions {
+        cache: Some(CompileCache::new(scratch.join("warm"))),
+        ..LoadOptions::default()
+    };
+    LoadedPlugin::load(&sandbox, &path, &warm).expect("fills the cache");
+    group.bench_function("load_cached", |b| {
+        b.iter(|| {
+            let p = LoadedPlugin::load(&sandbox, &path, &warm).expect("loads");
+            assert!(p.compiled_from_cache());
+        });
+    });
+    group.finish();
+    let _ = std::fs::remove_dir_all(&scratch);
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
