@@ -1,0 +1,1117 @@
+//! The EtcdBackup controller: one Job per EtcdBackup, one Job at a time
+//! across the cluster, in creation order.
+//!
+//! Each reconcile sees one EtcdBackup (the primary), every other
+//! EtcdBackup, the backup Jobs and the scheduled runs' Jobs, and the PVCs;
+//! from those alone it decides the primary's next [`Step`]. Every
+//! EtcdBackup's reconcile computes the same queue, so the backups agree on
+//! whose turn it is without talking to each other:
+//!
+//! 1. A finished backup (`BackupCompleted`, `BackupFailed` or
+//!    `BackupSkipped` True) is never run again.
+//! 2. A backup with a Job follows it: `BackupPending` with `backupJob`
+//!    while it runs, `BackupCompleted`/`BackupFailed` when it ends.
+//! 3. A backup waiting for its turn is queued: `BackupPending` (reason
+//!    `BackupQueued`) naming the running backup. The queue holds every
+//!    unstarted, unfinished backup, ordered by creationTimestamp then name.
+//! 4. When no backup Job is unfinished in the target namespace and no
+//!    started backup is still unconfirmed, the head of the queue starts:
+//!    its PVC is checked (missing → `BackupFailed` naming it) and its Job
+//!    created.
+//!
+//! # Guarantees
+//!
+//! - At most one backup Job is unfinished at any time, as long as only
+//!   this plugin creates them: a backup starts only when every backup Job
+//!   in the target namespace has finished and no started backup's Job is
+//!   still missing from the snapshot (a Job not yet seen through the watch
+//!   still blocks through its owner's `status.backupJob`).
+//! - A backup's Job name is a function of its uid and is created with an
+//!   "absent" precondition: a duplicate start is refused by the API server.
+//! - Calling reconcile twice on the same snapshot yields the same plan.
+//!
+//! # Caveats
+//!
+//! An EtcdBackup whose requesting Job (a scheduled run) no longer exists
+//! is not deleted, as upstream does, because the host lets no plan delete
+//! its primary: it gets the `Orphaned` condition and, if it had not
+//! started, `BackupSkipped`. See the crate's README.
+
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use serde_json::json;
+use wasmop_sdk::conditions::{find_condition, is_true, set_condition};
+use wasmop_sdk::{Plan, ReconcileError, Snapshot, k8s_openapi};
+
+use crate::api::{
+    BACKUP_COMPLETED, BACKUP_FAILED, BACKUP_PENDING, BACKUP_SKIPPED, EtcdBackup, JobRef, ORPHANED,
+    PROGRESS_CONDITIONS, REASON_QUEUED,
+};
+use crate::settings::Settings;
+use crate::workloads::{backup_job, backup_job_name, backup_path, job_backup_path};
+
+/// Read id: every EtcdBackup in the cluster.
+pub const READ_ETCD_BACKUPS: &str = "etcdbackups";
+/// Read id: Jobs labelled `app=cluster-backup-job` (backup Jobs).
+pub const READ_BACKUP_JOBS: &str = "backup-jobs";
+/// Read id: Jobs labelled `app=cluster-backup-cronjob` (scheduled runs).
+pub const READ_RUNS: &str = "scheduled-runs";
+/// Read id: PersistentVolumeClaims (filtered to the target namespace).
+pub const READ_PVCS: &str = "pvcs";
+
+/// How long a started backup whose Job is not in the snapshot is given
+/// before it counts as lost (the Job may only be late through the watch).
+pub const MISSING_JOB_GRACE: Duration = Duration::from_secs(60);
+
+/// What one reconcile sees, typed and filtered to the target namespace.
+#[derive(Clone, Debug)]
+pub struct World {
+    /// The settings.
+    pub settings: Settings,
+    /// The snapshot's time.
+    pub now: Timestamp,
+    /// The primary.
+    pub backup: EtcdBackup,
+    /// Every other EtcdBackup.
+    pub others: Vec<EtcdBackup>,
+    /// The primary's own Jobs (controlled by it).
+    pub own_jobs: Vec<Job>,
+    /// Backup Jobs in the target namespace (any owner).
+    pub backup_jobs: Vec<Job>,
+    /// Jobs of scheduled runs in the target namespace.
+    pub runs: Vec<Job>,
+    /// PVCs in the target namespace.
+    pub pvcs: Vec<PersistentVolumeClaim>,
+}
+
+impl World {
+    /// Reads a snapshot of the EtcdBackup controller.
+    ///
+    /// # Errors
+    ///
+    /// [`ReconcileError::InvalidSpec`] when the primary is not an
+    /// EtcdBackup; [`ReconcileError::Internal`] when the settings, time or
+    /// a related object are not what the manifest promises.
+    pub fn from_snapshot(snapshot: &Snapshot) -> Result<World, ReconcileError> {
+        let settings = Settings::of(&snapshot.settings)?;
+        let backup = EtcdBackup::from_value(&snapshot.primary).map_err(|e| {
+            ReconcileError::invalid_spec(format!("EtcdBackup {}: {e}", snapshot.primary_name()))
+        })?;
+        let others = snapshot
+            .related(READ_ETCD_BACKUPS)
+            .map(|o| {
+                EtcdBackup::from_value(o)
+                    .map_err(|e| ReconcileError::internal(format!("related EtcdBackup: {e}")))
+            })
+            .filter(|b| b.as_ref().map_or(true, |b| b.uid() != backup.uid()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let ns = settings.target_namespace.clone();
+        let in_target = |meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+            meta.namespace.as_deref() == Some(ns.as_str())
+        };
+        let backup_jobs: Vec<Job> = snapshot.related_as(READ_BACKUP_JOBS)?;
+        let runs: Vec<Job> = snapshot.related_as(READ_RUNS)?;
+        let pvcs: Vec<PersistentVolumeClaim> = snapshot.related_as(READ_PVCS)?;
+        Ok(World {
+            now: snapshot.now()?.0,
+            own_jobs: snapshot.owned_of_kind::<Job>()?,
+            backup_jobs: backup_jobs
+                .into_iter()
+                .filter(|j| in_target(&j.metadata))
+                .collect(),
+            runs: runs
+                .into_iter()
+                .filter(|j| in_target(&j.metadata))
+                .collect(),
+            pvcs: pvcs
+                .into_iter()
+                .filter(|p| in_target(&p.metadata))
+                .collect(),
+            settings,
+            backup,
+            others,
+        })
+    }
+
+    /// The primary's Job: the one `status.backupJob` names, else the first
+    /// it controls.
+    fn own_job(&self) -> Option<&Job> {
+        let named = self.backup.backup_job.as_ref().and_then(|r| {
+            self.own_jobs.iter().find(|j| {
+                j.metadata.name.as_deref() == Some(r.name.as_str())
+                    && j.metadata.namespace.as_deref() == Some(r.namespace.as_str())
+            })
+        });
+        named.or_else(|| self.own_jobs.first())
+    }
+
+    /// The requesting Job of `b` when `b` was requested by Jobs (a
+    /// scheduled run) none of which exists any more: `(name, uid)`.
+    fn gone_requester<'b>(&self, b: &'b EtcdBackup) -> Option<(&'b str, &'b str)> {
+        let requesters = b.requesting_jobs();
+        let alive = |uid: &str| {
+            self.runs
+                .iter()
+                .any(|j| j.metadata.uid.as_deref() == Some(uid))
+        };
+        if requesters.iter().any(|(_, uid)| alive(uid)) {
+            None
+        } else {
+            requesters.first().copied()
+        }
+    }
+
+    /// What occupies the single backup slot, if anything: a backup Job in
+    /// the target namespace that has not finished, or a started, unfinished
+    /// backup whose Job the snapshot does not show yet.
+    fn running(&self) -> Option<Running> {
+        if let Some(job) = self
+            .backup_jobs
+            .iter()
+            .find(|j| finish(j).is_none() && j.metadata.deletion_timestamp.is_none())
+        {
+            let job_name = job.metadata.name.clone().unwrap_or_default();
+            let owner = job
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .find(|o| o.controller == Some(true))
+                .map(|o| o.name.clone())
+                .or_else(|| {
+                    job.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(crate::api::BACKUP_NAME_LABEL).cloned())
+                })
+                .unwrap_or_else(|| job_name.clone());
+            return Some(Running {
+                backup: owner,
+                job: job_name,
+            });
+        }
+        self.others
+            .iter()
+            .filter(|b| !b.finished() && !b.deleting())
+            .find_map(|b| {
+                let r = b.backup_job.as_ref()?;
+                let seen = self.backup_jobs.iter().any(|j| {
+                    j.metadata.name.as_deref() == Some(r.name.as_str())
+                        && j.metadata.namespace.as_deref() == Some(r.namespace.as_str())
+                });
+                (r.namespace == self.settings.target_namespace && !seen).then(|| Running {
+                    backup: b.name().to_owned(),
+                    job: r.name.clone(),
+                })
+            })
+    }
+
+    /// The queue of backups waiting to start, in order: unfinished, not
+    /// deleted, not started, not orphaned; by creationTimestamp, then name.
+    /// Includes the primary when it waits.
+    fn queue(&self) -> Vec<&EtcdBackup> {
+        let mut waiting: Vec<&EtcdBackup> = std::iter::once(&self.backup)
+            .chain(self.others.iter())
+            .filter(|b| {
+                !b.finished()
+                    && !b.deleting()
+                    && b.backup_job.is_none()
+                    && !self.has_job(b)
+                    && self.gone_requester(b).is_none()
+            })
+            .collect();
+        waiting.sort_by(|a, b| a.queue_key().cmp(&b.queue_key()));
+        waiting
+    }
+
+    /// True when a backup Job controlled by `b` is in the snapshot.
+    fn has_job(&self, b: &EtcdBackup) -> bool {
+        self.backup_jobs.iter().any(|j| {
+            j.metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|o| o.controller == Some(true) && o.uid == b.uid())
+        })
+    }
+}
+
+/// The backup holding the slot and its Job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Running {
+    /// Name of the EtcdBackup (or of the Job when its owner is unknown).
+    pub backup: String,
+    /// Name of the Job.
+    pub job: String,
+}
+
+/// How a Job ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// `Complete=True`.
+    Completed,
+    /// `Failed=True`, with the condition's reason and message.
+    Failed(String),
+}
+
+/// How `job` ended, or `None` while it runs.
+pub fn finish(job: &Job) -> Option<Finish> {
+    let conditions = job.status.as_ref()?.conditions.as_ref()?;
+    let true_condition = |type_: &str| {
+        conditions
+            .iter()
+            .find(|c| c.type_ == type_ && c.status == "True")
+    };
+    if true_condition("Complete").is_some() {
+        return Some(Finish::Completed);
+    }
+    true_condition("Failed").map(|c| {
+        let reason = c.reason.clone().unwrap_or_default();
+        let message = c.message.clone().unwrap_or_default();
+        Finish::Failed(match (reason.is_empty(), message.is_empty()) {
+            (true, true) => "Failed".to_owned(),
+            (false, true) => reason,
+            (true, false) => message,
+            (false, false) => format!("{reason}: {message}"),
+        })
+    })
+}
+
+/// What the primary does next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Finished earlier: nothing to run.
+    Finished,
+    /// Its Job runs.
+    Running {
+        /// The Job.
+        job: JobRef,
+        /// Where the backup goes.
+        path: String,
+    },
+    /// Its Job ended.
+    Ended {
+        /// The Job.
+        job: JobRef,
+        /// How.
+        finish: Finish,
+        /// Where the backup went.
+        path: String,
+    },
+    /// Started, but its Job is not in the snapshot: wait this long for it.
+    AwaitJob {
+        /// The Job the status names.
+        job: JobRef,
+        /// Remaining grace.
+        wait: Duration,
+    },
+    /// Started, and its Job has been missing for longer than the grace.
+    JobLost {
+        /// The Job the status names.
+        job: JobRef,
+    },
+    /// Its requester is gone before it started: it will not run.
+    SkipOrphan {
+        /// Name of the requesting Job.
+        requester: String,
+    },
+    /// Waits for its turn.
+    Queued {
+        /// The backup holding the slot, if one does.
+        running: Option<Running>,
+        /// The backup that starts next, when the slot is free.
+        next: Option<String>,
+        /// Backups ahead of it in the queue.
+        ahead: usize,
+    },
+    /// Its turn, but `spec.pvcName` is empty.
+    NoPvcName,
+    /// Its turn, but the PVC does not exist.
+    PvcMissing,
+    /// Its turn: create the Job.
+    Start,
+}
+
+/// Decides the primary's next step.
+pub fn next_step(world: &World) -> Step {
+    let backup = &world.backup;
+    if backup.finished() {
+        return Step::Finished;
+    }
+    if let Some(job) = world.own_job() {
+        let job_ref = JobRef {
+            namespace: job.metadata.namespace.clone().unwrap_or_default(),
+            name: job.metadata.name.clone().unwrap_or_default(),
+        };
+        let path = job_backup_path(job).unwrap_or_default().to_owned();
+        return match finish(job) {
+            None => Step::Running { job: job_ref, path },
+            Some(finish) => Step::Ended {
+                job: job_ref,
+                finish,
+                path,
+            },
+        };
+    }
+    if let Some(job) = &backup.backup_job {
+        let since = find_condition(&backup.conditions, BACKUP_PENDING)
+            .filter(|c| c.status == "True")
+            .map_or(world.now, |c| c.last_transition_time.0);
+        let waited = world.now.duration_since(since);
+        let waited = Duration::try_from(waited).unwrap_or_default();
+        return match MISSING_JOB_GRACE.checked_sub(waited) {
+            Some(wait) if !wait.is_zero() => Step::AwaitJob {
+                job: job.clone(),
+                wait,
+            },
+            _ => Step::JobLost { job: job.clone() },
+        };
+    }
+    if let Some((requester, _)) = world.gone_requester(&world.backup) {
+        return Step::SkipOrphan {
+            requester: requester.to_owned(),
+        };
+    }
+    let queue = world.queue();
+    let ahead = queue
+        .iter()
+        .position(|b| b.uid() == backup.uid())
+        .unwrap_or(queue.len());
+    let running = world.running();
+    if running.is_some() || ahead > 0 {
+        let next = queue.first().map(|b| b.name().to_owned());
+        return Step::Queued {
+            next: if running.is_none() { next } else { None },
+            running,
+            ahead,
+        };
+    }
+    if backup.pvc_name.is_empty() {
+        return Step::NoPvcName;
+    }
+    let pvc_exists = world
+        .pvcs
+        .iter()
+        .any(|p| p.metadata.name.as_deref() == Some(backup.pvc_name.as_str()));
+    if !pvc_exists {
+        return Step::PvcMissing;
+    }
+    Step::Start
+}
+
+/// The EtcdBackup controller's reconcile.
+///
+/// # Errors
+///
+/// As [`World::from_snapshot`].
+pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
+    if snapshot.deleting {
+        return Ok(Plan::new());
+    }
+    let world = World::from_snapshot(snapshot)?;
+    Ok(plan(&world, &next_step(&world)))
+}
+
+/// The plan that carries out `step`.
+pub fn plan(world: &World, step: &Step) -> Plan {
+    let backup = &world.backup;
+    let ns = &world.settings.target_namespace;
+    let now = Time(world.now);
+    let generation = backup.metadata.generation;
+    let mut status = Status {
+        conditions: backup.conditions.clone(),
+        backup_job: backup.backup_job.clone(),
+        generation,
+        now: now.clone(),
+    };
+    let mut plan = Plan::new();
+    match step {
+        Step::Finished => {}
+        Step::Running { job, path } => {
+            status.backup_job = Some(job.clone());
+            status.progress(
+                BACKUP_PENDING,
+                BACKUP_PENDING,
+                &format!(
+                    "Job {}/{} is saving the backup to {path} on PVC {}",
+                    job.namespace, job.name, backup.pvc_name
+                ),
+            );
+        }
+        Step::Ended { job, finish, path } => {
+            status.backup_job = Some(job.clone());
+            let (type_, message) = match finish {
+                Finish::Completed => (
+                    BACKUP_COMPLETED,
+                    format!(
+                        "Job {}/{} completed: the backup is saved to {path} on PVC {}",
+                        job.namespace, job.name, backup.pvc_name
+                    ),
+                ),
+                Finish::Failed(why) => (
+                    BACKUP_FAILED,
+                    format!("Job {}/{} failed: {why}", job.namespace, job.name),
+                ),
+            };
+            status.progress(type_, type_, &message);
+            plan = if type_ == BACKUP_COMPLETED {
+                plan.event(BACKUP_COMPLETED, message)
+            } else {
+                plan.warning(BACKUP_FAILED, message)
+            };
+        }
+        Step::AwaitJob { job, wait } => {
+            // The grace runs from BackupPending's transition; make sure
+            // there is one to measure from.
+            if !is_true(&status.conditions, BACKUP_PENDING) {
+                status.progress(
+                    BACKUP_PENDING,
+                    BACKUP_PENDING,
+                    &format!("waiting for Job {}/{} to show up", job.namespace, job.name),
+                );
+            }
+            plan = plan.requeue_after(*wait);
+        }
+        Step::JobLost { job } => {
+            let message = format!(
+                "Job {}/{} no longer exists and never reported an end; the backup may be incomplete",
+                job.namespace, job.name
+            );
+            status.progress(BACKUP_FAILED, BACKUP_FAILED, &message);
+            plan = plan.warning(BACKUP_FAILED, message);
+        }
+        Step::SkipOrphan { requester } => {
+            let message = format!(
+                "not started: Job {ns}/{requester}, which requested this backup, no longer exists"
+            );
+            status.progress(BACKUP_SKIPPED, BACKUP_SKIPPED, &message);
+            plan = plan.warning(BACKUP_SKIPPED, message);
+        }
+        Step::Queued {
+            running,
+            next,
+            ahead,
+        } => {
+            let head = match (running, next) {
+                (Some(r), _) => format!(
+                    "waiting for backup {} (Job {ns}/{}) to finish",
+                    r.backup, r.job
+                ),
+                (None, Some(next)) => format!("waiting for backup {next} to start first"),
+                (None, None) => "waiting for its turn".to_owned(),
+            };
+            let message = format!("{head}; {ahead} queued ahead of this one");
+            status.progress(BACKUP_PENDING, REASON_QUEUED, &message);
+        }
+        Step::NoPvcName => {
+            let message = format!(
+                "spec.pvcName is empty: name a PersistentVolumeClaim in namespace {ns} to save the backup to"
+            );
+            status.progress(BACKUP_FAILED, BACKUP_FAILED, &message);
+            plan = plan.warning(BACKUP_FAILED, message);
+        }
+        Step::PvcMissing => {
+            let message = format!("unable to find PVC [{}] in namespace {ns}", backup.pvc_name);
+            status.progress(BACKUP_FAILED, BACKUP_FAILED, &message);
+            plan = plan.warning(BACKUP_FAILED, message);
+        }
+        Step::Start => {
+            let path = backup_path(backup, &world.now);
+            let job = backup_job(&world.settings, backup, &path);
+            let name = backup_job_name(backup.uid());
+            let message = format!(
+                "Job {ns}/{name} is saving the backup to {path} on PVC {}",
+                backup.pvc_name
+            );
+            status.backup_job = Some(JobRef {
+                namespace: ns.clone(),
+                name: name.clone(),
+            });
+            // The time the Job started is when BackupPending last moved, even
+            // after queueing: the grace for a Job missing from the snapshot
+            // is measured from it.
+            status.conditions.retain(|c| c.type_ != BACKUP_PENDING);
+            status.progress(BACKUP_PENDING, BACKUP_PENDING, &message);
+            plan = plan.apply_if_absent(job).event("BackupStarted", message);
+        }
+    }
+    if let Some((requester, uid)) = world.gone_requester(&world.backup) {
+        let message = format!(
+            "Job {ns}/{requester} (uid {uid}), which requested this backup, no longer exists; \
+             upstream deletes such EtcdBackups, wasmop leaves it for you to delete"
+        );
+        if set_condition(
+            &mut status.conditions,
+            ORPHANED,
+            true,
+            "RequestingJobDeleted",
+            &message,
+            generation,
+            &now,
+        ) && find_condition(&backup.conditions, ORPHANED).is_none_or(|c| c.status != "True")
+        {
+            plan = plan.warning(ORPHANED, message);
+        }
+    }
+    plan.status(status.to_json())
+}
+
+/// The status being written.
+struct Status {
+    conditions: Vec<Condition>,
+    backup_job: Option<JobRef>,
+    generation: Option<i64>,
+    now: Time,
+}
+
+impl Status {
+    /// Sets progress condition `type_` True and every other progress
+    /// condition present False (upstream keeps one True at a time).
+    fn progress(&mut self, type_: &str, reason: &str, message: &str) {
+        for other in PROGRESS_CONDITIONS.iter().filter(|t| **t != type_) {
+            if let Some(c) = find_condition(&self.conditions, other).cloned() {
+                set_condition(
+                    &mut self.conditions,
+                    other,
+                    false,
+                    &c.reason,
+                    &c.message,
+                    c.observed_generation,
+                    &self.now,
+                );
+            }
+        }
+        set_condition(
+            &mut self.conditions,
+            type_,
+            true,
+            reason,
+            message,
+            self.generation,
+            &self.now,
+        );
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        let mut status = json!({"conditions": self.conditions});
+        if let Some(job) = &self.backup_job {
+            status["backupJob"] = json!(job);
+        }
+        status
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+    use wasmop_sdk::testing::{SnapshotBuilder, run};
+    use wasmop_sdk::{Plan, Precondition};
+
+    use super::*;
+    use crate::BackupPlugin;
+
+    const NS: &str = "openshift-etcd";
+    const NOW: &str = "2025-01-01T00:10:00Z";
+
+    fn eb(name: &str, created: &str) -> Value {
+        json!({"apiVersion": "operator.openshift.io/v1alpha1", "kind": "EtcdBackup",
+               "metadata": {"name": name, "uid": format!("uid-{name}"), "generation": 1,
+                            "resourceVersion": "1", "creationTimestamp": created},
+               "spec": {"pvcName": "backup-pvc"}})
+    }
+
+    fn with_condition(mut b: Value, type_: &str, reason: &str, at: &str) -> Value {
+        b["status"]["conditions"] = json!([{"type": type_, "status": "True", "reason": reason,
+                                             "message": "earlier", "lastTransitionTime": at}]);
+        b
+    }
+
+    fn started(b: Value, at: &str) -> Value {
+        let uid = b["metadata"]["uid"].as_str().unwrap().to_owned();
+        let mut b = with_condition(b, BACKUP_PENDING, BACKUP_PENDING, at);
+        b["status"]["backupJob"] = json!({"namespace": NS, "name": backup_job_name(&uid)});
+        b
+    }
+
+    fn job_of(b: &Value, ns: &str, end: Option<&str>) -> Value {
+        let uid = b["metadata"]["uid"].as_str().unwrap();
+        let name = b["metadata"]["name"].as_str().unwrap();
+        let mut job = json!({"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": backup_job_name(uid), "namespace": ns, "uid": format!("job-{uid}"),
+                         "resourceVersion": "3",
+                         "labels": {"app": "cluster-backup-job", "backup-name": name},
+                         "ownerReferences": [{"apiVersion": "operator.openshift.io/v1alpha1", "kind": "EtcdBackup",
+                                              "name": name, "uid": uid, "controller": true}]},
+            "spec": {"template": {"spec": {"containers": [{"name": "cluster-backup",
+                "env": [{"name": "CLUSTER_BACKUP_PATH", "value": format!("/etc/kubernetes/cluster-backup/backup-{name}-x")}]}]}}},
+            "status": {}});
+        if let Some(end) = end {
+            job["status"]["conditions"] = json!([{"type": end, "status": "True",
+                "reason": if end == "Failed" { "BackoffLimitExceeded" } else { "" },
+                "message": if end == "Failed" { "Job has reached the specified backoff limit" } else { "" }}]);
+        }
+        job
+    }
+
+    fn pvc(name: &str, ns: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+               "metadata": {"name": name, "namespace": ns, "uid": format!("pvc-{name}")}})
+    }
+
+    /// A snapshot of `primary` among `all` EtcdBackups (the primary among
+    /// them, as the host's cluster-wide read returns it), with `jobs` (the
+    /// primary's own go to `owned` too) and the PVC `backup-pvc`.
+    fn snapshot(primary: &Value, all: &[&Value], jobs: &[Value]) -> SnapshotBuilder {
+        let uid = primary["metadata"]["uid"].as_str().unwrap();
+        let mut s = SnapshotBuilder::new(ETCD_BACKUP_CONTROLLER_NAME)
+            .primary(primary)
+            .now(NOW)
+            .related(READ_PVCS, pvc("backup-pvc", NS));
+        for b in all {
+            s = s.related(READ_ETCD_BACKUPS, b);
+        }
+        for j in jobs {
+            if j["metadata"]["ownerReferences"][0]["uid"] == uid {
+                s = s.owned(j);
+            }
+            s = s.related(READ_BACKUP_JOBS, j);
+        }
+        s
+    }
+
+    const ETCD_BACKUP_CONTROLLER_NAME: &str = crate::ETCD_BACKUP_CONTROLLER;
+
+    fn plan_of(s: SnapshotBuilder) -> Plan {
+        run::<BackupPlugin>(&s.build()).expect("reconcile")
+    }
+
+    fn condition<'a>(plan: &'a Plan, type_: &str) -> &'a Value {
+        plan.status.as_ref().expect("status")["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == type_)
+            .unwrap_or_else(|| panic!("no {type_} condition in {:?}", plan.status))
+    }
+
+    #[test]
+    fn oldest_of_three_new_backups_starts_and_the_others_queue_in_creation_order() {
+        let a = eb("a", "2025-01-01T00:00:01Z");
+        let b = eb("b", "2025-01-01T00:00:02Z");
+        let c = eb("c", "2025-01-01T00:00:03Z");
+        let all = [&c, &a, &b];
+
+        let plan = plan_of(snapshot(&a, &all, &[]));
+        assert_eq!(plan.apply.len(), 1);
+        assert_eq!(plan.apply[0].precondition, Some(Precondition::Absent));
+        let job = &plan.apply[0].object;
+        assert_eq!(job["kind"], "Job");
+        assert_eq!(job["metadata"]["namespace"], NS);
+        assert_eq!(job["metadata"]["name"], backup_job_name("uid-a"));
+        let status = plan.status.as_ref().unwrap();
+        assert_eq!(
+            status["backupJob"],
+            json!({"namespace": NS, "name": backup_job_name("uid-a")})
+        );
+        let pending = condition(&plan, BACKUP_PENDING);
+        assert_eq!(pending["status"], "True");
+        assert_eq!(pending["reason"], BACKUP_PENDING);
+        assert_eq!(pending["lastTransitionTime"], NOW);
+
+        for (who, ahead) in [(&b, 1), (&c, 2)] {
+            let plan = plan_of(snapshot(who, &all, &[]));
+            assert!(plan.apply.is_empty(), "{who} must wait");
+            assert!(plan.status.as_ref().unwrap().get("backupJob").is_none());
+            let pending = condition(&plan, BACKUP_PENDING);
+            assert_eq!(pending["status"], "True");
+            assert_eq!(pending["reason"], REASON_QUEUED);
+            assert_eq!(
+                pending["message"],
+                format!("waiting for backup a to start first; {ahead} queued ahead of this one")
+            );
+        }
+    }
+
+    #[test]
+    fn equal_creation_times_queue_by_name() {
+        let x = eb("x", "2025-01-01T00:00:00Z");
+        let y = eb("y", "2025-01-01T00:00:00Z");
+        assert_eq!(plan_of(snapshot(&x, &[&y, &x], &[])).apply.len(), 1);
+        assert!(plan_of(snapshot(&y, &[&y, &x], &[])).apply.is_empty());
+    }
+
+    #[test]
+    fn an_unfinished_backup_job_blocks_every_other_backup_and_is_named() {
+        let a = started(eb("a", "2025-01-01T00:00:01Z"), "2025-01-01T00:05:00Z");
+        let b = eb("b", "2025-01-01T00:00:02Z");
+        let jobs = [job_of(&a, NS, None)];
+
+        let plan = plan_of(snapshot(&b, &[&a, &b], &jobs));
+        assert!(plan.apply.is_empty());
+        assert_eq!(
+            condition(&plan, BACKUP_PENDING)["message"],
+            format!(
+                "waiting for backup a (Job {NS}/{}) to finish; 0 queued ahead of this one",
+                backup_job_name("uid-a")
+            )
+        );
+
+        // The running one keeps BackupPending with its Job.
+        let plan = plan_of(snapshot(&a, &[&a, &b], &jobs));
+        assert!(plan.apply.is_empty());
+        let pending = condition(&plan, BACKUP_PENDING);
+        assert_eq!(pending["reason"], BACKUP_PENDING);
+        assert_eq!(pending["lastTransitionTime"], "2025-01-01T00:05:00Z");
+        assert!(
+            pending["message"]
+                .as_str()
+                .unwrap()
+                .contains("/etc/kubernetes/cluster-backup/backup-a-x")
+        );
+    }
+
+    #[test]
+    fn a_job_of_another_tool_in_the_target_namespace_also_blocks() {
+        let b = eb("b", "2025-01-01T00:00:02Z");
+        let foreign = json!({"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "manual-backup", "namespace": NS, "uid": "j",
+                         "labels": {"app": "cluster-backup-job", "backup-name": "by-hand"}},
+            "spec": {"template": {"spec": {"containers": []}}}});
+        let plan = plan_of(snapshot(&b, &[&b], &[foreign]));
+        assert!(plan.apply.is_empty());
+        assert!(
+            condition(&plan, BACKUP_PENDING)["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("waiting for backup by-hand (Job openshift-etcd/manual-backup)")
+        );
+    }
+
+    #[test]
+    fn a_started_backup_whose_job_the_snapshot_lacks_still_blocks() {
+        // a's status names its Job but the Job has not come through the watch.
+        let a = started(eb("a", "2025-01-01T00:00:01Z"), "2025-01-01T00:09:59Z");
+        let b = eb("b", "2025-01-01T00:00:02Z");
+        let plan = plan_of(snapshot(&b, &[&a, &b], &[]));
+        assert!(plan.apply.is_empty(), "b must not start next to a");
+        assert!(
+            condition(&plan, BACKUP_PENDING)["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("waiting for backup a ")
+        );
+    }
+
+    #[test]
+    fn a_completed_job_completes_its_backup_and_flips_pending_false() {
+        let a = started(eb("a", "2025-01-01T00:00:01Z"), "2025-01-01T00:05:00Z");
+        let plan = plan_of(snapshot(&a, &[&a], &[job_of(&a, NS, Some("Complete"))]));
+        assert!(plan.apply.is_empty() && plan.delete.is_empty());
+        let done = condition(&plan, BACKUP_COMPLETED);
+        assert_eq!(done["status"], "True");
+        assert_eq!(done["reason"], BACKUP_COMPLETED);
+        assert!(
+            done["message"]
+                .as_str()
+                .unwrap()
+                .contains("saved to /etc/kubernetes/cluster-backup/backup-a-x on PVC backup-pvc")
+        );
+        let pending = condition(&plan, BACKUP_PENDING);
+        assert_eq!(pending["status"], "False");
+        assert_eq!(pending["lastTransitionTime"], NOW);
+        assert_eq!(
+            plan.status.as_ref().unwrap()["backupJob"]["name"],
+            backup_job_name("uid-a")
+        );
+        assert_eq!(plan.events[0].reason, BACKUP_COMPLETED);
+    }
+
+    #[test]
+    fn the_next_backup_starts_once_the_running_job_completed() {
+        let a = started(eb("a", "2025-01-01T00:00:01Z"), "2025-01-01T00:05:00Z");
+        let b = eb("b", "2025-01-01T00:00:02Z");
+        let c = eb("c", "2025-01-01T00:00:03Z");
+        let jobs = [job_of(&a, NS, Some("Complete"))];
+        let plan = plan_of(snapshot(&b, &[&a, &b, &c], &jobs));
+        assert_eq!(plan.apply.len(), 1);
+        assert_eq!(
+            plan.apply[0].object["metadata"]["name"],
+            backup_job_name("uid-b")
+        );
+        assert!(plan_of(snapshot(&c, &[&a, &b, &c], &jobs)).apply.is_empty());
+    }
+
+    #[test]
+    fn a_failed_job_fails_its_backup_with_the_jobs_reason() {
+        let a = started(eb("a", "2025-01-01T00:00:01Z"), "2025-01-01T00:05:00Z");
+        let plan = plan_of(snapshot(&a, &[&a], &[job_of(&a, NS, Some("Failed"))]));
+        let failed = condition(&plan, BACKUP_FAILED);
+        assert_eq!(failed["status"], "True");
+        assert_eq!(
+            failed["message"],
+            format!(
+                "Job {NS}/{} failed: BackoffLimitExceeded: Job has reached the specified backoff limit",
+                backup_job_name("uid-a")
+            )
+        );
+        assert_eq!(condition(&plan, BACKUP_PENDING)["status"], "False");
+        assert_eq!(plan.events[0].reason, BACKUP_FAILED);
+    }
+
+    #[test]
+    fn a_missing_pvc_fails_the_backup_naming_it() {
+        let mut a = eb("a", "2025-01-01T00:00:01Z");
+        a["spec"]["pvcName"] = json!("nowhere");
+        let plan = plan_of(snapshot(&a, &[&a], &[]));
+        assert!(plan.apply.is_empty());
+        let failed = condition(&plan, BACKUP_FAILED);
+        assert_eq!(failed["status"], "True");
+        assert_eq!(
+            failed["message"],
+            "unable to find PVC [nowhere] in namespace openshift-etcd"
+        );
+        assert!(plan.status.as_ref().unwrap().get("backupJob").is_none());
+    }
+
+    #[test]
+    fn a_pvc_of_the_same_name_in_another_namespace_does_not_count() {
+        let a = eb("a", "2025-01-01T00:00:01Z");
+        let s = SnapshotBuilder::new(crate::ETCD_BACKUP_CONTROLLER)
+            .primary(&a)
+            .related(READ_ETCD_BACKUPS, &a)
+            .related(READ_PVCS, pvc("backup-pvc", "elsewhere"))
+            .now(NOW);
+        let plan = plan_of(s);
+        assert_eq!(condition(&plan, BACKUP_FAILED)["status"], "True");
+    }
+
+    #[test]
+    fn an_empty_pvc_name_fails_the_backup() {
+        let mut a = eb("a", "2025-01-01T00:00:01Z");
+        a["spec"] = json!({});
+        let plan = plan_of(snapshot(&a, &[&a], &[]));
+        assert!(plan.apply.is_empty());
+        assert!(
+            condition(&plan, BACKUP_FAILED)["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("spec.pvcName is empty")
+        );
+    }
+
+    #[test]
+    fn a_finished_backup_is_never_run_again() {
+        for (type_, reason) in [
+            (BACKUP_COMPLETED, BACKUP_COMPLETED),
+            (BACKUP_FAILED, BACKUP_FAILED),
+            (BACKUP_SKIPPED, BACKUP_SKIPPED),
+        ] {
+            let a = with_condition(eb("a", "2025-01-01T00:00:01Z"), type_, reason, NOW);
+            let plan = plan_of(snapshot(&a, &[&a], &[]));
+            assert!(plan.apply.is_empty(), "{type_}: must not run again");
+            assert_eq!(
+                plan.status.as_ref().unwrap()["conditions"],
+                a["status"]["conditions"],
+                "{type_}: status unchanged"
+            );
+            assert!(plan.events.is_empty());
+        }
+    }
+
+    #[test]
+    fn finished_backups_do_not_hold_up_the_queue() {
+        let a = with_condition(
+            eb("a", "2025-01-01T00:00:01Z"),
+            BACKUP_FAILED,
+            BACKUP_FAILED,
+            NOW,
+        );
+        let b = eb("b", "2025-01-01T00:00:02Z");
+        assert_eq!(plan_of(snapshot(&b, &[&a, &b], &[])).apply.len(), 1);
+    }
+
+    #[test]
+    fn a_job_missing_from_the_snapshot_is_awaited_then_declared_lost() {
+        // Started 30 s ago, Job not seen: wait the rest of the grace.
+        let a = started(eb("a", "2025-01-01T00:00:01Z"), "2025-01-01T00:09:30Z");
+        let plan = plan_of(snapshot(&a, &[&a], &[]));
+        assert!(plan.apply.is_empty());
+        assert_eq!(plan.requeue_after_ms, Some(30_000));
+        assert_eq!(condition(&plan, BACKUP_PENDING)["status"], "True");
+
+        // Started 5 minutes ago, still not seen: the Job is gone.
+        let a = started(eb("a", "2025-01-01T00:00:01Z"), "2025-01-01T00:05:00Z");
+        let plan = plan_of(snapshot(&a, &[&a], &[]));
+        assert!(plan.apply.is_empty());
+        assert_eq!(condition(&plan, BACKUP_FAILED)["status"], "True");
+        assert!(
+            condition(&plan, BACKUP_FAILED)["message"]
+                .as_str()
+                .unwrap()
+                .contains("no longer exists")
+        );
+    }
+
+    fn requested_by(mut b: Value, job: &str, job_uid: &str) -> Value {
+        b["metadata"]["ownerReferences"] =
+            json!([{"apiVersion": "batch/v1", "kind": "Job", "name": job, "uid": job_uid}]);
+        b
+    }
+
+    fn run_job(name: &str, uid: &str) -> Value {
+        json!({"apiVersion": "batch/v1", "kind": "Job",
+               "metadata": {"name": name, "namespace": NS, "uid": uid,
+                            "labels": {"app": "cluster-backup-cronjob"}},
+               "spec": {"template": {"spec": {"containers": []}}}})
+    }
+
+    #[test]
+    fn a_backup_whose_requesting_run_exists_is_queued_like_any_other() {
+        let a = requested_by(eb("a", "2025-01-01T00:00:01Z"), "daily-1", "run-uid");
+        let s = snapshot(&a, &[&a], &[]).related(READ_RUNS, run_job("daily-1", "run-uid"));
+        let plan = plan_of(s);
+        assert_eq!(plan.apply.len(), 1);
+        let conditions = plan.status.as_ref().unwrap()["conditions"]
+            .as_array()
+            .unwrap();
+        assert!(conditions.iter().all(|c| c["type"] != ORPHANED));
+    }
+
+    #[test]
+    fn an_orphan_that_has_not_started_is_skipped_and_never_deleted() {
+        let a = requested_by(eb("a", "2025-01-01T00:00:01Z"), "daily-1", "gone-uid");
+        let plan = plan_of(snapshot(&a, &[&a], &[]));
+        assert!(plan.apply.is_empty());
+        assert!(plan.delete.is_empty());
+        assert_eq!(condition(&plan, BACKUP_SKIPPED)["status"], "True");
+        let orphaned = condition(&plan, ORPHANED);
+        assert_eq!(orphaned["status"], "True");
+        assert!(
+            orphaned["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("Job openshift-etcd/daily-1 (uid gone-uid)")
+        );
+        let reasons: Vec<&str> = plan.events.iter().map(|e| e.reason.as_str()).collect();
+        assert_eq!(reasons, [BACKUP_SKIPPED, ORPHANED]);
+    }
+
+    #[test]
+    fn an_orphan_does_not_hold_a_place_in_the_queue() {
+        let a = requested_by(eb("a", "2025-01-01T00:00:01Z"), "daily-1", "gone-uid");
+        let b = eb("b", "2025-01-01T00:00:02Z");
+        assert_eq!(plan_of(snapshot(&b, &[&a, &b], &[])).apply.len(), 1);
+    }
+
+    #[test]
+    fn a_finished_orphan_is_marked_once() {
+        let a = with_condition(
+            requested_by(eb("a", "2025-01-01T00:00:01Z"), "daily-1", "gone-uid"),
+            BACKUP_COMPLETED,
+            BACKUP_COMPLETED,
+            "2025-01-01T00:05:00Z",
+        );
+        let plan = plan_of(snapshot(&a, &[&a], &[]));
+        assert!(plan.delete.is_empty() && plan.apply.is_empty());
+        assert_eq!(condition(&plan, ORPHANED)["status"], "True");
+        assert_eq!(condition(&plan, BACKUP_COMPLETED)["status"], "True");
+        assert_eq!(plan.events.len(), 1);
+
+        // Once marked, the same state records no new event.
+        let mut marked = a.clone();
+        marked["status"] = plan.status.clone().unwrap();
+        let again = plan_of(snapshot(&marked, &[&marked], &[]));
+        assert!(again.events.is_empty());
+        assert_eq!(again.status, plan.status);
+    }
+
+    #[test]
+    fn objects_outside_the_target_namespace_are_ignored() {
+        let a = started(eb("a", "2025-01-01T00:00:01Z"), "2025-01-01T00:05:00Z");
+        let b = eb("b", "2025-01-01T00:00:02Z");
+        // a's Job in another namespace is not a backup Job of this operator…
+        let mut stray = job_of(&a, "other", None);
+        stray["metadata"]["ownerReferences"][0]["uid"] = json!("someone-else");
+        let s = snapshot(&b, &[&b], &[stray]);
+        assert_eq!(plan_of(s).apply.len(), 1);
+        // …and a started backup of another target namespace does not block.
+        let mut elsewhere = a.clone();
+        elsewhere["status"]["backupJob"]["namespace"] = json!("old-target");
+        assert_eq!(plan_of(snapshot(&b, &[&elsewhere, &b], &[])).apply.len(), 1);
+    }
+
+    #[test]
+    fn every_write_goes_to_the_configured_target_namespace() {
+        let a = eb("a", "2025-01-01T00:00:01Z");
+        let s = SnapshotBuilder::new(crate::ETCD_BACKUP_CONTROLLER)
+            .primary(&a)
+            .related(READ_ETCD_BACKUPS, &a)
+            .related(READ_PVCS, pvc("backup-pvc", "backups"))
+            .settings(json!({"targetNamespace": "backups", "image": "tools:1",
+                             "nodeSelector": {"type": "kwok"}}))
+            .now(NOW);
+        let plan = plan_of(s);
+        assert_eq!(plan.apply.len(), 1);
+        let job = &plan.apply[0].object;
+        assert_eq!(job["metadata"]["namespace"], "backups");
+        assert_eq!(
+            job["spec"]["template"]["spec"]["nodeSelector"],
+            json!({"type": "kwok"})
+        );
+        assert_eq!(
+            job["spec"]["template"]["spec"]["containers"][0]["image"],
+            "tools:1"
+        );
+        assert_eq!(
+            plan.status.as_ref().unwrap()["backupJob"]["namespace"],
+            "backups"
+        );
+    }
+
+    #[test]
+    fn a_backup_being_deleted_leaves_the_queue() {
+        let mut a = eb("a", "2025-01-01T00:00:01Z");
+        a["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:09:00Z");
+        let b = eb("b", "2025-01-01T00:00:02Z");
+        assert_eq!(plan_of(snapshot(&b, &[&a, &b], &[])).apply.len(), 1);
+        let deleting = snapshot(&a, &[&a, &b], &[]).deleting(true);
+        assert!(plan_of(deleting).is_empty());
+    }
+
+    #[test]
+    fn the_same_snapshot_gives_the_same_plan() {
+        let a = eb("a", "2025-01-01T00:00:01Z");
+        let b = eb("b", "2025-01-01T00:00:02Z");
+        let s = snapshot(&a, &[&a, &b], &[]).build();
+        assert_eq!(run::<BackupPlugin>(&s), run::<BackupPlugin>(&s));
+    }
+
+    #[test]
+    fn queued_backups_keep_their_transition_time_when_the_job_starts_it_resets() {
+        let mut b = eb("b", "2025-01-01T00:00:02Z");
+        b["status"]["conditions"] = json!([{"type": BACKUP_PENDING, "status": "True",
+            "reason": REASON_QUEUED, "message": "waiting", "lastTransitionTime": "2025-01-01T00:01:00Z"},
+            {"type": "Reconciled", "status": "True", "reason": "Reconciled", "message": "host",
+             "lastTransitionTime": "2025-01-01T00:00:02Z"}]);
+        let plan = plan_of(snapshot(&b, &[&b], &[]));
+        assert_eq!(plan.apply.len(), 1);
+        assert_eq!(condition(&plan, BACKUP_PENDING)["lastTransitionTime"], NOW);
+        // The host's own condition is carried along untouched.
+        assert_eq!(condition(&plan, "Reconciled")["message"], "host");
+    }
+
+    #[test]
+    fn a_primary_that_is_not_an_etcd_backup_is_an_invalid_spec() {
+        let s = SnapshotBuilder::new(crate::ETCD_BACKUP_CONTROLLER)
+            .primary(json!({"metadata": {"name": "x"}, "spec": {"pvcName": 3}}))
+            .build();
+        assert!(matches!(
+            run::<BackupPlugin>(&s),
+            Err(ReconcileError::InvalidSpec(_))
+        ));
+    }
+}

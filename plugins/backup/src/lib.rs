@@ -1,0 +1,175 @@
+//! The `backup` plugin: etcd backups, after cluster-etcd-operator's
+//! BackupController, PeriodicBackupController and BackupRemovalController.
+//!
+//! Two controllers, both over cluster-scoped primaries:
+//!
+//! - `etcdbackup` ([`etcdbackup`]) — `operator.openshift.io/v1alpha1`
+//!   EtcdBackup: one Job per backup in the target namespace, one Job at a
+//!   time across the cluster, the others queued in creation order; status
+//!   as upstream (`BackupPending`/`BackupCompleted`/`BackupFailed`/
+//!   `BackupSkipped`, `backupJob`). EtcdBackups whose requesting Job is gone
+//!   are marked `Orphaned` (upstream deletes them; see the README).
+//! - `backup` ([`periodic`]) — `config.openshift.io/v1alpha1` Backup: a
+//!   CronJob named after it whose runs prune old backups and request an
+//!   EtcdBackup.
+//!
+//! The logic is plain Rust over typed inputs ([`api`], [`settings`],
+//! [`workloads`]); the WebAssembly glue is the one `export_plugin!` at the
+//! bottom of this file.
+
+pub mod api;
+pub mod etcdbackup;
+pub mod periodic;
+pub mod settings;
+pub mod workloads;
+
+use serde_json::Value;
+use wasmop_sdk::k8s_openapi::api::batch::v1::{CronJob, Job};
+use wasmop_sdk::k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use wasmop_sdk::{
+    Controller, KindRef, Manifest, Plan, Plugin, Read, ReconcileError, Selector, SettingsProblem,
+    Snapshot,
+};
+
+use crate::api::{APP_LABEL, BACKUP_JOB_APP, CRONJOB_APP, backup_kind, etcd_backup_kind};
+use crate::settings::{DEFAULT_TARGET_NAMESPACE, Settings};
+
+/// Name of the EtcdBackup controller.
+pub const ETCD_BACKUP_CONTROLLER: &str = "etcdbackup";
+/// Name of the Backup controller.
+pub const BACKUP_CONTROLLER: &str = "backup";
+
+/// The `backup` plugin.
+#[derive(Debug)]
+pub struct BackupPlugin;
+
+/// Namespaces the controllers may write into besides the primary's (which
+/// cluster-scoped primaries do not have).
+///
+/// The target namespace is a setting, but the manifest is read before any
+/// setting and cannot name it: the host would have to resolve the setting
+/// into a write namespace. Until it can, the default is declared and `*`
+/// lets another configured namespace through; the plugin itself only ever
+/// writes into the configured one (see the unit tests).
+const WRITE_NAMESPACES: [&str; 2] = [DEFAULT_TARGET_NAMESPACE, "*"];
+
+impl Plugin for BackupPlugin {
+    fn manifest() -> Manifest {
+        let job = KindRef::of::<Job>();
+        let mut etcd_backups = Controller::new(ETCD_BACKUP_CONTROLLER, etcd_backup_kind())
+            .owns(job.clone())
+            .reads(Read::new(
+                etcdbackup::READ_ETCD_BACKUPS,
+                etcd_backup_kind(),
+                Selector::ClusterWide,
+            ))
+            .reads(Read::new(
+                etcdbackup::READ_BACKUP_JOBS,
+                job.clone(),
+                Selector::Labels(format!("{APP_LABEL}={BACKUP_JOB_APP}")),
+            ))
+            .reads(Read::new(
+                etcdbackup::READ_RUNS,
+                job,
+                Selector::Labels(format!("{APP_LABEL}={CRONJOB_APP}")),
+            ))
+            // A PVC named by spec.pvcName in a namespace that is a setting
+            // cannot be selected by a field reference of a cluster-scoped
+            // primary; the plugin picks it out of every PVC it sees.
+            .reads(Read::new(
+                etcdbackup::READ_PVCS,
+                KindRef::of::<PersistentVolumeClaim>(),
+                Selector::ClusterWide,
+            ));
+        let mut backups =
+            Controller::new(BACKUP_CONTROLLER, backup_kind()).owns(KindRef::of::<CronJob>());
+        for ns in WRITE_NAMESPACES {
+            etcd_backups = etcd_backups.write_namespace(ns);
+            backups = backups.write_namespace(ns);
+        }
+        Manifest::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"))
+            .controller(etcd_backups)
+            .controller(backups)
+    }
+
+    fn validate_settings(settings: &Value) -> Result<(), Vec<SettingsProblem>> {
+        Settings::parse(settings).map(|_| ())
+    }
+
+    fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
+        match snapshot.controller.as_str() {
+            ETCD_BACKUP_CONTROLLER => etcdbackup::reconcile(snapshot),
+            BACKUP_CONTROLLER => periodic::reconcile(snapshot),
+            other => Err(ReconcileError::internal(format!(
+                "unknown controller {other:?}"
+            ))),
+        }
+    }
+}
+
+#[cfg(target_arch = "wasm32")]
+wasmop_sdk::export_plugin!(BackupPlugin);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use wasmop_sdk::testing::{SnapshotBuilder, run};
+
+    #[test]
+    fn manifest_declares_both_cluster_scoped_controllers_and_their_reads() {
+        let m = BackupPlugin::manifest();
+        assert_eq!(m.name, "backup");
+        let names: Vec<&str> = m.controllers.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, [ETCD_BACKUP_CONTROLLER, BACKUP_CONTROLLER]);
+        let eb = &m.controllers[0];
+        assert!(!eb.primary.namespaced);
+        assert_eq!(eb.primary.api_version(), "operator.openshift.io/v1alpha1");
+        assert_eq!(eb.owns, [KindRef::of::<Job>()]);
+        let reads: Vec<(&str, &Selector)> = eb
+            .reads
+            .iter()
+            .map(|r| (r.id.as_str(), &r.selector))
+            .collect();
+        assert_eq!(
+            reads,
+            [
+                ("etcdbackups", &Selector::ClusterWide),
+                (
+                    "backup-jobs",
+                    &Selector::Labels("app=cluster-backup-job".into())
+                ),
+                (
+                    "scheduled-runs",
+                    &Selector::Labels("app=cluster-backup-cronjob".into())
+                ),
+                ("pvcs", &Selector::ClusterWide),
+            ]
+        );
+        let b = &m.controllers[1];
+        assert_eq!(b.primary.api_version(), "config.openshift.io/v1alpha1");
+        assert!(!b.primary.namespaced);
+        assert_eq!(b.owns, [KindRef::of::<CronJob>()]);
+        for c in &m.controllers {
+            assert_eq!(c.write_namespaces, ["openshift-etcd", "*"]);
+            assert_eq!(c.finalizer, None);
+        }
+    }
+
+    #[test]
+    fn settings_are_validated_with_every_problem() {
+        assert_eq!(BackupPlugin::validate_settings(&json!({})), Ok(()));
+        let problems = BackupPlugin::validate_settings(&json!({"targetNamespace": "", "bogus": 1}))
+            .unwrap_err();
+        assert_eq!(problems[0].path, "bogus");
+    }
+
+    #[test]
+    fn an_unknown_controller_is_an_internal_error() {
+        let s = SnapshotBuilder::new("nope").build();
+        assert!(matches!(
+            run::<BackupPlugin>(&s),
+            Err(ReconcileError::Internal(_))
+        ));
+    }
+}
