@@ -1,0 +1,745 @@
+//! The `backup` plugin (plugins/backup) in the real operator on the local
+//! control plane: serial on-demand backups, a missing PVC, a scheduled
+//! Backup's CronJob, and upstream's API validation cases against the CRDs.
+//!
+//! EtcdBackup and Backup are cluster-scoped, so every operator sees every
+//! one of them, and a backup queue is cluster-wide: the tests in this file
+//! run one at a time (`SERIAL`), give every object a unique name, use their
+//! own TestNamespace as the plugin's target namespace (with a PVC named
+//! after it), label what they create `wasmop.dev/test=backup`, and delete
+//! their cluster-scoped objects when they end.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use wasmop_tests::operator::{RunningOperator, load_plugin};
+use wasmop_tests::{DEFAULT_DEADLINE, TestNamespace, apply_crd_files, repo_root, wait_for};
+
+/// One test of this file at a time: they share the cluster-wide queue.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const TEST_LABEL: &str = "wasmop.dev/test";
+const TEST_LABEL_VALUE: &str = "backup";
+
+/// Long enough for three backups one after the other on kwok.
+const SERIAL_DEADLINE: Duration = Duration::from_secs(180);
+
+fn etcd_backup_resource() -> ApiResource {
+    let gvk = GroupVersionKind::gvk("operator.openshift.io", "v1alpha1", "EtcdBackup");
+    ApiResource::from_gvk_with_plural(&gvk, "etcdbackups")
+}
+
+fn backup_resource() -> ApiResource {
+    let gvk = GroupVersionKind::gvk("config.openshift.io", "v1alpha1", "Backup");
+    ApiResource::from_gvk_with_plural(&gvk, "backups")
+}
+
+fn etcd_backups(client: &Client) -> Api<DynamicObject> {
+    Api::all_with(client.clone(), &etcd_backup_resource())
+}
+
+fn backups(client: &Client) -> Api<DynamicObject> {
+    Api::all_with(client.clone(), &backup_resource())
+}
+
+/// Applies the plugin's two CRDs (not every CRD of `crds/`: other plugins'
+/// CRDs are not this file's concern).
+async fn apply_backup_crds(client: &Client) -> Result<()> {
+    let dir = repo_root().join("crds");
+    let files: Vec<PathBuf> = [
+        "operator.openshift.io_etcdbackups.yaml",
+        "config.openshift.io_backups.yaml",
+    ]
+    .iter()
+    .map(|f| dir.join(f))
+    .collect();
+    apply_crd_files(client, &files).await?;
+    Ok(())
+}
+
+/// Deletes the cluster-scoped objects a test made when dropped (also when
+/// the test fails), and before that, leftovers of earlier runs that died.
+struct ClusterObjects {
+    created: Arc<Mutex<Vec<(ApiResource, String)>>>,
+}
+
+impl ClusterObjects {
+    /// Deletes test objects older than ten minutes (no test of this file
+    /// runs that long), then starts recording.
+    async fn new(client: &Client) -> Result<Self> {
+        let stale_before = Timestamp::now() - Duration::from_secs(600);
+        let selector = ListParams::default().labels(&format!("{TEST_LABEL}={TEST_LABEL_VALUE}"));
+        for api in [etcd_backups(client), backups(client)] {
+            for obj in api.list(&selector).await?.items {
+                if obj.creation_timestamp().is_some_and(|t| t.0 < stale_before) {
+                    let _ = api
+                        .delete(&obj.name_any(), &DeleteParams::background())
+                        .await;
+                }
+            }
+        }
+        Ok(Self {
+            created: Arc::default(),
+        })
+    }
+
+    fn record(&self, resource: ApiResource, name: &str) {
+        self.created
+            .lock()
+            .expect("cleanup list")
+            .push((resource, name.to_owned()));
+    }
+}
+
+impl Drop for ClusterObjects {
+    fn drop(&mut self) {
+        let created = std::mem::take(&mut *self.created.lock().expect("cleanup list"));
+        if created.is_empty() {
+            return;
+        }
+        // As TestNamespace does: a runtime and a client of our own, since the
+        // test's runtime is blocked in this drop.
+        let done = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                let Ok(client) = wasmop_tests::client().await else {
+                    return;
+                };
+                for (resource, name) in created {
+                    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+                    let _ = api.delete(&name, &DeleteParams::background()).await;
+                }
+            });
+        });
+        let _ = done.join();
+    }
+}
+
+fn test_labels() -> Value {
+    json!({TEST_LABEL: TEST_LABEL_VALUE})
+}
+
+async fn create_etcd_backup(
+    client: &Client,
+    objects: &ClusterObjects,
+    name: &str,
+    pvc: &str,
+) -> Result<DynamicObject> {
+    let obj: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "operator.openshift.io/v1alpha1", "kind": "EtcdBackup",
+        "metadata": {"name": name, "labels": test_labels()},
+        "spec": {"pvcName": pvc},
+    }))?;
+    let created = etcd_backups(client)
+        .create(&PostParams::default(), &obj)
+        .await
+        .with_context(|| format!("creating EtcdBackup {name}"))?;
+    objects.record(etcd_backup_resource(), name);
+    Ok(created)
+}
+
+/// A PVC of the cluster's default StorageClass (kwok binds it), bound.
+async fn create_bound_pvc(ns: &TestNamespace, name: &str) -> Result<()> {
+    let pvcs: Api<PersistentVolumeClaim> = ns.api();
+    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }))?;
+    pvcs.create(&PostParams::default(), &pvc).await?;
+    wait_for(&format!("PVC {name} Bound"), DEFAULT_DEADLINE, || {
+        let pvcs = pvcs.clone();
+        async move {
+            let pvc = pvcs.get(name).await?;
+            let phase = pvc.status.and_then(|s| s.phase).unwrap_or_default();
+            Ok((phase == "Bound").then_some(()))
+        }
+    })
+    .await
+}
+
+/// The operator with the backup plugin, its target namespace the test's.
+async fn start_operator(ns: &TestNamespace) -> Result<RunningOperator> {
+    let plugin = load_plugin(
+        "backup",
+        json!({
+            "targetNamespace": ns.name,
+            "image": "registry.invalid/etcd-backup-tools:test",
+            // kwok's node; backups normally run on etcd's (master) nodes.
+            "nodeSelector": {"type": "kwok"},
+        }),
+    )?;
+    // Namespaced kinds are watched in the target namespace only; the
+    // cluster-scoped EtcdBackup and Backup are watched cluster-wide anyway.
+    RunningOperator::start(ns.client.clone(), vec![ns.name.clone()], vec![plugin]).await
+}
+
+fn condition<'a>(obj: &'a DynamicObject, type_: &str) -> Option<&'a Value> {
+    obj.data["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+}
+
+fn is_true(obj: &DynamicObject, type_: &str) -> bool {
+    condition(obj, type_).is_some_and(|c| c["status"] == "True")
+}
+
+fn job_finished(job: &Job) -> bool {
+    job.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+        })
+}
+
+fn controller_name(job: &Job) -> Option<String> {
+    job.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.name.clone())
+}
+
+#[tokio::test]
+async fn three_etcd_backups_run_one_job_at_a_time_to_completion() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let ns = TestNamespace::new("backup-serial").await?;
+    apply_backup_crds(&ns.client).await?;
+    let objects = ClusterObjects::new(&ns.client).await?;
+    let pvc = format!("{}-pvc", ns.name);
+    create_bound_pvc(&ns, &pvc).await?;
+    let _op = start_operator(&ns).await?;
+
+    let names: Vec<String> = ["a", "b", "c"]
+        .iter()
+        .map(|s| format!("{}-{s}", ns.name))
+        .collect();
+    for name in &names {
+        create_etcd_backup(&ns.client, &objects, name, &pvc).await?;
+    }
+
+    // Until all three completed, every look at the namespace must show at
+    // most one unfinished backup Job.
+    let jobs: Api<Job> = ns.api();
+    let overlaps: Arc<Mutex<Vec<String>>> = Arc::default();
+    let api = etcd_backups(&ns.client);
+    wait_for(
+        "the three EtcdBackups BackupCompleted",
+        SERIAL_DEADLINE,
+        || {
+            let (jobs, api, overlaps, names) =
+                (jobs.clone(), api.clone(), overlaps.clone(), names.clone());
+            async move {
+                let listed = jobs
+                    .list(&ListParams::default().labels("app=cluster-backup-job"))
+                    .await?;
+                let running: Vec<String> = listed
+                    .items
+                    .iter()
+                    .filter(|j| !job_finished(j))
+                    .map(|j| j.name_any())
+                    .collect();
+                if running.len() > 1 {
+                    overlaps.lock().expect("overlaps").push(running.join(", "));
+                }
+                let mut states = Vec::new();
+                for name in &names {
+                    let b = api.get(name).await?;
+                    if condition(&b, "BackupFailed").is_some_and(|c| c["status"] == "True") {
+                        bail!("{name} failed: {}", b.data["status"]);
+                    }
+                    states.push(is_true(&b, "BackupCompleted"));
+                }
+                if states.iter().all(|done| *done) {
+                    return Ok(Some(()));
+                }
+                bail!("completed: {states:?}; unfinished Jobs: {running:?}")
+            }
+        },
+    )
+    .await?;
+    let overlaps = overlaps.lock().expect("overlaps").clone();
+    assert!(
+        overlaps.is_empty(),
+        "backup Jobs ran at the same time: {overlaps:?}"
+    );
+
+    // One Job per backup, started in creation order, each after the one
+    // before had completed.
+    let mut ours: Vec<Job> = jobs
+        .list(&ListParams::default().labels("app=cluster-backup-job"))
+        .await?
+        .items
+        .into_iter()
+        .filter(|j| controller_name(j).is_some_and(|n| names.contains(&n)))
+        .collect();
+    ours.sort_by_key(|j| {
+        (
+            j.metadata.creation_timestamp.clone().map(|t| t.0),
+            j.name_any(),
+        )
+    });
+    let order: Vec<String> = ours.iter().filter_map(controller_name).collect();
+    assert_eq!(order, names, "one Job per backup, in creation order");
+    for pair in ours.windows(2) {
+        let done = pair[0]
+            .status
+            .as_ref()
+            .and_then(|s| s.completion_time.clone())
+            .context("a completed Job has a completionTime")?;
+        let started = pair[1]
+            .metadata
+            .creation_timestamp
+            .clone()
+            .context("creationTimestamp")?;
+        assert!(
+            started.0 >= done.0,
+            "{} was created at {} before {} completed at {}",
+            pair[1].name_any(),
+            started.0,
+            pair[0].name_any(),
+            done.0
+        );
+    }
+    for job in &ours {
+        let labels = job.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(
+            labels.get("app").map(String::as_str),
+            Some("cluster-backup-job")
+        );
+        assert_eq!(labels.get("backup-name"), controller_name(job).as_ref());
+    }
+
+    // Final statuses as upstream: BackupCompleted, BackupPending flipped to
+    // False, backupJob naming the Job in the target namespace.
+    for (name, job) in names.iter().zip(&ours) {
+        let b = api.get(name).await?;
+        assert!(
+            is_true(&b, "BackupCompleted"),
+            "{name}: {}",
+            b.data["status"]
+        );
+        assert_eq!(
+            condition(&b, "BackupPending").map(|c| c["status"].clone()),
+            Some(json!("False")),
+            "{name}: {}",
+            b.data["status"]
+        );
+        assert_eq!(
+            b.data["status"]["backupJob"],
+            json!({"namespace": ns.name, "name": job.name_any()})
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_backup_of_a_missing_pvc_fails_naming_it() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let ns = TestNamespace::new("backup-nopvc").await?;
+    apply_backup_crds(&ns.client).await?;
+    let objects = ClusterObjects::new(&ns.client).await?;
+    let _op = start_operator(&ns).await?;
+    let name = format!("{}-lost", ns.name);
+    let missing = format!("{}-nowhere", ns.name);
+    create_etcd_backup(&ns.client, &objects, &name, &missing).await?;
+
+    let api = etcd_backups(&ns.client);
+    let failed = wait_for(&format!("{name} BackupFailed"), DEFAULT_DEADLINE, || {
+        let (api, name) = (api.clone(), name.clone());
+        async move {
+            let b = api.get(&name).await?;
+            match condition(&b, "BackupFailed") {
+                Some(c) if c["status"] == "True" => Ok(Some(c.clone())),
+                _ => bail!("status: {}", b.data["status"]),
+            }
+        }
+    })
+    .await?;
+    let message = failed["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("unable to find PVC [{missing}]")),
+        "{message}"
+    );
+    let jobs: Api<Job> = ns.api();
+    assert!(
+        jobs.list(&ListParams::default()).await?.items.is_empty(),
+        "no Job for a backup without its PVC"
+    );
+    Ok(())
+}
+
+async fn wait_cronjob(
+    cronjobs: &Api<CronJob>,
+    name: &str,
+    what: &str,
+    check: impl Fn(&Value) -> bool + Clone,
+) -> Result<Value> {
+    wait_for(what, DEFAULT_DEADLINE, || {
+        let (cronjobs, check) = (cronjobs.clone(), check.clone());
+        async move {
+            let Some(cj) = cronjobs.get_opt(name).await? else {
+                bail!("no CronJob {name} yet");
+            };
+            let v = serde_json::to_value(&cj)?;
+            if check(&v) {
+                Ok(Some(v))
+            } else {
+                bail!("CronJob spec: {}", v["spec"])
+            }
+        }
+    })
+    .await
+}
+
+fn retention_args(cronjob: &Value) -> Value {
+    cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["initContainers"][0]["args"].clone()
+}
+
+#[tokio::test]
+async fn a_backup_keeps_a_cronjob_that_follows_its_edits_and_goes_with_it() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let ns = TestNamespace::new("backup-cron").await?;
+    apply_backup_crds(&ns.client).await?;
+    let objects = ClusterObjects::new(&ns.client).await?;
+    let _op = start_operator(&ns).await?;
+
+    let name = format!("{}-nightly", ns.name);
+    ensure!(name.len() <= 52, "test name {name} too long for a CronJob");
+    let backup: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "config.openshift.io/v1alpha1", "kind": "Backup",
+        "metadata": {"name": name, "labels": test_labels()},
+        "spec": {"etcd": {"schedule": "0 2 * * *", "pvcName": "etcd-backup-pvc",
+                          "retentionPolicy": {"retentionType": "RetentionNumber",
+                                              "retentionNumber": {"maxNumberOfBackups": 3}}}},
+    }))?;
+    let api = backups(&ns.client);
+    let created = api.create(&PostParams::default(), &backup).await?;
+    objects.record(backup_resource(), &name);
+
+    let cronjobs: Api<CronJob> = ns.api();
+    let cj = wait_cronjob(&cronjobs, &name, "the Backup's CronJob", |v| {
+        v["spec"]["schedule"] == "0 2 * * *"
+    })
+    .await?;
+    assert_eq!(cj["spec"]["concurrencyPolicy"], "Forbid");
+    assert!(cj["spec"].get("timeZone").is_none());
+    assert_eq!(
+        retention_args(&cj),
+        json!([
+            "prune-backups",
+            "--type=RetentionNumber",
+            "--maxNumberOfBackups=3"
+        ])
+    );
+    assert_eq!(
+        cj["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"],
+        json!(["request-backup", "--pvc-name=etcd-backup-pvc"])
+    );
+    assert_eq!(cj["metadata"]["labels"]["app"], "cluster-backup-cronjob");
+    let owner = &cj["metadata"]["ownerReferences"][0];
+    assert_eq!(owner["kind"], "Backup");
+    assert_eq!(owner["uid"], json!(created.uid()));
+    assert_eq!(owner["controller"], true);
+    let first_uid = cj["metadata"]["uid"].clone();
+    wait_for("the Backup Scheduled", DEFAULT_DEADLINE, || {
+        let (api, name) = (api.clone(), name.clone());
+        async move {
+            let b = api.get(&name).await?;
+            Ok(is_true(&b, "Scheduled").then_some(()))
+        }
+    })
+    .await?;
+
+    // An edit of schedule, time zone and retention reaches the CronJob.
+    api.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"etcd": {
+            "schedule": "30 3 * * 1-5", "timeZone": "Etc/UTC",
+            "retentionPolicy": {"retentionType": "RetentionSize", "retentionNumber": null,
+                                "retentionSize": {"maxSizeOfBackupsGb": 7}}}}})),
+    )
+    .await?;
+    let cj = wait_cronjob(&cronjobs, &name, "the CronJob to follow the edit", |v| {
+        v["spec"]["schedule"] == "30 3 * * 1-5"
+            && v["spec"]["timeZone"] == "Etc/UTC"
+            && retention_args(v)
+                == json!([
+                    "prune-backups",
+                    "--type=RetentionSize",
+                    "--maxSizeOfBackupsGb=7"
+                ])
+    })
+    .await?;
+    assert_eq!(
+        cj["metadata"]["uid"], first_uid,
+        "the CronJob is updated in place, not replaced"
+    );
+
+    // Another edit: back to a predefined schedule without a time zone.
+    api.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"etcd": {"schedule": "@weekly", "timeZone": null}}})),
+    )
+    .await?;
+    wait_cronjob(
+        &cronjobs,
+        &name,
+        "the CronJob to follow the second edit",
+        |v| v["spec"]["schedule"] == "@weekly" && v["spec"].get("timeZone").is_none(),
+    )
+    .await?;
+
+    // Deleting the Backup garbage-collects its CronJob.
+    api.delete(&name, &DeleteParams::background()).await?;
+    wait_for("the CronJob garbage-collected", DEFAULT_DEADLINE, || {
+        let cronjobs = cronjobs.clone();
+        let name = name.clone();
+        async move { Ok(cronjobs.get_opt(&name).await?.is_none().then_some(())) }
+    })
+    .await?;
+    Ok(())
+}
+
+/// One case of upstream's API validation suites (openshift/api
+/// `tests/<crd>/AutomatedEtcdBackup.yaml`), transcribed: the spec sent, and
+/// the error expected (a substring), if any.
+struct Case {
+    name: &'static str,
+    spec: Value,
+    error: Option<&'static str>,
+}
+
+fn case(name: &'static str, spec: Value, error: Option<&'static str>) -> Case {
+    Case { name, spec, error }
+}
+
+fn etcd_backup_cases() -> Vec<Case> {
+    vec![
+        case("a valid spec", json!({"pvcName": "etcdbackup-pvc"}), None),
+        case("no pvcName", json!({}), None),
+    ]
+}
+
+fn backup_cases() -> Vec<Case> {
+    const SCHEDULE: Option<&str> = Some("spec.etcd.schedule in body should match");
+    const ZONE: Option<&str> = Some("spec.etcd.timeZone in body should match");
+    let with_pvc = |extra: Value| {
+        let mut etcd = json!({"pvcName": "etcdbackup-pvc"});
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            etcd[k] = v.clone();
+        }
+        json!({"etcd": etcd})
+    };
+    vec![
+        case(
+            "a valid spec",
+            with_pvc(json!({"schedule": "* 2 * * *"})),
+            None,
+        ),
+        case(
+            "no pvcName",
+            json!({"etcd": {"schedule": "* 2 * * *"}}),
+            None,
+        ),
+        case(
+            "weekdays at 22:00",
+            with_pvc(json!({"schedule": "0 22 * * 1-5"})),
+            None,
+        ),
+        case(
+            "Sundays at 04:05",
+            with_pvc(json!({"schedule": "5 4 * * SUN"})),
+            None,
+        ),
+        case(
+            "predefined @hourly",
+            with_pvc(json!({"schedule": "@hourly"})),
+            None,
+        ),
+        case(
+            "unknown day FOO",
+            with_pvc(json!({"schedule": "5 4 * * FOO"})),
+            SCHEDULE,
+        ),
+        case(
+            "misspelt @hourli",
+            with_pvc(json!({"schedule": "@hourli"})),
+            SCHEDULE,
+        ),
+        case(
+            "non-standard 5L",
+            with_pvc(json!({"schedule": "* * * * 5L"})),
+            SCHEDULE,
+        ),
+        case(
+            "non-standard L-5",
+            with_pvc(json!({"schedule": "* * L-5 * *"})),
+            SCHEDULE,
+        ),
+        case(
+            "non-standard 15W",
+            with_pvc(json!({"schedule": "* * 15W * *"})),
+            SCHEDULE,
+        ),
+        case(
+            "zone Africa/Banjul",
+            with_pvc(json!({"timeZone": "Africa/Banjul"})),
+            None,
+        ),
+        case(
+            "zone Etc/GMT-8",
+            with_pvc(json!({"timeZone": "Etc/GMT-8"})),
+            None,
+        ),
+        case(
+            "zone Etc/UTC",
+            with_pvc(json!({"timeZone": "Etc/UTC"})),
+            None,
+        ),
+        case(
+            "zone America/Argentina/Catamarca",
+            with_pvc(json!({"timeZone": "America/Argentina/Catamarca"})),
+            None,
+        ),
+        case("zone GMT2", with_pvc(json!({"timeZone": "GMT2"})), ZONE),
+        case("zone GMT+3", with_pvc(json!({"timeZone": "GMT+3"})), ZONE),
+    ]
+}
+
+/// Creates an object of `resource` with `spec`; returns what the API
+/// server stored or the text of its refusal.
+async fn try_create(
+    client: &Client,
+    objects: &ClusterObjects,
+    resource: &ApiResource,
+    spec: &Value,
+) -> Result<std::result::Result<DynamicObject, String>> {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), resource);
+    let obj: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": resource.api_version, "kind": resource.kind,
+        "metadata": {"generateName": "wasmop-validation-", "labels": test_labels()},
+        "spec": spec,
+    }))?;
+    match api.create(&PostParams::default(), &obj).await {
+        Ok(created) => {
+            objects.record(resource.clone(), &created.name_any());
+            Ok(Ok(created))
+        }
+        Err(kube::Error::Api(status)) => Ok(Err(status.message)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[tokio::test]
+async fn upstream_api_validation_cases_pass_or_fail_as_upstream_expects() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let client = wasmop_tests::client().await?;
+    apply_backup_crds(&client).await?;
+    let objects = ClusterObjects::new(&client).await?;
+
+    let suites = [
+        ("EtcdBackup", etcd_backup_resource(), etcd_backup_cases()),
+        ("Backup", backup_resource(), backup_cases()),
+    ];
+    assert_eq!(
+        suites
+            .iter()
+            .map(|(_, _, cases)| cases.len())
+            .sum::<usize>(),
+        18,
+        "upstream has 2 + 16 onCreate cases"
+    );
+    let mut wrong = BTreeMap::new();
+    for (kind, resource, cases) in &suites {
+        for case in cases {
+            let label = format!("{kind}: {}", case.name);
+            match (
+                try_create(&client, &objects, resource, &case.spec).await?,
+                case.error,
+            ) {
+                (Ok(created), None) => {
+                    if created.data["spec"] != case.spec {
+                        wrong.insert(
+                            label,
+                            format!(
+                                "stored spec {} differs from {}",
+                                created.data["spec"], case.spec
+                            ),
+                        );
+                    }
+                }
+                (Ok(_), Some(expected)) => {
+                    wrong.insert(
+                        label,
+                        format!("accepted, expected an error with {expected:?}"),
+                    );
+                }
+                (Err(message), None) => {
+                    wrong.insert(label, format!("refused: {message}"));
+                }
+                (Err(message), Some(expected)) => {
+                    if !message.contains(expected) {
+                        wrong.insert(
+                            label,
+                            format!("refused with {message:?}, expected {expected:?}"),
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "cases not as upstream expects: {wrong:#?}"
+    );
+
+    // Upstream's one onUpdate case: pvcName cannot change once set.
+    let created = try_create(
+        &client,
+        &objects,
+        &etcd_backup_resource(),
+        &json!({"pvcName": "etcdbackup-pvc"}),
+    )
+    .await?
+    .map_err(anyhow::Error::msg)?;
+    let refused = etcd_backups(&client)
+        .patch(
+            &created.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"pvcName": "updated-etcdbackup-pvc"}})),
+        )
+        .await;
+    match refused {
+        Err(kube::Error::Api(status)) => assert!(
+            status
+                .message
+                .contains("spec.pvcName: Invalid value: \"string\": pvcName is immutable once set"),
+            "{}",
+            status.message
+        ),
+        other => panic!("changing pvcName must be refused, got {other:?}"),
+    }
+    Ok(())
+}
