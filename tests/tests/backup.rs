@@ -1,6 +1,7 @@
 //! The `backup` plugin (plugins/backup) in the real operator on the local
-//! control plane: serial on-demand backups, a missing PVC, a scheduled
-//! Backup's CronJob, and upstream's API validation cases against the CRDs.
+//! control plane: serial on-demand backups, a missing PVC, backups requested
+//! by a scheduled run that went away, a Backup's CronJob, and upstream's API
+//! validation cases against the CRDs.
 //!
 //! EtcdBackup and Backup are cluster-scoped, so every operator sees every
 //! one of them, and a backup queue is cluster-wide: the tests in this file
@@ -385,6 +386,106 @@ async fn a_backup_of_a_missing_pvc_fails_naming_it() -> Result<()> {
         jobs.list(&ListParams::default()).await?.items.is_empty(),
         "no Job for a backup without its PVC"
     );
+    Ok(())
+}
+
+/// Creates an EtcdBackup as a scheduled run's `request-backup` does: owned
+/// (not controlled) by the run's Job.
+async fn create_requested_backup(
+    client: &Client,
+    objects: &ClusterObjects,
+    name: &str,
+    pvc: &str,
+    run: &Job,
+) -> Result<()> {
+    let obj: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "operator.openshift.io/v1alpha1", "kind": "EtcdBackup",
+        "metadata": {"name": name, "labels": test_labels(),
+                     "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+                                          "name": run.name_any(), "uid": run.uid()}]},
+        "spec": {"pvcName": pvc},
+    }))?;
+    etcd_backups(client)
+        .create(&PostParams::default(), &obj)
+        .await
+        .with_context(|| format!("creating EtcdBackup {name}"))?;
+    objects.record(etcd_backup_resource(), name);
+    Ok(())
+}
+
+/// Waits until `name` has condition `type_` True and returns the object.
+async fn wait_true(api: &Api<DynamicObject>, name: &str, type_: &str) -> Result<DynamicObject> {
+    wait_for(&format!("{name}: {type_}=True"), DEFAULT_DEADLINE, || {
+        let api = api.clone();
+        async move {
+            let b = api.get(name).await?;
+            if is_true(&b, type_) {
+                Ok(Some(b))
+            } else {
+                bail!("status: {}", b.data["status"])
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_backup_whose_requesting_run_is_gone_is_marked_orphaned_not_deleted() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let ns = TestNamespace::new("backup-orphan").await?;
+    apply_backup_crds(&ns.client).await?;
+    let objects = ClusterObjects::new(&ns.client).await?;
+    let pvc = format!("{}-pvc", ns.name);
+    create_bound_pvc(&ns, &pvc).await?;
+    let _op = start_operator(&ns).await?;
+
+    // A stand-in for a scheduled run: a Job labelled like the CronJob's.
+    let jobs: Api<Job> = ns.api();
+    let run: Job = serde_json::from_value(json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "nightly-run", "labels": {"app": "cluster-backup-cronjob"}},
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "nodeSelector": {"type": "kwok"},
+            "containers": [{"name": "request", "image": "registry.invalid/etcd-backup-tools:test"}]}}},
+    }))?;
+    let run = jobs.create(&PostParams::default(), &run).await?;
+    let api = etcd_backups(&ns.client);
+
+    // Requested by a living run: it is taken like any other backup.
+    let requested = format!("{}-requested", ns.name);
+    create_requested_backup(&ns.client, &objects, &requested, &pvc, &run).await?;
+    let done = wait_true(&api, &requested, "BackupCompleted").await?;
+    assert!(
+        condition(&done, "Orphaned").is_none(),
+        "{}",
+        done.data["status"]
+    );
+
+    // The run goes: the backup is marked, and stays.
+    jobs.delete("nightly-run", &DeleteParams::background())
+        .await?;
+    let orphan = wait_true(&api, &requested, "Orphaned").await?;
+    let message = condition(&orphan, "Orphaned").unwrap()["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(message.contains("nightly-run"), "{message}");
+    assert!(is_true(&orphan, "BackupCompleted"), "its result stays");
+    assert!(api.get_opt(&requested).await?.is_some(), "not deleted");
+
+    // Requested by a run that is already gone: never started.
+    let late = format!("{}-late", ns.name);
+    create_requested_backup(&ns.client, &objects, &late, &pvc, &run).await?;
+    let skipped = wait_true(&api, &late, "BackupSkipped").await?;
+    assert!(is_true(&skipped, "Orphaned"), "{}", skipped.data["status"]);
+    assert!(skipped.data["status"].get("backupJob").is_none());
+    let started_for_late = jobs
+        .list(&ListParams::default().labels("app=cluster-backup-job"))
+        .await?
+        .items
+        .into_iter()
+        .filter(|j| controller_name(j).as_deref() == Some(late.as_str()))
+        .count();
+    assert_eq!(started_for_late, 0, "no Job for a backup nobody waits for");
     Ok(())
 }
 

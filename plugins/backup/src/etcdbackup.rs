@@ -43,6 +43,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
+use serde::de::DeserializeOwned;
 use serde_json::json;
 use wasmop_sdk::conditions::{find_condition, is_true, set_condition};
 use wasmop_sdk::{Plan, ReconcileError, Snapshot, k8s_openapi};
@@ -107,30 +108,15 @@ impl World {
                 EtcdBackup::from_value(o)
                     .map_err(|e| ReconcileError::internal(format!("related EtcdBackup: {e}")))
             })
-            .filter(|b| b.as_ref().map_or(true, |b| b.uid() != backup.uid()))
+            .filter(|b| !matches!(b, Ok(b) if b.uid() == backup.uid()))
             .collect::<Result<Vec<_>, _>>()?;
-        let ns = settings.target_namespace.clone();
-        let in_target = |meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
-            meta.namespace.as_deref() == Some(ns.as_str())
-        };
-        let backup_jobs: Vec<Job> = snapshot.related_as(READ_BACKUP_JOBS)?;
-        let runs: Vec<Job> = snapshot.related_as(READ_RUNS)?;
-        let pvcs: Vec<PersistentVolumeClaim> = snapshot.related_as(READ_PVCS)?;
+        let ns = settings.target_namespace.as_str();
         Ok(World {
             now: snapshot.now()?.0,
             own_jobs: snapshot.owned_of_kind::<Job>()?,
-            backup_jobs: backup_jobs
-                .into_iter()
-                .filter(|j| in_target(&j.metadata))
-                .collect(),
-            runs: runs
-                .into_iter()
-                .filter(|j| in_target(&j.metadata))
-                .collect(),
-            pvcs: pvcs
-                .into_iter()
-                .filter(|p| in_target(&p.metadata))
-                .collect(),
+            backup_jobs: related_in(snapshot, READ_BACKUP_JOBS, ns)?,
+            runs: related_in(snapshot, READ_RUNS, ns)?,
+            pvcs: related_in(snapshot, READ_PVCS, ns)?,
             settings,
             backup,
             others,
@@ -238,6 +224,23 @@ impl World {
                 .any(|o| o.controller == Some(true) && o.uid == b.uid())
         })
     }
+}
+
+/// The objects of read `read` in namespace `ns`, deserialized (objects of
+/// other namespaces are skipped before they are parsed).
+fn related_in<T: DeserializeOwned>(
+    snapshot: &Snapshot,
+    read: &str,
+    ns: &str,
+) -> Result<Vec<T>, ReconcileError> {
+    snapshot
+        .related(read)
+        .filter(|o| o.pointer("/metadata/namespace").and_then(|n| n.as_str()) == Some(ns))
+        .map(|o| {
+            T::deserialize(o)
+                .map_err(|e| ReconcileError::internal(format!("related `{read}` object: {e}")))
+        })
+        .collect()
 }
 
 /// The backup holding the slot and its Job.
