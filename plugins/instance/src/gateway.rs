@@ -1,0 +1,221 @@
+//! Step `gateway` (condition `GatewayReady`): the Envoy gateway, the entry
+//! point for client queries.
+//!
+//! Objects: ConfigMap `<i>-gateway-config` (key `envoy.json`, see
+//! [`crate::envoy`]), Deployment `<i>-gateway` (default 2 replicas,
+//! container `envoy`, client listener 8080, metrics and probes on
+//! `spec.gateway.metricsPort`, a short `preStop` pause so endpoints drop a
+//! pod before Envoy stops), ClusterIP Service `<i>-gateway` (`http` 80 →
+//! 8080) and PodDisruptionBudget `<i>-gateway` (`maxUnavailable: 1`).
+//! Ready when the Deployment has an available pod and the gateway serves
+//! clients; only then does the status publish `gatewayEndpoint`.
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+use wasmop_sdk::k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use wasmop_sdk::k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ExecAction, Lifecycle,
+    LifecycleHandler, PodSecurityContext, SeccompProfile, SecurityContext, Service, ServiceSpec,
+    Volume, VolumeMount,
+};
+use wasmop_sdk::k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use wasmop_sdk::k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use crate::envoy::{EnvoyInputs, bootstrap};
+use crate::names::{Component, GATEWAY_LISTEN_PORT, GATEWAY_SERVICE_PORT};
+use crate::podtemplate::{OperatorPod, merge};
+use crate::step::{Context, Desired, Failure, Health, Outcome, StepDef};
+use crate::workload::{
+    available_replicas, container_port, http_probe, meta, selector, service_port, set_config_hash,
+    tcp_probe,
+};
+
+/// The step.
+pub const STEP: StepDef = StepDef {
+    name: "gateway",
+    condition: "GatewayReady",
+    component: Some(Component::Gateway),
+    in_ready_rollup: true,
+    run,
+};
+
+/// Name of the operator's container.
+pub const CONTAINER: &str = "envoy";
+/// Key of the bootstrap in the ConfigMap.
+pub const CONFIG_KEY: &str = "envoy.json";
+const CONFIG_DIR: &str = "/etc/envoy";
+/// uid of the `envoy` user in the official image.
+const ENVOY_UID: i64 = 101;
+
+/// Container fields of `envoy` the user's template may not set.
+pub const RESERVED: &[&str] = &[
+    "command",
+    "args",
+    "ports",
+    "livenessProbe",
+    "readinessProbe",
+    "startupProbe",
+    "lifecycle",
+];
+
+fn run(ctx: &Context<'_>) -> Result<Outcome, Failure> {
+    let names = ctx.names;
+    let ns = names.namespace();
+    let labels = names.labels(Component::Gateway);
+    let name = names.gateway();
+    let gateway = &ctx.spec.gateway;
+    let metrics_port = gateway.metrics_port();
+    let serve_clients = !ctx.spec.tls.gateway.enabled;
+
+    let config = bootstrap(&EnvoyInputs {
+        engine_authority_suffix: names.engine_authority_suffix(),
+        metrics_port,
+        serve_clients,
+    });
+    let rendered = serde_json::to_string_pretty(&config)
+        .map_err(|e| Failure::new("EnsureFailed", format!("cannot render envoy config: {e}")))?;
+    let data = BTreeMap::from([(CONFIG_KEY.to_owned(), rendered)]);
+    let config_map = ConfigMap {
+        metadata: meta(names.gateway_config(), ns, &labels),
+        data: Some(data.clone()),
+        ..ConfigMap::default()
+    };
+
+    let operator = OperatorPod {
+        path: "spec.gateway.template",
+        container: container(ctx, metrics_port),
+        reserved: RESERVED,
+        volumes: vec![Volume {
+            name: "config".to_owned(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: names.gateway_config(),
+                ..ConfigMapVolumeSource::default()
+            }),
+            ..Volume::default()
+        }],
+        labels: labels.clone(),
+        security_context: Some(PodSecurityContext {
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".to_owned(),
+                ..SeccompProfile::default()
+            }),
+            ..PodSecurityContext::default()
+        }),
+    };
+    let mut template = merge(gateway.template.as_ref(), operator)
+        .map_err(|e| Failure::rejected("TemplateRejected", e.to_string()))?;
+    set_config_hash(&mut template, &json!({"configMap": data}));
+
+    let replicas = gateway.replicas();
+    let deployment = Deployment {
+        metadata: meta(name.clone(), ns, &labels),
+        spec: Some(DeploymentSpec {
+            replicas: Some(replicas),
+            selector: selector(&labels),
+            template,
+            ..DeploymentSpec::default()
+        }),
+        ..Deployment::default()
+    };
+    let service = Service {
+        metadata: meta(name.clone(), ns, &labels),
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".to_owned()),
+            selector: Some(labels.clone()),
+            ports: Some(vec![service_port("http", GATEWAY_SERVICE_PORT, "http")]),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    };
+    let budget = PodDisruptionBudget {
+        metadata: meta(name.clone(), ns, &labels),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(selector(&labels)),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        ..PodDisruptionBudget::default()
+    };
+
+    let observed: Option<Deployment> = ctx.observed("Deployment", &name)?;
+    let available = observed.as_ref().map(available_replicas);
+    let health = if !serve_clients {
+        Health::waiting(
+            "FailedClosed",
+            "spec.tls.gateway is enabled but this operator version cannot terminate TLS; \
+             the gateway serves no client listener",
+        )
+    } else if replicas == 0 {
+        Health::waiting("ScaledToZero", "spec.gateway.replicas is 0")
+    } else {
+        match available {
+            Some(n) if n >= 1 => Health::ready(
+                "Ready",
+                format!("gateway {name} has {n}/{replicas} pod(s) available"),
+            ),
+            Some(_) => Health::waiting(
+                "Provisioning",
+                format!("waiting for an available pod of Deployment {name}"),
+            ),
+            None => Health::waiting("Provisioning", format!("creating Deployment {name}")),
+        }
+    };
+
+    Ok(Outcome {
+        objects: vec![
+            Desired::apply(config_map),
+            Desired::apply(service),
+            Desired::apply(deployment),
+            Desired::apply(budget),
+        ],
+        health,
+    })
+}
+
+fn container(ctx: &Context<'_>, metrics_port: i32) -> Container {
+    Container {
+        name: CONTAINER.to_owned(),
+        image: Some(ctx.settings.envoy_image.clone()),
+        command: Some(vec!["envoy".to_owned()]),
+        args: Some(vec![
+            "--config-path".to_owned(),
+            format!("{CONFIG_DIR}/{CONFIG_KEY}"),
+            "--log-level".to_owned(),
+            "info".to_owned(),
+        ]),
+        ports: Some(vec![
+            container_port("http", GATEWAY_LISTEN_PORT),
+            container_port("metrics", metrics_port),
+        ]),
+        readiness_probe: Some(http_probe("/ready", "metrics", 5, 3)),
+        liveness_probe: Some(tcp_probe("metrics", 10, 6)),
+        lifecycle: Some(Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                exec: Some(ExecAction {
+                    command: Some(vec!["sleep".to_owned(), "5".to_owned()]),
+                }),
+                ..LifecycleHandler::default()
+            }),
+            ..Lifecycle::default()
+        }),
+        volume_mounts: Some(vec![VolumeMount {
+            name: "config".to_owned(),
+            mount_path: CONFIG_DIR.to_owned(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        }]),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            run_as_user: Some(ENVOY_UID),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".to_owned()]),
+                ..Capabilities::default()
+            }),
+            ..SecurityContext::default()
+        }),
+        ..Container::default()
+    }
+}
