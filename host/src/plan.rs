@@ -278,8 +278,9 @@ impl<S: crate::snapshot::ObjectSource + ?Sized> ExistingLookup for S {
 }
 
 /// The rule a [`Violation`] breaks.
+///
+/// Serialized as its [`Rule::as_str`] name (`"KindNotOwned"`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
 pub enum Rule {
     /// An object lacks apiVersion, kind or metadata.name, or is not an object.
     Malformed,

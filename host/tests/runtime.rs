@@ -376,5 +376,5 @@ fn golden_plans_record_rejected_plans() {
     assert_eq!(report.matched.len() + report.blessed.len(), 1, "{report:?}");
     let expected =
         std::fs::read_to_string(fixtures.join("unowned-secret.plan.json")).expect("expected plan");
-    assert!(expected.contains("\"kindNotOwned\""), "{expected}");
+    assert!(expected.contains("\"KindNotOwned\""), "{expected}");
 }

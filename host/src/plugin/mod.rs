@@ -619,7 +619,7 @@ mod tests {
         let message = trap_message(&e, stderr);
         assert!(
             message.starts_with(
-                "thread '<unnamed>' panicked at src/lib.rs:5:5: deliberate panic (wasm `unreachable`"
+                "thread '<unnamed>' panicked at src/lib.rs:5:5: deliberate panic (wasm trap: wasm `unreachable`"
             ),
             "{message}"
         );
