@@ -4,6 +4,7 @@
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
 use wasmtime::Engine;
@@ -76,11 +77,17 @@ impl CompileCache {
         let write = || -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             let bytes = component.serialize()?;
             std::fs::create_dir_all(&self.dir)?;
-            // Write then rename, so a reader never sees half a file.
-            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-            std::fs::write(&tmp, bytes)?;
-            std::fs::rename(&tmp, &path)?;
-            Ok(())
+            // Write a file of our own, then rename it into place: a reader
+            // never sees half a file, and concurrent writers (threads or
+            // processes) never share a temporary file.
+            static WRITES: AtomicU64 = AtomicU64::new(0);
+            let n = WRITES.fetch_add(1, Ordering::Relaxed);
+            let tmp = path.with_extension(format!("tmp-{}-{n}", std::process::id()));
+            let written = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, &path));
+            if written.is_err() {
+                let _ = std::fs::remove_file(&tmp);
+            }
+            Ok(written?)
         };
         if let Err(e) = write() {
             tracing::warn!(path = %path.display(), error = %e, "cannot cache compiled plugin");
