@@ -50,6 +50,17 @@ impl ApplyError {
         }
     }
 
+    /// The same message, as a conflict when `other` is one (so a batch
+    /// whose first failure is a conflict is retried as a conflict).
+    pub fn with_reason_of(self, other: &ApplyError) -> Self {
+        match (self, other) {
+            (Self::Api { target, message }, Self::Conflict { .. }) => {
+                Self::Conflict { target, message }
+            }
+            (me, _) => me,
+        }
+    }
+
     fn from_kube(target: String, e: kube::Error) -> Self {
         match &e {
             kube::Error::Api(status)

@@ -846,21 +846,28 @@ impl Operator {
             let updated = w.merge_patch(&a.primary_resource, &primary, &patch).await?;
             follow_version(&mut primary, &updated);
         }
+        // Each write is attempted even when an earlier one failed: one
+        // component's conflict must not hold back the others. Any failure
+        // fails the reconcile (status, Events and finalizer release wait
+        // for a clean pass).
+        let mut failures: Vec<ApplyError> = Vec::new();
         for op in &plan.apply {
             let obj = plan::prepare_apply(&op.object, &primary, a.plugin.name());
             // Validation guarantees every applied object is of an owned kind.
             let Some(resource) = owned_kind(&a.spec, &obj).map(api_resource) else {
-                return Err(ApplyError::Api {
+                failures.push(ApplyError::Api {
                     target: describe(&obj),
                     message: "not of a kind the controller owns".into(),
                 });
+                continue;
             };
-            match &op.precondition {
-                Some(Precondition::Absent) => w.create(&resource, &obj).await.map(|_| ())?,
-                Some(Precondition::ResourceVersion(rv)) => {
-                    w.apply(&resource, &obj, Some(rv)).await.map(|_| ())?
-                }
-                None => w.apply(&resource, &obj, None).await.map(|_| ())?,
+            let written = match &op.precondition {
+                Some(Precondition::Absent) => w.create(&resource, &obj).await,
+                Some(Precondition::ResourceVersion(rv)) => w.apply(&resource, &obj, Some(rv)).await,
+                None => w.apply(&resource, &obj, None).await,
+            };
+            if let Err(e) = written {
+                failures.push(e);
             }
         }
         for d in &plan.delete {
@@ -871,15 +878,33 @@ impl Operator {
                 .find(|k| k.matches(&d.target.api_version, &d.target.kind));
             if let Some(kind) = kind {
                 let ns = (!d.target.namespace.is_empty()).then_some(d.target.namespace.as_str());
-                w.delete(
-                    &api_resource(kind),
-                    ns,
-                    &d.target.name,
-                    &d.uid,
-                    &d.resource_version,
-                )
-                .await?;
+                if let Err(e) = w
+                    .delete(
+                        &api_resource(kind),
+                        ns,
+                        &d.target.name,
+                        &d.uid,
+                        &d.resource_version,
+                    )
+                    .await
+                {
+                    failures.push(e);
+                }
             }
+        }
+        if let Some(first) = failures.first() {
+            return Err(match failures.len() {
+                1 => failures.remove(0),
+                n => ApplyError::Api {
+                    target: format!("{n} objects"),
+                    message: failures
+                        .iter()
+                        .map(|e| e.to_string())
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                }
+                .with_reason_of(first),
+            });
         }
         let mut status = plan
             .status
