@@ -41,9 +41,10 @@ fn sandbox() -> Arc<Sandbox> {
         .clone()
 }
 
-/// A compile cache private to one test.
+/// A directory private to one test, emptied first, under Cargo's
+/// per-target scratch space (so runs do not pile up in the system's temp).
 fn scratch_dir(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("wasmop-runtime-{}-{test}", std::process::id()));
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("runtime-{test}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("scratch dir");
     dir
