@@ -10,8 +10,9 @@
 //!   precondition is reported as [`ApplyError::Conflict`], never forced.
 //! - An apply with a resourceVersion precondition sends it with the apply
 //!   (optimistic concurrency); one that requires absence is a create.
-//! - Fields owned by another field manager are never overwritten: applies
-//!   are not forced (only the status, which the plugin owns outright).
+//! - Fields owned by another field manager are never overwritten unless the
+//!   plan asks for it: an apply is forced only when its op says `force`
+//!   (and the status always, which the plugin owns outright).
 
 use kube::Client;
 use kube::api::{
@@ -111,6 +112,12 @@ fn name_of(obj: &Value) -> &str {
     obj["metadata"]["name"].as_str().unwrap_or_default()
 }
 
+/// Server-side apply parameters for `field_manager`, forced when asked.
+fn apply_params(field_manager: &str, force: bool) -> PatchParams {
+    let params = PatchParams::apply(field_manager);
+    if force { params.force() } else { params }
+}
+
 /// Writes objects for one field manager.
 #[derive(Clone)]
 pub struct Writer {
@@ -140,17 +147,21 @@ impl Writer {
         &self.field_manager
     }
 
-    /// Server-side applies `obj` (not forced). With `resource_version`, the
-    /// apply only succeeds while the object is at that version.
+    /// Server-side applies `obj`. With `resource_version`, the apply only
+    /// succeeds while the object is at that version. With `force`, fields
+    /// another field manager set move to this one instead of conflicting
+    /// (`force=true`); the resourceVersion still holds.
     ///
     /// # Errors
     /// [`ApplyError::Conflict`] when another manager owns a field being
-    /// changed or the version moved; [`ApplyError::Api`] otherwise.
+    /// changed (without `force`) or the version moved; [`ApplyError::Api`]
+    /// otherwise.
     pub async fn apply(
         &self,
         resource: &ApiResource,
         obj: &Value,
         resource_version: Option<&str>,
+        force: bool,
     ) -> Result<Value, ApplyError> {
         let mut body = obj.clone();
         if let Some(rv) = resource_version {
@@ -159,7 +170,7 @@ impl Writer {
         let api = api_for(&self.client, resource, ns_of(obj));
         api.patch(
             name_of(obj),
-            &PatchParams::apply(&self.field_manager),
+            &apply_params(&self.field_manager, force),
             &Patch::Apply(&body),
         )
         .await
@@ -302,6 +313,14 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn applies_are_forced_only_when_asked() {
+        assert!(!apply_params("wasmop-x", false).force);
+        let forced = apply_params("wasmop-x", true);
+        assert!(forced.force);
+        assert_eq!(forced.field_manager.as_deref(), Some("wasmop-x"));
+    }
 
     #[test]
     fn describe_names_kind_namespace_and_name() {

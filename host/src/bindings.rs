@@ -1,5 +1,5 @@
 //! The host side of the WIT contract, generated in exactly one place from
-//! the root `wit/` (package `wasmop:reconciler@0.1.0`, world `plugin`).
+//! the root `wit/` (package `wasmop:reconciler@0.2.0`, world `plugin`).
 //!
 //! Nothing outside [`crate::plugin`] touches these types: the rest of the
 //! host works with the native types of [`crate::manifest`],

@@ -231,6 +231,9 @@ struct Inspection<'a> {
     version: &'a str,
     digest: &'a str,
     manifest: &'a Manifest,
+    /// Per controller, the write namespaces the host enforces with these
+    /// settings (`setting:<key>` entries resolved).
+    effective_write_namespaces: std::collections::BTreeMap<&'a str, &'a [String]>,
     cluster_role: k8s_openapi::api::rbac::v1::ClusterRole,
 }
 
@@ -247,6 +250,12 @@ fn inspect(args: InspectArgs) -> Result<ExitCode, CliError> {
         version: plugin.version(),
         digest: plugin.digest(),
         manifest,
+        effective_write_namespaces: plugin
+            .effective_manifest()
+            .controllers
+            .iter()
+            .map(|c| (c.name.as_str(), c.write_namespaces.as_slice()))
+            .collect(),
         cluster_role: rbac::cluster_role(manifest),
     };
     print!("{}", render(&inspection, args.output)?);

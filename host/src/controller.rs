@@ -345,7 +345,9 @@ impl Operator {
     /// not sync in time (e.g. its CRD is not installed). Nothing changes
     /// then: the running version, if any, keeps serving.
     pub async fn add_plugin(&self, plugin: Arc<LoadedPlugin>) -> Result<(), OperatorError> {
-        let manifest = plugin.manifest().clone();
+        // The manifest with `setting:` write namespaces resolved: what
+        // validation enforces.
+        let manifest = plugin.effective_manifest().clone();
         {
             let controllers = self.controllers.read().expect("controllers lock");
             for c in &manifest.controllers {
@@ -819,7 +821,18 @@ impl Operator {
         let mut primary = primary.clone();
         let deleting = object::is_deleting(&primary);
         let w = &a.writer;
-        if let Some(f) = &a.spec.finalizer {
+        // A delete of the primary itself (validated: the controller declares
+        // `delete-primary`). Its resourceVersion precondition is the one the
+        // plugin saw, so nothing here may move the primary's version before
+        // it: no finalizer is added and no annotation written.
+        let delete_self = plan
+            .delete
+            .iter()
+            .find(|d| plan::is_primary(&d.target, &a.spec, &primary))
+            .cloned();
+        if let Some(f) = &a.spec.finalizer
+            && delete_self.is_none()
+        {
             let mut list = finalizers(&primary);
             if !deleting && !list.iter().any(|x| x == f) {
                 list.push(f.clone());
@@ -834,8 +847,9 @@ impl Operator {
         // patch: set-once values are never removed by a later pass.
         let mut patch = plan.primary_patch.clone().unwrap_or_else(|| json!({}));
         let reconciled_by = reconciled_by(&a.plugin);
-        if primary["metadata"]["annotations"][RECONCILED_BY_ANNOTATION].as_str()
-            != Some(reconciled_by.as_str())
+        if delete_self.is_none()
+            && primary["metadata"]["annotations"][RECONCILED_BY_ANNOTATION].as_str()
+                != Some(reconciled_by.as_str())
         {
             merge(
                 &mut patch,
@@ -861,16 +875,19 @@ impl Operator {
                 });
                 continue;
             };
+            // `force` takes fields from other managers; a create has none.
             let written = match &op.precondition {
                 Some(Precondition::Absent) => w.create(&resource, &obj).await,
-                Some(Precondition::ResourceVersion(rv)) => w.apply(&resource, &obj, Some(rv)).await,
-                None => w.apply(&resource, &obj, None).await,
+                Some(Precondition::ResourceVersion(rv)) => {
+                    w.apply(&resource, &obj, Some(rv), op.force).await
+                }
+                None => w.apply(&resource, &obj, None, op.force).await,
             };
             if let Err(e) = written {
                 failures.push(e);
             }
         }
-        for d in &plan.delete {
+        for d in plan.delete.iter().filter(|d| Some(*d) != delete_self.as_ref()) {
             let kind = a
                 .spec
                 .owns
@@ -890,6 +907,25 @@ impl Operator {
                 {
                     failures.push(e);
                 }
+            }
+        }
+        // The primary goes last, and only after every other write held:
+        // a failed pass is retried with the primary still there.
+        if failures.is_empty()
+            && let Some(d) = &delete_self
+        {
+            let ns = (!d.target.namespace.is_empty()).then_some(d.target.namespace.as_str());
+            if let Err(e) = w
+                .delete(
+                    &a.primary_resource,
+                    ns,
+                    &d.target.name,
+                    &d.uid,
+                    &d.resource_version,
+                )
+                .await
+            {
+                failures.push(e);
             }
         }
         if let Some(first) = failures.first() {
@@ -932,7 +968,8 @@ impl Operator {
             primary["metadata"]["generation"].as_i64(),
             now,
         );
-        if status != primary["status"] {
+        // A deleted primary gets no status: it is gone, or going.
+        if delete_self.is_none() && status != primary["status"] {
             let updated = w
                 .write_status(&a.primary_resource, &primary, &status)
                 .await?;

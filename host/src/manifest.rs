@@ -1,7 +1,7 @@
 //! What a plugin declares about itself, in host-native types, and the checks
 //! that decide whether a manifest can be loaded at all.
 //!
-//! The types mirror the WIT records of `wasmop:reconciler@0.1.0` one to one.
+//! The types mirror the WIT records of `wasmop:reconciler@0.2.0` one to one.
 //! Their serde form (camelCase) is what `wasmop inspect` prints.
 //!
 //! [`Manifest::problems`] is run once at load: a manifest with any problem
@@ -149,12 +149,16 @@ pub struct Controller {
     /// Finalizer the host manages on primaries, if any.
     pub finalizer: Option<String>,
     /// Namespaces besides the primary's that owned objects may be written to;
-    /// `*` allows any.
+    /// `*` allows any; `setting:<key>` names the namespace held by a
+    /// setting until [`Manifest::resolve_settings`] replaces it.
     pub write_namespaces: Vec<String>,
     /// Dotted paths of primary fields the plan may set.
     pub primary_fields: Vec<String>,
     /// Targets of HTTP requests.
     pub http_targets: Vec<HttpTarget>,
+    /// A plan may delete the primary itself.
+    #[serde(default)]
+    pub delete_primary: bool,
 }
 
 impl Controller {
@@ -165,11 +169,15 @@ impl Controller {
 
     /// True when owned objects may be written into `namespace` for a primary
     /// living in `primary_namespace` (`None` for a cluster-scoped primary).
+    ///
+    /// An unresolved `setting:<key>` entry matches no namespace, so a
+    /// manifest that was not resolved fails closed.
     pub fn may_write_namespace(&self, primary_namespace: Option<&str>, namespace: &str) -> bool {
         primary_namespace == Some(namespace)
             || self
                 .write_namespaces
                 .iter()
+                .filter(|allowed| !allowed.starts_with(SETTING_PREFIX))
                 .any(|allowed| allowed == "*" || allowed == namespace)
     }
 
@@ -201,6 +209,10 @@ pub struct Manifest {
     /// One or more controllers.
     pub controllers: Vec<Controller>,
 }
+
+/// Prefix of a `write-namespaces` entry naming a plugin setting:
+/// `setting:targetNamespace`.
+pub const SETTING_PREFIX: &str = "setting:";
 
 /// One thing wrong with a manifest.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -236,6 +248,74 @@ impl Manifest {
             .find(|c| c.primary.kind == kind && c.primary.group == group)
     }
 
+    /// The manifest with every `setting:<key>` entry of `write-namespaces`
+    /// replaced by the namespace the top-level setting `<key>` holds.
+    ///
+    /// # Guarantees
+    ///
+    /// - A setting that is a string and a DNS-1123 label replaces the
+    ///   entry; an absent or `null` setting removes it (the plugin lists its
+    ///   default as a literal entry when it has one).
+    /// - Entries stay in order, without duplicates; nothing else changes.
+    ///
+    /// # Errors
+    ///
+    /// One [`ManifestProblem`] per entry whose setting is present but not a
+    /// string, or not a valid namespace name (`*` included: a setting
+    /// cannot widen the manifest to every namespace).
+    pub fn resolve_settings(
+        &self,
+        settings: &serde_json::Value,
+    ) -> Result<Manifest, Vec<ManifestProblem>> {
+        let mut problems = Vec::new();
+        let mut out = self.clone();
+        for (ci, c) in out.controllers.iter_mut().enumerate() {
+            let mut resolved: Vec<String> = Vec::with_capacity(c.write_namespaces.len());
+            for (wi, entry) in c.write_namespaces.iter().enumerate() {
+                let namespace = match entry.strip_prefix(SETTING_PREFIX) {
+                    None => Some(entry.clone()),
+                    Some(key) => match settings.get(key) {
+                        None | Some(serde_json::Value::Null) => None,
+                        Some(serde_json::Value::String(ns)) => {
+                            match names::dns1123_label(ns) {
+                                Ok(()) => Some(ns.clone()),
+                                Err(why) => {
+                                    problems.push(ManifestProblem {
+                                        path: format!("controllers[{ci}].writeNamespaces[{wi}]"),
+                                        message: format!(
+                                            "setting {key:?} names namespace {ns:?}, which {why}"
+                                        ),
+                                    });
+                                    None
+                                }
+                            }
+                        }
+                        Some(other) => {
+                            problems.push(ManifestProblem {
+                                path: format!("controllers[{ci}].writeNamespaces[{wi}]"),
+                                message: format!(
+                                    "setting {key:?} must be a string naming a namespace, not {other}"
+                                ),
+                            });
+                            None
+                        }
+                    },
+                };
+                if let Some(ns) = namespace
+                    && !resolved.contains(&ns)
+                {
+                    resolved.push(ns);
+                }
+            }
+            c.write_namespaces = resolved;
+        }
+        if problems.is_empty() {
+            Ok(out)
+        } else {
+            Err(problems)
+        }
+    }
+
     /// Everything that makes this manifest unusable; empty when it is fine.
     ///
     /// Checked: plugin name (a DNS-1123 label, since it becomes a label
@@ -244,7 +324,8 @@ impl Manifest {
     /// complete (version, kind, lowercase plural); a primary never also
     /// owned; no kind owned twice; unique, non-empty read ids; field paths
     /// present; label selectors parse; a finalizer without blanks;
-    /// write namespaces are `*` or DNS-1123 labels; primary fields are
+    /// write namespaces are `*`, DNS-1123 labels or `setting:<key>` with a
+    /// non-empty key without blanks; primary fields are
     /// `spec.…`, `metadata.labels.…` or `metadata.annotations.…`; HTTP
     /// targets have unique ids, non-zero ports, and address Pods or
     /// Services the controller owns or reads.
@@ -353,7 +434,14 @@ impl Manifest {
                 );
             }
             for (wi, ns) in c.write_namespaces.iter().enumerate() {
-                if ns != "*"
+                if let Some(key) = ns.strip_prefix(SETTING_PREFIX) {
+                    if key.is_empty() || key.chars().any(char::is_whitespace) {
+                        problem(
+                            format!("{at}.writeNamespaces[{wi}]"),
+                            format!("{ns:?} must name a setting: setting:<key>, without blanks"),
+                        );
+                    }
+                } else if ns != "*"
                     && let Err(why) = names::dns1123_label(ns)
                 {
                     problem(
@@ -487,6 +575,7 @@ pub(crate) mod tests {
             write_namespaces: vec![],
             primary_fields: vec!["spec.id".into()],
             http_targets: vec![],
+            delete_primary: false,
         }
     }
 
@@ -621,5 +710,78 @@ pub(crate) mod tests {
         let mut m = manifest();
         m.controllers[0].write_namespaces = vec!["*".into(), "ok-ns".into(), "Bad_NS".into()];
         assert_eq!(m.problems().len(), 1);
+    }
+
+    #[test]
+    fn write_namespaces_may_name_a_setting() {
+        let mut m = manifest();
+        m.controllers[0].write_namespaces = vec![
+            "setting:targetNamespace".into(),
+            "setting:".into(),
+            "setting:a b".into(),
+        ];
+        assert_eq!(
+            messages(&m),
+            vec![
+                "controllers[0].writeNamespaces[1]: \"setting:\" must name a setting: setting:<key>, without blanks",
+                "controllers[0].writeNamespaces[2]: \"setting:a b\" must name a setting: setting:<key>, without blanks",
+            ]
+        );
+    }
+
+    fn with_setting_entry() -> Manifest {
+        let mut m = manifest();
+        m.controllers[0].write_namespaces =
+            vec!["setting:targetNamespace".into(), "default-ns".into()];
+        m
+    }
+
+    #[test]
+    fn a_setting_entry_resolves_to_the_settings_namespace() {
+        let m = with_setting_entry()
+            .resolve_settings(&serde_json::json!({"targetNamespace": "backups"}))
+            .unwrap();
+        assert_eq!(m.controllers[0].write_namespaces, ["backups", "default-ns"]);
+        assert!(m.controllers[0].may_write_namespace(None, "backups"));
+        assert!(!m.controllers[0].may_write_namespace(None, "elsewhere"));
+        let same = with_setting_entry()
+            .resolve_settings(&serde_json::json!({"targetNamespace": "default-ns"}))
+            .unwrap();
+        assert_eq!(same.controllers[0].write_namespaces, ["default-ns"]);
+    }
+
+    #[test]
+    fn an_absent_setting_resolves_to_nothing() {
+        for settings in [serde_json::json!({}), serde_json::json!({"targetNamespace": null})] {
+            let m = with_setting_entry().resolve_settings(&settings).unwrap();
+            assert_eq!(m.controllers[0].write_namespaces, ["default-ns"]);
+        }
+    }
+
+    #[test]
+    fn a_setting_that_is_no_namespace_name_is_a_problem() {
+        for (value, message) in [
+            (
+                serde_json::json!(3),
+                "controllers[0].writeNamespaces[0]: setting \"targetNamespace\" must be a string naming a namespace, not 3",
+            ),
+            (
+                serde_json::json!("*"),
+                "controllers[0].writeNamespaces[0]: setting \"targetNamespace\" names namespace \"*\", which may contain only lowercase letters, digits, '-' and '.'",
+            ),
+        ] {
+            let problems = with_setting_entry()
+                .resolve_settings(&serde_json::json!({"targetNamespace": value}))
+                .unwrap_err();
+            let texts: Vec<String> = problems.iter().map(ToString::to_string).collect();
+            assert_eq!(texts, vec![message]);
+        }
+    }
+
+    #[test]
+    fn an_unresolved_setting_entry_allows_no_namespace() {
+        let m = with_setting_entry();
+        assert!(!m.controllers[0].may_write_namespace(None, "setting:targetNamespace"));
+        assert!(!m.controllers[0].may_write_namespace(None, "backups"));
     }
 }

@@ -307,7 +307,8 @@ pub fn run(
     now: Option<&str>,
     controller: Option<&str>,
 ) -> Result<OfflineRun, OfflineError> {
-    let manifest = plugin.manifest();
+    // The enforced manifest: `setting:` write namespaces resolved.
+    let manifest = plugin.effective_manifest();
     let now = match now.or(input.options.now.as_deref()) {
         Some(text) => {
             let ts: k8s_openapi::jiff::Timestamp =

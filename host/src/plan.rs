@@ -4,7 +4,7 @@
 //! # JSON shape
 //!
 //! ```json
-//! {"apply":[{"object":{…},"precondition":null}],
+//! {"apply":[{"object":{…},"precondition":null,"force":false}],
 //!  "delete":[{"target":{"apiVersion":"v1","kind":"ConfigMap","namespace":"ns","name":"n"},
 //!             "uid":"…","resourceVersion":"…"}],
 //!  "status":{…}, "primaryPatch":null,
@@ -13,6 +13,8 @@
 //! ```
 //!
 //! A precondition is `null`, `{"absent":true}` or `{"resourceVersion":"123"}`.
+//! `force` is always printed; when read, a missing `force` is `false` (plans
+//! written before it existed still parse).
 //! `wasmop plan` prints this shape and the live operator logs it.
 //!
 //! # Validation
@@ -69,6 +71,10 @@ pub struct ApplyOp {
     /// What must hold of the current object for the plan to be written.
     #[serde(default)]
     pub precondition: Option<Precondition>,
+    /// Take ownership of fields another field manager set (server-side
+    /// apply with `force`); ignored by an [`Precondition::Absent`] create.
+    #[serde(default)]
+    pub force: bool,
 }
 
 /// A condition an apply requires of the current object (WIT `precondition`).
@@ -364,6 +370,9 @@ impl std::fmt::Display for Violation {
 /// - An applied object either does not exist or is controlled by this
 ///   primary (by UID); a deleted object exists, is controlled by this
 ///   primary and has the uid the plan names.
+/// - A delete may name the primary itself (same apiVersion, kind,
+///   namespace and name, and the primary's uid) only when the controller
+///   declares `delete-primary`; such a plan may not also patch the primary.
 /// - The plugin sets no ownerReferences and none of the host's labels;
 ///   names and namespaces are DNS-1123; no object is targeted twice;
 ///   `primaryPatch` only touches `primary-fields`; HTTP requests name
@@ -395,13 +404,31 @@ pub fn validate(
         v.apply(&op.object);
     }
     for op in &plan.delete {
-        v.delete(op);
+        if is_primary(&op.target, controller, primary) {
+            v.delete_primary(op, plan.primary_patch.is_some());
+        } else {
+            v.delete(op);
+        }
     }
     if let Some(patch) = &plan.primary_patch {
         v.primary_patch(patch);
     }
     v.http_requests(&plan.http_requests);
     if v.out.is_empty() { Ok(()) } else { Err(v.out) }
+}
+
+/// True when `target` names the primary object (apiVersion, kind, namespace
+/// and name; the namespace only for a namespaced primary).
+pub fn is_primary(target: &ObjectRef, controller: &Controller, primary: &Value) -> bool {
+    let namespace = if controller.primary.namespaced {
+        object::namespace(primary).unwrap_or_default()
+    } else {
+        ""
+    };
+    target.api_version == object::api_version(primary)
+        && target.kind == object::kind(primary)
+        && target.namespace == namespace
+        && target.name == object::name(primary)
 }
 
 struct Validator<'a> {
@@ -592,6 +619,54 @@ impl<'a> Validator<'a> {
                 ),
             ),
             Some(_) => {}
+        }
+    }
+
+    /// A delete of the primary itself: allowed only under `delete-primary`,
+    /// with the primary's uid, once, and not next to a `primaryPatch`.
+    fn delete_primary(&mut self, op: &DeleteOp, patched: bool) {
+        let desc = op.target.to_string();
+        if !self.controller.delete_primary {
+            self.push(
+                Rule::KindNotOwned,
+                desc,
+                format!(
+                    "the delete names the primary itself, and controller {} does not declare delete-primary",
+                    self.controller.name
+                ),
+            );
+            return;
+        }
+        if op.uid != self.primary_uid {
+            self.push(
+                Rule::UidMismatch,
+                desc.clone(),
+                format!(
+                    "the delete names uid {:?} but the primary has uid {:?}",
+                    op.uid, self.primary_uid
+                ),
+            );
+        }
+        let (group, _) = split_api_version(&op.target.api_version);
+        let key = (
+            group.to_owned(),
+            op.target.kind.clone(),
+            op.target.namespace.clone(),
+            op.target.name.clone(),
+        );
+        if !self.seen.insert(key) {
+            self.push(
+                Rule::DuplicateTarget,
+                desc.clone(),
+                "the plan targets this object more than once".to_owned(),
+            );
+        }
+        if patched {
+            self.push(
+                Rule::DuplicateTarget,
+                desc,
+                "the plan deletes the primary and also sets primaryPatch".to_owned(),
+            );
         }
     }
 
@@ -806,6 +881,7 @@ mod tests {
                 .map(|object| ApplyOp {
                     object,
                     precondition: None,
+                    force: false,
                 })
                 .collect(),
             ..Plan::default()
@@ -945,6 +1021,98 @@ mod tests {
         );
     }
 
+    fn delete_self(uid: &str) -> Plan {
+        Plan {
+            delete: vec![DeleteOp {
+                target: ObjectRef {
+                    api_version: "test.wasmop.dev/v1".into(),
+                    kind: "Widget".into(),
+                    namespace: "ns".into(),
+                    name: "w".into(),
+                },
+                uid: uid.into(),
+                resource_version: "7".into(),
+            }],
+            ..Plan::default()
+        }
+    }
+
+    #[test]
+    fn deleting_the_primary_is_refused_without_delete_primary() {
+        let vs = validate(
+            &delete_self(PRIMARY_UID),
+            &controller(),
+            &primary(),
+            &World::default(),
+        )
+        .unwrap_err();
+        assert_eq!(vs.len(), 1, "{vs:?}");
+        assert_eq!(vs[0].rule, Rule::KindNotOwned);
+        assert_eq!(
+            vs[0].to_string(),
+            "Widget ns/w: the delete names the primary itself, and controller widget does not declare delete-primary"
+        );
+    }
+
+    #[test]
+    fn deleting_the_primary_is_valid_when_the_controller_declares_it() {
+        let mut c = controller();
+        c.delete_primary = true;
+        // The primary is not in `existing` (it is not an owned kind): the
+        // snapshot's primary is the evidence, its uid the check.
+        assert!(validate(&delete_self(PRIMARY_UID), &c, &primary(), &World::default()).is_ok());
+        let stale = validate(&delete_self("old-uid"), &c, &primary(), &World::default())
+            .unwrap_err();
+        assert_eq!(
+            stale.iter().map(|v| v.rule).collect::<Vec<_>>(),
+            vec![Rule::UidMismatch]
+        );
+        let mut twice = delete_self(PRIMARY_UID);
+        twice.delete.push(twice.delete[0].clone());
+        twice.primary_patch = Some(json!({"spec": {"id": "x"}}));
+        let rules: Vec<Rule> = validate(&twice, &c, &primary(), &World::default())
+            .unwrap_err()
+            .into_iter()
+            .map(|v| v.rule)
+            .collect();
+        assert_eq!(
+            rules,
+            vec![
+                Rule::DuplicateTarget,
+                Rule::DuplicateTarget,
+                Rule::DuplicateTarget
+            ]
+        );
+    }
+
+    #[test]
+    fn delete_primary_covers_only_the_primary_itself() {
+        let mut c = controller();
+        c.delete_primary = true;
+        // Another Widget (same kind, other name) is still not owned.
+        let mut other = delete_self("u2");
+        other.delete[0].target.name = "w2".into();
+        let vs = validate(&other, &c, &primary(), &World::default()).unwrap_err();
+        assert_eq!(vs[0].rule, Rule::KindNotOwned);
+        // The primary's name in another namespace is another object.
+        let mut elsewhere = delete_self(PRIMARY_UID);
+        elsewhere.delete[0].target.namespace = "other".into();
+        assert!(validate(&elsewhere, &c, &primary(), &World::default()).is_err());
+    }
+
+    #[test]
+    fn plans_without_force_still_parse_and_force_is_always_printed() {
+        let plan: Plan = serde_json::from_value(json!({
+            "apply": [{"object": cm("ns", "a"), "precondition": null}]
+        }))
+        .expect("parses");
+        assert!(!plan.apply[0].force);
+        let mut forced = plan.clone();
+        forced.apply[0].force = true;
+        let text = serde_json::to_value(&forced).expect("serializes");
+        assert_eq!(text["apply"][0]["force"], json!(true));
+    }
+
     #[test]
     fn forged_owner_references_and_host_labels_are_rejected() {
         let obj = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
@@ -1076,6 +1244,7 @@ mod tests {
             apply: vec![ApplyOp {
                 object: cm("ns", "a"),
                 precondition: Some(Precondition::Absent),
+                force: false,
             }],
             events: vec![Event {
                 event_type: EventType::Warning,
@@ -1088,7 +1257,7 @@ mod tests {
         let text = serde_json::to_value(&plan).expect("serializes");
         assert_eq!(
             text,
-            json!({"apply": [{"object": cm("ns", "a"), "precondition": {"absent": true}}],
+            json!({"apply": [{"object": cm("ns", "a"), "precondition": {"absent": true}, "force": false}],
                    "delete": [], "status": null, "primaryPatch": null,
                    "events": [{"type": "Warning", "reason": "R", "message": "m"}],
                    "requeueAfterMs": 1000, "cleanupComplete": false, "httpRequests": []})

@@ -2,7 +2,8 @@
 //! `wasmop inspect` prints them.
 //!
 //! - primary kinds: get, list, watch; update and patch (finalizers and
-//!   `primary-fields`); `<plural>/status`: get, update, patch;
+//!   `primary-fields`); delete when the controller declares
+//!   `delete-primary`; `<plural>/status`: get, update, patch;
 //!   `<plural>/finalizers`: update (needed to set `blockOwnerDeletion`
 //!   ownerReferences to the primary).
 //! - owned kinds: get, list, watch, create, update, patch, delete.
@@ -38,6 +39,9 @@ pub fn rules(manifest: &Manifest) -> Vec<PolicyRule> {
         let p = &c.primary;
         grant(&p.group, p.plural.clone(), READ);
         grant(&p.group, p.plural.clone(), &["update", "patch"]);
+        if c.delete_primary {
+            grant(&p.group, p.plural.clone(), &["delete"]);
+        }
         grant(
             &p.group,
             format!("{}/status", p.plural),
@@ -124,6 +128,20 @@ mod tests {
                 r#"["test.wasmop.dev"] ["widgets/finalizers"] ["update"]"#,
                 r#"["test.wasmop.dev"] ["widgets/status"] ["get", "update", "patch"]"#,
             ]
+        );
+    }
+
+    #[test]
+    fn delete_primary_grants_delete_on_the_primary() {
+        let mut m = manifest();
+        m.controllers[0].delete_primary = true;
+        let text = as_text(&rules(&m));
+        assert!(
+            text.contains(
+                &r#"["test.wasmop.dev"] ["widgets"] ["get", "list", "watch", "update", "patch", "delete"]"#
+                    .to_owned()
+            ),
+            "{text:?}"
         );
     }
 }

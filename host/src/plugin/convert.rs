@@ -111,6 +111,7 @@ fn controller_from_wit(c: wit::Controller) -> Controller {
                 ports: t.ports,
             })
             .collect(),
+        delete_primary: c.delete_primary,
     }
 }
 
@@ -207,6 +208,7 @@ pub(crate) fn plan_from_wit(p: wit::Plan) -> Result<Plan, OutputProblem> {
                 wit::Precondition::Absent => Precondition::Absent,
                 wit::Precondition::ResourceVersion(rv) => Precondition::ResourceVersion(rv),
             }),
+            force: op.force,
         });
     }
     let status = p
@@ -296,6 +298,7 @@ mod tests {
             apply: vec![wit::ApplyOp {
                 object: text.to_owned(),
                 precondition: None,
+                force: false,
             }],
             delete: vec![],
             status: None,

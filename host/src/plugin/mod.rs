@@ -2,9 +2,11 @@
 //!
 //! [`LoadedPlugin::load`] reads a `.wasm` file, hashes it, compiles it (or
 //! takes the compiled artifact from the [`CompileCache`]), links it against
-//! the [`Sandbox`], reads its manifest, checks it, and has the plugin
-//! validate its settings. Anything wrong rejects the load with a
-//! [`LoadError`]; a loaded plugin is known to be usable.
+//! the [`Sandbox`], reads its manifest, checks it, has the plugin validate
+//! its settings, and resolves the manifest's `setting:<key>` write
+//! namespaces from those settings ([`LoadedPlugin::effective_manifest`]).
+//! Anything wrong rejects the load with a [`LoadError`]; a loaded plugin is
+//! known to be usable.
 //!
 //! [`LoadedPlugin::reconcile`] runs one call in a fresh store — no state
 //! survives between calls — under the plugin's deadline and memory cap.
@@ -116,7 +118,7 @@ pub enum LoadError {
     },
     /// The component does not fit the `plugin` world, or imports something
     /// the sandbox does not provide.
-    #[error("{origin} does not implement the wasmop:reconciler@0.1.0 plugin world")]
+    #[error("{origin} does not implement the wasmop:reconciler@0.2.0 plugin world")]
     Link {
         /// The file (or other origin).
         origin: String,
@@ -158,6 +160,15 @@ pub enum LoadError {
         plugin: String,
         /// Every problem the plugin reported.
         problems: Vec<SettingsProblem>,
+    },
+    /// A `setting:<key>` entry of `write-namespaces` names a setting that is
+    /// present but not a string naming a valid namespace.
+    #[error("plugin {plugin}: a write namespace taken from its settings is invalid: {}", join(problems))]
+    WriteNamespaceSetting {
+        /// The plugin's name.
+        plugin: String,
+        /// Every unresolvable entry.
+        problems: Vec<ManifestProblem>,
     },
 }
 
@@ -254,6 +265,7 @@ pub struct LoadedPlugin {
     version: String,
     digest: String,
     manifest: Manifest,
+    effective: Manifest,
     settings: Value,
     limits: Limits,
     from_cache: bool,
@@ -355,6 +367,11 @@ impl LoadedPlugin {
                 version: String::new(),
                 controllers: Vec::new(),
             },
+            effective: Manifest {
+                name: String::new(),
+                version: String::new(),
+                controllers: Vec::new(),
+            },
             settings: options.settings.clone(),
             limits: options.limits,
             from_cache,
@@ -399,9 +416,16 @@ impl LoadedPlugin {
                     .collect(),
             });
         }
+        let effective = manifest
+            .resolve_settings(&options.settings)
+            .map_err(|problems| LoadError::WriteNamespaceSetting {
+                plugin: manifest.name.clone(),
+                problems,
+            })?;
         plugin.name = manifest.name.clone();
         plugin.version = manifest.version.clone();
         plugin.manifest = manifest;
+        plugin.effective = effective;
         Ok(plugin)
     }
 
@@ -420,9 +444,18 @@ impl LoadedPlugin {
         &self.digest
     }
 
-    /// The checked manifest.
+    /// The checked manifest as the plugin declared it (what `wasmop
+    /// inspect` shows), `setting:<key>` write namespaces unresolved.
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
+    }
+
+    /// The manifest the host enforces: the declared one with every
+    /// `setting:<key>` write namespace replaced by the namespace the
+    /// setting names (or dropped when the setting is absent). Snapshots,
+    /// plan validation and execution use this one.
+    pub fn effective_manifest(&self) -> &Manifest {
+        &self.effective
     }
 
     /// The settings the plugin accepted.

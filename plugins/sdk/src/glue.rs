@@ -88,7 +88,7 @@ records! {
     FieldRef { name_path, namespace_path }
     Read { id, kind, selector }
     HttpTarget { id, kind, ports }
-    Controller { name, primary, owns, reads, finalizer, write_namespaces, primary_fields, http_targets }
+    Controller { name, primary, owns, reads, finalizer, write_namespaces, primary_fields, http_targets, delete_primary }
     Manifest { name, version, controllers }
     SettingsProblem { path, message }
     ObjectRef { api_version, kind, namespace, name }
@@ -119,6 +119,7 @@ impl From<ApplyOp> for wit::ApplyOp {
         wit::ApplyOp {
             object: text(&op.object),
             precondition: op.precondition.conv(),
+            force: op.force,
         }
     }
 }
@@ -169,6 +170,7 @@ impl TryFrom<wit::Plan> for Plan {
                 Ok(ApplyOp {
                     object: parse(|| format!("plan apply[{i}].object"), &op.object)?,
                     precondition: op.precondition.conv(),
+                    force: op.force,
                 })
             })
             .collect::<Result<_, ReconcileError>>()?;
@@ -336,6 +338,8 @@ mod tests {
                 ))
                 .finalizer("g/f")
                 .write_namespace("*")
+                .write_namespace_from_setting("target")
+                .delete_primary()
                 .primary_field("spec.id")
                 .http_target(
                     "api",
@@ -359,6 +363,7 @@ mod tests {
         let plan = Plan::new()
             .apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}}))
             .apply_at(json!({"kind": "X"}), "7")
+            .apply_forced(json!({"kind": "Y"}))
             .delete_owned(&seen)
             .unwrap()
             .status(json!({"ready": true}))
@@ -372,6 +377,7 @@ mod tests {
             wit_plan.apply[0].object,
             r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"}}"#
         );
+        assert!(!wit_plan.apply[0].force && wit_plan.apply[2].force);
         assert_eq!(wit_plan.status.as_deref(), Some(r#"{"ready":true}"#));
         assert_eq!(wit_plan.http_requests[0].body, b"{}");
         assert_eq!(Plan::try_from(wit_plan).unwrap(), plan);
@@ -383,6 +389,7 @@ mod tests {
         wit_plan.apply.push(wit::ApplyOp {
             object: "{not json".into(),
             precondition: None,
+            force: false,
         });
         let err = Plan::try_from(wit_plan).unwrap_err();
         assert!(

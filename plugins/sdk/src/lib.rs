@@ -38,7 +38,7 @@
 //! ```
 //!
 //! The contract itself is `wit/reconciler.wit` (package
-//! `wasmop:reconciler@0.1.0`); this crate is the only place its guest
+//! `wasmop:reconciler@0.2.0`); this crate is the only place its guest
 //! bindings are generated. The native types here mirror the WIT records, with
 //! Kubernetes objects parsed into [`serde_json::Value`]. Their serde form is
 //! the JSON shape the host prints for snapshots and plans (camelCase fields,

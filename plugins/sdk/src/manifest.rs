@@ -184,12 +184,16 @@ pub struct Controller {
     /// Finalizer the host manages on each primary, if any.
     pub finalizer: Option<String>,
     /// Namespaces other than the primary's that owned objects may be
-    /// written to (`*` for any).
+    /// written to (`*` for any; `setting:<key>` for the namespace the
+    /// top-level string setting `<key>` names, resolved by the host at load).
     pub write_namespaces: Vec<String>,
     /// Dotted paths of primary fields a plan may set.
     pub primary_fields: Vec<String>,
     /// Targets of HTTP requests.
     pub http_targets: Vec<HttpTarget>,
+    /// A plan may delete the primary itself ([`crate::Plan::delete_self`]).
+    #[serde(default)]
+    pub delete_primary: bool,
 }
 
 impl Controller {
@@ -204,6 +208,7 @@ impl Controller {
             write_namespaces: Vec::new(),
             primary_fields: Vec::new(),
             http_targets: Vec::new(),
+            delete_primary: false,
         }
     }
 
@@ -228,6 +233,24 @@ impl Controller {
     /// Adds a namespace owned objects may be written to (`*`: any).
     pub fn write_namespace(mut self, namespace: &str) -> Self {
         self.write_namespaces.push(namespace.to_owned());
+        self
+    }
+
+    /// Adds the namespace named by the top-level string setting `key` as a
+    /// write namespace (the entry `setting:<key>`). The host resolves it
+    /// once at load, after `validate_settings` accepted the settings; an
+    /// absent setting resolves to nothing, so a setting with a default
+    /// needs the default added with [`Controller::write_namespace`] too.
+    pub fn write_namespace_from_setting(mut self, key: &str) -> Self {
+        self.write_namespaces.push(format!("setting:{key}"));
+        self
+    }
+
+    /// Lets plans delete the primary itself (e.g. an orphaned request that
+    /// nothing else garbage-collects), with its uid and resourceVersion as
+    /// preconditions: see [`crate::Plan::delete_self`].
+    pub fn delete_primary(mut self) -> Self {
+        self.delete_primary = true;
         self
     }
 
@@ -324,8 +347,21 @@ mod tests {
                 "name": "c",
                 "primary": {"group": "g", "version": "v1", "kind": "K", "plural": "ks", "namespaced": true},
                 "owns": [], "reads": [], "finalizer": null, "writeNamespaces": [],
-                "primaryFields": [], "httpTargets": []
+                "primaryFields": [], "httpTargets": [], "deletePrimary": false
             })
         );
+    }
+
+    #[test]
+    fn setting_namespaces_and_delete_primary_are_declared_by_builders() {
+        let c = Controller::new("c", KindRef::cluster_scoped("g", "v1", "K", "ks"))
+            .write_namespace_from_setting("targetNamespace")
+            .write_namespace("default-ns")
+            .delete_primary();
+        assert_eq!(
+            c.write_namespaces,
+            ["setting:targetNamespace", "default-ns"]
+        );
+        assert!(c.delete_primary);
     }
 }

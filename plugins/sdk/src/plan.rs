@@ -56,7 +56,8 @@ pub struct Plan {
 
 /// Create or update one object (WIT `apply-op`).
 ///
-/// JSON: `{"object":{…},"precondition":null|{"absent":true}|{"resourceVersion":"…"}}`.
+/// JSON: `{"object":{…},"precondition":null|{"absent":true}|{"resourceVersion":"…"},"force":false}`
+/// (a missing `force` reads as `false`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ApplyOp {
@@ -65,6 +66,11 @@ pub struct ApplyOp {
     pub object: Value,
     /// What must hold of the current object for the plan to be written.
     pub precondition: Option<Precondition>,
+    /// Take ownership of fields another field manager set (server-side
+    /// apply with `force=true`) instead of failing on the conflict. An
+    /// [`Precondition::Absent`] create ignores it.
+    #[serde(default)]
+    pub force: bool,
 }
 
 /// A condition an apply requires of the current object (WIT `precondition`).
@@ -392,10 +398,26 @@ impl Plan {
         )
     }
 
+    /// Applies `object` with no precondition, taking ownership of any field
+    /// another field manager set (server-side apply `force=true`). Without
+    /// `force`, such a field fails the apply and the reconcile.
+    ///
+    /// # Panics
+    ///
+    /// As [`Plan::apply`].
+    pub fn apply_forced(mut self, object: impl Serialize) -> Self {
+        self = self.apply_with(object, None);
+        if let Some(op) = self.apply.last_mut() {
+            op.force = true;
+        }
+        self
+    }
+
     fn apply_with(mut self, object: impl Serialize, precondition: Option<Precondition>) -> Self {
         self.apply.push(ApplyOp {
             object: to_json(object),
             precondition,
+            force: false,
         });
         self
     }
@@ -412,6 +434,20 @@ impl Plan {
     /// As [`Plan::apply`].
     pub fn delete_owned(mut self, seen: impl Serialize) -> Result<Self, ReconcileError> {
         self.delete.push(DeleteOp::of(&to_json(seen))?);
+        Ok(self)
+    }
+
+    /// Deletes the snapshot's primary itself, with its uid and
+    /// resourceVersion as preconditions. The host accepts it only from a
+    /// controller declared with [`crate::Controller::delete_primary`]; it
+    /// runs after the plan's other writes, and the plan's status is not
+    /// written once the primary is deleted.
+    ///
+    /// # Errors
+    ///
+    /// As [`DeleteOp::of`].
+    pub fn delete_self(mut self, snapshot: &crate::Snapshot) -> Result<Self, ReconcileError> {
+        self.delete.push(DeleteOp::of(&snapshot.primary)?);
         Ok(self)
     }
 
@@ -532,6 +568,35 @@ mod tests {
         assert_eq!(back, plan);
         assert!(serde_json::from_value::<Precondition>(json!({"absent": false})).is_err());
         assert!(serde_json::from_value::<Precondition>(json!({})).is_err());
+    }
+
+    #[test]
+    fn only_apply_forced_asks_to_force_and_force_defaults_to_false() {
+        let obj = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}});
+        let plan = Plan::new().apply(&obj).apply_forced(&obj);
+        let v = serde_json::to_value(&plan).unwrap();
+        assert_eq!(v["apply"][0]["force"], json!(false));
+        assert_eq!(v["apply"][1]["force"], json!(true));
+        assert_eq!(v["apply"][1]["precondition"], json!(null));
+        let old: ApplyOp = serde_json::from_value(json!({"object": obj, "precondition": null})).unwrap();
+        assert!(!old.force);
+    }
+
+    #[test]
+    fn delete_self_names_the_primary_with_its_uid_and_resource_version() {
+        let snapshot: crate::Snapshot = serde_json::from_value(json!({
+            "controller": "c",
+            "primary": {"apiVersion": "g/v1", "kind": "K",
+                        "metadata": {"name": "p", "uid": "u-p", "resourceVersion": "12"}},
+            "now": "2025-01-01T00:00:00Z"
+        }))
+        .unwrap();
+        let plan = Plan::new().delete_self(&snapshot).unwrap();
+        assert_eq!(
+            serde_json::to_value(&plan.delete[0]).unwrap(),
+            json!({"target": {"apiVersion": "g/v1", "kind": "K", "namespace": "", "name": "p"},
+                   "uid": "u-p", "resourceVersion": "12"})
+        );
     }
 
     #[test]

@@ -16,7 +16,7 @@
 //! use wasmop_sdk::raw;
 //!
 //! let mut plan: raw::Plan = wasmop_sdk::Plan::new().event("Odd", "see apply").into();
-//! plan.apply.push(raw::ApplyOp { object: "{not json".into(), precondition: None });
+//! plan.apply.push(raw::ApplyOp { object: "{not json".into(), precondition: None, force: false });
 //! assert_eq!(plan.events.len(), 1);
 //! ```
 //!

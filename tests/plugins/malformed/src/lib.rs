@@ -54,6 +54,7 @@ impl RawPlugin for Malformed {
         plan.apply.push(raw::ApplyOp {
             object: BROKEN_OBJECT.to_owned(),
             precondition: None,
+            force: false,
         });
         Ok(plan)
     }
