@@ -55,7 +55,16 @@ KUBECONFIG="$(bash tests/cluster/up.sh)"
 export KUBECONFIG
 
 step "cargo test --workspace"
+test_log="$(mktemp)"
 # shellcheck disable=SC2086
-cargo test --workspace --no-fail-fast ${CARGO_TEST_ARGS:-}
-
-step "all tests passed in $(( $(date +%s) - t0 ))s"
+set +e
+cargo test --workspace --no-fail-fast ${CARGO_TEST_ARGS:-} 2>&1 | tee "$test_log"
+status=${PIPESTATUS[0]}
+set -e
+# One closing line over every test binary (cargo prints one per binary, the
+# last of which is usually an empty doc-test run).
+totals="$(awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed", p, f }' "$test_log")"
+rm -f "$test_log"
+step "finished in $(( $(date +%s) - t0 ))s"
+echo "tests: $totals"
+exit "$status"
