@@ -379,3 +379,18 @@ fn golden_plans_record_rejected_plans() {
         std::fs::read_to_string(fixtures.join("unowned-secret.plan.json")).expect("expected plan");
     assert!(expected.contains("\"KindNotOwned\""), "{expected}");
 }
+
+#[test]
+fn golden_plans_cover_observations_on_both_sides() {
+    // Requests declared by the plan and results handed in by the host, in
+    // the same fixture format `wasmop plan` reads.
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/observer");
+    let report = wasmop::golden::check(&plugin_path("observer"), &fixtures)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(report.matched.len() + report.blessed.len(), 3, "{report:?}");
+    let probe = std::fs::read_to_string(fixtures.join("probe.plan.json")).expect("expected plan");
+    assert!(probe.contains("\"httpRequests\"") && probe.contains("/state"), "{probe}");
+    let observed =
+        std::fs::read_to_string(fixtures.join("observed.plan.json")).expect("expected plan");
+    assert!(observed.contains("members"), "{observed}");
+}
