@@ -41,11 +41,10 @@ pub const BACKUP_PENDING: &str = "BackupPending";
 pub const BACKUP_COMPLETED: &str = "BackupCompleted";
 /// Condition: the backup could not be taken (Job failed, PVC missing, …).
 pub const BACKUP_FAILED: &str = "BackupFailed";
-/// Condition: the backup was not taken and never will be (its requester
-/// went away before it started).
+/// Condition: the backup was not taken and never will be (upstream skips
+/// simultaneous requests this way; wasmop queues them instead and never
+/// sets it, but a backup carrying it counts as finished).
 pub const BACKUP_SKIPPED: &str = "BackupSkipped";
-/// Condition (wasmop): the Job that requested this backup no longer exists.
-pub const ORPHANED: &str = "Orphaned";
 /// The condition types of a backup's progress; at most one is True.
 pub const PROGRESS_CONDITIONS: [&str; 4] = [
     BACKUP_PENDING,

@@ -7,6 +7,11 @@
 //! EtcdBackup's reconcile computes the same queue, so the backups agree on
 //! whose turn it is without talking to each other:
 //!
+//! 0. A backup requested by Jobs (a scheduled run) none of which exists any
+//!    more is deleted, whatever its state, as upstream's
+//!    BackupRemovalController does: nothing else can garbage-collect a
+//!    cluster-scoped object through a namespaced owner. The delete carries
+//!    the uid and resourceVersion the snapshot showed.
 //! 1. A finished backup (`BackupCompleted`, `BackupFailed` or
 //!    `BackupSkipped` True) is never run again.
 //! 2. A backup with a Job follows it: `BackupPending` with `backupJob`
@@ -32,10 +37,8 @@
 //!
 //! # Caveats
 //!
-//! An EtcdBackup whose requesting Job (a scheduled run) no longer exists
-//! is not deleted, as upstream does, because the host lets no plan delete
-//! its primary: it gets the `Orphaned` condition and, if it had not
-//! started, `BackupSkipped`. See the crate's README.
+//! Deleting an orphan whose Job still runs garbage-collects that Job (the
+//! EtcdBackup controls it), which frees the slot for the next backup.
 
 use std::time::Duration;
 
@@ -46,11 +49,11 @@ use k8s_openapi::jiff::Timestamp;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use wasmop_sdk::conditions::{find_condition, is_true, set_condition};
-use wasmop_sdk::{Plan, ReconcileError, Snapshot, k8s_openapi};
+use wasmop_sdk::{DeleteOp, ObjectRef, Plan, ReconcileError, Snapshot, k8s_openapi};
 
 use crate::api::{
-    BACKUP_COMPLETED, BACKUP_FAILED, BACKUP_PENDING, BACKUP_SKIPPED, EtcdBackup, JobRef, ORPHANED,
-    PROGRESS_CONDITIONS, REASON_QUEUED,
+    BACKUP_COMPLETED, BACKUP_FAILED, BACKUP_PENDING, EtcdBackup, JobRef, PROGRESS_CONDITIONS,
+    REASON_QUEUED, etcd_backup_kind,
 };
 use crate::settings::Settings;
 use crate::workloads::{backup_job, backup_job_name, backup_path, job_backup_path};
@@ -317,10 +320,12 @@ pub enum Step {
         /// The Job the status names.
         job: JobRef,
     },
-    /// Its requester is gone before it started: it will not run.
-    SkipOrphan {
+    /// The Job that requested it is gone: delete it.
+    DeleteOrphan {
         /// Name of the requesting Job.
         requester: String,
+        /// Its uid.
+        requester_uid: String,
     },
     /// Waits for its turn.
     Queued {
@@ -342,6 +347,12 @@ pub enum Step {
 /// Decides the primary's next step.
 pub fn next_step(world: &World) -> Step {
     let backup = &world.backup;
+    if let Some((requester, uid)) = world.gone_requester(backup) {
+        return Step::DeleteOrphan {
+            requester: requester.to_owned(),
+            requester_uid: uid.to_owned(),
+        };
+    }
     if backup.finished() {
         return Step::Finished;
     }
@@ -372,11 +383,6 @@ pub fn next_step(world: &World) -> Step {
                 wait,
             },
             _ => Step::JobLost { job: job.clone() },
-        };
-    }
-    if let Some((requester, _)) = world.gone_requester(&world.backup) {
-        return Step::SkipOrphan {
-            requester: requester.to_owned(),
         };
     }
     let queue = world.queue();
@@ -487,12 +493,18 @@ pub fn plan(world: &World, step: &Step) -> Plan {
             status.progress(BACKUP_FAILED, BACKUP_FAILED, &message);
             plan = plan.warning(BACKUP_FAILED, message);
         }
-        Step::SkipOrphan { requester } => {
-            let message = format!(
-                "not started: Job {ns}/{requester}, which requested this backup, no longer exists"
+        Step::DeleteOrphan {
+            requester,
+            requester_uid,
+        } => {
+            // No status: the host writes none for a primary it deletes.
+            return Plan::new().delete(delete_of(backup)).event(
+                REASON_ORPHAN_DELETED,
+                format!(
+                    "deleting EtcdBackup {}: Job {ns}/{requester} (uid {requester_uid}), which requested it, no longer exists",
+                    backup.name()
+                ),
             );
-            status.progress(BACKUP_SKIPPED, BACKUP_SKIPPED, &message);
-            plan = plan.warning(BACKUP_SKIPPED, message);
         }
         Step::Queued {
             running,
@@ -542,25 +554,29 @@ pub fn plan(world: &World, step: &Step) -> Plan {
             plan = plan.apply_if_absent(job).event("BackupStarted", message);
         }
     }
-    if let Some((requester, uid)) = world.gone_requester(&world.backup) {
-        let message = format!(
-            "Job {ns}/{requester} (uid {uid}), which requested this backup, no longer exists; \
-             upstream deletes such EtcdBackups, wasmop leaves it for you to delete"
-        );
-        if set_condition(
-            &mut status.conditions,
-            ORPHANED,
-            true,
-            "RequestingJobDeleted",
-            &message,
-            generation,
-            &now,
-        ) && find_condition(&backup.conditions, ORPHANED).is_none_or(|c| c.status != "True")
-        {
-            plan = plan.warning(ORPHANED, message);
-        }
-    }
     plan.status(status.to_json())
+}
+
+/// Reason of the Event recorded when an orphaned EtcdBackup is deleted.
+pub const REASON_ORPHAN_DELETED: &str = "RequestingJobDeleted";
+
+/// The delete of `backup` itself, preconditioned on the uid and
+/// resourceVersion the snapshot showed.
+fn delete_of(backup: &EtcdBackup) -> DeleteOp {
+    DeleteOp {
+        target: ObjectRef {
+            api_version: etcd_backup_kind().api_version(),
+            kind: etcd_backup_kind().kind,
+            namespace: String::new(),
+            name: backup.name().to_owned(),
+        },
+        uid: backup.uid().to_owned(),
+        resource_version: backup
+            .metadata
+            .resource_version
+            .clone()
+            .unwrap_or_default(),
+    }
 }
 
 /// The status being written.
@@ -616,6 +632,7 @@ mod tests {
 
     use super::*;
     use crate::BackupPlugin;
+    use crate::api::BACKUP_SKIPPED;
 
     const NS: &str = "openshift-etcd";
     const NOW: &str = "2025-01-01T00:10:00Z";
@@ -978,29 +995,41 @@ mod tests {
         let s = snapshot(&a, &[&a], &[]).related(READ_RUNS, run_job("daily-1", "run-uid"));
         let plan = plan_of(s);
         assert_eq!(plan.apply.len(), 1);
-        let conditions = plan.status.as_ref().unwrap()["conditions"]
-            .as_array()
-            .unwrap();
-        assert!(conditions.iter().all(|c| c["type"] != ORPHANED));
+        assert!(plan.delete.is_empty());
+    }
+
+    /// The delete an orphan's plan must hold: the primary with the uid and
+    /// resourceVersion the snapshot showed.
+    fn delete_of_eb(b: &Value) -> Value {
+        json!({"target": {"apiVersion": "operator.openshift.io/v1alpha1", "kind": "EtcdBackup",
+                          "namespace": "", "name": b["metadata"]["name"]},
+               "uid": b["metadata"]["uid"], "resourceVersion": b["metadata"]["resourceVersion"]})
     }
 
     #[test]
-    fn an_orphan_that_has_not_started_is_skipped_and_never_deleted() {
+    fn an_orphan_that_has_not_started_is_deleted_with_preconditions() {
         let a = requested_by(eb("a", "2025-01-01T00:00:01Z"), "daily-1", "gone-uid");
-        let plan = plan_of(snapshot(&a, &[&a], &[]));
+        let s = snapshot(&a, &[&a], &[]).build();
+        let plan = run::<BackupPlugin>(&s).expect("reconcile");
         assert!(plan.apply.is_empty());
-        assert!(plan.delete.is_empty());
-        assert_eq!(condition(&plan, BACKUP_SKIPPED)["status"], "True");
-        let orphaned = condition(&plan, ORPHANED);
-        assert_eq!(orphaned["status"], "True");
-        assert!(
-            orphaned["message"]
-                .as_str()
-                .unwrap()
-                .starts_with("Job openshift-etcd/daily-1 (uid gone-uid)")
+        assert_eq!(plan.delete.len(), 1);
+        assert_eq!(
+            serde_json::to_value(&plan.delete[0]).unwrap(),
+            delete_of_eb(&a)
         );
-        let reasons: Vec<&str> = plan.events.iter().map(|e| e.reason.as_str()).collect();
-        assert_eq!(reasons, [BACKUP_SKIPPED, ORPHANED]);
+        // The same delete the SDK builds for the snapshot's primary.
+        assert_eq!(
+            plan.delete,
+            Plan::new().delete_self(&s).unwrap().delete,
+            "delete_of matches Plan::delete_self"
+        );
+        assert_eq!(plan.status, None, "a deleted primary gets no status");
+        assert_eq!(plan.events.len(), 1);
+        assert_eq!(plan.events[0].reason, REASON_ORPHAN_DELETED);
+        assert_eq!(
+            plan.events[0].message,
+            "deleting EtcdBackup a: Job openshift-etcd/daily-1 (uid gone-uid), which requested it, no longer exists"
+        );
     }
 
     #[test]
@@ -1011,25 +1040,39 @@ mod tests {
     }
 
     #[test]
-    fn a_finished_orphan_is_marked_once() {
-        let a = with_condition(
+    fn finished_and_running_orphans_are_deleted_too() {
+        let done = with_condition(
             requested_by(eb("a", "2025-01-01T00:00:01Z"), "daily-1", "gone-uid"),
             BACKUP_COMPLETED,
             BACKUP_COMPLETED,
             "2025-01-01T00:05:00Z",
         );
-        let plan = plan_of(snapshot(&a, &[&a], &[]));
-        assert!(plan.delete.is_empty() && plan.apply.is_empty());
-        assert_eq!(condition(&plan, ORPHANED)["status"], "True");
-        assert_eq!(condition(&plan, BACKUP_COMPLETED)["status"], "True");
-        assert_eq!(plan.events.len(), 1);
+        let plan = plan_of(snapshot(&done, &[&done], &[]));
+        assert!(plan.apply.is_empty());
+        assert_eq!(
+            serde_json::to_value(&plan.delete).unwrap(),
+            json!([delete_of_eb(&done)])
+        );
 
-        // Once marked, the same state records no new event.
-        let mut marked = a.clone();
-        marked["status"] = plan.status.clone().unwrap();
-        let again = plan_of(snapshot(&marked, &[&marked], &[]));
-        assert!(again.events.is_empty());
-        assert_eq!(again.status, plan.status);
+        // Running: the delete garbage-collects its Job, as upstream.
+        let running = started(
+            requested_by(eb("r", "2025-01-01T00:00:01Z"), "daily-2", "gone-uid"),
+            "2025-01-01T00:05:00Z",
+        );
+        let jobs = [job_of(&running, NS, None)];
+        let plan = plan_of(snapshot(&running, &[&running], &jobs));
+        assert!(plan.apply.is_empty());
+        assert_eq!(
+            serde_json::to_value(&plan.delete).unwrap(),
+            json!([delete_of_eb(&running)])
+        );
+    }
+
+    #[test]
+    fn an_orphan_being_deleted_plans_nothing() {
+        let mut a = requested_by(eb("a", "2025-01-01T00:00:01Z"), "daily-1", "gone-uid");
+        a["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:09:00Z");
+        assert!(plan_of(snapshot(&a, &[&a], &[]).deleting(true)).is_empty());
     }
 
     #[test]

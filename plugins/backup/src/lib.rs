@@ -8,7 +8,8 @@
 //!   time across the cluster, the others queued in creation order; status
 //!   as upstream (`BackupPending`/`BackupCompleted`/`BackupFailed`/
 //!   `BackupSkipped`, `backupJob`). EtcdBackups whose requesting Job is gone
-//!   are marked `Orphaned` (upstream deletes them; see the README).
+//!   are deleted, as upstream does (the controller declares
+//!   `delete-primary`).
 //! - `backup` ([`periodic`]) — `config.openshift.io/v1alpha1` Backup: a
 //!   CronJob named after it whose runs prune old backups and request an
 //!   EtcdBackup.
@@ -43,21 +44,31 @@ pub const BACKUP_CONTROLLER: &str = "backup";
 #[derive(Debug)]
 pub struct BackupPlugin;
 
-/// Namespaces the controllers may write into besides the primary's (which
-/// cluster-scoped primaries do not have).
-///
-/// The target namespace is a setting, but the manifest is read before any
-/// setting and cannot name it: the host would have to resolve the setting
-/// into a write namespace. Until it can, the default is declared and `*`
-/// lets another configured namespace through; the plugin itself only ever
-/// writes into the configured one (see the unit tests).
-const WRITE_NAMESPACES: [&str; 2] = [DEFAULT_TARGET_NAMESPACE, "*"];
+/// The setting naming the target namespace, the one namespace the
+/// controllers write into (cluster-scoped primaries have none of their own).
+const TARGET_NAMESPACE_SETTING: &str = "targetNamespace";
+
+/// Declares the target namespace as the controller's write namespace: the
+/// host resolves `setting:targetNamespace` from the settings at load, and
+/// resolves an absent setting to nothing, so the setting's default is
+/// declared too. With `targetNamespace` set to another namespace, the
+/// controllers may write there and into the default one; the plugin only
+/// ever writes into the configured one (see the unit tests).
+fn write_namespaces(controller: Controller) -> Controller {
+    controller
+        .write_namespace_from_setting(TARGET_NAMESPACE_SETTING)
+        .write_namespace(DEFAULT_TARGET_NAMESPACE)
+}
 
 impl Plugin for BackupPlugin {
     fn manifest() -> Manifest {
         let job = KindRef::of::<Job>();
-        let mut etcd_backups = Controller::new(ETCD_BACKUP_CONTROLLER, etcd_backup_kind())
+        let etcd_backups = Controller::new(ETCD_BACKUP_CONTROLLER, etcd_backup_kind())
             .owns(job.clone())
+            // An EtcdBackup whose requesting Job (a scheduled run) is gone
+            // deletes itself: a cluster-scoped object cannot be
+            // garbage-collected through its namespaced owner.
+            .delete_primary()
             .reads(Read::new(
                 etcdbackup::READ_ETCD_BACKUPS,
                 etcd_backup_kind(),
@@ -81,15 +92,11 @@ impl Plugin for BackupPlugin {
                 KindRef::of::<PersistentVolumeClaim>(),
                 Selector::ClusterWide,
             ));
-        let mut backups =
+        let backups =
             Controller::new(BACKUP_CONTROLLER, backup_kind()).owns(KindRef::of::<CronJob>());
-        for ns in WRITE_NAMESPACES {
-            etcd_backups = etcd_backups.write_namespace(ns);
-            backups = backups.write_namespace(ns);
-        }
         Manifest::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"))
-            .controller(etcd_backups)
-            .controller(backups)
+            .controller(write_namespaces(etcd_backups))
+            .controller(write_namespaces(backups))
     }
 
     fn validate_settings(settings: &Value) -> Result<(), Vec<SettingsProblem>> {
@@ -151,9 +158,14 @@ mod tests {
         assert!(!b.primary.namespaced);
         assert_eq!(b.owns, [KindRef::of::<CronJob>()]);
         for c in &m.controllers {
-            assert_eq!(c.write_namespaces, ["openshift-etcd", "*"]);
+            assert_eq!(
+                c.write_namespaces,
+                ["setting:targetNamespace", "openshift-etcd"]
+            );
             assert_eq!(c.finalizer, None);
         }
+        assert!(eb.delete_primary, "orphaned EtcdBackups delete themselves");
+        assert!(!b.delete_primary);
     }
 
     #[test]
