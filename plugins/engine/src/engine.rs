@@ -1,0 +1,703 @@
+//! One reconcile of a FireboltEngine: the instance gate, then one step of
+//! the blue-green phase machine, then a bounded sweep of stray
+//! generations, answered as one plan with at most one status write.
+//!
+//! # Phases
+//!
+//! | phase | does | next |
+//! | --- | --- | --- |
+//! | (none) | writes the intent: generation 0, no active generation | creating |
+//! | creating | applies generation N's ConfigMap, headless Service and StatefulSet (and the cluster Service if absent); a spec change meanwhile abandons N for N+1 | switching, once every pod of N is Ready |
+//! | switching | points `<e>-service` at N | draining (or stable/stopped on the first generation), once the Service selects N |
+//! | draining | polls the old generation's query counters through host observations (skipped for `drainCheckEnabled: false` or `rollout: recreate`) | cleaning, once drained |
+//! | cleaning | deletes the old generation with preconditions | stable / stopped |
+//! | stable, stopped | re-creates a missing ConfigMap, headless Service or cluster Service in place; drift writes the intent N+1 | creating on drift |
+//!
+//! # Guarantees
+//!
+//! - Intent first: a new generation number and the creating phase are
+//!   written to status in a pass that creates nothing; objects of a
+//!   generation are created only once status names it. A crash anywhere
+//!   resumes from status plus what exists.
+//! - The cluster Service is switched to a generation only after all its
+//!   pods were seen Ready.
+//! - Deletes carry the uid and resourceVersion of the object seen.
+//! - A steady engine yields an empty plan.
+//! - Only creating, stable and stopped (and the first pass) consult the
+//!   instance; switching, draining and cleaning act on existing objects.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+use wasmop_sdk::conditions::{conditions_of, set_condition};
+use wasmop_sdk::k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use wasmop_sdk::{Plan, ReconcileError, Snapshot};
+
+use crate::drain::{self, PodDrain};
+use crate::gate;
+use crate::names::{ENGINE_LABEL, METRICS_PORT, Names};
+use crate::render::{Desired, generation_of};
+use crate::settings::Settings;
+use crate::spec::{FireboltEngine, FireboltEngineClass, resolve};
+use crate::{CLASS_READ, INSTANCE_READ, POD_READ, POD_TARGET};
+
+/// Phase names, as upstream spells them.
+pub mod phase {
+    /// Building a new generation.
+    pub const CREATING: &str = "creating";
+    /// Pointing the Service at the new generation.
+    pub const SWITCHING: &str = "switching";
+    /// Waiting for the old generation's queries to finish.
+    pub const DRAINING: &str = "draining";
+    /// Deleting the old generation.
+    pub const CLEANING: &str = "cleaning";
+    /// Serving on one generation.
+    pub const STABLE: &str = "stable";
+    /// Zero replicas.
+    pub const STOPPED: &str = "stopped";
+}
+
+/// Requeue after writing an intent or a phase change.
+pub const STEP_REQUEUE: Duration = Duration::from_secs(1);
+/// Requeue while pods of a new generation are not Ready (pod changes
+/// trigger a reconcile too).
+pub const PODS_REQUEUE: Duration = Duration::from_secs(5);
+/// Requeue while the instance (or class) blocks the engine.
+pub const BLOCKED_REQUEUE: Duration = Duration::from_secs(10);
+/// Requeue when the stray sweep left objects for the next pass.
+pub const SWEEP_REQUEUE: Duration = Duration::from_secs(2);
+/// Stray per-generation objects deleted per pass at most.
+pub const SWEEP_LIMIT: usize = 20;
+
+/// The condition types the engine writes.
+pub mod condition {
+    /// Roll-up.
+    pub const READY: &str = "Ready";
+    /// The instance gate.
+    pub const INSTANCE_READY: &str = "InstanceReady";
+}
+
+/// What a phase step decided.
+struct Step {
+    plan: Plan,
+    phase: String,
+    current: i64,
+    active: i64,
+    draining: Option<i64>,
+    ready: (bool, &'static str, String),
+    requeue: Option<Duration>,
+}
+
+/// Reconciles the engine in `snapshot`.
+///
+/// # Errors
+///
+/// [`ReconcileError::InvalidSpec`] when the primary is not a
+/// FireboltEngine or a drain interval does not parse;
+/// [`ReconcileError::Internal`] when the snapshot lacks what the host
+/// always provides.
+pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
+    if snapshot.deleting {
+        // Everything carries the engine's ownerReference.
+        return Ok(Plan::new());
+    }
+    let settings: Settings = snapshot.settings_as()?;
+    let engine: FireboltEngine = snapshot.primary_as()?;
+    let namespace = snapshot
+        .primary_namespace()
+        .ok_or_else(|| ReconcileError::internal("the primary has no namespace"))?;
+    let names = Names::new(snapshot.primary_name(), namespace, &settings.cluster_domain);
+    let now = snapshot.now()?;
+    let generation = snapshot.primary_generation();
+    let status = &engine.status;
+    let spec = &engine.spec;
+    let mut conditions = conditions_of(&snapshot.primary);
+
+    let step = match status.phase.as_str() {
+        phase::SWITCHING => switching(snapshot, &names, &engine)?,
+        phase::DRAINING => draining(snapshot, &names, &engine)?,
+        phase::CLEANING => cleaning(snapshot, &names, &engine)?,
+        _ => {
+            // Gated phases: "", creating, stable, stopped.
+            let override_ = spec.metadata_endpoint_override.as_deref();
+            let instance = snapshot.related(INSTANCE_READ).next();
+            let instance = match gate::check(&spec.instance_ref, instance, override_) {
+                Ok(i) => {
+                    set_condition(
+                        &mut conditions,
+                        condition::INSTANCE_READY,
+                        true,
+                        "InstanceReady",
+                        &format!("FireboltInstance {} is ready", spec.instance_ref),
+                        generation,
+                        &now,
+                    );
+                    i
+                }
+                Err(why) => {
+                    set_condition(
+                        &mut conditions,
+                        condition::INSTANCE_READY,
+                        false,
+                        "InstanceNotReady",
+                        &why,
+                        generation,
+                        &now,
+                    );
+                    return Ok(blocked(
+                        snapshot,
+                        &engine,
+                        conditions,
+                        "InstanceNotReady",
+                        &why,
+                        &now,
+                    ));
+                }
+            };
+            let class = match spec.engine_class_ref.as_deref().filter(|c| !c.is_empty()) {
+                None => None,
+                Some(name) => match snapshot.related_one::<FireboltEngineClass>(CLASS_READ)? {
+                    Some(c) => Some(c),
+                    None => {
+                        let why = format!(
+                            "FireboltEngineClass {name} does not exist in namespace {namespace}"
+                        );
+                        return Ok(blocked(
+                            snapshot,
+                            &engine,
+                            conditions,
+                            "FireboltEngineClassUnready",
+                            &why,
+                            &now,
+                        ));
+                    }
+                },
+            };
+            let resolved = resolve(spec, class.as_ref().map(|c| &c.spec))
+                .map_err(ReconcileError::invalid_spec)?;
+            let desired = Desired {
+                names: &names,
+                settings: &settings,
+                replicas: spec.replicas,
+                class_template: class.as_ref().and_then(|c| c.spec.template.as_ref()),
+                engine_template: spec.template.as_ref(),
+                resolved: &resolved,
+                instance: &instance,
+                metadata_override: override_.filter(|o| !o.is_empty()),
+            };
+            match status.phase.as_str() {
+                "" => Step {
+                    plan: Plan::new(),
+                    phase: phase::CREATING.into(),
+                    current: 0,
+                    active: -1,
+                    draining: None,
+                    ready: (false, "Initializing", "creating generation 0".into()),
+                    requeue: Some(STEP_REQUEUE),
+                },
+                phase::CREATING => creating(snapshot, &names, &engine, &desired)?,
+                _ => steady(snapshot, &names, &engine, &desired)?,
+            }
+        }
+    };
+
+    let Step {
+        mut plan,
+        phase,
+        current,
+        active,
+        draining,
+        ready,
+        requeue,
+    } = step;
+    let (ok, reason, message) = ready;
+    set_condition(
+        &mut conditions,
+        condition::READY,
+        ok,
+        reason,
+        &message,
+        generation,
+        &now,
+    );
+    let keep: BTreeSet<i64> = [
+        status.current_generation,
+        status.active_generation,
+        current,
+        active,
+    ]
+    .into_iter()
+    .chain(status.draining_generation)
+    .chain(draining)
+    .chain(selected_generation(snapshot, &names))
+    .collect();
+    let (swept, more) = sweep(&mut plan, snapshot, &names, &keep)?;
+    if swept > 0 {
+        plan = plan.event(
+            "StrayGenerationsSwept",
+            format!("deleted {swept} object(s) of abandoned generations"),
+        );
+    }
+    let mut new_status = status_object(&snapshot.primary);
+    new_status.insert("phase".into(), json!(phase));
+    new_status.insert("currentGeneration".into(), json!(current));
+    new_status.insert("activeGeneration".into(), json!(active));
+    match draining {
+        Some(d) => new_status.insert("drainingGeneration".into(), json!(d)),
+        None => new_status.remove("drainingGeneration"),
+    };
+    new_status.insert("conditions".into(), json!(conditions));
+    let new_status = Value::Object(new_status);
+    if new_status != snapshot.primary["status"] {
+        plan = plan.status(new_status);
+    }
+    let requeue = if more { Some(SWEEP_REQUEUE) } else { requeue };
+    if let Some(r) = requeue {
+        plan = plan.requeue_after(r);
+    }
+    Ok(plan)
+}
+
+/// The plan of an engine the gate (or a missing class) holds: status only.
+fn blocked(
+    snapshot: &Snapshot,
+    engine: &FireboltEngine,
+    mut conditions: Vec<Condition>,
+    reason: &str,
+    why: &str,
+    now: &Time,
+) -> Plan {
+    set_condition(
+        &mut conditions,
+        condition::READY,
+        false,
+        reason,
+        why,
+        snapshot.primary_generation(),
+        now,
+    );
+    let mut status = status_object(&snapshot.primary);
+    if engine.status.phase.is_empty() {
+        // The intent of the first generation costs nothing and shows
+        // where the engine stands.
+        status.insert("phase".into(), json!(phase::CREATING));
+        status.insert("currentGeneration".into(), json!(0));
+        status.insert("activeGeneration".into(), json!(-1));
+    }
+    status.insert("conditions".into(), json!(conditions));
+    let status = Value::Object(status);
+    let mut plan = Plan::new().requeue_after(BLOCKED_REQUEUE);
+    if status != snapshot.primary["status"] {
+        plan = plan.status(status);
+    }
+    plan
+}
+
+fn creating(
+    snapshot: &Snapshot,
+    names: &Names,
+    engine: &FireboltEngine,
+    desired: &Desired<'_>,
+) -> Result<Step, ReconcileError> {
+    let s = &engine.status;
+    let g = s.current_generation;
+    let sts = snapshot.owned_named("StatefulSet", &names.statefulset(g));
+    if let Some(sts) = sts
+        && spec_hash(sts) != desired.hash()
+    {
+        // The spec moved while N was being built: abandon N (the sweep
+        // deletes it once status no longer names it) and build N+1.
+        return Ok(Step {
+            plan: Plan::new().event(
+                "GenerationAbandoned",
+                format!(
+                    "spec changed while generation {g} was created; creating generation {}",
+                    g + 1
+                ),
+            ),
+            phase: phase::CREATING.into(),
+            current: g + 1,
+            active: s.active_generation,
+            draining: s.draining_generation,
+            ready: rolling(phase::CREATING),
+            requeue: Some(STEP_REQUEUE),
+        });
+    }
+    let mut plan = Plan::new()
+        .apply(desired.config_map(g))
+        .apply(desired.headless_service(g))
+        .apply(desired.statefulset(g));
+    if snapshot.owned_named("Service", &names.service()).is_none() {
+        let target = if s.active_generation >= 0 {
+            s.active_generation
+        } else {
+            g
+        };
+        plan = plan.apply(desired.cluster_service(target));
+    }
+    let want = engine.spec.replicas.max(0);
+    let ready = ready_pods(snapshot, names, g);
+    if sts.is_some() && ready == want {
+        return Ok(Step {
+            plan: plan.event(
+                "GenerationReady",
+                format!("generation {g} has {ready} ready pod(s); switching the Service"),
+            ),
+            phase: phase::SWITCHING.into(),
+            current: g,
+            active: s.active_generation,
+            draining: s.draining_generation,
+            ready: rolling(phase::SWITCHING),
+            requeue: Some(STEP_REQUEUE),
+        });
+    }
+    Ok(Step {
+        plan,
+        phase: phase::CREATING.into(),
+        current: g,
+        active: s.active_generation,
+        draining: s.draining_generation,
+        ready: (
+            false,
+            "PodsNotReady",
+            format!("generation {g} has {ready} of {want} pod(s) ready"),
+        ),
+        requeue: Some(PODS_REQUEUE),
+    })
+}
+
+fn switching(
+    snapshot: &Snapshot,
+    names: &Names,
+    engine: &FireboltEngine,
+) -> Result<Step, ReconcileError> {
+    let s = &engine.status;
+    let g = s.current_generation;
+    let mut step = Step {
+        plan: Plan::new(),
+        phase: phase::SWITCHING.into(),
+        current: g,
+        active: s.active_generation,
+        draining: s.draining_generation,
+        ready: rolling(phase::SWITCHING),
+        requeue: Some(STEP_REQUEUE),
+    };
+    if selected_generation(snapshot, names) != Some(g) {
+        // Only the selector changes; the rest of the Service is as the
+        // creating phase applied it.
+        let service = json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": names.service(), "namespace": names.namespace(),
+                         "labels": names.engine_labels()},
+            "spec": {"selector": names.generation_labels(g)},
+        });
+        step.plan = step.plan.apply(service);
+        return Ok(step);
+    }
+    let old = s.active_generation;
+    step.active = g;
+    step.plan = step.plan.event(
+        "Switched",
+        format!("{} now selects generation {g}", names.service()),
+    );
+    if old >= 0 && old != g {
+        step.phase = phase::DRAINING.into();
+        step.draining = Some(old);
+        step.ready = rolling(phase::DRAINING);
+    } else {
+        terminal(&mut step, snapshot, names, engine);
+    }
+    Ok(step)
+}
+
+fn draining(
+    snapshot: &Snapshot,
+    names: &Names,
+    engine: &FireboltEngine,
+) -> Result<Step, ReconcileError> {
+    let s = &engine.status;
+    let mut step = Step {
+        plan: Plan::new(),
+        phase: phase::DRAINING.into(),
+        current: s.current_generation,
+        active: s.active_generation,
+        draining: s.draining_generation,
+        ready: rolling(phase::DRAINING),
+        requeue: Some(STEP_REQUEUE),
+    };
+    let Some(old) = s.draining_generation else {
+        step.phase = phase::CLEANING.into();
+        step.ready = rolling(phase::CLEANING);
+        return Ok(step);
+    };
+    // The class is not consulted here: its drain settings resolve
+    // engine → default when the class is gone.
+    let class: Option<FireboltEngineClass> = snapshot.related_one(CLASS_READ).unwrap_or(None);
+    let resolved = resolve(&engine.spec, class.as_ref().map(|c| &c.spec))
+        .map_err(ReconcileError::invalid_spec)?;
+    if !resolved.drain_check_enabled || resolved.recreate {
+        step.phase = phase::CLEANING.into();
+        step.ready = rolling(phase::CLEANING);
+        return Ok(step);
+    }
+    let mut failing = Vec::new();
+    let mut pending = Vec::new();
+    for pod in pods_of(snapshot, names, old) {
+        let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+        let running = pod["status"]["phase"] == "Running"
+            && pod["status"]["podIP"]
+                .as_str()
+                .is_some_and(|ip| !ip.is_empty());
+        if !running {
+            continue;
+        }
+        match drain::judge(snapshot.observation(&drain::observation_id(name))) {
+            PodDrain::Drained => {}
+            PodDrain::Failing(why) => {
+                failing.push(format!("{name}: {why}"));
+                pending.push(name.to_owned());
+            }
+            PodDrain::Busy(_) | PodDrain::Unknown => pending.push(name.to_owned()),
+        }
+    }
+    if pending.is_empty() {
+        step.phase = phase::CLEANING.into();
+        step.ready = rolling(phase::CLEANING);
+        step.plan = step.plan.event(
+            "Drained",
+            format!("generation {old} has no queries in flight"),
+        );
+        return Ok(step);
+    }
+    for pod in &pending {
+        step.plan = step.plan.http_get(
+            &drain::observation_id(pod),
+            POD_TARGET,
+            pod,
+            METRICS_PORT as u16,
+            "/metrics",
+        );
+    }
+    if !failing.is_empty() {
+        step.ready = (
+            false,
+            "DrainCheckFailing",
+            format!("drain check of generation {old}: {}", failing.join("; ")),
+        );
+    }
+    step.requeue = Some(resolved.drain_check_interval);
+    Ok(step)
+}
+
+fn cleaning(
+    snapshot: &Snapshot,
+    names: &Names,
+    engine: &FireboltEngine,
+) -> Result<Step, ReconcileError> {
+    let s = &engine.status;
+    let mut step = Step {
+        plan: Plan::new(),
+        phase: phase::CLEANING.into(),
+        current: s.current_generation,
+        active: s.active_generation,
+        draining: None,
+        ready: rolling(phase::CLEANING),
+        requeue: None,
+    };
+    if let Some(old) = s.draining_generation {
+        for (kind, name) in [
+            ("StatefulSet", names.statefulset(old)),
+            ("Service", names.headless(old)),
+            ("ConfigMap", names.config(old)),
+        ] {
+            if let Some(seen) = snapshot.owned_named(kind, &name) {
+                step.plan = step.plan.delete_owned(seen)?;
+            }
+        }
+        step.plan = step
+            .plan
+            .event("Cleaned", format!("deleted generation {old}"));
+    }
+    terminal(&mut step, snapshot, names, engine);
+    Ok(step)
+}
+
+/// stable and stopped: repair in place, or write the intent of the next
+/// generation on drift.
+fn steady(
+    snapshot: &Snapshot,
+    names: &Names,
+    engine: &FireboltEngine,
+    desired: &Desired<'_>,
+) -> Result<Step, ReconcileError> {
+    let s = &engine.status;
+    let g = s.current_generation;
+    let sts = snapshot.owned_named("StatefulSet", &names.statefulset(g));
+    let drift = match sts {
+        None => Some(format!("StatefulSet {} is missing", names.statefulset(g))),
+        Some(sts) if spec_hash(sts) != desired.hash() => {
+            Some(format!("the spec of generation {g} changed"))
+        }
+        Some(_) => None,
+    };
+    if let Some(why) = drift {
+        return Ok(Step {
+            plan: Plan::new().event(
+                "GenerationStarted",
+                format!("{why}; creating generation {}", g + 1),
+            ),
+            phase: phase::CREATING.into(),
+            current: g + 1,
+            active: s.active_generation,
+            draining: s.draining_generation,
+            ready: rolling(phase::CREATING),
+            requeue: Some(STEP_REQUEUE),
+        });
+    }
+    let mut plan = Plan::new();
+    if snapshot
+        .owned_named("ConfigMap", &names.config(g))
+        .is_none()
+    {
+        plan = plan.apply(desired.config_map(g));
+    }
+    if snapshot
+        .owned_named("Service", &names.headless(g))
+        .is_none()
+    {
+        plan = plan.apply(desired.headless_service(g));
+    }
+    if selected_generation(snapshot, names) != Some(g) {
+        plan = plan.apply(desired.cluster_service(g));
+    }
+    let mut step = Step {
+        plan,
+        phase: s.phase.clone(),
+        current: g,
+        active: g,
+        draining: s.draining_generation,
+        ready: rolling(&s.phase),
+        requeue: None,
+    };
+    terminal(&mut step, snapshot, names, engine);
+    Ok(step)
+}
+
+/// Ends a rollout: stable (Ready once every pod of the active generation
+/// is) or stopped.
+fn terminal(step: &mut Step, snapshot: &Snapshot, names: &Names, engine: &FireboltEngine) {
+    let want = engine.spec.replicas.max(0);
+    let g = step.active;
+    if want == 0 {
+        step.phase = phase::STOPPED.into();
+        step.ready = (false, "Stopped", "Engine is stopped (0 replicas)".into());
+        return;
+    }
+    step.phase = phase::STABLE.into();
+    let ready = ready_pods(snapshot, names, g);
+    step.ready = if ready >= want {
+        (
+            true,
+            "EngineReady",
+            format!("Engine is serving traffic on generation {g}"),
+        )
+    } else {
+        (
+            false,
+            "PodsNotReady",
+            format!("generation {g} has {ready} of {want} pod(s) ready"),
+        )
+    };
+}
+
+fn rolling(phase: &str) -> (bool, &'static str, String) {
+    (false, "Rolling", format!("Engine is in {phase} phase"))
+}
+
+fn status_object(primary: &Value) -> Map<String, Value> {
+    primary["status"].as_object().cloned().unwrap_or_default()
+}
+
+fn spec_hash(sts: &Value) -> &str {
+    sts.pointer("/metadata/annotations")
+        .and_then(|a| a.get(crate::names::SPEC_HASH_ANNOTATION))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
+/// The generation `<e>-service` selects, if it exists.
+fn selected_generation(snapshot: &Snapshot, names: &Names) -> Option<i64> {
+    let service = snapshot.owned_named("Service", &names.service())?;
+    generation_of(service.pointer("/spec/selector"))
+}
+
+/// Pods of generation `g` of this engine (not being deleted).
+fn pods_of<'a>(snapshot: &'a Snapshot, names: &'a Names, g: i64) -> Vec<&'a Value> {
+    let g = g.to_string();
+    snapshot
+        .related(POD_READ)
+        .filter(|p| {
+            let labels = &p["metadata"]["labels"];
+            labels[ENGINE_LABEL] == names.engine()
+                && labels[crate::names::GENERATION_LABEL] == g.as_str()
+                && p["metadata"]["deletionTimestamp"].is_null()
+        })
+        .collect()
+}
+
+fn ready_pods(snapshot: &Snapshot, names: &Names, g: i64) -> i64 {
+    let ready = pods_of(snapshot, names, g)
+        .into_iter()
+        .filter(|p| {
+            p["status"]["phase"] == "Running"
+                && p["status"]["conditions"].as_array().is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                })
+        })
+        .count();
+    i64::try_from(ready).unwrap_or(i64::MAX)
+}
+
+/// Deletes up to [`SWEEP_LIMIT`] owned per-generation objects of
+/// generations not in `keep` (and not already deleted by the plan).
+/// Returns how many were deleted and whether more remain.
+fn sweep(
+    plan: &mut Plan,
+    snapshot: &Snapshot,
+    names: &Names,
+    keep: &BTreeSet<i64>,
+) -> Result<(usize, bool), ReconcileError> {
+    let already: BTreeSet<(String, String)> = plan
+        .delete
+        .iter()
+        .map(|d| (d.target.kind.clone(), d.target.name.clone()))
+        .collect();
+    let strays: Vec<&Value> = snapshot
+        .owned
+        .iter()
+        .filter(|o| {
+            let labels = o.pointer("/metadata/labels");
+            labels
+                .and_then(|l| l.get(ENGINE_LABEL))
+                .and_then(Value::as_str)
+                == Some(names.engine())
+                && generation_of(labels).is_some_and(|g| !keep.contains(&g))
+                && !already.contains(&(
+                    o["kind"].as_str().unwrap_or_default().to_owned(),
+                    o["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                ))
+        })
+        .collect();
+    let mut taken = std::mem::take(plan);
+    for stray in strays.iter().take(SWEEP_LIMIT) {
+        taken = taken.delete_owned(stray)?;
+    }
+    *plan = taken;
+    Ok((strays.len().min(SWEEP_LIMIT), strays.len() > SWEEP_LIMIT))
+}

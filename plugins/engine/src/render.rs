@@ -1,0 +1,281 @@
+//! The objects of one engine generation and the engine's cluster Service,
+//! rendered from the resolved inputs ([`Desired`]).
+//!
+//! Everything a generation is built from goes into one hash
+//! ([`Desired::hash`], annotation [`SPEC_HASH_ANNOTATION`] on the
+//! StatefulSet): the class and engine templates, replicas, storage, the UI
+//! sidecar switch, the merged `customEngineConfig`, the instance data
+//! rendered into `config.yaml` and the default image. The hash does not
+//! depend on the generation number, so the StatefulSet of the current
+//! generation matches the spec exactly when its hash equals it.
+
+use serde_json::{Value, json};
+use wasmop_sdk::hash::stable_hash;
+
+use crate::merge::{ENGINE_CONTAINER, deep_merge, merge_templates};
+use crate::names::{
+    CLASS_HASH_ANNOTATION, CUSTOM_CONFIG_HASH_ANNOTATION, GENERATION_LABEL, HEALTH_PORT,
+    METADATA_OVERRIDE_ANNOTATION, METRICS_PORT, Names, QUERY_PORT, SPEC_HASH_ANNOTATION, UI_PORT,
+};
+use crate::settings::Settings;
+use crate::spec::Resolved;
+
+/// Key of the rendered engine config in the ConfigMap.
+pub const CONFIG_KEY: &str = "config.yaml";
+/// Where the config is mounted.
+pub const CONFIG_DIR: &str = "/etc/firebolt";
+/// Where the engine keeps its data.
+pub const DATA_DIR: &str = "/var/lib/firebolt";
+/// Name of the UI sidecar container (reserved).
+pub const UI_CONTAINER: &str = "engine-web";
+
+/// Instance data the engine's config is rendered from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstanceData {
+    /// `spec.id` of the instance.
+    pub id: String,
+    /// The metadata endpoint (the instance's, or the engine's override).
+    pub metadata_endpoint: String,
+}
+
+/// Everything one generation is rendered from.
+#[derive(Clone, Debug)]
+pub struct Desired<'a> {
+    /// Names of the engine's objects.
+    pub names: &'a Names,
+    /// The plugin settings.
+    pub settings: &'a Settings,
+    /// `spec.replicas`.
+    pub replicas: i64,
+    /// The class template, if the engine has a class.
+    pub class_template: Option<&'a Value>,
+    /// The engine template.
+    pub engine_template: Option<&'a Value>,
+    /// Resolved non-template settings.
+    pub resolved: &'a Resolved,
+    /// Instance data for `config.yaml`.
+    pub instance: &'a InstanceData,
+    /// `spec.metadataEndpointOverride`, when set.
+    pub metadata_override: Option<&'a str>,
+}
+
+impl Desired<'_> {
+    /// Hash of every input of a generation.
+    pub fn hash(&self) -> String {
+        stable_hash(&json!({
+            "replicas": self.replicas,
+            "classTemplate": self.class_template,
+            "engineTemplate": self.engine_template,
+            "uiSidecar": self.resolved.ui_sidecar,
+            "storage": self.resolved.storage,
+            "customEngineConfig": self.resolved.custom_engine_config,
+            "instanceId": self.instance.id,
+            "metadataEndpoint": self.instance.metadata_endpoint,
+            "engineImage": self.settings.engine_image,
+            "uiSidecarImage": self.settings.ui_sidecar_image,
+        }))
+    }
+
+    /// The rendered `config.yaml` of generation `g` (JSON, which YAML
+    /// parsers read as YAML). `customEngineConfig` goes underneath; the
+    /// operator-owned paths (`schema_version`, `instance`, `engine.id`,
+    /// `engine.nodes`) always come from the operator.
+    pub fn config_text(&self, g: i64) -> String {
+        let mut config = self.resolved.custom_engine_config.clone();
+        if let Some(map) = config.as_object_mut() {
+            map.remove("schema_version");
+            map.remove("instance");
+        }
+        let nodes: Vec<Value> = (0..self.replicas.max(0))
+            .map(|i| json!({"host": self.names.node_host(g, i)}))
+            .collect();
+        let operator = json!({
+            "schema_version": "1.0",
+            "instance": {
+                "id": self.instance.id,
+                "type": "multi_engine",
+                "multi_engine": {"metadata_endpoint": self.instance.metadata_endpoint},
+            },
+            "engine": {"id": self.names.engine(), "nodes": nodes},
+        });
+        if config.pointer("/logging/format").is_none() {
+            deep_merge(&mut config, &json!({"logging": {"format": "json"}}));
+        }
+        deep_merge(&mut config, &operator);
+        serde_json::to_string_pretty(&config).unwrap_or_default()
+    }
+
+    /// ConfigMap `<e>-g<N>-config`.
+    pub fn config_map(&self, g: i64) -> Value {
+        json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": self.meta(&self.names.config(g), g),
+            "data": {CONFIG_KEY: self.config_text(g)},
+        })
+    }
+
+    /// Headless Service `<e>-g<N>-hl`: stable DNS for the nodes, ready or
+    /// not.
+    pub fn headless_service(&self, g: i64) -> Value {
+        json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": self.meta(&self.names.headless(g), g),
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": true,
+                "selector": self.names.generation_labels(g),
+                "ports": [
+                    {"name": "http-query", "port": QUERY_PORT, "targetPort": QUERY_PORT},
+                    {"name": "health", "port": HEALTH_PORT, "targetPort": HEALTH_PORT},
+                    {"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT},
+                ],
+            },
+        })
+    }
+
+    /// The pod template of generation `g`: operator defaults < class <
+    /// engine, then the operator's labels on top.
+    pub fn pod_template(&self, g: i64) -> Value {
+        let defaults = self.default_template(g);
+        let mut template =
+            merge_templates([Some(&defaults), self.class_template, self.engine_template]);
+        let labels = &mut template["metadata"]["labels"];
+        for (k, v) in self.names.generation_labels(g) {
+            labels[k] = json!(v);
+        }
+        if self.resolved.ui_sidecar {
+            let containers = &mut template["spec"]["containers"];
+            if let Some(list) = containers.as_array_mut() {
+                list.retain(|c| c["name"] != UI_CONTAINER);
+                list.push(json!({
+                    "name": UI_CONTAINER,
+                    "image": self.settings.ui_sidecar_image,
+                    "ports": [{"name": "ui", "containerPort": UI_PORT}],
+                }));
+            }
+        }
+        template
+    }
+
+    fn default_template(&self, g: i64) -> Value {
+        let storage = &self.resolved.storage;
+        let data_volume = if let Some(host_path) = storage.get("hostPath") {
+            Some(json!({"name": "data", "hostPath": host_path}))
+        } else if storage.get("persistentVolumeClaim").is_some() {
+            None // a volumeClaimTemplate named `data`
+        } else {
+            Some(
+                json!({"name": "data", "emptyDir": storage.get("emptyDir").cloned().unwrap_or(json!({}))}),
+            )
+        };
+        let mut volumes = vec![
+            json!({"name": "config", "configMap": {"name": self.names.config(g)}}),
+            json!({"name": "runtime", "emptyDir": {}}),
+        ];
+        volumes.extend(data_volume);
+        json!({
+            "metadata": {"labels": {}},
+            "spec": {
+                "containers": [{
+                    "name": ENGINE_CONTAINER,
+                    "image": self.settings.engine_image,
+                    "command": ["/bin/bash", "-c",
+                        format!("exec firebolt server --node \"$POD_INDEX\" --config {CONFIG_DIR}/{CONFIG_KEY} --data-dir {DATA_DIR}")],
+                    "env": [{"name": "POD_INDEX", "valueFrom": {"fieldRef":
+                        {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}}],
+                    "ports": [
+                        {"name": "http-query", "containerPort": QUERY_PORT},
+                        {"name": "health", "containerPort": HEALTH_PORT},
+                        {"name": "metrics", "containerPort": METRICS_PORT},
+                    ],
+                    "readinessProbe": {"httpGet": {"path": "/health/ready", "port": HEALTH_PORT}},
+                    "livenessProbe": {"httpGet": {"path": "/health/live", "port": HEALTH_PORT}},
+                    "volumeMounts": [
+                        {"name": "config", "mountPath": CONFIG_DIR},
+                        {"name": "runtime", "mountPath": "/var/run/firebolt"},
+                        {"name": "data", "mountPath": DATA_DIR},
+                    ],
+                }],
+                "volumes": volumes,
+            },
+        })
+    }
+
+    /// StatefulSet `<e>-g<N>`.
+    pub fn statefulset(&self, g: i64) -> Value {
+        let mut annotations = json!({SPEC_HASH_ANNOTATION: self.hash()});
+        if let Some(class) = self.class_template {
+            annotations[CLASS_HASH_ANNOTATION] = json!(stable_hash(class));
+        }
+        if self
+            .resolved
+            .custom_engine_config
+            .as_object()
+            .is_some_and(|m| !m.is_empty())
+        {
+            annotations[CUSTOM_CONFIG_HASH_ANNOTATION] =
+                json!(stable_hash(&self.resolved.custom_engine_config));
+        }
+        if let Some(o) = self.metadata_override {
+            annotations[METADATA_OVERRIDE_ANNOTATION] = json!(o);
+        }
+        let mut meta = self.meta(&self.names.statefulset(g), g);
+        meta["annotations"] = annotations;
+        let mut spec = json!({
+            "replicas": self.replicas,
+            "serviceName": self.names.headless(g),
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": self.names.generation_labels(g)},
+            "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete", "whenScaled": "Retain"},
+            "template": self.pod_template(g),
+        });
+        if let Some(pvc) = self.resolved.storage.get("persistentVolumeClaim") {
+            let mut claim = json!({
+                "accessModes": pvc.get("accessModes").cloned().unwrap_or(json!(["ReadWriteOnce"])),
+                "resources": {"requests": {"storage": pvc.get("size").cloned().unwrap_or(json!("10Gi"))}},
+            });
+            if let Some(class) = pvc.get("storageClassName") {
+                claim["storageClassName"] = class.clone();
+            }
+            spec["volumeClaimTemplates"] = json!([{"metadata": {"name": "data"}, "spec": claim}]);
+        }
+        json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": meta, "spec": spec})
+    }
+
+    /// The cluster Service `<e>-service`, selecting generation `g`.
+    pub fn cluster_service(&self, g: i64) -> Value {
+        json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {
+                "name": self.names.service(),
+                "namespace": self.names.namespace(),
+                "labels": self.names.engine_labels(),
+            },
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": false,
+                "selector": self.names.generation_labels(g),
+                "ports": [
+                    {"name": "http-query", "port": QUERY_PORT, "targetPort": QUERY_PORT},
+                    {"name": "health", "port": HEALTH_PORT, "targetPort": HEALTH_PORT},
+                ],
+            },
+        })
+    }
+
+    fn meta(&self, name: &str, g: i64) -> Value {
+        json!({
+            "name": name,
+            "namespace": self.names.namespace(),
+            "labels": self.names.generation_labels(g),
+        })
+    }
+}
+
+/// The generation a per-generation object or Service selector names.
+pub fn generation_of(labels: Option<&Value>) -> Option<i64> {
+    labels?.get(GENERATION_LABEL)?.as_str()?.parse().ok()
+}

@@ -1,0 +1,465 @@
+//! Reconcile tests: the plugin driven natively against a small simulated
+//! namespace (plans applied, StatefulSets grown into Ready pods).
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+use wasmop_sdk::testing::{SnapshotBuilder, run};
+use wasmop_sdk::{Observation, Plan, Snapshot};
+
+use crate::engine::phase;
+use crate::{CLASS_CONTROLLER, ENGINE_CONTROLLER, EnginePlugin};
+
+const NS: &str = "fb";
+
+fn instance(ready: bool) -> Value {
+    json!({
+        "apiVersion": "compute.firebolt.io/v1alpha1", "kind": "FireboltInstance",
+        "metadata": {"name": "firebolt", "namespace": NS},
+        "spec": {"id": "01JGFJJZ00KV6Z8Q2XN5R1M3TB", "metadata": {}, "gateway": {}},
+        "status": if ready {
+            json!({"phase": "Ready", "metadataEndpoint": "firebolt-metadata.fb.svc.cluster.local:7000"})
+        } else {
+            json!({"phase": "Provisioning"})
+        },
+    })
+}
+
+fn engine(spec: Value) -> Value {
+    json!({
+        "apiVersion": "compute.firebolt.io/v1alpha1", "kind": "FireboltEngine",
+        "metadata": {"name": "e", "namespace": NS, "uid": "engine-uid", "generation": 1},
+        "spec": spec,
+    })
+}
+
+/// A namespace: the engine, its owned objects, pods, instance and class.
+struct World {
+    engine: Value,
+    owned: BTreeMap<(String, String), Value>,
+    pods: BTreeMap<String, Value>,
+    instance: Option<Value>,
+    class: Option<Value>,
+    observations: Vec<Observation>,
+    rv: u64,
+    /// Generations the Service selected at any time, with their ready pods.
+    selected_ready: Vec<(i64, usize)>,
+}
+
+impl World {
+    fn new(engine: Value) -> Self {
+        World {
+            engine,
+            owned: BTreeMap::new(),
+            pods: BTreeMap::new(),
+            instance: Some(instance(true)),
+            class: None,
+            observations: Vec::new(),
+            rv: 0,
+            selected_ready: Vec::new(),
+        }
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let mut b = SnapshotBuilder::new(ENGINE_CONTROLLER).primary(&self.engine);
+        for o in self.owned.values() {
+            b = b.owned(o);
+        }
+        for p in self.pods.values() {
+            b = b.related(crate::POD_READ, p);
+        }
+        if let Some(i) = &self.instance {
+            b = b.related(crate::INSTANCE_READ, i);
+        }
+        if let Some(c) = &self.class {
+            b = b.related(crate::CLASS_READ, c);
+        }
+        for o in &self.observations {
+            b = b.observation(o.clone());
+        }
+        b.build()
+    }
+
+    fn reconcile(&mut self) -> Plan {
+        let plan = run::<EnginePlugin>(&self.snapshot()).unwrap();
+        // Deleting must use what was seen.
+        for d in &plan.delete {
+            let key = (d.target.kind.clone(), d.target.name.clone());
+            let seen = self.owned.remove(&key).expect("deletes only what exists");
+            assert_eq!(seen["metadata"]["uid"], d.uid);
+            assert_eq!(seen["metadata"]["resourceVersion"], d.resource_version);
+        }
+        for op in &plan.apply {
+            self.rv += 1;
+            let o = &op.object;
+            let key = (
+                o["kind"].as_str().unwrap().to_owned(),
+                o["metadata"]["name"].as_str().unwrap().to_owned(),
+            );
+            let mut merged = self.owned.get(&key).cloned().unwrap_or(json!({}));
+            crate::merge::deep_merge(&mut merged, o);
+            merged["metadata"]["uid"] = json!(format!("uid-{}", key.1));
+            merged["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+            self.owned.insert(key, merged);
+        }
+        if let Some(s) = &plan.status {
+            self.engine["status"] = s.clone();
+        }
+        // Pods follow StatefulSets (ready at once), vanish with them.
+        self.pods.clear();
+        for ((kind, name), sts) in &self.owned {
+            if kind != "StatefulSet" {
+                continue;
+            }
+            for i in 0..sts["spec"]["replicas"].as_i64().unwrap() {
+                let pod = format!("{name}-{i}");
+                self.pods.insert(
+                    pod.clone(),
+                    json!({
+                        "apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": pod, "namespace": NS,
+                                     "labels": sts["spec"]["template"]["metadata"]["labels"]},
+                        "status": {"phase": "Running", "podIP": "10.0.0.1",
+                                   "conditions": [{"type": "Ready", "status": "True"}]},
+                    }),
+                );
+            }
+        }
+        if let Some(g) = self.selected() {
+            let label = g.to_string();
+            let ready = self
+                .pods
+                .values()
+                .filter(|p| p["metadata"]["labels"]["firebolt.io/generation"] == label.as_str())
+                .count();
+            self.selected_ready.push((g, ready));
+        }
+        plan
+    }
+
+    fn selected(&self) -> Option<i64> {
+        self.owned
+            .get(&("Service".to_owned(), "e-service".to_owned()))
+            .and_then(|s| s["spec"]["selector"]["firebolt.io/generation"].as_str())
+            .and_then(|g| g.parse().ok())
+    }
+
+    fn phase(&self) -> &str {
+        self.engine["status"]["phase"].as_str().unwrap_or_default()
+    }
+
+    /// Reconciles until the plan is empty (at most `max` passes).
+    fn settle(&mut self, max: usize) -> usize {
+        for pass in 0..max {
+            if self.reconcile().is_empty() {
+                return pass;
+            }
+        }
+        panic!(
+            "no steady state after {max} passes; status {}",
+            self.engine["status"]
+        );
+    }
+
+    fn names(&self, kind: &str) -> Vec<String> {
+        self.owned
+            .keys()
+            .filter(|(k, _)| k == kind)
+            .map(|(_, n)| n.clone())
+            .collect()
+    }
+}
+
+fn base_spec() -> Value {
+    json!({"instanceRef": "firebolt", "replicas": 2, "drainCheckEnabled": false})
+}
+
+#[test]
+fn a_new_engine_writes_its_intent_before_creating_anything() {
+    let mut w = World::new(engine(base_spec()));
+    let plan = w.reconcile();
+    assert!(plan.apply.is_empty(), "{plan:?}");
+    let s = plan.status.unwrap();
+    assert_eq!(s["phase"], "creating");
+    assert_eq!(s["currentGeneration"], 0);
+    assert_eq!(s["activeGeneration"], -1);
+    let plan = w.reconcile();
+    let names: Vec<&str> = plan
+        .apply
+        .iter()
+        .map(|a| a.object["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["e-g0-config", "e-g0-hl", "e-g0", "e-service"]);
+}
+
+#[test]
+fn an_engine_comes_up_and_settles_on_an_empty_plan() {
+    let mut w = World::new(engine(base_spec()));
+    w.settle(20);
+    assert_eq!(w.phase(), phase::STABLE);
+    assert_eq!(w.selected(), Some(0));
+    assert_eq!(w.engine["status"]["activeGeneration"], 0);
+    let ready = crate::tests::condition(&w.engine, "Ready");
+    assert_eq!(ready["status"], "True", "{ready}");
+    assert_eq!(ready["reason"], "EngineReady");
+    assert!(run::<EnginePlugin>(&w.snapshot()).unwrap().is_empty());
+}
+
+pub(crate) fn condition(obj: &Value, type_: &str) -> Value {
+    obj["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == type_).cloned())
+        .unwrap_or(Value::Null)
+}
+
+#[test]
+fn scaling_rolls_a_new_generation_and_the_service_never_selects_unready_pods() {
+    let mut w = World::new(engine(base_spec()));
+    w.settle(20);
+    w.engine["spec"]["replicas"] = json!(5);
+    w.engine["metadata"]["generation"] = json!(2);
+    w.settle(20);
+    assert_eq!(w.phase(), phase::STABLE);
+    assert_eq!(w.selected(), Some(1));
+    assert_eq!(w.names("StatefulSet"), ["e-g1"]);
+    assert_eq!(w.names("ConfigMap"), ["e-g1-config"]);
+    assert_eq!(
+        w.owned[&("StatefulSet".into(), "e-g1".into())]["spec"]["replicas"],
+        5
+    );
+    for (g, ready) in &w.selected_ready {
+        assert!(
+            *ready > 0,
+            "the Service selected generation {g} with no ready pod"
+        );
+    }
+    assert!(w.engine["status"].get("drainingGeneration").is_none());
+}
+
+#[test]
+fn a_missing_instance_blocks_with_a_condition_and_creates_nothing() {
+    let mut w = World::new(engine(base_spec()));
+    w.instance = None;
+    for _ in 0..3 {
+        let plan = w.reconcile();
+        assert!(plan.apply.is_empty() && plan.delete.is_empty());
+    }
+    let c = condition(&w.engine, "InstanceReady");
+    assert_eq!(c["status"], "False");
+    assert_eq!(c["reason"], "InstanceNotReady");
+    assert!(c["message"].as_str().unwrap().contains("not found"));
+    w.instance = Some(instance(false));
+    w.reconcile();
+    assert!(
+        condition(&w.engine, "InstanceReady")["message"]
+            .as_str()
+            .unwrap()
+            .contains("provisioning")
+    );
+    w.instance = Some(instance(true));
+    w.settle(20);
+    assert_eq!(w.phase(), phase::STABLE);
+    assert_eq!(condition(&w.engine, "InstanceReady")["status"], "True");
+}
+
+#[test]
+fn switching_draining_and_cleaning_proceed_without_the_instance() {
+    let mut w = World::new(engine(base_spec()));
+    w.settle(20);
+    w.engine["spec"]["replicas"] = json!(3);
+    // Run until switching, then lose the instance.
+    for _ in 0..10 {
+        w.reconcile();
+        if w.phase() == phase::SWITCHING {
+            break;
+        }
+    }
+    assert_eq!(w.phase(), phase::SWITCHING);
+    w.instance = None;
+    for _ in 0..5 {
+        w.reconcile();
+    }
+    assert_eq!(w.phase(), phase::STABLE);
+    assert_eq!(w.names("StatefulSet"), ["e-g1"]);
+}
+
+#[test]
+fn a_spec_change_while_creating_abandons_the_generation_and_the_sweep_deletes_it() {
+    let mut w = World::new(engine(base_spec()));
+    w.settle(20);
+    w.engine["spec"]["replicas"] = json!(3);
+    w.reconcile(); // intent g1
+    w.reconcile(); // creates g1
+    assert!(w.names("StatefulSet").contains(&"e-g1".to_owned()));
+    w.engine["spec"]["replicas"] = json!(4);
+    let plan = w.reconcile();
+    assert_eq!(plan.status.unwrap()["currentGeneration"], 2);
+    w.settle(20);
+    assert_eq!(w.names("StatefulSet"), ["e-g2"]);
+    assert_eq!(w.selected(), Some(2));
+}
+
+#[test]
+fn draining_polls_old_pods_and_waits_for_zero_queries() {
+    let mut spec = base_spec();
+    spec["drainCheckEnabled"] = json!(true);
+    spec["drainCheckInterval"] = json!("3s");
+    let mut w = World::new(engine(spec));
+    w.settle(20);
+    w.engine["spec"]["replicas"] = json!(1);
+    for _ in 0..10 {
+        w.reconcile();
+        if w.phase() == phase::DRAINING {
+            break;
+        }
+    }
+    assert_eq!(w.phase(), phase::DRAINING);
+    let plan = w.reconcile();
+    let ids: Vec<&str> = plan.http_requests.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, ["drain-e-g0-0", "drain-e-g0-1"]);
+    assert!(
+        plan.http_requests
+            .iter()
+            .all(|r| r.port == 9090 && r.target == "pods")
+    );
+    assert_eq!(plan.requeue_after_ms, Some(3000));
+    let obs = |id: &str, body: &str, status: u16| Observation {
+        id: id.into(),
+        status: Some(status),
+        body: body.into(),
+        error: None,
+        observed_at: "2025-01-01T00:00:00Z".into(),
+        age_ms: 0,
+    };
+    w.observations = vec![
+        obs(
+            "drain-e-g0-0",
+            "firebolt_running_queries 0\nfirebolt_suspended_queries 0",
+            200,
+        ),
+        obs("drain-e-g0-1", "", 503),
+    ];
+    let plan = w.reconcile();
+    assert_eq!(w.phase(), phase::DRAINING);
+    assert_eq!(
+        plan.http_requests.len(),
+        1,
+        "only the pod not drained is polled again"
+    );
+    assert_eq!(condition(&w.engine, "Ready")["reason"], "DrainCheckFailing");
+    w.observations[1] = obs("drain-e-g0-1", "firebolt_running_queries 2", 200);
+    w.reconcile();
+    assert_eq!(w.phase(), phase::DRAINING);
+    w.observations[1] = obs("drain-e-g0-1", "firebolt_running_queries 0", 200);
+    w.settle(10);
+    assert_eq!(w.names("StatefulSet"), ["e-g1"]);
+}
+
+#[test]
+fn recreate_rollouts_skip_the_drain_check() {
+    let mut spec = base_spec();
+    spec["drainCheckEnabled"] = json!(true);
+    spec["rollout"] = json!("recreate");
+    let mut w = World::new(engine(spec));
+    w.settle(20);
+    w.engine["spec"]["replicas"] = json!(1);
+    for _ in 0..12 {
+        assert!(w.reconcile().http_requests.is_empty());
+    }
+    assert_eq!(w.phase(), phase::STABLE);
+}
+
+#[test]
+fn a_class_edit_rolls_a_new_generation_and_a_missing_class_is_reported() {
+    let mut spec = base_spec();
+    spec["engineClassRef"] = json!("small");
+    let mut w = World::new(engine(spec));
+    for _ in 0..3 {
+        let plan = w.reconcile();
+        assert_eq!(plan.requeue_after_ms, Some(10_000));
+    }
+    assert_eq!(
+        condition(&w.engine, "Ready")["reason"],
+        "FireboltEngineClassUnready"
+    );
+    assert!(w.owned.is_empty());
+    w.class = Some(
+        json!({"apiVersion": "compute.firebolt.io/v1alpha1", "kind": "FireboltEngineClass",
+        "metadata": {"name": "small", "namespace": NS},
+        "spec": {"template": {"spec": {"containers": [{"name": "engine", "image": "engine:1"}]}}}}),
+    );
+    w.settle(20);
+    assert_eq!(w.selected(), Some(0));
+    let image = |w: &World, g: &str| {
+        w.owned[&("StatefulSet".into(), g.into())]["spec"]["template"]["spec"]["containers"][0]["image"].clone()
+    };
+    assert_eq!(image(&w, "e-g0"), "engine:1");
+    w.class.as_mut().unwrap()["spec"]["template"]["spec"]["containers"][0]["image"] =
+        json!("engine:2");
+    w.settle(20);
+    assert_eq!(w.selected(), Some(1));
+    assert_eq!(image(&w, "e-g1"), "engine:2");
+}
+
+#[test]
+fn stopped_engines_rematerialise_a_missing_config_map() {
+    let mut spec = base_spec();
+    spec["replicas"] = json!(0);
+    let mut w = World::new(engine(spec));
+    w.settle(20);
+    assert_eq!(w.phase(), phase::STOPPED);
+    assert_eq!(condition(&w.engine, "Ready")["reason"], "Stopped");
+    w.owned.remove(&("ConfigMap".into(), "e-g0-config".into()));
+    let plan = w.reconcile();
+    assert_eq!(plan.apply.len(), 1);
+    assert_eq!(plan.apply[0].object["metadata"]["name"], "e-g0-config");
+    assert_eq!(w.phase(), phase::STOPPED);
+}
+
+#[test]
+fn the_sweep_is_bounded_and_spares_live_generations() {
+    let mut w = World::new(engine(base_spec()));
+    w.settle(20);
+    for g in 10..40 {
+        w.owned.insert(("ConfigMap".into(), format!("e-g{g}-config")), json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": format!("e-g{g}-config"), "namespace": NS, "uid": format!("u{g}"),
+                         "resourceVersion": "1",
+                         "labels": {"firebolt.io/engine": "e", "firebolt.io/generation": g.to_string()}}}));
+    }
+    let plan = w.reconcile();
+    assert_eq!(plan.delete.len(), crate::engine::SWEEP_LIMIT);
+    assert_eq!(plan.requeue_after_ms, Some(2000));
+    w.settle(5);
+    assert_eq!(w.names("ConfigMap"), ["e-g0-config"]);
+}
+
+#[test]
+fn the_class_counts_the_engines_that_reference_it() {
+    let class = json!({"apiVersion": "compute.firebolt.io/v1alpha1", "kind": "FireboltEngineClass",
+        "metadata": {"name": "small", "namespace": NS, "generation": 1}, "spec": {"template": {}}});
+    let mut b = SnapshotBuilder::new(CLASS_CONTROLLER).primary(&class);
+    for (name, class_ref) in [
+        ("a", Some("small")),
+        ("b", Some("big")),
+        ("c", Some("small")),
+        ("d", None),
+    ] {
+        let mut e = engine(json!({"instanceRef": "firebolt", "replicas": 1}));
+        e["metadata"]["name"] = json!(name);
+        if let Some(c) = class_ref {
+            e["spec"]["engineClassRef"] = json!(c);
+        }
+        b = b.related(crate::ENGINES_READ, e);
+    }
+    let plan = run::<EnginePlugin>(&b.build()).unwrap();
+    let status = plan.status.unwrap();
+    assert_eq!(status["boundEngines"], 2);
+    let mut class = class;
+    class["status"] = status;
+    let again = SnapshotBuilder::new(CLASS_CONTROLLER)
+        .primary(&class)
+        .build();
+    let plan = run::<EnginePlugin>(&again).unwrap();
+    assert_eq!(plan.status.unwrap()["boundEngines"], 0);
+}
