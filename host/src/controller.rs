@@ -887,7 +887,11 @@ impl Operator {
                 failures.push(e);
             }
         }
-        for d in plan.delete.iter().filter(|d| Some(*d) != delete_self.as_ref()) {
+        for d in plan
+            .delete
+            .iter()
+            .filter(|d| Some(*d) != delete_self.as_ref())
+        {
             let kind = a
                 .spec
                 .owns

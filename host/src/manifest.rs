@@ -276,20 +276,18 @@ impl Manifest {
                     None => Some(entry.clone()),
                     Some(key) => match settings.get(key) {
                         None | Some(serde_json::Value::Null) => None,
-                        Some(serde_json::Value::String(ns)) => {
-                            match names::dns1123_label(ns) {
-                                Ok(()) => Some(ns.clone()),
-                                Err(why) => {
-                                    problems.push(ManifestProblem {
-                                        path: format!("controllers[{ci}].writeNamespaces[{wi}]"),
-                                        message: format!(
-                                            "setting {key:?} names namespace {ns:?}, which {why}"
-                                        ),
-                                    });
-                                    None
-                                }
+                        Some(serde_json::Value::String(ns)) => match names::dns1123_label(ns) {
+                            Ok(()) => Some(ns.clone()),
+                            Err(why) => {
+                                problems.push(ManifestProblem {
+                                    path: format!("controllers[{ci}].writeNamespaces[{wi}]"),
+                                    message: format!(
+                                        "setting {key:?} names namespace {ns:?}, which {why}"
+                                    ),
+                                });
+                                None
                             }
-                        }
+                        },
                         Some(other) => {
                             problems.push(ManifestProblem {
                                 path: format!("controllers[{ci}].writeNamespaces[{wi}]"),
@@ -752,7 +750,10 @@ pub(crate) mod tests {
 
     #[test]
     fn an_absent_setting_resolves_to_nothing() {
-        for settings in [serde_json::json!({}), serde_json::json!({"targetNamespace": null})] {
+        for settings in [
+            serde_json::json!({}),
+            serde_json::json!({"targetNamespace": null}),
+        ] {
             let m = with_setting_entry().resolve_settings(&settings).unwrap();
             assert_eq!(m.controllers[0].write_namespaces, ["default-ns"]);
         }

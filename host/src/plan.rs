@@ -1061,8 +1061,8 @@ mod tests {
         // The primary is not in `existing` (it is not an owned kind): the
         // snapshot's primary is the evidence, its uid the check.
         assert!(validate(&delete_self(PRIMARY_UID), &c, &primary(), &World::default()).is_ok());
-        let stale = validate(&delete_self("old-uid"), &c, &primary(), &World::default())
-            .unwrap_err();
+        let stale =
+            validate(&delete_self("old-uid"), &c, &primary(), &World::default()).unwrap_err();
         assert_eq!(
             stale.iter().map(|v| v.rule).collect::<Vec<_>>(),
             vec![Rule::UidMismatch]

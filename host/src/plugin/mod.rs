@@ -163,7 +163,10 @@ pub enum LoadError {
     },
     /// A `setting:<key>` entry of `write-namespaces` names a setting that is
     /// present but not a string naming a valid namespace.
-    #[error("plugin {plugin}: a write namespace taken from its settings is invalid: {}", join(problems))]
+    #[error(
+        "plugin {plugin}: a write namespace taken from its settings is invalid: {}",
+        join(problems)
+    )]
     WriteNamespaceSetting {
         /// The plugin's name.
         plugin: String,

@@ -571,11 +571,7 @@ fn delete_of(backup: &EtcdBackup) -> DeleteOp {
             name: backup.name().to_owned(),
         },
         uid: backup.uid().to_owned(),
-        resource_version: backup
-            .metadata
-            .resource_version
-            .clone()
-            .unwrap_or_default(),
+        resource_version: backup.metadata.resource_version.clone().unwrap_or_default(),
     }
 }
 

@@ -578,7 +578,8 @@ mod tests {
         assert_eq!(v["apply"][0]["force"], json!(false));
         assert_eq!(v["apply"][1]["force"], json!(true));
         assert_eq!(v["apply"][1]["precondition"], json!(null));
-        let old: ApplyOp = serde_json::from_value(json!({"object": obj, "precondition": null})).unwrap();
+        let old: ApplyOp =
+            serde_json::from_value(json!({"object": obj, "precondition": null})).unwrap();
         assert!(!old.force);
     }
 
