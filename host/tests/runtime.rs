@@ -389,7 +389,10 @@ fn golden_plans_cover_observations_on_both_sides() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(report.matched.len() + report.blessed.len(), 3, "{report:?}");
     let probe = std::fs::read_to_string(fixtures.join("probe.plan.json")).expect("expected plan");
-    assert!(probe.contains("\"httpRequests\"") && probe.contains("/state"), "{probe}");
+    assert!(
+        probe.contains("\"httpRequests\"") && probe.contains("/state"),
+        "{probe}"
+    );
     let observed =
         std::fs::read_to_string(fixtures.join("observed.plan.json")).expect("expected plan");
     assert!(observed.contains("members"), "{observed}");
