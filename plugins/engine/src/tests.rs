@@ -463,3 +463,58 @@ fn the_class_counts_the_engines_that_reference_it() {
     let plan = run::<EnginePlugin>(&again).unwrap();
     assert_eq!(plan.status.unwrap()["boundEngines"], 0);
 }
+
+/// Writes the snapshots behind the golden fixtures that need objects the
+/// plugin rendered (with their hashes) to `$ENGINE_GOLDEN_DUMP/<name>.json`;
+/// run with `--ignored` when the rendering changes, then re-bless.
+#[test]
+#[ignore = "regenerates golden fixture inputs"]
+fn dump_golden_worlds() {
+    let Some(dir) = std::env::var_os("ENGINE_GOLDEN_DUMP") else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    let dump = |w: &World, name: &str| {
+        let mut docs = vec![w.engine.clone()];
+        for o in w.owned.values() {
+            let mut o = o.clone();
+            o["metadata"]["ownerReferences"] = json!([{"apiVersion": "compute.firebolt.io/v1alpha1",
+                "kind": "FireboltEngine", "name": "e", "uid": "00000000-0000-0000-0000-000000000001",
+                "controller": true}]);
+            docs.push(o);
+        }
+        docs.extend(w.pods.values().cloned());
+        docs.extend(w.instance.clone());
+        docs.extend(w.class.clone());
+        std::fs::write(
+            dir.join(format!("{name}.json")),
+            serde_json::to_string(&docs).unwrap(),
+        )
+        .unwrap();
+    };
+    let mut spec = base_spec();
+    spec["drainCheckEnabled"] = json!(true);
+    let mut e = engine(spec);
+    e["metadata"]["uid"] = json!("00000000-0000-0000-0000-000000000001");
+    let mut w = World::new(e.clone());
+    w.settle(20);
+    dump(&w, "steady-state");
+    w.engine["spec"]["replicas"] = json!(3);
+    w.engine["metadata"]["generation"] = json!(2);
+    while w.phase() != phase::SWITCHING {
+        w.reconcile();
+    }
+    dump(&w, "replica-change-mid-switch");
+    while w.phase() != phase::DRAINING {
+        w.reconcile();
+    }
+    dump(&w, "draining");
+    w.engine["status"]["phase"] = json!(phase::CLEANING);
+    dump(&w, "cleaning");
+    let mut stopped = e;
+    stopped["spec"]["replicas"] = json!(0);
+    let mut w = World::new(stopped);
+    w.settle(20);
+    w.owned.remove(&("ConfigMap".into(), "e-g0-config".into()));
+    dump(&w, "stopped-missing-configmap");
+}
