@@ -12,13 +12,17 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . tests/cluster/lib.sh
 
 examples=("$@")
-[[ ${#examples[@]} -gt 0 ]] || examples=(deploy/examples/widgets.yaml)
+[[ ${#examples[@]} -gt 0 ]] || examples=(deploy/examples/widgets.yaml deploy/examples/firebolt-instance.yaml)
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$WASMOP_CACHE/target}"
-plugins="$CARGO_TARGET_DIR/plugins"
+built="$CARGO_TARGET_DIR/plugins"
+# The operator's plugin directory for the demo: the shipped plugins plus the
+# `good` test plugin that reconciles the example Widgets (the other test
+# plugins misbehave on purpose, or claim the same kinds).
+plugins="$WASMOP_CLUSTER_DIR/demo-plugins"
 KUBECTL="$K8S_BIN/kubectl"
 
-bash tests/build-plugins.sh "$plugins"
+bash tests/build-plugins.sh "$built"
 cargo build -p wasmop
 WASMOP="$CARGO_TARGET_DIR/debug/wasmop"
 
@@ -45,6 +49,14 @@ stop() {
 }
 trap stop INT TERM EXIT
 
+mkdir -p "$plugins"
+cp "$built/good.wasm" "$plugins/"
+for dir in plugins/*/; do
+  name="$(basename "$dir")"
+  if [[ $name != sdk && -f "$built/$name.wasm" ]]; then cp "$built/$name.wasm" "$plugins/"; fi
+done
+echo "plugins: $(cd "$plugins" && ls | paste -sd' ' -)"
+
 "$KUBECTL" apply --server-side -f tests/fixtures/crds/ >/dev/null
 if compgen -G "crds/*.yaml" >/dev/null; then "$KUBECTL" apply --server-side -f crds/ >/dev/null; fi
 "$KUBECTL" wait --for=condition=Established crd --all --timeout=60s >/dev/null
@@ -61,10 +73,10 @@ while true; do
   clear 2>/dev/null || true
   date
   echo "--- primaries ($kinds) and their conditions"
-  "$KUBECTL" get "$kinds" -A \
-    -o custom-columns='KIND:.kind,NAMESPACE:.metadata.namespace,NAME:.metadata.name,CONDITIONS:.status.conditions[*].type,STATUS:.status.conditions[*].status,REASON:.status.conditions[*].reason' || true
+  "$KUBECTL" get "$kinds" -A --sort-by=.kind \
+    -o custom-columns='KIND:.kind,NAMESPACE:.metadata.namespace,NAME:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,RECONCILED:.status.conditions[?(@.type=="Reconciled")].status,REASON:.status.conditions[?(@.type=="Reconciled")].reason,RECONCILED-BY:.metadata.annotations.wasmop\.dev/reconciled-by' || true
   echo "--- objects the operator made (label app.kubernetes.io/managed-by=wasmop)"
-  "$KUBECTL" get all,configmaps,secrets -A -l app.kubernetes.io/managed-by=wasmop || true
+  "$KUBECTL" get deployments,statefulsets,services,configmaps,secrets,pods -A -l app.kubernetes.io/managed-by=wasmop || true
   echo "--- last operator log lines"
   tail -n 5 "$log_file"
   echo "(Ctrl-C stops the operator and the control plane)"

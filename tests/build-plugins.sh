@@ -41,6 +41,10 @@ for dir in plugins/*/ tests/plugins/*/; do
     continue
   fi
   name="$(package_name "$dir")"
+  if ! cargo pkgid -p "$name" >/dev/null 2>&1; then
+    echo "skip $dir: not a workspace member" >&2
+    continue
+  fi
   echo "building $name ($dir)" >&2
   cargo build --release --target "$target" -p "$name"
   wasm="$target_dir/$target/release/${name//-/_}.wasm"
