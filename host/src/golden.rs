@@ -56,6 +56,14 @@ pub enum GoldenError {
         #[source]
         source: std::io::Error,
     },
+    /// The plugin component has not been built.
+    #[error(
+        "{path} not found: build the plugins with `bash tests/build-plugins.sh` (or point WASMOP_PLUGIN_DIR at them)"
+    )]
+    MissingPlugin {
+        /// Where it was looked for.
+        path: PathBuf,
+    },
     /// The directory holds no `*.yaml` fixture.
     #[error("no *.yaml fixtures in {dir}")]
     NoFixtures {
@@ -92,6 +100,48 @@ pub enum GoldenError {
         /// One entry per fixture: its path and the first differing line.
         mismatches: Vec<String>,
     },
+}
+
+impl GoldenError {
+    /// The error and its causes on one line, for a test's panic message.
+    pub fn chain(&self) -> String {
+        let mut text = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(s) = source {
+            text.push_str(": ");
+            text.push_str(&s.to_string());
+            source = s.source();
+        }
+        text
+    }
+}
+
+/// The built component of plugin `name`: `$WASMOP_PLUGIN_DIR/<name>.wasm`,
+/// else `<workspace>/target/plugins/<name>.wasm` (where
+/// `tests/build-plugins.sh` puts it).
+///
+/// # Errors
+/// [`GoldenError::MissingPlugin`] when the file does not exist, saying how
+/// to build it.
+pub fn built_plugin(name: &str) -> Result<PathBuf, GoldenError> {
+    let dir = std::env::var_os("WASMOP_PLUGIN_DIR").map_or_else(
+        || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/plugins"),
+        PathBuf::from,
+    );
+    let path = dir.join(format!("{name}.wasm"));
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(GoldenError::MissingPlugin { path })
+    }
+}
+
+/// [`check`] with the built component of plugin `name` ([`built_plugin`]).
+///
+/// # Errors
+/// As [`built_plugin`] and [`check`].
+pub fn check_plugin(name: &str, dir: &Path) -> Result<GoldenReport, GoldenError> {
+    check(&built_plugin(name)?, dir)
 }
 
 /// Checks (or, with `WASMOP_BLESS=1`, writes) every fixture in `dir`

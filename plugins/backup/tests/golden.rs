@@ -4,28 +4,14 @@
 //! `*.plan.json`. Bless with `WASMOP_BLESS=1`.
 #![cfg(not(target_arch = "wasm32"))]
 
-use std::path::{Path, PathBuf};
-
-/// `$WASMOP_PLUGIN_DIR/backup.wasm`, else `<repo>/target/plugins/backup.wasm`.
-fn plugin_wasm() -> PathBuf {
-    let dir = std::env::var_os("WASMOP_PLUGIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/plugins"));
-    dir.join("backup.wasm")
-}
+use std::path::Path;
 
 #[test]
 fn golden_plans_match_the_built_component() {
-    let wasm = plugin_wasm();
-    assert!(
-        wasm.is_file(),
-        "{} not found: build the plugins first with `bash tests/build-plugins.sh`",
-        wasm.display()
-    );
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
-    let report = match wasmop::golden::check(&wasm, &dir) {
+    let report = match wasmop::golden::check_plugin("backup", &dir) {
         Ok(report) => report,
-        Err(e) => panic!("{e}"),
+        Err(e) => panic!("{}", e.chain()),
     };
     let fixtures = std::fs::read_dir(&dir)
         .expect("fixture dir")

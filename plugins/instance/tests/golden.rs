@@ -25,35 +25,10 @@ fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
 }
 
-fn plugin() -> PathBuf {
-    let dir = std::env::var_os("WASMOP_PLUGIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/plugins"));
-    let path = dir.join("instance.wasm");
-    assert!(
-        path.is_file(),
-        "{} does not exist: build the plugins with `bash tests/build-plugins.sh` \
-         (or set WASMOP_PLUGIN_DIR to where instance.wasm is)",
-        path.display()
-    );
-    path
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
 #[test]
 fn golden_plans_match_the_component() {
-    let report = wasmop::golden::check(&plugin(), &golden_dir())
-        .unwrap_or_else(|e| panic!("{}", error_chain(&e)));
+    let report = wasmop::golden::check_plugin("instance", &golden_dir())
+        .unwrap_or_else(|e| panic!("{}", e.chain()));
     let mut seen: Vec<String> = report
         .matched
         .iter()
