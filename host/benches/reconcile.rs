@@ -12,7 +12,7 @@
 //! ```
 
 use std::hint::black_box;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,17 +27,7 @@ const NOW: &str = "2025-01-01T00:00:00Z";
 const UID: &str = "00000000-0000-0000-0000-000000000001";
 
 fn plugin_path() -> PathBuf {
-    let dir = std::env::var_os("WASMOP_PLUGIN_DIR").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/plugins"),
-        PathBuf::from,
-    );
-    let path = dir.join("good.wasm");
-    assert!(
-        path.is_file(),
-        "{} is missing: run `bash tests/build-plugins.sh` first",
-        path.display()
-    );
-    path
+    wasmop::golden::built_plugin("good").unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn primary() -> Value {

@@ -11,24 +11,14 @@
 //! cargo bench -p wasmop --bench swap
 //! ```
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use wasmop::{CompileCache, LoadOptions, LoadedPlugin, Sandbox, SandboxConfig};
 
 fn plugin_path(name: &str) -> PathBuf {
-    let dir = std::env::var_os("WASMOP_PLUGIN_DIR").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/plugins"),
-        PathBuf::from,
-    );
-    let path = dir.join(format!("{name}.wasm"));
-    assert!(
-        path.is_file(),
-        "{} is missing: run `bash tests/build-plugins.sh` first",
-        path.display()
-    );
-    path
+    wasmop::golden::built_plugin(name).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn bench(c: &mut Criterion) {

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use kube::Client;
 use serde_json::Value;
 use tokio::sync::oneshot;
@@ -13,30 +13,13 @@ use tokio::task::JoinHandle;
 use wasmop::controller::{Operator, OperatorConfig};
 use wasmop::{LoadOptions, LoadedPlugin, Sandbox, SandboxConfig};
 
-use crate::repo_root;
-
-/// Folder holding the built plugins: `$WASMOP_PLUGIN_DIR`, else
-/// `target/plugins` (where `tests/build-plugins.sh` puts them).
-pub fn plugin_dir() -> PathBuf {
-    std::env::var_os("WASMOP_PLUGIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("target/plugins"))
-}
-
-/// Path of a built plugin.
+/// Path of a built plugin (`$WASMOP_PLUGIN_DIR/<name>.wasm`, else
+/// `target/plugins/<name>.wasm`).
 ///
 /// # Errors
 /// When the file does not exist: the plugins must be built first.
 pub fn plugin_path(name: &str) -> Result<PathBuf> {
-    let path = plugin_dir().join(format!("{name}.wasm"));
-    if !path.is_file() {
-        bail!(
-            "plugin {} not found: build the plugins with `bash tests/build-plugins.sh` \
-             (or run every test with `bash tests/run.sh`)",
-            path.display()
-        );
-    }
-    Ok(path)
+    Ok(wasmop::golden::built_plugin(name)?)
 }
 
 /// The engine shared by every operator in this test process.
