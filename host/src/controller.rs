@@ -498,6 +498,34 @@ impl Operator {
         true
     }
 
+    /// Queues every primary of every running controller again, spaced out
+    /// like a plugin start (e.g. after this replica became the leader and
+    /// its earlier reconciles skipped their writes).
+    pub fn requeue_all(&self) {
+        let keys: Vec<PrimaryKey> = {
+            let controllers = self.controllers.read().expect("controllers lock");
+            controllers
+                .values()
+                .flat_map(|a| {
+                    self.cache
+                        .kind(&a.primary)
+                        .map(|kc| kc.list(None))
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|o| key_of(&a.id, o))
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        for (i, key) in keys.into_iter().enumerate() {
+            let delay = self
+                .config
+                .requeue_spacing
+                .saturating_mul(u32::try_from(i).unwrap_or(u32::MAX));
+            self.queue.add_after(key, delay);
+        }
+    }
+
     /// The name, version and digest of every running plugin.
     pub fn plugins(&self) -> Vec<(String, String, String)> {
         let mut out: Vec<(String, String, String)> = self
