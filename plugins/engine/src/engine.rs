@@ -7,7 +7,7 @@
 //! | phase | does | next |
 //! | --- | --- | --- |
 //! | (none) | writes the intent: generation 0, no active generation | creating |
-//! | creating | applies generation N's ConfigMap, headless Service and StatefulSet (and the cluster Service if absent); a spec change meanwhile abandons N for N+1 | switching, once every pod of N is Ready |
+//! | creating | applies generation N's ConfigMap, headless Service and StatefulSet (and the cluster Service if absent); a spec change meanwhile abandons N for N+1 | switching, once every pod of N is Ready and N's StatefulSet reports them ready |
 //! | switching | points `<e>-service` at N | draining (or stable/stopped on the first generation), once the Service selects N |
 //! | draining | polls the old generation's query counters through host observations (skipped for `drainCheckEnabled: false` or `rollout: recreate`) | cleaning, once drained |
 //! | cleaning | deletes the old generation with preconditions | stable / stopped |
@@ -20,7 +20,7 @@
 //!   generation are created only once status names it. A crash anywhere
 //!   resumes from status plus what exists.
 //! - The cluster Service is switched to a generation only after all its
-//!   pods were seen Ready.
+//!   pods were seen Ready and its StatefulSet's `readyReplicas` says so.
 //! - Deletes carry the uid and resourceVersion of the object seen.
 //! - A steady engine yields an empty plan.
 //! - Only creating, stable and stopped (and the first pass) consult the
@@ -338,7 +338,14 @@ fn creating(
     }
     let want = engine.spec.replicas.max(0);
     let ready = ready_pods(snapshot, names, g);
-    if sts.is_some() && ready == want {
+    // The StatefulSet's own count lags the Pods it counts; switching on
+    // the Pods alone can point the Service at a generation its
+    // StatefulSet still reports as not ready. Both must agree.
+    let sts_ready = sts
+        .and_then(|s| s.pointer("/status/readyReplicas"))
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
+    if sts.is_some() && ready == want && sts_ready >= want {
         return Ok(Step {
             plan: plan.event(
                 "GenerationReady",
@@ -361,7 +368,13 @@ fn creating(
         ready: (
             false,
             "PodsNotReady",
-            format!("generation {g} has {ready} of {want} pod(s) ready"),
+            if ready == want && sts.is_some() {
+                format!(
+                    "generation {g} has {ready} of {want} pod(s) ready; its StatefulSet reports {sts_ready}"
+                )
+            } else {
+                format!("generation {g} has {ready} of {want} pod(s) ready")
+            },
         ),
         requeue: Some(PODS_REQUEUE),
     })

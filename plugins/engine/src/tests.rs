@@ -44,6 +44,8 @@ struct World {
     rv: u64,
     /// Generations the Service selected at any time, with their ready pods.
     selected_ready: Vec<(i64, usize)>,
+    /// StatefulSet statuses stay as they are (the controller lags).
+    sts_lag: bool,
 }
 
 impl World {
@@ -57,6 +59,7 @@ impl World {
             observations: Vec::new(),
             rv: 0,
             selected_ready: Vec::new(),
+            sts_lag: false,
         }
     }
 
@@ -105,13 +108,18 @@ impl World {
         if let Some(s) = &plan.status {
             self.engine["status"] = s.clone();
         }
-        // Pods follow StatefulSets (ready at once), vanish with them.
+        // Pods follow StatefulSets (ready at once), vanish with them; the
+        // StatefulSet counts them unless `sts_lag` holds its status back.
         self.pods.clear();
-        for ((kind, name), sts) in &self.owned {
+        for ((kind, name), sts) in &mut self.owned {
             if kind != "StatefulSet" {
                 continue;
             }
-            for i in 0..sts["spec"]["replicas"].as_i64().unwrap() {
+            let replicas = sts["spec"]["replicas"].as_i64().unwrap();
+            if !self.sts_lag {
+                sts["status"] = json!({"replicas": replicas, "readyReplicas": replicas});
+            }
+            for i in 0..replicas {
                 let pod = format!("{name}-{i}");
                 self.pods.insert(
                     pod.clone(),
@@ -234,6 +242,34 @@ fn scaling_rolls_a_new_generation_and_the_service_never_selects_unready_pods() {
         );
     }
     assert!(w.engine["status"].get("drainingGeneration").is_none());
+}
+
+#[test]
+fn the_service_waits_for_the_statefulset_to_count_the_ready_pods() {
+    let mut w = World::new(engine(base_spec()));
+    w.settle(20);
+    w.engine["spec"]["replicas"] = json!(3);
+    w.sts_lag = true;
+    for _ in 0..6 {
+        w.reconcile();
+    }
+    // Every pod of g1 is Ready, but its StatefulSet has not said so yet.
+    assert_eq!(w.pods.keys().filter(|p| p.starts_with("e-g1-")).count(), 3);
+    assert_eq!(w.phase(), phase::CREATING);
+    assert_eq!(w.selected(), Some(0));
+    let ready = condition(&w.engine, "Ready");
+    assert_eq!(ready["reason"], "PodsNotReady");
+    assert!(
+        ready["message"]
+            .as_str()
+            .unwrap()
+            .contains("StatefulSet reports 0"),
+        "{ready}"
+    );
+    w.sts_lag = false;
+    w.settle(20);
+    assert_eq!(w.phase(), phase::STABLE);
+    assert_eq!(w.selected(), Some(1));
 }
 
 #[test]
