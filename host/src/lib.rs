@@ -14,6 +14,7 @@
 //!   [`prepare_apply`].
 //! - [`offline`]: the whole path without a cluster (`wasmop plan`), and
 //!   [`golden`] plan tests built on it.
+//! - [`leader`]: Lease-based leader election gating writes.
 //! - [`cli`]: the `wasmop` command line.
 
 pub mod apply;
@@ -24,6 +25,7 @@ pub mod conditions;
 pub mod controller;
 pub mod golden;
 pub mod hotswap;
+pub mod leader;
 pub mod manifest;
 pub mod metrics;
 pub mod names;

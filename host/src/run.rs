@@ -20,6 +20,7 @@ use thiserror::Error;
 
 use crate::controller::{Operator, OperatorConfig};
 use crate::hotswap::{OptionsFor, PluginDir};
+use crate::leader::{self, LeaderConfig};
 use crate::metrics;
 use crate::plugin::{CompileCache, LoadOptions};
 use crate::sandbox::{Limits, Sandbox, SandboxConfig};
@@ -55,6 +56,22 @@ pub struct RunArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics.
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Elect a leader through a Lease: every replica watches and computes
+    /// plans, only the leader writes. Without it this process always acts
+    /// as the leader (one replica).
+    #[arg(long)]
+    pub leader_elect: bool,
+    /// Namespace of the leader-election Lease [default: `$POD_NAMESPACE`].
+    #[arg(
+        long,
+        env = "POD_NAMESPACE",
+        value_name = "NS",
+        required_if_eq("leader_elect", "true")
+    )]
+    pub leader_election_namespace: Option<String>,
+    /// Name of the leader-election Lease.
+    #[arg(long, value_name = "NAME", default_value = leader::DEFAULT_LEASE_NAME)]
+    pub leader_election_id: String,
 }
 
 /// The operator configuration file.
@@ -118,6 +135,9 @@ pub enum RunError {
     /// The wasm engine could not be built.
     #[error("cannot start the wasm engine: {0}")]
     Sandbox(String),
+    /// `--leader-elect` without a namespace for the Lease.
+    #[error("--leader-elect needs --leader-election-namespace (or POD_NAMESPACE)")]
+    LeaderNamespace,
     /// The async runtime could not start.
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
@@ -166,6 +186,7 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
             tracing::warn!(plugin = %name, "configuration names a plugin that is not in the plugin directory");
         }
     }
+    let election = leader_config(&args)?;
     let client = client(args.kubeconfig.as_deref()).await?;
     let mut config = OperatorConfig {
         workers: file.workers.unwrap_or(OperatorConfig::default().workers),
@@ -184,7 +205,26 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
             .await
             .map_err(|e| RunError::Kube(format!("cannot serve metrics on {addr}: {e}")))?;
     }
-    let (operator, changes) = Operator::new(client, args.namespaces.clone(), config);
+    let (operator, changes) = Operator::new(client.clone(), args.namespaces.clone(), config);
+    // With leader election a replica starts as a follower: it watches and
+    // computes plans but writes nothing until it holds the Lease.
+    let election = election.map(|cfg| {
+        operator
+            .leader_flag()
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let op = operator.clone();
+        let task = tokio::spawn(leader::run(
+            client,
+            cfg,
+            operator.leader_flag(),
+            move || op.requeue_all(),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        (stop, task)
+    });
     let compile_cache = args
         .compile_cache
         .clone()
@@ -202,8 +242,30 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
     let watcher = tokio::spawn(dir.watch(Duration::from_millis(args.poll_interval_ms)));
     operator.run(changes, shutdown_signal()).await;
     watcher.abort();
+    // In-flight reconciles are done: release the Lease so a successor takes
+    // over without waiting for it to expire.
+    if let Some((stop, task)) = election {
+        let _ = stop.send(());
+        let _ = task.await;
+    }
     tracing::info!("operator stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The leader-election configuration `args` ask for, if any.
+fn leader_config(args: &RunArgs) -> Result<Option<LeaderConfig>, RunError> {
+    if !args.leader_elect {
+        return Ok(None);
+    }
+    let namespace = args
+        .leader_election_namespace
+        .clone()
+        .filter(|n| !n.is_empty())
+        .ok_or(RunError::LeaderNamespace)?;
+    Ok(Some(LeaderConfig {
+        lease_name: args.leader_election_id.clone(),
+        ..LeaderConfig::new(namespace)
+    }))
 }
 
 /// Settings and limits for the plugin file with this stem.
@@ -282,5 +344,55 @@ mod tests {
         .unwrap();
         assert_eq!(good.workers, Some(2));
         assert_eq!(good.plugins["a"].memory_mib, Some(8));
+    }
+
+    fn run_args(extra: &[&str]) -> Result<RunArgs, clap::Error> {
+        use clap::Parser;
+        let argv = ["wasmop", "run", "--plugins", "p"].iter().chain(extra);
+        let cli = crate::cli::Cli::try_parse_from(argv)?;
+        match cli.command {
+            crate::cli::Command::Run(args) => Ok(args),
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn leader_election_is_off_by_default() {
+        let args = run_args(&[]).unwrap();
+        assert!(!args.leader_elect);
+        assert_eq!(leader_config(&args).unwrap(), None);
+    }
+
+    #[test]
+    fn leader_election_uses_the_namespace_and_lease_name_given() {
+        let args = run_args(&[
+            "--leader-elect",
+            "--leader-election-namespace",
+            "ops",
+            "--leader-election-id",
+            "my-lease",
+        ])
+        .unwrap();
+        let config = leader_config(&args).unwrap().expect("election configured");
+        assert_eq!(config.namespace, "ops");
+        assert_eq!(config.lease_name, "my-lease");
+        assert_eq!(config.lease_duration, leader::DEFAULT_LEASE_DURATION);
+    }
+
+    #[test]
+    fn leader_election_without_a_namespace_is_refused() {
+        let args = RunArgs {
+            leader_elect: true,
+            leader_election_namespace: None,
+            ..run_args(&[]).unwrap()
+        };
+        assert!(matches!(
+            leader_config(&args),
+            Err(RunError::LeaderNamespace)
+        ));
+        // On the command line clap refuses it, unless POD_NAMESPACE is set.
+        if std::env::var_os("POD_NAMESPACE").is_none() {
+            assert!(run_args(&["--leader-elect"]).is_err());
+        }
     }
 }
