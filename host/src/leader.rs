@@ -331,6 +331,7 @@ impl<F: Fn()> Elector<F> {
         }
     }
 
+    /// Updates the flag from `outcome`; true when it was a conflict.
     fn record(&mut self, outcome: Outcome) -> bool {
         match outcome {
             Outcome::Holding(at) => {
@@ -353,7 +354,10 @@ impl<F: Fn()> Elector<F> {
                 }
                 false
             }
-            Outcome::Conflict => true,
+            Outcome::Conflict => {
+                tracing::debug!(lease = %self.lease_ref(), "the Lease changed since it was read; reading it again");
+                true
+            }
             Outcome::Failed(e) => {
                 tracing::warn!(lease = %self.lease_ref(), error = %e, "leader election: Lease request failed");
                 false
@@ -445,6 +449,9 @@ pub async fn run<F>(
     };
     tracing::info!(lease = %elector.lease_ref(), identity = %elector.config.identity, "leader election started");
     tokio::pin!(shutdown);
+    // A conflict is retried at once, but not twice in a row: a Lease that
+    // keeps changing under us is read again at the normal pace.
+    let mut retried = false;
     loop {
         let started = Instant::now();
         // While leading, no request may outlive the term; otherwise one
@@ -457,13 +464,15 @@ pub async fn run<F>(
             () = &mut shutdown => break,
             o = tokio::time::timeout(budget, elector.attempt()) => o,
         };
-        let again_now = match outcome {
+        let conflict = match outcome {
             Ok(o) => elector.record(o),
             Err(_) => {
                 tracing::warn!(lease = %elector.lease_ref(), timeout = ?budget, "leader election: Lease request timed out");
                 false
             }
         };
+        let again_now = conflict && !retried;
+        retried = again_now;
         elector.check_deadline();
         let mut wake = if again_now {
             Instant::now()
@@ -479,7 +488,9 @@ pub async fn run<F>(
         }
         elector.check_deadline();
     }
-    elector.step_down("shutting down");
+    if elector.flag.swap(false, Ordering::SeqCst) {
+        tracing::info!(lease = %elector.lease_ref(), identity = %elector.config.identity, "stepped down: shutting down");
+    }
     let bound = elector.config.lease_duration;
     if tokio::time::timeout(bound, elector.release())
         .await

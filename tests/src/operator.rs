@@ -11,6 +11,7 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use wasmop::controller::{Operator, OperatorConfig};
+use wasmop::leader::LeaderConfig;
 use wasmop::{LoadOptions, LoadedPlugin, Sandbox, SandboxConfig};
 
 /// Path of a built plugin (`$WASMOP_PLUGIN_DIR/<name>.wasm`, else
@@ -83,8 +84,36 @@ impl RunningOperator {
         plugins: Vec<Arc<LoadedPlugin>>,
         config: OperatorConfig,
     ) -> Result<Self> {
+        Self::start_inner(client, namespaces, plugins, config, true).await
+    }
+
+    /// Starts an operator whose write flag is false from the start, as
+    /// `wasmop run --leader-elect` does: it watches and computes plans but
+    /// writes nothing until a [`LeaderLoop`] elects it.
+    ///
+    /// # Errors
+    /// When a plugin cannot be registered.
+    pub async fn start_follower(
+        client: Client,
+        namespaces: Vec<String>,
+        plugins: Vec<Arc<LoadedPlugin>>,
+        config: OperatorConfig,
+    ) -> Result<Self> {
+        Self::start_inner(client, namespaces, plugins, config, false).await
+    }
+
+    async fn start_inner(
+        client: Client,
+        namespaces: Vec<String>,
+        plugins: Vec<Arc<LoadedPlugin>>,
+        config: OperatorConfig,
+        leader: bool,
+    ) -> Result<Self> {
         init_tracing();
         let (operator, changes) = Operator::new(client, namespaces, config);
+        operator
+            .leader_flag()
+            .store(leader, std::sync::atomic::Ordering::SeqCst);
         for p in plugins {
             operator.add_plugin(p).await?;
         }
@@ -121,6 +150,70 @@ impl RunningOperator {
 impl Drop for RunningOperator {
     fn drop(&mut self) {
         self.operator.abort();
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+/// A leader-election loop ([`wasmop::leader::run`]) driving one operator's
+/// write flag, as `wasmop run --leader-elect` runs it; aborted (without
+/// releasing the Lease) when dropped.
+pub struct LeaderLoop {
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for LeaderLoop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaderLoop").finish_non_exhaustive()
+    }
+}
+
+impl LeaderLoop {
+    /// Starts electing for `operator`: its flag follows the Lease, and
+    /// every election requeues all its primaries.
+    pub fn start(client: Client, config: LeaderConfig, operator: &Arc<Operator>) -> Self {
+        init_tracing();
+        let (tx, rx) = oneshot::channel();
+        let op = operator.clone();
+        let task = tokio::spawn(wasmop::leader::run(
+            client,
+            config,
+            operator.leader_flag(),
+            move || op.requeue_all(),
+            async {
+                let _ = rx.await;
+            },
+        ));
+        Self {
+            shutdown: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    /// Stops gracefully: steps down and releases the Lease.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.task.take() {
+            let _ = t.await;
+        }
+    }
+
+    /// Stops at once without releasing the Lease (a crash); returns once
+    /// the loop can send nothing more.
+    pub async fn kill(mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+            let _ = t.await;
+        }
+    }
+}
+
+impl Drop for LeaderLoop {
+    fn drop(&mut self) {
         if let Some(t) = self.task.take() {
             t.abort();
         }
