@@ -90,10 +90,9 @@ fn stat(path: &Path) -> Option<Stat> {
     })
 }
 
-fn wasm_files(dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
+/// The `*.wasm` files of `dir`, or `None` when it cannot be listed.
+fn wasm_files(dir: &Path) -> Option<Vec<PathBuf>> {
+    let entries = std::fs::read_dir(dir).ok()?;
     let mut files: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
@@ -105,7 +104,7 @@ fn wasm_files(dir: &Path) -> Vec<PathBuf> {
         })
         .collect();
     files.sort();
-    files
+    Some(files)
 }
 
 fn stem(path: &Path) -> String {
@@ -137,7 +136,12 @@ impl PluginDir {
     /// before it is read (false for the first scan at start-up).
     pub async fn scan(&mut self, settle: bool) -> ScanReport {
         let mut report = ScanReport::default();
-        let files = wasm_files(&self.dir);
+        // A directory that cannot be listed (e.g. a volume being remounted)
+        // says nothing about the plugins: keep every one running.
+        let Some(files) = wasm_files(&self.dir) else {
+            tracing::warn!(dir = %self.dir.display(), "cannot list the plugin directory; keeping the running plugins");
+            return report;
+        };
         let present: HashMap<PathBuf, Option<Stat>> =
             files.iter().map(|p| (p.clone(), stat(p))).collect();
 

@@ -321,3 +321,15 @@ async fn removing_the_file_stops_the_plugin_and_deletes_nothing() -> Result<()> 
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn an_unlistable_directory_unloads_nothing() -> Result<()> {
+    let mut s = setup("swap-unlistable").await?;
+    let moved = s.dir.0.with_extension("moved");
+    std::fs::rename(&s.dir.0, &moved)?;
+    let report = s.plugins.scan(true).await;
+    std::fs::rename(&moved, &s.dir.0)?;
+    assert!(report.removed.is_empty(), "{report:?}");
+    assert_eq!(s.op.operator.plugins().len(), 1, "the running plugin stays");
+    Ok(())
+}
