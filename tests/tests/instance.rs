@@ -339,6 +339,32 @@ async fn instance_becomes_ready_rolls_only_the_gateway_and_is_garbage_collected(
         2,
         "the gateway rolled onto a new ReplicaSet"
     );
+
+    // Another field manager takes the gateway's replicas over (what
+    // `kubectl scale` amounts to); the plugin's forced apply takes them back.
+    deployments
+        .patch(
+            "fb-gateway",
+            &PatchParams::apply("someone-else").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "fb-gateway"}, "spec": {"replicas": 5}
+            })),
+        )
+        .await?;
+    wait_for("the gateway's replicas to be taken back", DEADLINE, || {
+        let deployments = deployments.clone();
+        async move {
+            let d = deployments.get("fb-gateway").await?;
+            let replicas = d.spec.and_then(|s| s.replicas);
+            if replicas == Some(2) {
+                Ok(Some(()))
+            } else {
+                bail!("gateway replicas are {replicas:?}")
+            }
+        }
+    })
+    .await?;
     let fb = wait_for(
         "the instance to report the edited generation Ready",
         DEADLINE,

@@ -114,7 +114,9 @@ fn write(mut plan: Plan, snapshot: &Snapshot, ran: &[Ran]) -> Plan {
     for outcome in ran.iter().filter_map(|r| r.result.as_ref().ok()) {
         for desired in &outcome.objects {
             if !desired.create_only {
-                plan = plan.apply(&desired.object);
+                // As upstream: the operator owns what it renders, so a field
+                // another manager took over (say `kubectl scale`) is taken back.
+                plan = plan.apply_forced(&desired.object);
             } else if snapshot
                 .owned_named(desired.kind(), desired.name())
                 .is_none()
