@@ -163,6 +163,33 @@ impl TestNamespace {
     }
 }
 
+impl TestNamespace {
+    /// `Kind/name` of every object of kind `K` in this namespace matching
+    /// `lp`, for messages about what is (still) there.
+    ///
+    /// # Errors
+    /// When the list call fails.
+    pub async fn names<K>(&self, lp: &kube::api::ListParams) -> Result<Vec<String>>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        let kind = K::kind(&Default::default()).to_string();
+        Ok(self
+            .api::<K>()
+            .list(lp)
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|o| o.meta().name.clone())
+            .map(|n| format!("{kind}/{n}"))
+            .collect())
+    }
+}
+
 impl std::fmt::Debug for TestNamespace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TestNamespace")

@@ -413,105 +413,19 @@ async fn instance_becomes_ready_rolls_only_the_gateway_and_is_garbage_collected(
         || {
             let ns = &ns;
             async move {
-                let mut left: Vec<String> = Vec::new();
                 let lp = ListParams::default().labels("firebolt.io/instance=fb");
-                let names = |kind: &str, items: Vec<Option<String>>| -> Vec<String> {
-                    items
-                        .into_iter()
-                        .flatten()
-                        .map(|n| format!("{kind}/{n}"))
-                        .collect()
-                };
-                left.extend(names(
-                    "StatefulSet",
-                    ns.api::<StatefulSet>()
-                        .list(&lp)
-                        .await?
-                        .items
-                        .into_iter()
-                        .map(|o| o.metadata.name)
-                        .collect(),
-                ));
-                left.extend(names(
-                    "Deployment",
-                    ns.api::<Deployment>()
-                        .list(&lp)
-                        .await?
-                        .items
-                        .into_iter()
-                        .map(|o| o.metadata.name)
-                        .collect(),
-                ));
-                left.extend(names(
-                    "Service",
-                    ns.api::<Service>()
-                        .list(&lp)
-                        .await?
-                        .items
-                        .into_iter()
-                        .map(|o| o.metadata.name)
-                        .collect(),
-                ));
-                left.extend(names(
-                    "ConfigMap",
-                    ns.api::<ConfigMap>()
-                        .list(&lp)
-                        .await?
-                        .items
-                        .into_iter()
-                        .map(|o| o.metadata.name)
-                        .collect(),
-                ));
-                left.extend(names(
-                    "Secret",
-                    ns.api::<Secret>()
-                        .list(&lp)
-                        .await?
-                        .items
-                        .into_iter()
-                        .map(|o| o.metadata.name)
-                        .collect(),
-                ));
-                left.extend(names(
-                    "PodDisruptionBudget",
-                    ns.api::<PodDisruptionBudget>()
-                        .list(&lp)
-                        .await?
-                        .items
-                        .into_iter()
-                        .map(|o| o.metadata.name)
-                        .collect(),
-                ));
-                left.extend(names(
-                    "ReplicaSet",
-                    ns.api::<ReplicaSet>()
-                        .list(&lp)
-                        .await?
-                        .items
-                        .into_iter()
-                        .map(|o| o.metadata.name)
-                        .collect(),
-                ));
-                left.extend(names(
-                    "Pod",
-                    ns.api::<Pod>()
-                        .list(&lp)
-                        .await?
-                        .items
-                        .into_iter()
-                        .map(|o| o.metadata.name)
-                        .collect(),
-                ));
-                left.extend(names(
-                    "PersistentVolumeClaim",
-                    ns.api::<PersistentVolumeClaim>()
-                        .list(&ListParams::default())
-                        .await?
-                        .items
-                        .into_iter()
-                        .map(|o| o.metadata.name)
-                        .collect(),
-                ));
+                let all = ListParams::default();
+                let mut left: Vec<String> = Vec::new();
+                left.extend(ns.names::<StatefulSet>(&lp).await?);
+                left.extend(ns.names::<Deployment>(&lp).await?);
+                left.extend(ns.names::<Service>(&lp).await?);
+                left.extend(ns.names::<ConfigMap>(&lp).await?);
+                left.extend(ns.names::<Secret>(&lp).await?);
+                left.extend(ns.names::<PodDisruptionBudget>(&lp).await?);
+                left.extend(ns.names::<ReplicaSet>(&lp).await?);
+                left.extend(ns.names::<Pod>(&lp).await?);
+                // PVCs of the StatefulSet's claim templates carry no instance label.
+                left.extend(ns.names::<PersistentVolumeClaim>(&all).await?);
                 if left.is_empty() {
                     Ok(Some(()))
                 } else {
