@@ -327,6 +327,7 @@ impl<F: Fn()> Elector<F> {
 
     fn step_down(&self, why: &str) {
         if self.flag.swap(false, Ordering::SeqCst) {
+            crate::metrics::global().set("wasmop_leader", &[], 0.0);
             tracing::warn!(lease = %self.lease_ref(), identity = %self.config.identity, why, "lost leadership");
         }
     }
@@ -340,6 +341,7 @@ impl<F: Fn()> Elector<F> {
                 if may_lead(Some(at.elapsed()), self.config.lease_duration)
                     && !self.flag.swap(true, Ordering::SeqCst)
                 {
+                    crate::metrics::global().set("wasmop_leader", &[], 1.0);
                     tracing::info!(lease = %self.lease_ref(), identity = %self.config.identity, "became leader");
                     (self.on_elected)();
                 }
@@ -489,6 +491,7 @@ pub async fn run<F>(
         elector.check_deadline();
     }
     if elector.flag.swap(false, Ordering::SeqCst) {
+        crate::metrics::global().set("wasmop_leader", &[], 0.0);
         tracing::info!(lease = %elector.lease_ref(), identity = %elector.config.identity, "stepped down: shutting down");
     }
     let bound = elector.config.lease_duration;

@@ -9,6 +9,7 @@
 //! | `wasmop_reconcile_total` | controller, result | reconciles by outcome reason |
 //! | `wasmop_reconcile_seconds_total` | controller | time spent in plugin calls |
 //! | `wasmop_http_requests_total` | controller, outcome | plan HTTP requests: sent, refused, rate_limited |
+//! | `wasmop_leader` | | 1 while this replica holds the leader Lease (with `--leader-elect`) |
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

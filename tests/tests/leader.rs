@@ -214,6 +214,11 @@ async fn one_replica_writes_and_another_takes_over_after_a_crash_or_a_release() 
     create_widget(&ns, "w1").await?;
     wait_configmap(&ns, "w1").await?;
     assert!(leader.leads(), "{} still leads", leader.identity);
+    assert_eq!(
+        wasmop::metrics::global().get("wasmop_leader", &[]),
+        Some(1.0),
+        "the leader gauge says a replica of this process leads"
+    );
     assert!(!follower.leads(), "{} still follows", follower.identity);
     let (_, transitions_before) = lease_state(&ns).await?;
 
