@@ -27,7 +27,7 @@ use crate::names::{Component, GATEWAY_LISTEN_PORT, GATEWAY_SERVICE_PORT};
 use crate::podtemplate::{OperatorPod, merge};
 use crate::step::{Context, Desired, Failure, Health, Outcome, StepDef};
 use crate::workload::{
-    available_replicas, container_port, http_probe, meta, selector, service_port, set_config_hash,
+    container_port, deployment_health, http_probe, meta, selector, service_port, set_config_hash,
     tcp_probe,
 };
 
@@ -139,7 +139,6 @@ fn run(ctx: &Context<'_>) -> Result<Outcome, Failure> {
     };
 
     let observed: Option<Deployment> = ctx.observed("Deployment", &name)?;
-    let available = observed.as_ref().map(available_replicas);
     let health = if !serve_clients {
         Health::waiting(
             "FailedClosed",
@@ -149,17 +148,7 @@ fn run(ctx: &Context<'_>) -> Result<Outcome, Failure> {
     } else if replicas == 0 {
         Health::waiting("ScaledToZero", "spec.gateway.replicas is 0")
     } else {
-        match available {
-            Some(n) if n >= 1 => Health::ready(
-                "Ready",
-                format!("gateway {name} has {n}/{replicas} pod(s) available"),
-            ),
-            Some(_) => Health::waiting(
-                "Provisioning",
-                format!("waiting for an available pod of Deployment {name}"),
-            ),
-            None => Health::waiting("Provisioning", format!("creating Deployment {name}")),
-        }
+        deployment_health("gateway", &name, replicas, observed.as_ref())
     };
 
     Ok(Outcome {

@@ -20,9 +20,9 @@ use wasmop_sdk::k8s_openapi::api::core::v1::{
 use crate::names::{Component, METADATA_PORT};
 use crate::podtemplate::{OperatorPod, merge};
 use crate::postgres::{self, Target};
-use crate::step::{Context, Desired, Failure, Health, Outcome, StepDef};
+use crate::step::{Context, Desired, Failure, Outcome, StepDef};
 use crate::workload::{
-    available_replicas, container_port, meta, selector, service_port, set_config_hash, tcp_probe,
+    container_port, deployment_health, meta, selector, service_port, set_config_hash, tcp_probe,
 };
 
 /// The step.
@@ -129,17 +129,7 @@ fn run(ctx: &Context<'_>) -> Result<Outcome, Failure> {
     };
 
     let observed: Option<Deployment> = ctx.observed("Deployment", &name)?;
-    let health = match observed.as_ref().map(available_replicas) {
-        Some(available) if available >= 1 => Health::ready(
-            "Ready",
-            format!("metadata service {name} has {available}/{replicas} pod(s) available"),
-        ),
-        Some(_) => Health::waiting(
-            "Provisioning",
-            format!("waiting for an available pod of Deployment {name}"),
-        ),
-        None => Health::waiting("Provisioning", format!("creating Deployment {name}")),
-    };
+    let health = deployment_health("metadata service", &name, replicas, observed.as_ref());
 
     Ok(Outcome {
         objects: vec![

@@ -153,6 +153,29 @@ pub fn available_replicas(deployment: &Deployment) -> i32 {
         .unwrap_or(0)
 }
 
+/// Health of a component served by one Deployment: ready once it has an
+/// available pod. `what` names the component in messages (`gateway`,
+/// `metadata service`).
+pub fn deployment_health(
+    what: &str,
+    name: &str,
+    replicas: i32,
+    observed: Option<&Deployment>,
+) -> crate::step::Health {
+    use crate::step::Health;
+    match observed.map(available_replicas) {
+        Some(n) if n >= 1 => Health::ready(
+            "Ready",
+            format!("{what} {name} has {n}/{replicas} pod(s) available"),
+        ),
+        Some(_) => Health::waiting(
+            "Provisioning",
+            format!("waiting for an available pod of Deployment {name}"),
+        ),
+        None => Health::waiting("Provisioning", format!("creating Deployment {name}")),
+    }
+}
+
 /// Pods of a StatefulSet that are ready (0 when it has no status yet).
 pub fn ready_replicas(statefulset: &StatefulSet) -> i32 {
     statefulset
