@@ -39,7 +39,7 @@ use crate::gate;
 use crate::names::{ENGINE_LABEL, METRICS_PORT, Names};
 use crate::render::{Desired, generation_of};
 use crate::settings::Settings;
-use crate::spec::{FireboltEngine, FireboltEngineClass, resolve};
+use crate::spec::{EngineStatus, FireboltEngine, FireboltEngineClass, resolve};
 use crate::{CLASS_READ, INSTANCE_READ, POD_READ, POD_TARGET};
 
 /// Phase names, as upstream spells them.
@@ -87,6 +87,23 @@ struct Step {
     draining: Option<i64>,
     ready: (bool, &'static str, String),
     requeue: Option<Duration>,
+}
+
+impl Step {
+    /// A step in `phase` that keeps the generations `status` records, with
+    /// an empty plan and no requeue; callers override what their phase
+    /// changes.
+    fn keeping(phase: &str, status: &EngineStatus) -> Self {
+        Step {
+            plan: Plan::new(),
+            phase: phase.into(),
+            current: status.current_generation,
+            active: status.active_generation,
+            draining: status.draining_generation,
+            ready: rolling(phase),
+            requeue: None,
+        }
+    }
 }
 
 /// Reconciles the engine in `snapshot`.
@@ -316,12 +333,9 @@ fn creating(
                     g + 1
                 ),
             ),
-            phase: phase::CREATING.into(),
             current: g + 1,
-            active: s.active_generation,
-            draining: s.draining_generation,
-            ready: rolling(phase::CREATING),
             requeue: Some(STEP_REQUEUE),
+            ..Step::keeping(phase::CREATING, s)
         });
     }
     let mut plan = Plan::new()
@@ -351,20 +365,14 @@ fn creating(
                 "GenerationReady",
                 format!("generation {g} has {ready} ready pod(s); switching the Service"),
             ),
-            phase: phase::SWITCHING.into(),
             current: g,
-            active: s.active_generation,
-            draining: s.draining_generation,
-            ready: rolling(phase::SWITCHING),
             requeue: Some(STEP_REQUEUE),
+            ..Step::keeping(phase::SWITCHING, s)
         });
     }
     Ok(Step {
         plan,
-        phase: phase::CREATING.into(),
         current: g,
-        active: s.active_generation,
-        draining: s.draining_generation,
         ready: (
             false,
             "PodsNotReady",
@@ -377,6 +385,7 @@ fn creating(
             },
         ),
         requeue: Some(PODS_REQUEUE),
+        ..Step::keeping(phase::CREATING, s)
     })
 }
 
@@ -388,13 +397,9 @@ fn switching(
     let s = &engine.status;
     let g = s.current_generation;
     let mut step = Step {
-        plan: Plan::new(),
-        phase: phase::SWITCHING.into(),
         current: g,
-        active: s.active_generation,
-        draining: s.draining_generation,
-        ready: rolling(phase::SWITCHING),
         requeue: Some(STEP_REQUEUE),
+        ..Step::keeping(phase::SWITCHING, s)
     };
     if selected_generation(snapshot, names) != Some(g) {
         // Only the selector changes; the rest of the Service is as the
@@ -432,13 +437,8 @@ fn draining(
 ) -> Result<Step, ReconcileError> {
     let s = &engine.status;
     let mut step = Step {
-        plan: Plan::new(),
-        phase: phase::DRAINING.into(),
-        current: s.current_generation,
-        active: s.active_generation,
-        draining: s.draining_generation,
-        ready: rolling(phase::DRAINING),
         requeue: Some(STEP_REQUEUE),
+        ..Step::keeping(phase::DRAINING, s)
     };
     let Some(old) = s.draining_generation else {
         step.phase = phase::CLEANING.into();
@@ -511,13 +511,8 @@ fn cleaning(
 ) -> Result<Step, ReconcileError> {
     let s = &engine.status;
     let mut step = Step {
-        plan: Plan::new(),
-        phase: phase::CLEANING.into(),
-        current: s.current_generation,
-        active: s.active_generation,
         draining: None,
-        ready: rolling(phase::CLEANING),
-        requeue: None,
+        ..Step::keeping(phase::CLEANING, s)
     };
     if let Some(old) = s.draining_generation {
         for (kind, name) in [
@@ -561,12 +556,9 @@ fn steady(
                 "GenerationStarted",
                 format!("{why}; creating generation {}", g + 1),
             ),
-            phase: phase::CREATING.into(),
             current: g + 1,
-            active: s.active_generation,
-            draining: s.draining_generation,
-            ready: rolling(phase::CREATING),
             requeue: Some(STEP_REQUEUE),
+            ..Step::keeping(phase::CREATING, s)
         });
     }
     let mut plan = Plan::new();
@@ -587,12 +579,9 @@ fn steady(
     }
     let mut step = Step {
         plan,
-        phase: s.phase.clone(),
         current: g,
         active: g,
-        draining: s.draining_generation,
-        ready: rolling(&s.phase),
-        requeue: None,
+        ..Step::keeping(&s.phase, s)
     };
     terminal(&mut step, snapshot, names, engine);
     Ok(step)
