@@ -44,6 +44,20 @@ pub struct GoldenReport {
     pub blessed: Vec<PathBuf>,
 }
 
+impl GoldenReport {
+    /// Names (file stems) of every fixture checked or blessed, sorted.
+    pub fn fixture_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .matched
+            .iter()
+            .chain(&self.blessed)
+            .filter_map(|p| p.file_stem()?.to_str().map(str::to_owned))
+            .collect();
+        names.sort();
+        names
+    }
+}
+
 /// Why a golden check failed.
 #[derive(Debug, Error)]
 pub enum GoldenError {
