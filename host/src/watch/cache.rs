@@ -213,6 +213,8 @@ pub struct Cache {
     client: Client,
     namespaces: Vec<String>,
     kinds: RwLock<HashMap<KindKey, Watched>>,
+    /// Unfiltered caches syncing to replace a filtered one.
+    pending: std::sync::Mutex<HashMap<KindKey, Arc<KindCache>>>,
     changes: mpsc::UnboundedSender<Change>,
 }
 
@@ -228,6 +230,7 @@ impl Cache {
             client,
             namespaces,
             kinds: RwLock::new(HashMap::new()),
+            pending: std::sync::Mutex::new(HashMap::new()),
             changes: tx,
         });
         (cache, rx)
@@ -255,23 +258,59 @@ impl Cache {
     /// Makes sure a kind is watched as `spec` says and returns its cache.
     ///
     /// A kind already watched with the same filter is shared. A kind watched
-    /// with the managed-only filter that is now needed unfiltered is
-    /// restarted without the filter.
-    pub fn ensure(&self, spec: WatchSpec) -> Arc<KindCache> {
+    /// with the managed-only filter that is now needed unfiltered gets a new
+    /// unfiltered watch; the filtered cache keeps serving every running
+    /// controller until the new one has synced, and is then replaced in one
+    /// step (so no reconcile ever sees the half-filled new cache). The
+    /// returned cache is the one that will serve: wait for its sync.
+    pub fn ensure(self: &Arc<Self>, spec: WatchSpec) -> Arc<KindCache> {
         let key = KindKey::new(
             &spec.resource.group,
             &spec.resource.version,
             &spec.resource.kind,
         );
         let mut kinds = self.kinds.write().expect("cache lock");
-        if let Some((existing, tasks)) = kinds.get(&key) {
-            if existing.spec.managed_only == spec.managed_only || !existing.spec.managed_only {
+        let upgrading = match kinds.get(&key) {
+            Some((existing, _))
+                if existing.spec.managed_only == spec.managed_only
+                    || !existing.spec.managed_only =>
+            {
                 return existing.clone();
             }
-            for t in tasks {
-                t.abort();
+            Some(_) => true,
+            None => false,
+        };
+        if upgrading {
+            let mut pending = self.pending.lock().expect("pending lock");
+            if let Some(kc) = pending.get(&key) {
+                return kc.clone();
             }
+            let (kc, tasks) = self.start(key.clone(), spec);
+            pending.insert(key.clone(), kc.clone());
+            let cache = Arc::downgrade(self);
+            let new = kc.clone();
+            tokio::spawn(async move {
+                new.wait_synced().await;
+                let Some(cache) = cache.upgrade() else { return };
+                cache.pending.lock().expect("pending lock").remove(&key);
+                let old = cache
+                    .kinds
+                    .write()
+                    .expect("cache lock")
+                    .insert(key, (new, tasks));
+                for t in old.map(|(_, tasks)| tasks).unwrap_or_default() {
+                    t.abort();
+                }
+            });
+            return kc;
         }
+        let (kc, tasks) = self.start(key.clone(), spec);
+        kinds.insert(key, (kc.clone(), tasks));
+        kc
+    }
+
+    /// Starts the watches of one kind into a new cache.
+    fn start(&self, key: KindKey, spec: WatchSpec) -> Watched {
         let kc = Arc::new(KindCache {
             key: key.clone(),
             spec: spec.clone(),
@@ -296,8 +335,7 @@ impl Cache {
                 ))
             })
             .collect();
-        kinds.insert(key, (kc.clone(), tasks));
-        kc
+        (kc, tasks)
     }
 
     /// Stops every watch.
