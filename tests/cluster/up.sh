@@ -79,7 +79,7 @@ for p in "$ETCD_PORT" "$ETCD_PEER_PORT" "$API_PORT" "$KCM_PORT" "$SCHED_PORT" "$
 done
 
 started=$(date +%s)
-mkdir -p "$D"/{pki,logs,pids,etcd,stages}
+mkdir -p "$D"/{pki,logs,pids,cmd,etcd,stages}
 log "state in $D; logs in $D/logs"
 
 # --- certificates -----------------------------------------------------------
@@ -126,11 +126,15 @@ chmod 600 "$KUBECONFIG"
 
 start() { # component binary args...
   local c="$1" bin="$2"; shift 2
+  # The exact command line, NUL-separated, so component.sh can start the
+  # component again with identical flags.
+  printf '%s\0' "$bin" "$@" > "$D/cmd/$c"
   setsid "$bin" "$@" >"$D/logs/$c.log" 2>&1 < /dev/null &
   echo $! > "$D/pids/$c.pid"
 }
 
 # --- etcd -------------------------------------------------------------------
+echo "http://127.0.0.1:$ETCD_PORT" > "$D/etcd-url"
 start etcd "$ETCD_BIN/etcd" \
   --name=wasmop --data-dir="$D/etcd" \
   --listen-client-urls="http://127.0.0.1:$ETCD_PORT" --advertise-client-urls="http://127.0.0.1:$ETCD_PORT" \
