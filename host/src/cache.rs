@@ -19,8 +19,9 @@
 //!   [`RetryState`]).
 //! - Each watch stream's state (synced, relisting, backing off) is in the
 //!   metrics: `wasmop_watch_streams{kind,state}`, with
-//!   `wasmop_watch_lists_total{kind,reason}` and
-//!   `wasmop_watch_errors_total{kind,reason}`.
+//!   `wasmop_watch_lists_total{kind,reason}`,
+//!   `wasmop_watch_errors_total{kind,reason}` and
+//!   `wasmop_watch_recovery_seconds{kind}`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
@@ -641,9 +642,18 @@ impl Drop for StreamStatus {
     }
 }
 
+/// Ends a failure episode of a watch stream: logs it and records how long it
+/// lasted, from the first error to the first objects or completed list after
+/// it, in `wasmop_watch_recovery_seconds{kind}`.
 fn note_recovered(failing_since: &mut Option<std::time::Instant>, key: &KindKey, scope: &str) {
     if let Some(since) = failing_since.take() {
-        tracing::info!(kind = %key, scope, failing_for = ?since.elapsed(), "watch recovered");
+        let took = since.elapsed();
+        tracing::info!(kind = %key, scope, failing_for = ?took, "watch recovered");
+        metrics::global().set(
+            "wasmop_watch_recovery_seconds",
+            &[("kind", &key.0)],
+            took.as_secs_f64(),
+        );
     }
 }
 

@@ -166,7 +166,10 @@ async fn operator_converges_within_5s_of_readyz_after_the_api_server_restarts() 
     edit_all(&ns, "after").await?;
     wait_converged(&ns, "after", Duration::from_secs(60)).await?;
     let took = ready_at.elapsed();
-    eprintln!("recovery: {PRIMARIES} edited Widgets converged {took:?} after /readyz");
+    eprintln!(
+        "recovery: {PRIMARIES} edited Widgets converged {took:?} after /readyz; the Widget watch failed for {:.1}s",
+        metric("wasmop_watch_recovery_seconds", &[("kind", WIDGET)])
+    );
     assert!(
         took <= RECOVERY_BOUND,
         "converged {took:?} after /readyz, more than {RECOVERY_BOUND:?}"
@@ -218,6 +221,13 @@ async fn an_expired_watch_relists_at_once_and_converges() -> Result<()> {
     assert!(
         count("wasmop_watch_lists_total", "expired") > relists_before,
         "the Widget watch did not relist after 410"
+    );
+    // At once: from the 410 to the relist completed.
+    let relist = metric("wasmop_watch_recovery_seconds", &[("kind", WIDGET)]);
+    eprintln!("the Widget watch relisted {relist:.3}s after its 410");
+    assert!(
+        relist < 1.0,
+        "the Widget watch took {relist}s from 410 to a completed relist"
     );
     assert!(
         took <= RECOVERY_BOUND,
