@@ -363,6 +363,13 @@ impl Drop for Cache {
 //   something unusable: the same backoff, capped at
 //   [`RetryPolicy::rejected_max`] (30 s, as client-go), so a misconfigured
 //   operator does not hammer the server.
+// - While a stream recovers (it failed and nothing arrived since), an attempt
+//   that goes unanswered for [`RetryPolicy::stall_base`] (2 s, doubling per
+//   abandoned attempt up to 60 s) is abandoned and the stream starts over
+//   with a list. A request sent while the API server is still starting can
+//   be held by it well past `/readyz` (for a custom resource, about 5 s in
+//   the local control plane); a fresh request is answered at once. The cost
+//   is one extra list when a watch resumed cleanly on a quiet scope.
 // Counters restart after progress (an object listed or watched) and after a
 // quiet period without errors.
 
@@ -470,6 +477,11 @@ pub struct RetryPolicy {
     /// After this long without an error, the next failure counts as the
     /// first again.
     pub quiet_reset: Duration,
+    /// While a stream recovers, how long an attempt may go unanswered before
+    /// it is abandoned; doubles per abandoned attempt in a row.
+    pub stall_base: Duration,
+    /// Cap of the doubling stall timeout.
+    pub stall_max: Duration,
 }
 
 impl Default for RetryPolicy {
@@ -479,6 +491,8 @@ impl Default for RetryPolicy {
             unavailable_max: Duration::from_secs(2),
             rejected_max: Duration::from_secs(30),
             quiet_reset: Duration::from_secs(60),
+            stall_base: Duration::from_secs(2),
+            stall_max: Duration::from_secs(60),
         }
     }
 }
@@ -498,6 +512,7 @@ pub struct RetryState {
     expired: u32,
     unavailable: u32,
     rejected: u32,
+    stalls: u32,
     last_failure: Option<std::time::Instant>,
 }
 
@@ -512,13 +527,7 @@ impl RetryState {
         now: std::time::Instant,
         jitter: f64,
     ) -> Decision {
-        if self
-            .last_failure
-            .is_some_and(|t| now.saturating_duration_since(t) >= policy.quiet_reset)
-        {
-            *self = Self::default();
-        }
-        self.last_failure = Some(now);
+        self.note(policy, now);
         let (count, max) = match failure {
             Failure::Expired => (&mut self.expired, policy.unavailable_max),
             Failure::Unavailable => (&mut self.unavailable, policy.unavailable_max),
@@ -544,10 +553,41 @@ impl RetryState {
         }
     }
 
+    /// How long the next attempt of a recovering stream may go unanswered.
+    pub fn stall_timeout(&self, policy: &RetryPolicy) -> Duration {
+        policy
+            .stall_base
+            .checked_mul(1u32.checked_shl(self.stalls.min(31)).unwrap_or(u32::MAX))
+            .unwrap_or(policy.stall_max)
+            .min(policy.stall_max)
+    }
+
+    /// Records an attempt abandoned at `now` after [`RetryState::stall_timeout`].
+    /// The stream starts over with a list at once: the wait already passed.
+    pub fn on_stall(&mut self, policy: &RetryPolicy, now: std::time::Instant) -> Decision {
+        self.note(policy, now);
+        self.stalls = self.stalls.saturating_add(1);
+        Decision {
+            relist: true,
+            delay: Duration::ZERO,
+        }
+    }
+
+    fn note(&mut self, policy: &RetryPolicy, now: std::time::Instant) {
+        if self
+            .last_failure
+            .is_some_and(|t| now.saturating_duration_since(t) >= policy.quiet_reset)
+        {
+            *self = Self::default();
+        }
+        self.last_failure = Some(now);
+    }
+
     /// Objects arrived: the server answers again.
     pub fn on_progress(&mut self) {
         self.unavailable = 0;
         self.rejected = 0;
+        self.stalls = 0;
     }
 
     /// A list completed.
@@ -687,7 +727,32 @@ async fn run_watch(
     let mut listing = true;
     let mut relist_reason = "initial";
     let mut failing_since: Option<std::time::Instant> = None;
-    while let Some(event) = stream.next().await {
+    loop {
+        let polled = if failing_since.is_some() {
+            let budget = retry.stall_timeout(&policy);
+            match tokio::time::timeout(budget, stream.next()).await {
+                Ok(polled) => polled,
+                Err(_) => {
+                    metrics::global().inc(
+                        "wasmop_watch_errors_total",
+                        &[("kind", &kind), ("reason", "stalled")],
+                    );
+                    tracing::info!(kind = %kc.key, scope = scope_name, waited = ?budget,
+                        "watch attempt unanswered while recovering; starting over with a list");
+                    retry.on_stall(&policy, std::time::Instant::now());
+                    stream = watcher::watcher(api.clone(), config.clone()).boxed();
+                    listing = true;
+                    if counted_sync {
+                        relist_reason = "error";
+                    }
+                    status.set(WatchState::Relisting);
+                    continue;
+                }
+            }
+        } else {
+            stream.next().await
+        };
+        let Some(event) = polled else { break };
         let event = match event {
             Ok(e) => e,
             Err(e) => {
@@ -1081,6 +1146,31 @@ mod tests {
                 now - back
             );
         }
+    }
+
+    #[test]
+    fn an_unanswered_attempt_is_abandoned_after_a_doubling_timeout() {
+        let policy = RetryPolicy::default();
+        let mut r = RetryState::default();
+        let t0 = std::time::Instant::now();
+        assert_eq!(r.stall_timeout(&policy), Duration::from_secs(2));
+        let d = r.on_stall(&policy, t0);
+        assert_eq!(
+            d,
+            Decision {
+                relist: true,
+                delay: Duration::ZERO
+            }
+        );
+        assert_eq!(r.stall_timeout(&policy), Duration::from_secs(4));
+        // A list slower than the timeout gets more time each round, so it
+        // completes in the end instead of being abandoned forever.
+        for i in 0..40 {
+            r.on_stall(&policy, t0 + Duration::from_secs(i));
+        }
+        assert_eq!(r.stall_timeout(&policy), policy.stall_max);
+        r.on_progress();
+        assert_eq!(r.stall_timeout(&policy), policy.stall_base);
     }
 
     #[test]
