@@ -55,7 +55,9 @@ wait_for() { # component description timeout-seconds command...
 
 healthy() {
   local c
-  for c in "${components[@]}"; do alive "$c" || return 1; done
+  # Every component running, with its command line recorded for component.sh
+  # (a cluster from an older up.sh without the records is started afresh).
+  for c in "${components[@]}"; do alive "$c" && [[ -f $D/cmd/$c ]] || return 1; done
   [[ -f $KUBECONFIG ]] && "$KUBECTL" get --raw /readyz >/dev/null 2>&1
 }
 
