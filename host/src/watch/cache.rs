@@ -13,6 +13,15 @@
 //!   watched scope completed; nothing reads a kind before that.
 //! - After a watch restart the cache is replaced atomically and the
 //!   differences are reported as changes, so nothing is missed or doubled.
+//! - A watch whose resourceVersion expired (410) relists at once. While the
+//!   API server is unreachable a watch retries with jittered backoff capped
+//!   at 2 s, so it is back within about 2 s of the server's return (see
+//!   [`RetryState`]).
+//! - Each watch stream's state (synced, relisting, backing off) is in the
+//!   metrics: `wasmop_watch_streams{kind,state}`, with
+//!   `wasmop_watch_lists_total{kind,reason}`,
+//!   `wasmop_watch_errors_total{kind,reason}` and
+//!   `wasmop_watch_recovery_seconds{kind}`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
@@ -21,13 +30,12 @@ use std::time::Duration;
 use futures::StreamExt;
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject};
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::object;
+use crate::{metrics, object};
 
 /// Label the host puts on every object it writes.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
@@ -378,6 +386,355 @@ impl Drop for Cache {
     }
 }
 
+// --- Fault recovery ----------------------------------------------------------
+//
+// A watch stream reacts to an error by what it says about the API server:
+// - 410 Gone/Expired: the server is there but no longer serves the
+//   resourceVersion the watch resumed from. The stream relists at once, as
+//   client-go's reflector does; only a second 410 before the relist completed
+//   waits (so a list that keeps expiring cannot spin).
+// - The server is unreachable or not ready (transport errors, 429, 5xx): the
+//   stream retries with jittered exponential backoff capped at
+//   [`RetryPolicy::unavailable_max`] (2 s), so it is back within that time
+//   of the server answering again.
+// - The server refuses (another 4xx, e.g. 403 while RBAC is missing) or sends
+//   something unusable: the same backoff, capped at
+//   [`RetryPolicy::rejected_max`] (30 s, as client-go), so a misconfigured
+//   operator does not hammer the server.
+// - While a stream recovers (it failed and nothing arrived since), an attempt
+//   that goes unanswered for [`RetryPolicy::stall_base`] (2 s, doubling per
+//   abandoned attempt up to 60 s) is abandoned and the stream starts over
+//   with a list. A request sent while the API server is still starting can
+//   be held by it well past `/readyz` (for a custom resource, about 5 s in
+//   the local control plane); a fresh request is answered at once. The cost
+//   is one extra list when a watch resumed cleanly on a quiet scope.
+// Counters restart after progress (an object listed or watched) and after a
+// quiet period without errors.
+
+/// What one watch stream is doing. The gauge `wasmop_watch_streams{kind,
+/// state}` counts the streams of each kind in each state (one stream per
+/// watched namespace, or one for all namespaces).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WatchState {
+    /// Listing: the first list, or a relist after the watch expired or a
+    /// list failed.
+    Relisting,
+    /// The cache holds a complete list; the watch is connected or
+    /// reconnecting from its last resourceVersion.
+    Synced,
+    /// Waiting after an error before the next attempt.
+    BackingOff,
+}
+
+impl WatchState {
+    /// Every state, in the order the metrics show them.
+    pub const ALL: [WatchState; 3] = [
+        WatchState::Synced,
+        WatchState::Relisting,
+        WatchState::BackingOff,
+    ];
+
+    /// The `state` label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            WatchState::Relisting => "relisting",
+            WatchState::Synced => "synced",
+            WatchState::BackingOff => "backing_off",
+        }
+    }
+}
+
+/// What a watch error says about the API server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// 410 Gone/Expired: the resourceVersion is no longer served.
+    Expired,
+    /// The server could not be reached or is not ready: a transport error,
+    /// 429 or 5xx.
+    Unavailable,
+    /// The server refused the request (another 4xx) or its answer was
+    /// unusable.
+    Rejected,
+}
+
+impl Failure {
+    /// Classifies an error of the kube-runtime watcher.
+    pub fn of(err: &watcher::Error) -> Self {
+        match err {
+            watcher::Error::WatchError(status) => Self::of_code(status.code),
+            watcher::Error::InitialListFailed(e)
+            | watcher::Error::WatchStartFailed(e)
+            | watcher::Error::WatchFailed(e) => Self::of_client(e),
+            watcher::Error::NoResourceVersion => Self::Rejected,
+        }
+    }
+
+    fn of_client(err: &kube::Error) -> Self {
+        match err {
+            kube::Error::Api(status) => Self::of_code(status.code),
+            kube::Error::SerdeError(_)
+            | kube::Error::FromUtf8(_)
+            | kube::Error::BuildRequest(_)
+            | kube::Error::HttpError(_) => Self::Rejected,
+            // Connection refused or reset, TLS handshakes cut short, a body
+            // ending mid-stream: the server went away.
+            _ => Self::Unavailable,
+        }
+    }
+
+    /// Classifies an HTTP status code the API server answered with.
+    pub fn of_code(code: u16) -> Self {
+        match code {
+            410 => Self::Expired,
+            429 | 500..=599 => Self::Unavailable,
+            // A watch error event without a code: treat as transient.
+            0 => Self::Unavailable,
+            _ => Self::Rejected,
+        }
+    }
+
+    /// The `reason` label value of `wasmop_watch_errors_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Failure::Expired => "expired",
+            Failure::Unavailable => "unavailable",
+            Failure::Rejected => "rejected",
+        }
+    }
+}
+
+/// How long watch retries wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// The first wait; each further failure in a row doubles it.
+    pub base: Duration,
+    /// Cap while the server is unreachable or not ready.
+    pub unavailable_max: Duration,
+    /// Cap while the server refuses the request.
+    pub rejected_max: Duration,
+    /// After this long without an error, the next failure counts as the
+    /// first again.
+    pub quiet_reset: Duration,
+    /// While a stream recovers, how long an attempt may go unanswered before
+    /// it is abandoned; doubles per abandoned attempt in a row.
+    pub stall_base: Duration,
+    /// Cap of the doubling stall timeout.
+    pub stall_max: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            base: Duration::from_millis(200),
+            unavailable_max: Duration::from_secs(2),
+            rejected_max: Duration::from_secs(30),
+            quiet_reset: Duration::from_secs(60),
+            stall_base: Duration::from_secs(2),
+            stall_max: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What a watch stream does after a failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// Start over with a fresh list.
+    pub relist: bool,
+    /// Wait this long before the next attempt (zero: at once).
+    pub delay: Duration,
+}
+
+/// Consecutive failures of one watch stream, by kind of failure.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RetryState {
+    expired: u32,
+    unavailable: u32,
+    rejected: u32,
+    stalls: u32,
+    last_failure: Option<std::time::Instant>,
+}
+
+impl RetryState {
+    /// Records a failure at `now` and decides what to do. `jitter` is a
+    /// random number in [0, 1) that spreads the wait between half and all of
+    /// the exponential delay, so watches do not retry in lockstep.
+    pub fn on_failure(
+        &mut self,
+        policy: &RetryPolicy,
+        failure: Failure,
+        now: std::time::Instant,
+        jitter: f64,
+    ) -> Decision {
+        self.note(policy, now);
+        let (count, max) = match failure {
+            Failure::Expired => (&mut self.expired, policy.unavailable_max),
+            Failure::Unavailable => (&mut self.unavailable, policy.unavailable_max),
+            Failure::Rejected => (&mut self.rejected, policy.rejected_max),
+        };
+        let attempt = *count;
+        *count = count.saturating_add(1);
+        match failure {
+            // The first expiry relists at once; an expiry again before the
+            // relist completed waits like any other failure.
+            Failure::Expired if attempt == 0 => Decision {
+                relist: true,
+                delay: Duration::ZERO,
+            },
+            Failure::Expired => Decision {
+                relist: true,
+                delay: backoff_delay(policy.base, max, attempt - 1, jitter),
+            },
+            _ => Decision {
+                relist: false,
+                delay: backoff_delay(policy.base, max, attempt, jitter),
+            },
+        }
+    }
+
+    /// How long the next attempt of a recovering stream may go unanswered.
+    pub fn stall_timeout(&self, policy: &RetryPolicy) -> Duration {
+        policy
+            .stall_base
+            .checked_mul(1u32.checked_shl(self.stalls.min(31)).unwrap_or(u32::MAX))
+            .unwrap_or(policy.stall_max)
+            .min(policy.stall_max)
+    }
+
+    /// Records an attempt abandoned at `now` after [`RetryState::stall_timeout`].
+    /// The stream starts over with a list at once: the wait already passed.
+    pub fn on_stall(&mut self, policy: &RetryPolicy, now: std::time::Instant) -> Decision {
+        self.note(policy, now);
+        self.stalls = self.stalls.saturating_add(1);
+        Decision {
+            relist: true,
+            delay: Duration::ZERO,
+        }
+    }
+
+    fn note(&mut self, policy: &RetryPolicy, now: std::time::Instant) {
+        if self
+            .last_failure
+            .is_some_and(|t| now.saturating_duration_since(t) >= policy.quiet_reset)
+        {
+            *self = Self::default();
+        }
+        self.last_failure = Some(now);
+    }
+
+    /// Objects arrived: the server answers again.
+    pub fn on_progress(&mut self) {
+        self.unavailable = 0;
+        self.rejected = 0;
+        self.stalls = 0;
+    }
+
+    /// A list completed.
+    pub fn on_synced(&mut self) {
+        *self = Self::default();
+    }
+}
+
+/// The wait before retry number `attempt` (0 for the first): `base` doubled
+/// per attempt, capped at `max`, then scaled into [1/2, 1] of itself by
+/// `jitter` in [0, 1).
+pub fn backoff_delay(base: Duration, max: Duration, attempt: u32, jitter: f64) -> Duration {
+    let exp = base
+        .checked_mul(1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX))
+        .unwrap_or(max)
+        .min(max);
+    let jitter = if jitter.is_finite() {
+        jitter.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    exp / 2 + exp.mul_f64(jitter / 2.0)
+}
+
+/// A random number in [0, 1) for [`backoff_delay`], from the standard
+/// library's randomly keyed hasher.
+fn jitter() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// The state of one watch stream in the `wasmop_watch_streams` gauge; its
+/// count goes away when the stream ends (the task is aborted or the kind is
+/// no longer watched).
+struct StreamStatus {
+    kind: String,
+    state: WatchState,
+}
+
+impl StreamStatus {
+    fn new(kind: &str) -> Self {
+        let m = metrics::global();
+        for s in WatchState::ALL {
+            // Every state has a series from the start, so "0 backing off"
+            // reads as 0 and not as absent.
+            m.add(
+                "wasmop_watch_streams",
+                &[("kind", kind), ("state", s.label())],
+                0.0,
+            );
+        }
+        m.add(
+            "wasmop_watch_streams",
+            &[("kind", kind), ("state", WatchState::Relisting.label())],
+            1.0,
+        );
+        Self {
+            kind: kind.to_string(),
+            state: WatchState::Relisting,
+        }
+    }
+
+    fn set(&mut self, state: WatchState) {
+        if state == self.state {
+            return;
+        }
+        let m = metrics::global();
+        m.add(
+            "wasmop_watch_streams",
+            &[("kind", &self.kind), ("state", self.state.label())],
+            -1.0,
+        );
+        m.add(
+            "wasmop_watch_streams",
+            &[("kind", &self.kind), ("state", state.label())],
+            1.0,
+        );
+        self.state = state;
+    }
+}
+
+impl Drop for StreamStatus {
+    fn drop(&mut self) {
+        metrics::global().add(
+            "wasmop_watch_streams",
+            &[("kind", &self.kind), ("state", self.state.label())],
+            -1.0,
+        );
+    }
+}
+
+/// Ends a failure episode of a watch stream: logs it and records how long it
+/// lasted, from the first error to the first objects or completed list after
+/// it, in `wasmop_watch_recovery_seconds{kind}`.
+fn note_recovered(failing_since: &mut Option<std::time::Instant>, key: &KindKey, scope: &str) {
+    if let Some(since) = failing_since.take() {
+        let took = since.elapsed();
+        tracing::info!(kind = %key, scope, failing_for = ?took, "watch recovered");
+        metrics::global().set(
+            "wasmop_watch_recovery_seconds",
+            &[("kind", &key.0)],
+            took.as_secs_f64(),
+        );
+    }
+}
+
 async fn run_watch(
     client: Client,
     kc: Arc<KindCache>,
@@ -393,20 +750,118 @@ async fn run_watch(
     if kc.spec.managed_only {
         config = config.labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"));
     }
-    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+    let kind = kc.key.to_string();
+    let scope_name = scope.as_deref().unwrap_or("");
+    let policy = RetryPolicy::default();
+    let mut retry = RetryState::default();
+    let mut status = StreamStatus::new(&kind);
+    // The watcher is polled directly, without kube-runtime's default
+    // backoff: that one also waits after a 410 and grows to 30 s while the
+    // API server is down. Errors are handled below instead.
+    let mut stream = watcher::watcher(api.clone(), config.clone()).boxed();
     let mut buffer: Option<BTreeMap<ObjKey, Arc<Value>>> = None;
     let mut counted_sync = false;
-    while let Some(event) = stream.next().await {
+    // A list is running (between Init and InitDone) or about to.
+    let mut listing = true;
+    let mut relist_reason = "initial";
+    let mut failing_since: Option<std::time::Instant> = None;
+    loop {
+        let polled = if failing_since.is_some() {
+            let budget = retry.stall_timeout(&policy);
+            match tokio::time::timeout(budget, stream.next()).await {
+                Ok(polled) => polled,
+                Err(_) => {
+                    metrics::global().inc(
+                        "wasmop_watch_errors_total",
+                        &[("kind", &kind), ("reason", "stalled")],
+                    );
+                    tracing::info!(kind = %kc.key, scope = scope_name, waited = ?budget,
+                        "watch attempt unanswered while recovering; starting over with a list");
+                    retry.on_stall(&policy, std::time::Instant::now());
+                    stream = watcher::watcher(api.clone(), config.clone()).boxed();
+                    listing = true;
+                    if counted_sync {
+                        relist_reason = "error";
+                    }
+                    status.set(WatchState::Relisting);
+                    continue;
+                }
+            }
+        } else {
+            stream.next().await
+        };
+        let Some(event) = polled else { break };
         let event = match event {
             Ok(e) => e,
             Err(e) => {
-                tracing::warn!(kind = %kc.key, error = %e, "watch failed; retrying with backoff");
+                let failure = Failure::of(&e);
+                metrics::global().inc(
+                    "wasmop_watch_errors_total",
+                    &[("kind", &kind), ("reason", failure.label())],
+                );
+                let decision =
+                    retry.on_failure(&policy, failure, std::time::Instant::now(), jitter());
+                if failure == Failure::Expired {
+                    tracing::info!(kind = %kc.key, scope = scope_name, error = %e,
+                        "watch expired; relisting");
+                } else if failing_since.is_none() {
+                    tracing::warn!(kind = %kc.key, scope = scope_name, error = %e,
+                        retry_in = ?decision.delay, "watch failed; retrying");
+                } else {
+                    tracing::debug!(kind = %kc.key, scope = scope_name, error = %e,
+                        retry_in = ?decision.delay, "watch failed again; retrying");
+                }
+                failing_since.get_or_insert_with(std::time::Instant::now);
+                if matches!(
+                    e,
+                    watcher::Error::InitialListFailed(_) | watcher::Error::NoResourceVersion
+                ) {
+                    // The watcher starts its list over by itself.
+                    listing = true;
+                }
+                if decision.relist {
+                    // A fresh watcher starts with a list. The kube-runtime
+                    // watcher relists by itself after a 410 inside the watch
+                    // stream, but not after a 410 answering the watch request.
+                    stream = watcher::watcher(api.clone(), config.clone()).boxed();
+                    listing = true;
+                }
+                if counted_sync && (decision.relist || listing) {
+                    relist_reason = if failure == Failure::Expired {
+                        "expired"
+                    } else {
+                        "error"
+                    };
+                }
+                if !decision.delay.is_zero() {
+                    status.set(WatchState::BackingOff);
+                    tokio::time::sleep(decision.delay).await;
+                }
+                status.set(if listing || !counted_sync {
+                    WatchState::Relisting
+                } else {
+                    WatchState::Synced
+                });
                 continue;
             }
         };
         match event {
-            Event::Init => buffer = Some(BTreeMap::new()),
+            Event::Init => {
+                buffer = Some(BTreeMap::new());
+                listing = true;
+                status.set(WatchState::Relisting);
+                let reason = if counted_sync {
+                    relist_reason
+                } else {
+                    "initial"
+                };
+                metrics::global().inc(
+                    "wasmop_watch_lists_total",
+                    &[("kind", &kind), ("reason", reason)],
+                );
+            }
             Event::InitApply(obj) => {
+                retry.on_progress();
                 if let Some(v) = to_value(obj) {
                     buffer
                         .get_or_insert_with(BTreeMap::new)
@@ -416,6 +871,10 @@ async fn run_watch(
             Event::InitDone => {
                 let fresh = buffer.take().unwrap_or_default();
                 replace_scope(&kc, scope.as_deref(), fresh, &changes);
+                listing = false;
+                retry.on_synced();
+                status.set(WatchState::Synced);
+                note_recovered(&mut failing_since, &kc.key, scope_name);
                 if !counted_sync {
                     counted_sync = true;
                     if pending.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 1 {
@@ -425,6 +884,8 @@ async fn run_watch(
                 }
             }
             Event::Apply(obj) => {
+                retry.on_progress();
+                note_recovered(&mut failing_since, &kc.key, scope_name);
                 if let Some(v) = to_value(obj) {
                     let key = obj_key(&v);
                     let new = Arc::new(v);
@@ -441,6 +902,8 @@ async fn run_watch(
                 }
             }
             Event::Delete(obj) => {
+                retry.on_progress();
+                note_recovered(&mut failing_since, &kc.key, scope_name);
                 if let Some(v) = to_value(obj) {
                     let key = obj_key(&v);
                     let old = kc.data.write().expect("cache lock").remove(&key);
@@ -544,5 +1007,245 @@ mod tests {
         d.remove(&k);
         assert!(d.by_owner.is_empty());
         assert!(d.by_uid.is_empty());
+    }
+
+    fn api_error(code: u16) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("test", "Test")
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn errors_are_classified_by_what_they_say_about_the_server() {
+        use watcher::Error as E;
+        let gone = kube::core::Status::failure("too old resource version", "Expired")
+            .with_code(410)
+            .boxed();
+        assert_eq!(Failure::of(&E::WatchError(gone)), Failure::Expired);
+        // A 410 answering the watch request itself, and on a list page.
+        assert_eq!(
+            Failure::of(&E::WatchStartFailed(api_error(410))),
+            Failure::Expired
+        );
+        assert_eq!(
+            Failure::of(&E::InitialListFailed(api_error(410))),
+            Failure::Expired
+        );
+        let refused = kube::Error::Service(Box::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        )));
+        assert_eq!(
+            Failure::of(&E::InitialListFailed(refused)),
+            Failure::Unavailable
+        );
+        for code in [429, 500, 503, 504] {
+            assert_eq!(
+                Failure::of(&E::WatchStartFailed(api_error(code))),
+                Failure::Unavailable,
+                "{code}"
+            );
+        }
+        for code in [400, 401, 403, 404] {
+            assert_eq!(
+                Failure::of(&E::WatchFailed(api_error(code))),
+                Failure::Rejected,
+                "{code}"
+            );
+        }
+        assert_eq!(Failure::of(&E::NoResourceVersion), Failure::Rejected);
+    }
+
+    #[test]
+    fn backoff_doubles_is_capped_and_jitter_stays_within_half_to_full() {
+        let base = Duration::from_millis(200);
+        let max = Duration::from_secs(2);
+        assert_eq!(backoff_delay(base, max, 0, 0.0), Duration::from_millis(100));
+        assert_eq!(backoff_delay(base, max, 1, 0.0), Duration::from_millis(200));
+        let d = backoff_delay(base, max, 3, 0.999_999);
+        assert!(
+            d > Duration::from_millis(1599) && d <= Duration::from_millis(1600),
+            "{d:?}"
+        );
+        for attempt in [4, 10, 31, 32, u32::MAX] {
+            for jitter in [0.0, 0.5, 0.999_999, 1.0, -3.0, f64::NAN] {
+                let d = backoff_delay(base, max, attempt, jitter);
+                assert!(
+                    d >= max / 2 && d <= max,
+                    "attempt {attempt} jitter {jitter}: {d:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn expiry_relists_at_once_even_after_a_long_outage() {
+        let policy = RetryPolicy::default();
+        let mut r = RetryState::default();
+        let t0 = std::time::Instant::now();
+        for i in 0..50 {
+            let d = r.on_failure(
+                &policy,
+                Failure::Unavailable,
+                t0 + Duration::from_millis(i * 300),
+                0.7,
+            );
+            assert!(!d.relist);
+            assert!(d.delay <= policy.unavailable_max);
+        }
+        let d = r.on_failure(&policy, Failure::Expired, t0 + Duration::from_secs(16), 0.7);
+        assert_eq!(
+            d,
+            Decision {
+                relist: true,
+                delay: Duration::ZERO
+            }
+        );
+        // The relist expires again before completing: wait a little, then
+        // relist again; never a tight loop.
+        let d = r.on_failure(&policy, Failure::Expired, t0 + Duration::from_secs(17), 0.0);
+        assert!(d.relist && d.delay >= policy.base / 2, "{d:?}");
+        // A completed list resets everything.
+        r.on_synced();
+        let d = r.on_failure(&policy, Failure::Expired, t0 + Duration::from_secs(18), 0.0);
+        assert_eq!(d.delay, Duration::ZERO);
+    }
+
+    #[test]
+    fn refusals_back_off_longer_than_an_unreachable_server() {
+        let policy = RetryPolicy::default();
+        let mut r = RetryState::default();
+        let t0 = std::time::Instant::now();
+        let mut last = Duration::ZERO;
+        for i in 0..20 {
+            last = r
+                .on_failure(&policy, Failure::Rejected, t0 + Duration::from_secs(i), 0.0)
+                .delay;
+        }
+        assert_eq!(last, policy.rejected_max / 2);
+        // Refusals do not lengthen the wait for an unreachable server.
+        let d = r.on_failure(
+            &policy,
+            Failure::Unavailable,
+            t0 + Duration::from_secs(21),
+            0.0,
+        );
+        assert_eq!(d.delay, policy.base / 2);
+        // Progress resets the counts; so does a quiet period.
+        r.on_progress();
+        let d = r.on_failure(
+            &policy,
+            Failure::Rejected,
+            t0 + Duration::from_secs(22),
+            0.0,
+        );
+        assert_eq!(d.delay, policy.base / 2);
+        r.on_failure(
+            &policy,
+            Failure::Unavailable,
+            t0 + Duration::from_secs(23),
+            0.0,
+        );
+        let d = r.on_failure(
+            &policy,
+            Failure::Unavailable,
+            t0 + Duration::from_secs(23 + 61),
+            0.0,
+        );
+        assert_eq!(d.delay, policy.base / 2);
+    }
+
+    /// The API server is unreachable for 15 s and then answers: whatever
+    /// the jitter, the next attempt comes within the cap of its return.
+    #[test]
+    fn an_outage_ends_in_a_retry_within_the_cap() {
+        let policy = RetryPolicy::default();
+        let t0 = std::time::Instant::now();
+        let back = Duration::from_secs(15);
+        for seed in 0..200u64 {
+            let mut r = RetryState::default();
+            let mut now = Duration::ZERO;
+            let mut x = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            while now < back {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let jitter = (x >> 11) as f64 / (1u64 << 53) as f64;
+                now += r
+                    .on_failure(&policy, Failure::Unavailable, t0 + now, jitter)
+                    .delay;
+            }
+            assert!(
+                now - back <= policy.unavailable_max,
+                "seed {seed}: {:?}",
+                now - back
+            );
+        }
+    }
+
+    #[test]
+    fn an_unanswered_attempt_is_abandoned_after_a_doubling_timeout() {
+        let policy = RetryPolicy::default();
+        let mut r = RetryState::default();
+        let t0 = std::time::Instant::now();
+        assert_eq!(r.stall_timeout(&policy), Duration::from_secs(2));
+        let d = r.on_stall(&policy, t0);
+        assert_eq!(
+            d,
+            Decision {
+                relist: true,
+                delay: Duration::ZERO
+            }
+        );
+        assert_eq!(r.stall_timeout(&policy), Duration::from_secs(4));
+        // A list slower than the timeout gets more time each round, so it
+        // completes in the end instead of being abandoned forever.
+        for i in 0..40 {
+            r.on_stall(&policy, t0 + Duration::from_secs(i));
+        }
+        assert_eq!(r.stall_timeout(&policy), policy.stall_max);
+        r.on_progress();
+        assert_eq!(r.stall_timeout(&policy), policy.stall_base);
+    }
+
+    #[test]
+    fn jitter_is_in_range_and_varies() {
+        let xs: Vec<f64> = (0..64).map(|_| jitter()).collect();
+        assert!(xs.iter().all(|x| (0.0..1.0).contains(x)));
+        let distinct: BTreeSet<u64> = xs.iter().map(|x| x.to_bits()).collect();
+        assert!(distinct.len() > 32, "{distinct:?}");
+    }
+
+    #[test]
+    fn stream_status_counts_each_stream_in_one_state() {
+        let kind = "test.invalid/v1/StatusProbe";
+        let get = |state: WatchState| {
+            metrics::global()
+                .get(
+                    "wasmop_watch_streams",
+                    &[("kind", kind), ("state", state.label())],
+                )
+                .unwrap_or(-1.0)
+        };
+        let mut a = StreamStatus::new(kind);
+        let b = StreamStatus::new(kind);
+        assert_eq!(get(WatchState::Relisting), 2.0);
+        assert_eq!(get(WatchState::Synced), 0.0);
+        assert_eq!(get(WatchState::BackingOff), 0.0);
+        a.set(WatchState::BackingOff);
+        a.set(WatchState::BackingOff);
+        assert_eq!(get(WatchState::Relisting), 1.0);
+        assert_eq!(get(WatchState::BackingOff), 1.0);
+        drop(b);
+        a.set(WatchState::Synced);
+        assert_eq!(get(WatchState::Relisting), 0.0);
+        assert_eq!(get(WatchState::Synced), 1.0);
+        drop(a);
+        for s in WatchState::ALL {
+            assert_eq!(get(s), 0.0, "{s:?}");
+        }
     }
 }
