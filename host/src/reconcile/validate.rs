@@ -659,8 +659,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::plugin::manifest::{HttpTarget, KindRef};
     use crate::plugin::manifest::tests::controller;
+    use crate::plugin::manifest::{HttpTarget, KindRef};
 
     const PRIMARY_UID: &str = "uid-primary";
 
