@@ -13,9 +13,12 @@
 //! | [`names`] | names, labels and annotations |
 //! | [`settings`] | the operator settings |
 //!
-//! Objects are owned by label (`celld.eric.dev/fleet-uid`), never by
+//! Objects are owned by label (owner-label ownership: the host stamps
+//! `wasmop.dev/owner-uid` and `celld.eric.dev/fleet-uid`), never by
 //! ownerReference: deletion must not cascade before the lifecycle gate
-//! (finalizer `celld.eric.dev/lifecycle-protection`).
+//! (finalizer `celld.eric.dev/lifecycle-protection`). Member claims are made
+//! by the StatefulSet from a claim template that carries both labels, so
+//! they are this fleet's too and its plans may delete them.
 
 pub mod api;
 pub mod names;
@@ -28,6 +31,7 @@ pub mod validate;
 #[cfg(test)]
 mod tests;
 
+use names::FLEET_UID_LABEL;
 use serde_json::Value;
 use wasmop_sdk::k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use wasmop_sdk::k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service, ServiceAccount};
@@ -60,14 +64,16 @@ impl Plugin for FleetPlugin {
     fn manifest() -> Manifest {
         Manifest::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION")).controller(
             Controller::new(FLEET_CONTROLLER, api::fleet_kind())
-                .owns(KindRef::of::<Deployment>())
-                .owns(KindRef::of::<StatefulSet>())
-                .owns(KindRef::of::<Service>())
-                .owns(KindRef::of::<NetworkPolicy>())
-                .owns(KindRef::of::<PodDisruptionBudget>())
-                .owns(KindRef::of::<PersistentVolumeClaim>())
-                .owns(KindRef::of::<Pod>())
-                .owns(api::reservation_kind())
+                .owns_by_label(KindRef::of::<Deployment>(), Some(FLEET_UID_LABEL))
+                .owns_by_label(KindRef::of::<StatefulSet>(), Some(FLEET_UID_LABEL))
+                .owns_by_label(KindRef::of::<Service>(), Some(FLEET_UID_LABEL))
+                .owns_by_label(KindRef::of::<NetworkPolicy>(), Some(FLEET_UID_LABEL))
+                .owns_by_label(KindRef::of::<PodDisruptionBudget>(), Some(FLEET_UID_LABEL))
+                .owns_by_label(
+                    KindRef::of::<PersistentVolumeClaim>(),
+                    Some(FLEET_UID_LABEL),
+                )
+                .owns_by_label(api::reservation_kind(), Some(FLEET_UID_LABEL))
                 .finalizer(names::FINALIZER)
                 .reads(Read::new(
                     PODS_READ,

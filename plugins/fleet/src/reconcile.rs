@@ -429,11 +429,19 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
             Replacement::None => {}
             Replacement::Later(after) => requeue = Some(after),
             Replacement::Now { pod, claim, why } => {
+                // Only the claim: the member's Pod is controlled by the
+                // StatefulSet, and the host lets a plan delete only objects
+                // the fleet itself controls. The claim stays Terminating
+                // while the Pod holds it; the StatefulSet makes a fresh one
+                // when the Pod is recreated.
                 plan = plan.delete_owned(claim)?;
-                if let Some(pod) = pod {
-                    plan = plan.delete_owned(pod)?;
-                }
-                plan = plan.event("MemberReplaced", why);
+                let pod_name = pod.map_or("", |p| p["metadata"]["name"].as_str().unwrap_or(""));
+                plan = plan.event(
+                    "MemberReplaced",
+                    format!(
+                        "{why}; claim deleted, member Pod {pod_name} takes a fresh claim when it is recreated"
+                    ),
+                );
                 progress = Some((
                     "ReplacingMember",
                     "a member is being replaced on a fresh claim".into(),
@@ -613,9 +621,10 @@ pub enum Replacement<'a> {
     None,
     /// The one member down may be replaced after this long.
     Later(Duration),
-    /// Delete this claim and Pod; the StatefulSet makes a fresh claim.
+    /// Delete this claim; the StatefulSet makes a fresh claim when the
+    /// member's Pod is recreated.
     Now {
-        /// The member Pod, when it exists.
+        /// The member Pod, when it exists (named in the event).
         pod: Option<&'a Value>,
         /// Its claim.
         claim: &'a Value,

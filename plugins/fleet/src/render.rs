@@ -14,6 +14,7 @@ use wasmop_sdk::hash::stable_hash;
 use crate::api::{Egress, Fleet, FleetSpec, fixed_config};
 use crate::names::*;
 use crate::settings::Settings;
+use wasmop_sdk::contract::OWNER_UID_LABEL;
 
 /// Default CPU request of a member.
 pub const DEFAULT_CPU_REQUEST: &str = "250m";
@@ -31,6 +32,16 @@ pub const EXPORT_MOUNT: &str = "/etc/celld/export";
 /// The selector labels of fleet `uid`.
 pub fn selector_labels(uid: &str) -> Value {
     json!({ FLEET_UID_LABEL: uid })
+}
+
+/// Labels of the claims the StatefulSet makes: the selector label and the
+/// host's owner label with this fleet's UID, so the claims count as the
+/// fleet's own (owner-label ownership) and its plans may delete them (member
+/// replacement, deletion). The host refuses plans that set its labels on an
+/// object they apply; a claim template is not such an object, and these
+/// claims are created for this fleet alone.
+pub fn claim_labels(uid: &str) -> Value {
+    json!({ FLEET_UID_LABEL: uid, OWNER_UID_LABEL: uid })
 }
 
 fn meta(fleet: &Fleet, name: &str) -> Value {
@@ -382,7 +393,7 @@ pub fn workload(fleet: &Fleet, fixed_hash: &str, replicas: i32) -> Value {
             "kind": "PersistentVolumeClaim",
             "metadata": {
                 "name": DATA_VOLUME,
-                "labels": selector_labels(&fleet.metadata.uid),
+                "labels": claim_labels(&fleet.metadata.uid),
                 "annotations": { STORAGE_RESERVATION_ANNOTATION: reservation },
             },
             "spec": {
