@@ -192,8 +192,8 @@ metadata:
     kubernetes.io/arch: amd64
     type: kwok
 status:
-  allocatable: {cpu: "32", memory: 256Gi, pods: "250"}
-  capacity: {cpu: "32", memory: 256Gi, pods: "250"}
+  allocatable: {cpu: "32", memory: 256Gi, ephemeral-storage: 1Ti, pods: "250"}
+  capacity: {cpu: "32", memory: 256Gi, ephemeral-storage: 1Ti, pods: "250"}
 NODE
 "$KUBECTL" apply -f "$KWOK_BIN/storage-class.yaml" >/dev/null || fail kube-apiserver "could not create the StorageClass"
 wait_for kwok "Node $NODE_NAME Ready" "$READY_TIMEOUT" \
