@@ -398,3 +398,59 @@ fn golden_plans_cover_observations_on_both_sides() {
         std::fs::read_to_string(fixtures.join("observed.plan.json")).expect("expected plan");
     assert!(observed.contains("members"), "{observed}");
 }
+
+#[test]
+fn the_host_and_the_sdk_agree_on_every_field_of_a_snapshot() {
+    // The `echo` plugin answers with the snapshot as the SDK parsed it from
+    // the WIT record the host lowered; every field must come back as sent.
+    let plugin = load("echo", Limits::default());
+    let controller = &plugin.manifest().controllers[0];
+    let primary = Arc::new(json!({"apiVersion": "test.wasmop.dev/v1", "kind": "Echo",
+        "metadata": {"name": "e", "namespace": "ns", "uid": "uid-e", "generation": 3,
+                     "deletionTimestamp": "2025-01-01T00:00:00Z", "finalizers": ["x/y"]},
+        "spec": {"secretRef": "s", "unicode": "žluťoučký ☃", "n": 1.5, "big": 9007199254740993_u64}}));
+    let owned = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "e-cm", "namespace": "ns", "uid": "uid-cm",
+                     "ownerReferences": [{"apiVersion": "test.wasmop.dev/v1", "kind": "Echo",
+                                          "name": "e", "uid": "uid-e", "controller": true}]},
+        "data": {"k": "v"}});
+    let secret = json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "s", "namespace": "ns", "uid": "uid-s"}, "data": {"k": "dg=="}});
+    let source = MemorySource::new(vec![(*primary).clone(), owned.clone(), secret.clone()]);
+    let observations = vec![
+        wasmop::Observation {
+            id: "a".into(),
+            status: Some(200),
+            body: "{\"ok\":true}".into(),
+            error: None,
+            observed_at: "2025-01-01T00:00:00Z".into(),
+            age_ms: 12,
+        },
+        wasmop::Observation {
+            id: "b".into(),
+            status: None,
+            body: String::new(),
+            error: Some("timed out".into()),
+            observed_at: "2025-01-01T00:00:01Z".into(),
+            age_ms: 0,
+        },
+    ];
+    let snapshot = build_snapshot(
+        controller,
+        Arc::clone(&primary),
+        &source,
+        "2025-01-01T00:00:02Z",
+        &json!({"setting": ["x"]}),
+        observations.clone(),
+    );
+    let plan = plugin.reconcile(&snapshot).expect("echo answers");
+    let seen = &plan.status.expect("status")["snapshot"];
+    assert_eq!(seen["controller"], "echo");
+    assert_eq!(seen["primary"], *primary);
+    assert_eq!(seen["owned"], json!([owned]));
+    assert_eq!(seen["related"], json!([{"read": "secret", "object": secret}]));
+    assert_eq!(seen["now"], "2025-01-01T00:00:02Z");
+    assert_eq!(seen["deleting"], true);
+    assert_eq!(seen["settings"], json!({"setting": ["x"]}));
+    assert_eq!(seen["observations"], serde_json::to_value(&observations).unwrap());
+}
