@@ -77,7 +77,8 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         instance.spec.id.as_str()
     };
 
-    let ctx = Context {
+    let placeholder = security::Security::placeholder();
+    let base = Context {
         snapshot,
         instance: &instance,
         spec: &instance.spec,
@@ -86,6 +87,12 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         id,
         uid: &uid,
         now: &now,
+        security: &placeholder,
+    };
+    let evaluated = security::evaluate(&base);
+    let ctx = Context {
+        security: &evaluated,
+        ..base
     };
     let ran: Vec<Ran> = STEPS
         .iter()
@@ -134,8 +141,8 @@ fn prune(mut plan: Plan, snapshot: &Snapshot, ran: &[Ran]) -> Result<Plan, Recon
     let mut settled = BTreeSet::new();
     let mut wanted = BTreeSet::new();
     for r in ran {
-        if let (Some(component), Ok(outcome)) = (r.step.component, &r.result) {
-            settled.insert(component.label());
+        if let Ok(outcome) = &r.result {
+            settled.extend(r.step.components.iter().map(|c| c.label()));
             for d in &outcome.objects {
                 wanted.insert((d.kind().to_owned(), d.name().to_owned()));
             }
