@@ -26,6 +26,7 @@
 //! `AuthReady` is not part of `Ready`.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 use wasmop_sdk::{EventType, stable_hash};
@@ -52,6 +53,8 @@ pub struct AuthEval {
     pub status: Option<Value>,
     /// Events to record.
     pub events: Vec<(EventType, String, String)>,
+    /// When to look again: the next time-gated rotation step.
+    pub requeue: Option<Duration>,
 }
 
 /// The hash engines report once they serve the render of `ring` under
@@ -76,6 +79,7 @@ pub fn evaluate(ctx: &Context<'_>, engines: &[Engine], anchor: Anchor) -> AuthEv
             }),
             status: None,
             events: Vec::new(),
+            requeue: None,
         };
     }
     let previous = ctx.snapshot.primary.pointer("/status/auth");
@@ -90,6 +94,7 @@ pub fn evaluate(ctx: &Context<'_>, engines: &[Engine], anchor: Anchor) -> AuthEv
             p
         }),
         events: Vec::new(),
+        requeue: None,
     };
     let policy = match policy(spec, anchor) {
         Ok(p) => p,
@@ -216,10 +221,13 @@ pub fn evaluate(ctx: &Context<'_>, engines: &[Engine], anchor: Anchor) -> AuthEv
     } else {
         Health::ready("Provisioned", format!("signing keys {}", describe(&ring)))
     };
+    let requeue = rotation::next_due(&ring, &policy)
+        .map(|due| Duration::from_secs(u64::try_from(due.saturating_sub(now)).unwrap_or(0).max(1)));
     AuthEval {
         result: Ok(Outcome { objects, health }),
         status: Some(Value::Object(status)),
         events,
+        requeue,
     }
 }
 

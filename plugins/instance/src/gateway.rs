@@ -160,21 +160,28 @@ fn run(ctx: &Context<'_>) -> Result<Outcome, Failure> {
         .get_or_insert_with(Default::default)
         .annotations
         .get_or_insert_with(BTreeMap::new);
-    annotations.insert(
-        CLIENT_LISTENER_ANNOTATION.to_owned(),
-        security.listener.label().to_owned(),
-    );
+    // Plaintext pods carry no mark, so a plaintext gateway keeps the hash
+    // it had before TLS existed (no roll on upgrade).
+    if security.listener != Listener::Plaintext {
+        annotations.insert(
+            CLIENT_LISTENER_ANNOTATION.to_owned(),
+            security.listener.label().to_owned(),
+        );
+    }
     if security.reencrypt {
         annotations.insert(
             ENGINE_TRUST_CAS_ANNOTATION.to_owned(),
             security.trust_fingerprints.join(","),
         );
     }
-    set_config_hash(
-        &mut template,
-        &json!({"configMap": data, "secretVersions": versions,
-                "trustBundle": security.reencrypt.then_some(&security.trust_bundle)}),
-    );
+    let mut inputs = json!({"configMap": data});
+    if !versions.is_empty() {
+        inputs["secretVersions"] = json!(versions);
+    }
+    if security.reencrypt {
+        inputs["trustBundle"] = json!(security.trust_bundle);
+    }
+    set_config_hash(&mut template, &inputs);
 
     let replicas = gateway.replicas();
     let deployment = Deployment {

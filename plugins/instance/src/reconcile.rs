@@ -105,6 +105,10 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
     plan = write(plan, snapshot, &ran);
     plan = prune(plan, snapshot, &ran)?;
 
+    if let Some(after) = ctx.security.auth.requeue {
+        // A rotation step waits for time, not for an object to change.
+        plan = plan.requeue_after(after);
+    }
     let update = status::compute(&ctx, &ran);
     plan = plan.status(update.status);
     for (kind, reason, message) in update.events {

@@ -340,6 +340,24 @@ pub fn step(
     advance(None, next)
 }
 
+/// When the next time-gated step of `ring` becomes due (Unix seconds):
+/// minting once the single key is `interval` old, retiring once a retain
+/// window ends. `None` when no step waits for time.
+pub fn next_due(ring: &Ring, policy: &Policy) -> Option<i64> {
+    let retire = ring
+        .keys
+        .iter()
+        .filter(|k| k.phase == KeyPhase::ValidationOnly)
+        .filter_map(|k| k.retire_eligible_at)
+        .map(|at| at.saturating_add(policy.retain))
+        .min();
+    let mint = match (policy.interval, ring.keys.as_slice()) {
+        (Some(interval), [only]) => Some(only.created_at.saturating_add(interval)),
+        _ => None,
+    };
+    retire.into_iter().chain(mint).min()
+}
+
 fn mint(ring: &mut Ring, now: i64, phase: KeyPhase, names: Namer<'_>) -> Key {
     ring.generation += 1;
     let (id, secret_name) = names(ring.generation);
@@ -466,6 +484,23 @@ mod tests {
         let a = run(&ring, 551, &lagging);
         assert_eq!(a.pending.unwrap().0, Pending::AwaitingRemoval);
         assert_eq!(run(&ring, 551, &converged).step, Some(Step::Delete));
+    }
+
+    #[test]
+    fn the_next_time_gated_step_is_known() {
+        let mut ring = run(&Ring::default(), 10, &converged).ring;
+        assert_eq!(next_due(&ring, &POLICY), Some(110), "mint");
+        ring.observe_issued(|_| true);
+        ring = run(&ring, 110, &converged).ring;
+        assert_eq!(
+            next_due(&ring, &POLICY),
+            None,
+            "promotion waits for engines, not time"
+        );
+        ring.observe_issued(|_| true);
+        ring = run(&ring, 111, &converged).ring;
+        ring = run(&ring, 112, &converged).ring;
+        assert_eq!(next_due(&ring, &POLICY), Some(162), "retire");
     }
 
     #[test]

@@ -73,6 +73,7 @@ impl Security {
                 result: off(),
                 status: None,
                 events: Vec::new(),
+                requeue: None,
             },
             engine_tls: EngineTlsEval {
                 result: off(),
