@@ -9,7 +9,9 @@
 //!
 //! | step | module | condition |
 //! | --- | --- | --- |
-//! | auth, engine TLS, gateway TLS | [`security`] | `AuthReady`, `EngineTLSReady`, `GatewayTLSReady` |
+//! | auth (rotation: [`rotation`]) | [`auth`] via [`security`] | `AuthReady` |
+//! | engine TLS, trust bundle | [`engine_tls`] via [`security`] | `EngineTLSReady` |
+//! | gateway TLS (fail-closed) | [`gateway_tls`] via [`security`] | `GatewayTLSReady` |
 //! | postgres | [`postgres`] | `PostgresReady` |
 //! | metadata | [`metadata`] | `MetadataReady` |
 //! | gateway | [`gateway`] (config: [`envoy`]) | `GatewayReady` |

@@ -8,11 +8,11 @@
 //! reports on its own condition, its objects are neither written nor
 //! pruned, and every other step runs as if nothing happened.
 //!
-//! Adding a step (authentication, TLS, signing-key rotation) means writing
-//! one module with a `STEP: StepDef` and listing it in
-//! [`crate::reconcile::STEPS`]; nothing else changes. Steps only read the
-//! snapshot and the spec, so their order matters only for the order of
-//! objects in the plan and of conditions in the status.
+//! Adding a step means writing one module with a `STEP: StepDef` and
+//! listing it in [`crate::reconcile::STEPS`]. Steps read the snapshot, the
+//! spec and what the security steps decided ([`Context::security`],
+//! evaluated once before any step runs), so their order matters only for
+//! the order of objects in the plan and of conditions in the status.
 
 use serde::Serialize;
 use serde_json::Value;
