@@ -59,6 +59,9 @@ echo "plugins: $(cd "$plugins" && ls | paste -sd' ' -)"
 
 "$KUBECTL" apply --server-side -f tests/fixtures/crds/ >/dev/null
 if compgen -G "crds/*.yaml" >/dev/null; then "$KUBECTL" apply --server-side -f crds/ >/dev/null; fi
+# The instance and engine plugins own cert-manager Certificates: their CRDs
+# must exist (tests/cluster/build.sh, run by up.sh, fetched them).
+"$KUBECTL" apply --server-side -f "$CERT_MANAGER_CRDS/" >/dev/null
 "$KUBECTL" wait --for=condition=Established crd --all --timeout=60s >/dev/null
 
 log_file="$WASMOP_CLUSTER_DIR/logs/wasmop.log"

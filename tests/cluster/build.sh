@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
-# and kwok from their Go modules at the versions pinned in versions.env.
+# and kwok from their Go modules at the versions pinned in versions.env, and
+# fetches cert-manager's CRDs (deploy/crds/*.yaml of its Go module).
 # Results are cached outside the repo ($WASMOP_CACHE/bin/<component>-<version>);
 # a second run finds them and builds nothing.
 set -euo pipefail
@@ -106,7 +107,29 @@ build_kwok() {
   log "kwok $KWOK_VERSION: built into $out"
 }
 
+fetch_cert_manager_crds() {
+  local out="$CERT_MANAGER_CRDS"
+  if compgen -G "$out/*.yaml" >/dev/null; then log "cert-manager $CERT_MANAGER_VERSION CRDs: cached in $out"; return; fi
+  log "cert-manager $CERT_MANAGER_VERSION CRDs: downloading the Go module"
+  local work; work="$(mktemp -d)"
+  (
+    cd "$work"
+    go mod init wasmop.local/cert-manager-crds >/dev/null 2>&1
+    local dir
+    dir="$(go mod download -json "github.com/cert-manager/cert-manager@$CERT_MANAGER_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+    [[ -d "$dir/deploy/crds" ]] || die "could not download github.com/cert-manager/cert-manager@$CERT_MANAGER_VERSION"
+    rm -rf "$out.tmp"
+    mkdir -p "$out.tmp"
+    cp "$dir"/deploy/crds/*.yaml "$out.tmp/"
+    chmod -R u+w "$out.tmp"
+  )
+  rm -rf "$work" "$out"
+  mv "$out.tmp" "$out"
+  log "cert-manager $CERT_MANAGER_VERSION CRDs: in $out"
+}
+
 start=$(date +%s)
+fetch_cert_manager_crds
 build_etcd
 build_kwok
 build_k8s

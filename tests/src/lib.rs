@@ -285,19 +285,58 @@ pub async fn apply_crd_files(client: &Client, files: &[PathBuf]) -> Result<Vec<S
     Ok(names)
 }
 
-/// Applies every CRD YAML file in the repository's `crds/` folder.
+/// Applies every CRD YAML file in the repository's `crds/` folder, and
+/// cert-manager's CRDs ([`cert_manager_crd_dir`]), which the `instance` and
+/// `engine` plugins own Certificates of.
 ///
 /// # Errors
-/// As [`apply_crd_files`].
+/// As [`apply_crd_files`], and when cert-manager's CRDs have not been
+/// fetched (`tests/cluster/build.sh` does it).
 pub async fn apply_project_crds(client: &Client) -> Result<Vec<String>> {
-    let dir = repo_root().join("crds");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+    let mut files = yaml_files(&repo_root().join("crds"))?;
+    files.extend(yaml_files(&cert_manager_crd_dir()?)?);
+    apply_crd_files(client, &files).await
+}
+
+fn yaml_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .with_context(|| format!("cannot read {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
         .collect();
     files.sort();
-    apply_crd_files(client, &files).await
+    Ok(files)
+}
+
+/// Where `tests/cluster/build.sh` keeps cert-manager's CRDs:
+/// `$WASMOP_CACHE/crds/cert-manager-<CERT_MANAGER_VERSION>` (the cache as
+/// `tests/cluster/lib.sh` resolves it, the version from `versions.env`).
+///
+/// # Errors
+/// When the version is not pinned or the directory does not exist (with
+/// what to run).
+pub fn cert_manager_crd_dir() -> Result<PathBuf> {
+    let versions = repo_root().join("tests/cluster/versions.env");
+    let text = std::fs::read_to_string(&versions)
+        .with_context(|| format!("cannot read {}", versions.display()))?;
+    let version = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("CERT_MANAGER_VERSION="))
+        .map(|v| v.trim().trim_matches('"').to_owned())
+        .ok_or_else(|| anyhow!("{} pins no CERT_MANAGER_VERSION", versions.display()))?;
+    let cache = std::env::var_os("WASMOP_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("wasmop")))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/wasmop")))
+        .ok_or_else(|| anyhow!("neither WASMOP_CACHE, XDG_CACHE_HOME nor HOME is set"))?;
+    let dir = cache.join(format!("crds/cert-manager-{version}"));
+    if !dir.is_dir() {
+        bail!(
+            "cert-manager {version} CRDs not found in {}: run `bash tests/cluster/build.sh`",
+            dir.display()
+        );
+    }
+    Ok(dir)
 }
 
 /// Applies the CRDs of the test plugins' kinds (`tests/fixtures/crds/`).

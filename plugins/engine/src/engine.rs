@@ -257,6 +257,9 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         );
     }
     let mut new_status = status_object(&snapshot.primary);
+    if phase == phase::STABLE || phase == phase::STOPPED {
+        observe_hashes(&mut new_status, snapshot, &names, active);
+    }
     new_status.insert("phase".into(), json!(phase));
     new_status.insert("currentGeneration".into(), json!(current));
     new_status.insert("activeGeneration".into(), json!(active));
@@ -274,6 +277,50 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         plan = plan.requeue_after(r);
     }
     Ok(plan)
+}
+
+/// Keys a generation's TLS Secret holds once issued.
+const TLS_KEYS: [&str; 3] = ["tls.crt", "tls.key", "ca.crt"];
+
+/// `status.observedAuthHash` and `status.observedEngineTLSHash`: what the
+/// active generation renders, recorded only while no pod of another
+/// generation of this engine is left (so every pod serves it). Empty
+/// means no auth / plaintext.
+fn observe_hashes(
+    status: &mut Map<String, Value>,
+    snapshot: &Snapshot,
+    names: &Names,
+    active: i64,
+) {
+    let others = snapshot.related(POD_READ).any(|p| {
+        let labels = &p["metadata"]["labels"];
+        labels[ENGINE_LABEL] == names.engine()
+            && labels[crate::names::GENERATION_LABEL] != active.to_string().as_str()
+    });
+    if others {
+        return;
+    }
+    let Some(sts) = snapshot.owned_named("StatefulSet", &names.statefulset(active)) else {
+        return;
+    };
+    for (field, annotation) in [
+        ("observedAuthHash", crate::names::AUTH_HASH_ANNOTATION),
+        (
+            "observedEngineTLSHash",
+            crate::names::ENGINE_TLS_HASH_ANNOTATION,
+        ),
+    ] {
+        let value = sts
+            .pointer("/metadata/annotations")
+            .and_then(|a| a.get(annotation))
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if value.is_empty() {
+            status.remove(field);
+        } else {
+            status.insert(field.into(), json!(value));
+        }
+    }
 }
 
 /// The plan of an engine the gate (or a missing class) holds: status only.
@@ -340,8 +387,64 @@ fn creating(
     }
     let mut plan = Plan::new()
         .apply(desired.config_map(g))
-        .apply(desired.headless_service(g))
-        .apply(desired.statefulset(g));
+        .apply(desired.headless_service(g));
+    // With engine TLS the generation's certificate comes first: its
+    // Secret (created empty, filled by cert-manager) and Certificate; the
+    // StatefulSet only once the Secret is issued.
+    let tls_secret = snapshot.owned_named("Secret", &names.tls(g));
+    if let Some(tls) = &desired.instance.tls {
+        for o in desired.tls_objects(g) {
+            plan = if o["kind"] == "Secret" {
+                if tls_secret.is_none() {
+                    plan.apply_if_absent(o)
+                } else {
+                    plan
+                }
+            } else {
+                plan.apply(o)
+            };
+        }
+        let issued = tls_secret.is_some_and(|s| crate::security::issued(s, &TLS_KEYS));
+        if !issued {
+            return Ok(Step {
+                plan,
+                current: g,
+                ready: (
+                    false,
+                    "CertificatePending",
+                    format!("waiting for cert-manager to issue Secret {}", names.tls(g)),
+                ),
+                requeue: Some(PODS_REQUEUE),
+                ..Step::keeping(phase::CREATING, s)
+            });
+        }
+        // The gateway re-encrypts: switch only to a generation whose CA
+        // every gateway pod trusts.
+        if tls.reencrypting {
+            let cas = tls_secret
+                .map(crate::security::ca_fingerprints)
+                .unwrap_or_default();
+            let untrusted: Vec<&String> = cas
+                .iter()
+                .filter(|f| !tls.rolled_trust.contains(f))
+                .collect();
+            if !untrusted.is_empty() || cas.is_empty() {
+                plan = plan.apply(desired.statefulset(g));
+                return Ok(Step {
+                    plan,
+                    current: g,
+                    ready: (
+                        false,
+                        "TrustPending",
+                        format!("generation {g} waits for the gateway to trust its CA"),
+                    ),
+                    requeue: Some(PODS_REQUEUE),
+                    ..Step::keeping(phase::CREATING, s)
+                });
+            }
+        }
+    }
+    plan = plan.apply(desired.statefulset(g));
     if snapshot.owned_named("Service", &names.service()).is_none() {
         let target = if s.active_generation >= 0 {
             s.active_generation
@@ -519,6 +622,8 @@ fn cleaning(
             ("StatefulSet", names.statefulset(old)),
             ("Service", names.headless(old)),
             ("ConfigMap", names.config(old)),
+            ("Certificate", names.tls(old)),
+            ("Secret", names.tls(old)),
         ] {
             if let Some(seen) = snapshot.owned_named(kind, &name) {
                 step.plan = step.plan.delete_owned(seen)?;
@@ -576,6 +681,16 @@ fn steady(
     }
     if selected_generation(snapshot, names) != Some(g) {
         plan = plan.apply(desired.cluster_service(g));
+    }
+    for o in desired.tls_objects(g) {
+        let kind = o["kind"].as_str().unwrap_or_default().to_owned();
+        if snapshot.owned_named(&kind, &names.tls(g)).is_none() {
+            plan = if kind == "Secret" {
+                plan.apply_if_absent(o)
+            } else {
+                plan.apply(o)
+            };
+        }
     }
     let mut step = Step {
         plan,

@@ -4,8 +4,11 @@
 //! The instance (same namespace, `spec.instanceRef`) must exist, must not
 //! be provisioning any more, must have `spec.id`, and must publish
 //! `status.metadataEndpoint` (unless the engine sets
-//! `spec.metadataEndpointOverride`). Only the creating, stable and stopped
-//! phases consult the gate.
+//! `spec.metadataEndpointOverride`). When the instance asks for auth or
+//! engine TLS, it must also have provisioned them (`status.auth.authHash`,
+//! `status.engineTLS`; see [`crate::security`]) — never its `Ready`
+//! condition. Only the creating, stable and stopped phases consult the
+//! gate.
 
 use serde_json::Value;
 
@@ -48,9 +51,16 @@ pub fn check(
             "FireboltInstance {name} has not published status.metadataEndpoint"
         ));
     }
+    let auth = crate::security::auth(instance)?;
+    let mut tls = crate::security::tls(instance)?;
+    if let Some(t) = tls.as_mut() {
+        t.instance = name.to_owned();
+    }
     Ok(InstanceData {
         id,
         metadata_endpoint,
+        auth,
+        tls,
     })
 }
 
@@ -93,7 +103,9 @@ mod tests {
             check("fb", Some(&ready), None).unwrap(),
             InstanceData {
                 id: "01J".into(),
-                metadata_endpoint: "m:7000".into()
+                metadata_endpoint: "m:7000".into(),
+                auth: None,
+                tls: None,
             }
         );
         let no_endpoint = instance("Ready", None, "01J");

@@ -24,6 +24,7 @@ pub mod gate;
 pub mod merge;
 pub mod names;
 pub mod render;
+pub mod security;
 pub mod settings;
 pub mod spec;
 
@@ -32,7 +33,7 @@ mod tests;
 
 use serde_json::Value;
 use wasmop_sdk::k8s_openapi::api::apps::v1::StatefulSet;
-use wasmop_sdk::k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
+use wasmop_sdk::k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use wasmop_sdk::{
     Controller, KindRef, Manifest, Plan, Plugin, Read, ReconcileError, Selector, SettingsProblem,
     Snapshot,
@@ -65,6 +66,8 @@ impl Plugin for EnginePlugin {
                     .owns(KindRef::of::<StatefulSet>())
                     .owns(KindRef::of::<Service>())
                     .owns(KindRef::of::<ConfigMap>())
+                    .owns(KindRef::of::<Secret>())
+                    .owns(names::certificate_kind())
                     .reads(Read::new(
                         INSTANCE_READ,
                         spec::instance_kind(),

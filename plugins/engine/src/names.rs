@@ -30,6 +30,22 @@ pub const CUSTOM_CONFIG_HASH_ANNOTATION: &str = "firebolt.io/custom-engine-confi
 /// StatefulSet annotation: the metadata endpoint override (only when set).
 pub const METADATA_OVERRIDE_ANNOTATION: &str = "firebolt.io/metadata-override";
 
+/// StatefulSet annotation: the instance's `authHash` the generation
+/// renders (only with auth).
+pub const AUTH_HASH_ANNOTATION: &str = "firebolt.io/auth-hash";
+/// StatefulSet annotation: the instance's engine `tlsHash` the generation
+/// serves TLS under (only with engine TLS).
+pub const ENGINE_TLS_HASH_ANNOTATION: &str = "firebolt.io/engine-tls-hash";
+/// Label of the instance on a generation's TLS Secret.
+pub const INSTANCE_LABEL: &str = "firebolt.io/instance";
+/// Component label of a generation's TLS Secret and Certificate.
+pub const COMPONENT_LABEL: &str = "firebolt.io/component";
+
+/// cert-manager's Certificate kind.
+pub fn certificate_kind() -> wasmop_sdk::KindRef {
+    wasmop_sdk::KindRef::namespaced("cert-manager.io", "v1", "Certificate", "certificates")
+}
+
 /// Port of the query listener.
 pub const QUERY_PORT: i32 = 3473;
 /// Port of the health endpoints.
@@ -80,6 +96,26 @@ impl Names {
     /// ConfigMap of generation `g`.
     pub fn config(&self, g: i64) -> String {
         format!("{}-g{g}-config", self.engine)
+    }
+
+    /// Certificate and Secret of generation `g`'s serving certificate.
+    pub fn tls(&self, g: i64) -> String {
+        format!("{}-g{g}-engine-tls", self.engine)
+    }
+
+    /// SANs of generation `g`'s certificate: every Service of the
+    /// namespace (the gateway dials `<e>-service`) and every node of the
+    /// generation.
+    pub fn tls_dns_names(&self, g: i64) -> Vec<String> {
+        vec![
+            format!("*.{}.svc.{}", self.namespace, self.cluster_domain),
+            format!(
+                "*.{}.{}.svc.{}",
+                self.headless(g),
+                self.namespace,
+                self.cluster_domain
+            ),
+        ]
     }
 
     /// The stable cluster Service.

@@ -14,9 +14,11 @@ use wasmop_sdk::hash::stable_hash;
 
 use crate::merge::{ENGINE_CONTAINER, deep_merge, merge_templates};
 use crate::names::{
-    CLASS_HASH_ANNOTATION, CUSTOM_CONFIG_HASH_ANNOTATION, GENERATION_LABEL, HEALTH_PORT,
+    AUTH_HASH_ANNOTATION, CLASS_HASH_ANNOTATION, COMPONENT_LABEL, CUSTOM_CONFIG_HASH_ANNOTATION,
+    ENGINE_TLS_HASH_ANNOTATION, GENERATION_LABEL, HEALTH_PORT, INSTANCE_LABEL,
     METADATA_OVERRIDE_ANNOTATION, METRICS_PORT, Names, QUERY_PORT, SPEC_HASH_ANNOTATION, UI_PORT,
 };
+use crate::security::{AuthRender, SecretMount, TLS_DIR, TlsRender};
 use crate::settings::Settings;
 use crate::spec::Resolved;
 
@@ -30,12 +32,16 @@ pub const DATA_DIR: &str = "/var/lib/firebolt";
 pub const UI_CONTAINER: &str = "engine-web";
 
 /// Instance data the engine's config is rendered from.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct InstanceData {
     /// `spec.id` of the instance.
     pub id: String,
     /// The metadata endpoint (the instance's, or the engine's override).
     pub metadata_endpoint: String,
+    /// Auth to render, when the instance has it on.
+    pub auth: Option<AuthRender>,
+    /// Engine TLS, when the instance has it on and provisioned.
+    pub tls: Option<TlsRender>,
 }
 
 /// Everything one generation is rendered from.
@@ -62,7 +68,7 @@ pub struct Desired<'a> {
 impl Desired<'_> {
     /// Hash of every input of a generation.
     pub fn hash(&self) -> String {
-        stable_hash(&json!({
+        let mut inputs = json!({
             "replicas": self.replicas,
             "classTemplate": self.class_template,
             "engineTemplate": self.engine_template,
@@ -73,7 +79,86 @@ impl Desired<'_> {
             "metadataEndpoint": self.instance.metadata_endpoint,
             "engineImage": self.settings.engine_image,
             "uiSidecarImage": self.settings.ui_sidecar_image,
-        }))
+        });
+        // Only present with auth / TLS, so engines without them keep the
+        // hash they had.
+        if let Some(a) = &self.instance.auth {
+            inputs["authHash"] = json!(a.hash);
+        }
+        if let Some(t) = &self.instance.tls {
+            inputs["engineTLSHash"] = json!(t.hash);
+            inputs["engineTLSCertManager"] = t.cert_manager.clone();
+        }
+        stable_hash(&inputs)
+    }
+
+    /// The Secret mounts of generation `g`: auth material, the serving
+    /// certificate.
+    pub fn secret_mounts(&self, g: i64) -> Vec<SecretMount> {
+        let mut out = Vec::new();
+        if let Some(a) = &self.instance.auth {
+            out.extend(a.mounts.iter().cloned());
+        }
+        if self.instance.tls.is_some() {
+            out.push(SecretMount {
+                volume: "engine-tls".into(),
+                secret: self.names.tls(g),
+                items: vec![
+                    ("tls.crt".into(), "tls.crt".into()),
+                    ("tls.key".into(), "tls.key".into()),
+                ],
+                dir: TLS_DIR.into(),
+            });
+        }
+        out
+    }
+
+    /// Generation `g`'s serving certificate: an empty `kubernetes.io/tls`
+    /// Secret for cert-manager to fill (the engine's own object, so it is
+    /// deleted with the generation) and the Certificate. Empty without
+    /// engine TLS.
+    pub fn tls_objects(&self, g: i64) -> Vec<Value> {
+        let Some(t) = &self.instance.tls else {
+            return Vec::new();
+        };
+        let mut labels = json!(self.names.generation_labels(g));
+        labels[COMPONENT_LABEL] = json!("engine-tls");
+        labels[INSTANCE_LABEL] = json!(t.instance);
+        let meta = json!({"name": self.names.tls(g), "namespace": self.names.namespace(), "labels": labels});
+        let cm = &t.cert_manager;
+        let text = |p: &str, d: &str| -> Value {
+            json!(
+                cm.pointer(p)
+                    .and_then(Value::as_str)
+                    .filter(|v| !v.is_empty())
+                    .unwrap_or(d)
+            )
+        };
+        let mut spec = json!({
+            "secretName": self.names.tls(g),
+            "issuerRef": {"name": text("/issuerRef/name", ""), "kind": text("/issuerRef/kind", "ClusterIssuer"),
+                          "group": "cert-manager.io"},
+            "privateKey": {"algorithm": text("/algorithm", "ECDSA"),
+                           "size": cm.pointer("/size").and_then(Value::as_i64).filter(|s| *s > 0).unwrap_or(384),
+                           "encoding": "PKCS8", "rotationPolicy": "Always"},
+            "dnsNames": self.names.tls_dns_names(g),
+            "usages": ["server auth", "digital signature", "key encipherment"],
+            "secretTemplate": {"labels": labels},
+        });
+        for (from, to) in [("/duration", "duration"), ("/renewBefore", "renewBefore")] {
+            if let Some(v) = cm
+                .pointer(from)
+                .and_then(Value::as_str)
+                .filter(|v| !v.is_empty())
+            {
+                spec[to] = json!(v);
+            }
+        }
+        vec![
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "kubernetes.io/tls",
+                   "data": {"tls.crt": "", "tls.key": ""}}),
+            json!({"apiVersion": "cert-manager.io/v1", "kind": "Certificate", "metadata": meta, "spec": spec}),
+        ]
     }
 
     /// The rendered `config.yaml` of generation `g` (JSON, which YAML
@@ -86,10 +171,13 @@ impl Desired<'_> {
             map.remove("schema_version");
             map.remove("instance");
         }
+        if let Some(engine) = config.get_mut("engine").and_then(Value::as_object_mut) {
+            engine.remove("tls");
+        }
         let nodes: Vec<Value> = (0..self.replicas.max(0))
             .map(|i| json!({"host": self.names.node_host(g, i)}))
             .collect();
-        let operator = json!({
+        let mut operator = json!({
             "schema_version": "1.0",
             "instance": {
                 "id": self.instance.id,
@@ -98,6 +186,18 @@ impl Desired<'_> {
             },
             "engine": {"id": self.names.engine(), "nodes": nodes},
         });
+        if let Some(a) = &self.instance.auth {
+            operator["instance"]["auth"] = a.config.clone();
+        }
+        if self.instance.tls.is_some() {
+            // TLS replaces plaintext on the query port: one listener.
+            operator["engine"]["tls"] = json!({
+                "enabled": true,
+                "port": QUERY_PORT,
+                "certificate_file": format!("{TLS_DIR}/tls.crt"),
+                "private_key_file": format!("{TLS_DIR}/tls.key"),
+            });
+        }
         if config.pointer("/logging/format").is_none() {
             deep_merge(&mut config, &json!({"logging": {"format": "json"}}));
         }
@@ -175,6 +275,15 @@ impl Desired<'_> {
             json!({"name": "runtime", "emptyDir": {}}),
         ];
         volumes.extend(data_volume);
+        let mut mounts = vec![
+            json!({"name": "config", "mountPath": CONFIG_DIR}),
+            json!({"name": "runtime", "mountPath": "/var/run/firebolt"}),
+            json!({"name": "data", "mountPath": DATA_DIR}),
+        ];
+        for m in self.secret_mounts(g) {
+            volumes.push(m.volume());
+            mounts.push(m.mount());
+        }
         json!({
             "metadata": {"labels": {}},
             "spec": {
@@ -192,11 +301,7 @@ impl Desired<'_> {
                     ],
                     "readinessProbe": {"httpGet": {"path": "/health/ready", "port": HEALTH_PORT}},
                     "livenessProbe": {"httpGet": {"path": "/health/live", "port": HEALTH_PORT}},
-                    "volumeMounts": [
-                        {"name": "config", "mountPath": CONFIG_DIR},
-                        {"name": "runtime", "mountPath": "/var/run/firebolt"},
-                        {"name": "data", "mountPath": DATA_DIR},
-                    ],
+                    "volumeMounts": mounts,
                 }],
                 "volumes": volumes,
             },
@@ -220,6 +325,12 @@ impl Desired<'_> {
         }
         if let Some(o) = self.metadata_override {
             annotations[METADATA_OVERRIDE_ANNOTATION] = json!(o);
+        }
+        if let Some(a) = &self.instance.auth {
+            annotations[AUTH_HASH_ANNOTATION] = json!(a.hash);
+        }
+        if let Some(t) = &self.instance.tls {
+            annotations[ENGINE_TLS_HASH_ANNOTATION] = json!(t.hash);
         }
         let mut meta = self.meta(&self.names.statefulset(g), g);
         meta["annotations"] = annotations;

@@ -46,6 +46,8 @@ struct World {
     selected_ready: Vec<(i64, usize)>,
     /// StatefulSet statuses stay as they are (the controller lags).
     sts_lag: bool,
+    /// Plays cert-manager: fills empty TLS Secrets with this CA (PEM).
+    issuer: Option<&'static str>,
 }
 
 impl World {
@@ -60,6 +62,7 @@ impl World {
             rv: 0,
             selected_ready: Vec::new(),
             sts_lag: false,
+            issuer: None,
         }
     }
 
@@ -107,6 +110,16 @@ impl World {
         }
         if let Some(s) = &plan.status {
             self.engine["status"] = s.clone();
+        }
+        if let Some(ca) = self.issuer {
+            use base64::Engine as _;
+            let b64 = |t: &str| base64::engine::general_purpose::STANDARD.encode(t);
+            for ((kind, _), o) in &mut self.owned {
+                if kind == "Secret" && o["data"]["tls.crt"] == "" {
+                    o["data"] =
+                        json!({"tls.crt": b64(ca), "tls.key": b64("key"), "ca.crt": b64(ca)});
+                }
+            }
         }
         // Pods follow StatefulSets (ready at once), vanish with them; the
         // StatefulSet counts them unless `sts_lag` holds its status back.
@@ -550,4 +563,231 @@ fn dump_golden_worlds() {
     w.settle(20);
     w.owned.remove(&("ConfigMap".into(), "e-g0-config".into()));
     dump(&w, "stopped-missing-configmap");
+}
+
+// ---- auth and engine TLS ----
+
+const CA: &str = include_str!("../../instance/src/testdata/ca-p384.crt");
+const CA_FP: &str = "fad3cac8b473ff0c7974841c057f6102c25265e18638c58c3bf20f19e47c79f8";
+
+fn with_auth(mut i: Value, hash: &str) -> Value {
+    i["spec"]["auth"] = json!({"enabled": true, "local": {
+        "admin": {"password": {"name": "admin-pw", "key": "password"}},
+        "signingKeys": {"certManager": {"issuerRef": {"name": "ca"}}}}});
+    i["status"]["auth"] = json!({"authHash": hash, "signingKeys": [
+        {"id": "signing-1", "secretName": "firebolt-auth-signing-1", "phase": "Active", "issued": true}]});
+    i
+}
+
+fn config_of(w: &World, g: i64) -> Value {
+    let cm = &w.owned[&("ConfigMap".to_owned(), format!("e-g{g}-config"))];
+    serde_json::from_str(cm["data"]["config.yaml"].as_str().unwrap()).unwrap()
+}
+
+#[test]
+fn auth_is_rendered_as_files_and_the_served_hash_is_reported() {
+    let mut w = World::new(engine(base_spec()));
+    w.instance = Some(with_auth(instance(true), "h1"));
+    w.settle(20);
+    assert_eq!(w.phase(), phase::STABLE);
+    let config = config_of(&w, 0);
+    let auth = &config["instance"]["auth"];
+    assert_eq!(
+        auth["admin"]["password_file"],
+        "/etc/firebolt/auth/admin/password"
+    );
+    assert_eq!(
+        auth["local"]["signing_keys"],
+        json!([{"id": "signing-1", "private_key_file": "/etc/firebolt/auth/keys/signing-1/tls.key"}])
+    );
+    let sts = &w.owned[&("StatefulSet".to_owned(), "e-g0".to_owned())];
+    assert_eq!(
+        sts["metadata"]["annotations"]["firebolt.io/auth-hash"],
+        "h1"
+    );
+    let volumes = sts["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap();
+    assert!(
+        volumes
+            .iter()
+            .any(|v| v["secret"]["secretName"] == "admin-pw")
+    );
+    assert!(
+        volumes
+            .iter()
+            .any(|v| v["secret"]["secretName"] == "firebolt-auth-signing-1")
+    );
+    assert_eq!(w.engine["status"]["observedAuthHash"], "h1");
+
+    // A rotation step changes the render: a new generation, and the old
+    // hash is reported until it alone serves.
+    let mut i = with_auth(instance(true), "h2");
+    i["status"]["auth"]["signingKeys"] = json!([
+        {"id": "signing-2", "secretName": "firebolt-auth-signing-2", "phase": "Active", "issued": true},
+        {"id": "signing-1", "secretName": "firebolt-auth-signing-1", "phase": "ValidationOnly",
+         "issued": true, "demotedAt": "2025-01-01T00:00:00Z"}]);
+    w.instance = Some(i);
+    let mut seen = Vec::new();
+    for _ in 0..20 {
+        w.reconcile();
+        seen.push(
+            w.engine["status"]["observedAuthHash"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
+        if w.phase() == phase::STABLE && seen.last().unwrap() == "h2" {
+            break;
+        }
+    }
+    assert_eq!(seen.last().unwrap(), "h2", "{seen:?}");
+    assert!(seen.iter().rev().skip(1).all(|h| h == "h1"), "{seen:?}");
+    assert_eq!(w.engine["status"]["currentGeneration"], 1);
+    assert_eq!(
+        w.names("StatefulSet"),
+        ["e-g1"],
+        "reported only once g0 is gone"
+    );
+    let keys = &config_of(&w, 1)["instance"]["auth"]["local"]["signing_keys"];
+    assert_eq!(
+        keys[0]["id"], "signing-2",
+        "engines sign with the first key"
+    );
+}
+
+#[test]
+fn an_engine_waits_for_auth_to_be_provisioned() {
+    let mut w = World::new(engine(base_spec()));
+    let mut i = with_auth(instance(true), "h");
+    i["status"]["auth"] = json!({});
+    w.instance = Some(i);
+    w.reconcile();
+    let plan = w.reconcile();
+    assert!(plan.apply.is_empty());
+    let ready = w.engine["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "InstanceReady")
+        .unwrap()
+        .clone();
+    assert_eq!(ready["status"], "False");
+    assert!(ready["message"].as_str().unwrap().contains("authHash"));
+}
+
+fn with_tls(mut i: Value, reencrypting: bool, rolled: &[&str]) -> Value {
+    i["spec"]["tls"] =
+        json!({"engine": {"enabled": true, "certManager": {"issuerRef": {"name": "ca"}}}});
+    i["status"]["engineTLS"] = json!({"secretName": "firebolt-engine-tls", "createdAt": "2025-01-01T00:00:00Z",
+                                      "reencrypting": reencrypting, "tlsHash": "t1"});
+    i["status"]["rolledEngineTrustCAs"] = json!(rolled);
+    i
+}
+
+#[test]
+fn a_tls_generation_starts_once_its_certificate_is_issued() {
+    let mut w = World::new(engine(base_spec()));
+    w.instance = Some(with_tls(instance(true), false, &[]));
+    w.reconcile();
+    let plan = w.reconcile();
+    let names: Vec<String> = plan
+        .apply
+        .iter()
+        .map(|a| {
+            format!(
+                "{}/{}",
+                a.object["kind"].as_str().unwrap(),
+                a.object["metadata"]["name"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert!(
+        names.contains(&"Certificate/e-g0-engine-tls".to_owned()),
+        "{names:?}"
+    );
+    assert!(
+        !names.contains(&"StatefulSet/e-g0".to_owned()),
+        "no pods before the certificate"
+    );
+    let cert = plan
+        .apply
+        .iter()
+        .find(|a| a.object["kind"] == "Certificate")
+        .unwrap();
+    assert_eq!(cert.object["spec"]["dnsNames"][0], "*.fb.svc.cluster.local");
+    assert_eq!(
+        cert.object["metadata"]["labels"]["firebolt.io/instance"],
+        "firebolt"
+    );
+    let secret = plan
+        .apply
+        .iter()
+        .find(|a| a.object["kind"] == "Secret")
+        .unwrap();
+    assert_eq!(secret.precondition, Some(wasmop_sdk::Precondition::Absent));
+    assert_eq!(
+        w.engine["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .unwrap()["reason"],
+        "CertificatePending"
+    );
+
+    w.issuer = Some(CA);
+    w.settle(20);
+    assert_eq!(w.phase(), phase::STABLE);
+    assert_eq!(w.engine["status"]["observedEngineTLSHash"], "t1");
+    let tls = &config_of(&w, 0)["engine"]["tls"];
+    assert_eq!(tls["port"], 3473);
+    assert_eq!(tls["private_key_file"], "/etc/firebolt/tls/tls.key");
+}
+
+#[test]
+fn while_the_gateway_re_encrypts_a_generation_switches_only_once_its_ca_is_trusted() {
+    let mut w = World::new(engine(base_spec()));
+    w.issuer = Some(CA);
+    w.instance = Some(with_tls(instance(true), true, &[]));
+    for _ in 0..10 {
+        w.reconcile();
+    }
+    assert_eq!(w.phase(), phase::CREATING);
+    assert!(w.selected().is_none_or(|g| g != 0) || w.engine["status"]["activeGeneration"] == -1);
+    let ready = w.engine["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .unwrap()
+        .clone();
+    assert_eq!(ready["reason"], "TrustPending");
+    w.instance = Some(with_tls(instance(true), true, &[CA_FP]));
+    w.settle(20);
+    assert_eq!(w.phase(), phase::STABLE);
+    assert_eq!(w.selected(), Some(0));
+}
+
+#[test]
+fn cleaning_deletes_the_old_generations_certificate() {
+    let mut w = World::new(engine(base_spec()));
+    w.issuer = Some(CA);
+    w.instance = Some(with_tls(instance(true), false, &[]));
+    w.settle(20);
+    let mut spec = base_spec();
+    spec["replicas"] = json!(3);
+    w.engine["spec"] = spec;
+    w.settle(30);
+    assert_eq!(w.names("Certificate"), ["e-g1-engine-tls"]);
+    assert_eq!(w.names("Secret"), ["e-g1-engine-tls"]);
+    // Disabling TLS rolls back to plaintext: the hash report goes.
+    let mut i = instance(true);
+    i["status"]["engineTLS"] = json!({"secretName": "x", "createdAt": "2025-01-01T00:00:00Z",
+                                      "reencrypting": true, "tlsHash": "t1"});
+    w.instance = Some(i);
+    w.settle(30);
+    assert!(w.engine["status"].get("observedEngineTLSHash").is_none());
+    assert!(w.names("Certificate").is_empty());
+    assert!(config_of(&w, 2)["engine"].get("tls").is_none());
 }

@@ -11,9 +11,10 @@
 
 use std::path::{Path, PathBuf};
 
-const FIXTURES: [&str; 9] = [
+const FIXTURES: [&str; 12] = [
     "class-merge",
     "cleaning",
+    "cleaning-reports-hashes",
     "draining",
     "first-creation",
     "instance-without-metadata-endpoint",
@@ -21,6 +22,8 @@ const FIXTURES: [&str; 9] = [
     "replica-change-mid-switch",
     "steady-state",
     "stopped-missing-configmap",
+    "tls-certificate-pending",
+    "tls-trust-pending",
 ];
 
 fn golden_dir() -> PathBuf {

@@ -20,12 +20,17 @@
 //! itself listens on loopback only); the pods' probes use it, so they keep
 //! working whatever the client listener does.
 //!
-//! # Failing closed
+//! # TLS
 //!
-//! When `serve_clients` is false (the instance asks for gateway TLS, which
-//! this plugin does not provide yet) the client listener is left out
-//! entirely: the gateway answers probes and metrics but never serves
-//! queries in plaintext that were meant to be encrypted.
+//! The client listener serves plaintext, TLS (certificate and key mounted
+//! at [`SERVING_DIR`]) or mutual TLS (client certificates verified against
+//! [`CLIENT_CA_DIR`]`/ca.crt`) — or is left out entirely
+//! ([`ClientListener::Closed`]): the gateway then answers probes and
+//! metrics but no query. With `upstream_tls` the `engines` cluster speaks
+//! TLS to every engine (one cluster, so all or none), verifying each
+//! against the trust bundle at [`ENGINE_CA_DIR`]`/ca.crt` and the name the
+//! request was routed to (auto SNI and SAN validation), offering
+//! [`crate::security::UPSTREAM_CURVES`].
 
 use serde_json::{Value, json};
 
@@ -39,6 +44,26 @@ pub const BUFFER_LIMIT_BYTES: u32 = 2 * 1024 * 1024;
 const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const ROUTER: &str = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router";
 
+/// Where the gateway's serving certificate is mounted.
+pub const SERVING_DIR: &str = "/etc/envoy/tls";
+/// Where the client CA is mounted (mutual TLS).
+pub const CLIENT_CA_DIR: &str = "/etc/envoy/client-ca";
+/// Where the engine trust bundle is mounted (re-encryption).
+pub const ENGINE_CA_DIR: &str = "/etc/envoy/engine-ca";
+
+/// What the client listener serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientListener {
+    /// Plaintext HTTP.
+    Plaintext,
+    /// Nothing: no client listener (fail-closed).
+    Closed,
+    /// TLS.
+    Tls,
+    /// TLS with required, verified client certificates.
+    Mutual,
+}
+
 /// What the rendered configuration depends on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EnvoyInputs {
@@ -46,8 +71,10 @@ pub struct EnvoyInputs {
     pub engine_authority_suffix: String,
     /// Port of the metrics and probe listener.
     pub metrics_port: i32,
-    /// Whether to run the client listener at all.
-    pub serve_clients: bool,
+    /// What the client listener serves.
+    pub client: ClientListener,
+    /// Re-encrypt to engines.
+    pub upstream_tls: bool,
 }
 
 /// The bootstrap configuration.
@@ -60,10 +87,44 @@ pub fn bootstrap(inputs: &EnvoyInputs) -> Value {
         "max_hosts": 1024,
     });
     let mut listeners = Vec::new();
-    if inputs.serve_clients {
+    if inputs.client != ClientListener::Closed {
         listeners.push(client_listener(inputs, &dns_cache));
     }
     listeners.push(metrics_listener(inputs.metrics_port));
+    let mut engines = json!({
+        "name": "engines",
+        "connect_timeout": "5s",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
+        "cluster_type": {
+            "name": "envoy.clusters.dynamic_forward_proxy",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.clusters.dynamic_forward_proxy.v3.ClusterConfig",
+                "dns_cache_config": dns_cache,
+            },
+        },
+    });
+    if inputs.upstream_tls {
+        engines["transport_socket"] = json!({
+            "name": "envoy.transport_sockets.tls",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                "common_tls_context": {
+                    "tls_params": {"ecdh_curves": crate::security::UPSTREAM_CURVES},
+                    "validation_context": {
+                        "trusted_ca": {"filename": format!("{ENGINE_CA_DIR}/ca.crt")},
+                    },
+                },
+            },
+        });
+        engines["typed_extension_protocol_options"] = json!({
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "upstream_http_protocol_options": {"auto_sni": true, "auto_san_validation": true},
+                "explicit_http_config": {"http_protocol_options": {}},
+            },
+        });
+    }
     json!({
         "admin": {
             "address": socket("127.0.0.1", ADMIN_PORT),
@@ -71,19 +132,7 @@ pub fn bootstrap(inputs: &EnvoyInputs) -> Value {
         "static_resources": {
             "listeners": listeners,
             "clusters": [
-                {
-                    "name": "engines",
-                    "connect_timeout": "5s",
-                    "lb_policy": "CLUSTER_PROVIDED",
-                    "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
-                    "cluster_type": {
-                        "name": "envoy.clusters.dynamic_forward_proxy",
-                        "typed_config": {
-                            "@type": "type.googleapis.com/envoy.extensions.clusters.dynamic_forward_proxy.v3.ClusterConfig",
-                            "dns_cache_config": dns_cache,
-                        },
-                    },
-                },
+                engines,
                 {
                     "name": "admin",
                     "connect_timeout": "1s",
@@ -105,6 +154,32 @@ fn socket(address: &str, port: i32) -> Value {
 }
 
 fn client_listener(inputs: &EnvoyInputs, dns_cache: &Value) -> Value {
+    let mut listener = plain_client_listener(inputs, dns_cache);
+    if matches!(inputs.client, ClientListener::Tls | ClientListener::Mutual) {
+        let mutual = inputs.client == ClientListener::Mutual;
+        let mut common = json!({
+            "tls_certificates": [{
+                "certificate_chain": {"filename": format!("{SERVING_DIR}/tls.crt")},
+                "private_key": {"filename": format!("{SERVING_DIR}/tls.key")},
+            }],
+        });
+        if mutual {
+            common["validation_context"] =
+                json!({"trusted_ca": {"filename": format!("{CLIENT_CA_DIR}/ca.crt")}});
+        }
+        listener["filter_chains"][0]["transport_socket"] = json!({
+            "name": "envoy.transport_sockets.tls",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+                "common_tls_context": common,
+                "require_client_certificate": mutual,
+            },
+        });
+    }
+    listener
+}
+
+fn plain_client_listener(inputs: &EnvoyInputs, dns_cache: &Value) -> Value {
     json!({
         "name": "queries",
         "address": socket("0.0.0.0", GATEWAY_LISTEN_PORT),
@@ -221,8 +296,61 @@ mod tests {
         EnvoyInputs {
             engine_authority_suffix: "-service.fb.svc.cluster.local:3473".into(),
             metrics_port: 9090,
-            serve_clients,
+            client: if serve_clients {
+                ClientListener::Plaintext
+            } else {
+                ClientListener::Closed
+            },
+            upstream_tls: false,
         }
+    }
+
+    #[test]
+    fn tls_mutual_tls_and_re_encryption_are_rendered_from_mounted_files() {
+        let tls = bootstrap(&EnvoyInputs {
+            client: ClientListener::Tls,
+            ..inputs(true)
+        });
+        let socket =
+            &tls["static_resources"]["listeners"][0]["filter_chains"][0]["transport_socket"];
+        let ctx = &socket["typed_config"];
+        assert_eq!(ctx["require_client_certificate"], false);
+        assert_eq!(
+            ctx["common_tls_context"]["tls_certificates"][0]["private_key"]["filename"],
+            "/etc/envoy/tls/tls.key"
+        );
+        assert!(ctx["common_tls_context"]["validation_context"].is_null());
+        assert!(tls["static_resources"]["clusters"][0]["transport_socket"].is_null());
+
+        let mtls = bootstrap(&EnvoyInputs {
+            client: ClientListener::Mutual,
+            upstream_tls: true,
+            ..inputs(true)
+        });
+        let ctx = &mtls["static_resources"]["listeners"][0]["filter_chains"][0]["transport_socket"]
+            ["typed_config"];
+        assert_eq!(ctx["require_client_certificate"], true);
+        assert_eq!(
+            ctx["common_tls_context"]["validation_context"]["trusted_ca"]["filename"],
+            "/etc/envoy/client-ca/ca.crt"
+        );
+        let up = &mtls["static_resources"]["clusters"][0]["transport_socket"]["typed_config"];
+        assert_eq!(
+            up["common_tls_context"]["validation_context"]["trusted_ca"]["filename"],
+            "/etc/envoy/engine-ca/ca.crt"
+        );
+        let curves = up["common_tls_context"]["tls_params"]["ecdh_curves"]
+            .as_array()
+            .unwrap();
+        assert!(
+            curves.iter().any(|c| c == "P-384"),
+            "the default engine key curve is offered"
+        );
+        let plain = bootstrap(&inputs(true));
+        assert!(
+            plain["static_resources"]["listeners"][0]["filter_chains"][0]["transport_socket"]
+                .is_null()
+        );
     }
 
     fn listener_names(config: &Value) -> Vec<&str> {

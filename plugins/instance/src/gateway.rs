@@ -13,17 +13,25 @@
 use std::collections::BTreeMap;
 
 use serde_json::json;
-use wasmop_sdk::k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use wasmop_sdk::k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
 use wasmop_sdk::k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ExecAction, Lifecycle,
-    LifecycleHandler, PodSecurityContext, SeccompProfile, SecurityContext, Service, ServiceSpec,
-    Volume, VolumeMount,
+    LifecycleHandler, PodSecurityContext, SeccompProfile, SecretVolumeSource, SecurityContext,
+    Service, ServiceSpec, Volume, VolumeMount,
 };
 use wasmop_sdk::k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use wasmop_sdk::k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::envoy::{EnvoyInputs, bootstrap};
-use crate::names::{Component, GATEWAY_LISTEN_PORT, GATEWAY_SERVICE_PORT};
+use crate::envoy::{
+    CLIENT_CA_DIR, ClientListener, ENGINE_CA_DIR, EnvoyInputs, SERVING_DIR, bootstrap,
+};
+use crate::gateway_tls::Listener;
+use crate::names::{
+    CLIENT_LISTENER_ANNOTATION, Component, ENGINE_TRUST_CAS_ANNOTATION, GATEWAY_LISTEN_PORT,
+    GATEWAY_SERVICE_PORT,
+};
 use crate::podtemplate::{OperatorPod, merge};
 use crate::step::{Context, Desired, Failure, Health, Outcome, StepDef};
 use crate::workload::{
@@ -35,7 +43,7 @@ use crate::workload::{
 pub const STEP: StepDef = StepDef {
     name: "gateway",
     condition: "GatewayReady",
-    component: Some(Component::Gateway),
+    components: &[Component::Gateway],
     in_ready_rollup: true,
     run,
 };
@@ -66,12 +74,43 @@ fn run(ctx: &Context<'_>) -> Result<Outcome, Failure> {
     let name = names.gateway();
     let gateway = &ctx.spec.gateway;
     let metrics_port = gateway.metrics_port();
-    let serve_clients = !ctx.spec.tls.gateway.enabled;
+    let security = &ctx.security.gateway;
+    let serve_clients = security.listener != Listener::Closed;
+    let client = match &security.listener {
+        Listener::Plaintext => ClientListener::Plaintext,
+        Listener::Closed => ClientListener::Closed,
+        Listener::Tls { .. } => ClientListener::Tls,
+        Listener::Mutual { .. } => ClientListener::Mutual,
+    };
+    let mut secrets: Vec<(&str, String, &str)> = Vec::new();
+    let mut versions = Vec::new();
+    match &security.listener {
+        Listener::Tls { secret, version } => {
+            secrets.push(("tls", secret.clone(), SERVING_DIR));
+            versions.push(version.clone());
+        }
+        Listener::Mutual {
+            secret,
+            version,
+            client_ca,
+            fingerprint,
+        } => {
+            secrets.push(("tls", secret.clone(), SERVING_DIR));
+            secrets.push(("client-ca", client_ca.clone(), CLIENT_CA_DIR));
+            versions.push(version.clone());
+            versions.push(fingerprint.clone());
+        }
+        Listener::Plaintext | Listener::Closed => {}
+    }
+    if security.reencrypt {
+        secrets.push(("engine-ca", names.engine_ca_bundle(), ENGINE_CA_DIR));
+    }
 
     let config = bootstrap(&EnvoyInputs {
         engine_authority_suffix: names.engine_authority_suffix(),
         metrics_port,
-        serve_clients,
+        client,
+        upstream_tls: security.reencrypt,
     });
     let rendered = serde_json::to_string_pretty(&config)
         .map_err(|e| Failure::new("EnsureFailed", format!("cannot render envoy config: {e}")))?;
@@ -82,18 +121,29 @@ fn run(ctx: &Context<'_>) -> Result<Outcome, Failure> {
         ..ConfigMap::default()
     };
 
-    let operator = OperatorPod {
-        path: "spec.gateway.template",
-        container: container(ctx, metrics_port),
-        reserved: RESERVED,
-        volumes: vec![Volume {
-            name: "config".to_owned(),
-            config_map: Some(ConfigMapVolumeSource {
-                name: names.gateway_config(),
-                ..ConfigMapVolumeSource::default()
+    let mut volumes = vec![Volume {
+        name: "config".to_owned(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: names.gateway_config(),
+            ..ConfigMapVolumeSource::default()
+        }),
+        ..Volume::default()
+    }];
+    for (volume, secret, _) in &secrets {
+        volumes.push(Volume {
+            name: (*volume).to_owned(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret.clone()),
+                ..SecretVolumeSource::default()
             }),
             ..Volume::default()
-        }],
+        });
+    }
+    let operator = OperatorPod {
+        path: "spec.gateway.template",
+        container: container(ctx, metrics_port, &secrets),
+        reserved: RESERVED,
+        volumes,
         labels: labels.clone(),
         security_context: Some(PodSecurityContext {
             seccomp_profile: Some(SeccompProfile {
@@ -105,7 +155,33 @@ fn run(ctx: &Context<'_>) -> Result<Outcome, Failure> {
     };
     let mut template = merge(gateway.template.as_ref(), operator)
         .map_err(|e| Failure::rejected("TemplateRejected", e.to_string()))?;
-    set_config_hash(&mut template, &json!({"configMap": data}));
+    let annotations = template
+        .metadata
+        .get_or_insert_with(Default::default)
+        .annotations
+        .get_or_insert_with(BTreeMap::new);
+    // Plaintext pods carry no mark, so a plaintext gateway keeps the hash
+    // it had before TLS existed (no roll on upgrade).
+    if security.listener != Listener::Plaintext {
+        annotations.insert(
+            CLIENT_LISTENER_ANNOTATION.to_owned(),
+            security.listener.label().to_owned(),
+        );
+    }
+    if security.reencrypt {
+        annotations.insert(
+            ENGINE_TRUST_CAS_ANNOTATION.to_owned(),
+            security.trust_fingerprints.join(","),
+        );
+    }
+    let mut inputs = json!({"configMap": data});
+    if !versions.is_empty() {
+        inputs["secretVersions"] = json!(versions);
+    }
+    if security.reencrypt {
+        inputs["trustBundle"] = json!(security.trust_bundle);
+    }
+    set_config_hash(&mut template, &inputs);
 
     let replicas = gateway.replicas();
     let deployment = Deployment {
@@ -114,6 +190,15 @@ fn run(ctx: &Context<'_>) -> Result<Outcome, Failure> {
             replicas: Some(replicas),
             selector: selector(&labels),
             template,
+            // Tightening TLS: every looser pod goes before any new one
+            // starts.
+            strategy: security.drain_first.then(|| DeploymentStrategy {
+                type_: Some("RollingUpdate".to_owned()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_unavailable: Some(IntOrString::String("100%".to_owned())),
+                    max_surge: Some(IntOrString::Int(0)),
+                }),
+            }),
             ..DeploymentSpec::default()
         }),
         ..Deployment::default()
@@ -142,7 +227,7 @@ fn run(ctx: &Context<'_>) -> Result<Outcome, Failure> {
     let health = if !serve_clients {
         Health::waiting(
             "FailedClosed",
-            "spec.tls.gateway is enabled but this operator version cannot terminate TLS; \
+            "gateway TLS is not in place yet (see GatewayTLSReady); \
              the gateway serves no client listener",
         )
     } else if replicas == 0 {
@@ -162,7 +247,21 @@ fn run(ctx: &Context<'_>) -> Result<Outcome, Failure> {
     })
 }
 
-fn container(ctx: &Context<'_>, metrics_port: i32) -> Container {
+fn container(ctx: &Context<'_>, metrics_port: i32, secrets: &[(&str, String, &str)]) -> Container {
+    let mut mounts = vec![VolumeMount {
+        name: "config".to_owned(),
+        mount_path: CONFIG_DIR.to_owned(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    }];
+    for (volume, _, dir) in secrets {
+        mounts.push(VolumeMount {
+            name: (*volume).to_owned(),
+            mount_path: (*dir).to_owned(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+    }
     Container {
         name: CONTAINER.to_owned(),
         image: Some(ctx.settings.envoy_image.clone()),
@@ -188,12 +287,7 @@ fn container(ctx: &Context<'_>, metrics_port: i32) -> Container {
             }),
             ..Lifecycle::default()
         }),
-        volume_mounts: Some(vec![VolumeMount {
-            name: "config".to_owned(),
-            mount_path: CONFIG_DIR.to_owned(),
-            read_only: Some(true),
-            ..VolumeMount::default()
-        }]),
+        volume_mounts: Some(mounts),
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
             read_only_root_filesystem: Some(true),

@@ -9,7 +9,9 @@
 //!
 //! | step | module | condition |
 //! | --- | --- | --- |
-//! | auth, engine TLS, gateway TLS | [`security`] | `AuthReady`, `EngineTLSReady`, `GatewayTLSReady` |
+//! | auth (rotation: [`rotation`]) | [`auth`] via [`security`] | `AuthReady` |
+//! | engine TLS, trust bundle | [`engine_tls`] via [`security`] | `EngineTLSReady` |
+//! | gateway TLS (fail-closed) | [`gateway_tls`] via [`security`] | `GatewayTLSReady` |
 //! | postgres | [`postgres`] | `PostgresReady` |
 //! | metadata | [`metadata`] | `MetadataReady` |
 //! | gateway | [`gateway`] (config: [`envoy`]) | `GatewayReady` |
@@ -20,14 +22,22 @@
 //! file. Deletion needs no finalizer: everything the instance creates
 //! carries its ownerReference and is garbage-collected with it.
 
+pub mod auth;
+pub mod certs;
+pub mod duration;
+pub mod engine_tls;
 pub mod envoy;
+pub mod fleet;
 pub mod gateway;
+pub mod gateway_tls;
 pub mod ids;
 pub mod metadata;
 pub mod names;
+pub mod pem;
 pub mod podtemplate;
 pub mod postgres;
 pub mod reconcile;
+pub mod rotation;
 pub mod security;
 pub mod settings;
 pub mod spec;
@@ -36,7 +46,11 @@ pub mod step;
 pub mod workload;
 
 #[cfg(test)]
+mod rotation_model;
+#[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_security;
 
 use serde_json::Value;
 use wasmop_sdk::k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
@@ -64,10 +78,46 @@ impl Plugin for InstancePlugin {
                 .owns(KindRef::of::<ConfigMap>())
                 .owns(KindRef::of::<Secret>())
                 .owns(KindRef::of::<PodDisruptionBudget>())
+                .owns(certs::kind_ref())
                 .reads(Read::new(
                     postgres::CREDENTIALS_READ,
                     KindRef::of::<Secret>(),
                     Selector::field(postgres::CREDENTIALS_FIELD),
+                ))
+                .reads(Read::new(
+                    auth::ADMIN_PASSWORD_READ,
+                    KindRef::of::<Secret>(),
+                    Selector::field(auth::ADMIN_PASSWORD_FIELD),
+                ))
+                .reads(Read::new(
+                    gateway_tls::CLIENT_CA_READ,
+                    KindRef::of::<Secret>(),
+                    Selector::field(gateway_tls::CLIENT_CA_FIELD),
+                ))
+                .reads(Read::new(
+                    gateway_tls::USER_SECRET_READ,
+                    KindRef::of::<Secret>(),
+                    Selector::field(gateway_tls::USER_SECRET_FIELD),
+                ))
+                .reads(Read::new(
+                    engine_tls::USER_SECRET_READ,
+                    KindRef::of::<Secret>(),
+                    Selector::field(engine_tls::USER_SECRET_FIELD),
+                ))
+                .reads(Read::new(
+                    engine_tls::ENGINE_SECRETS_READ,
+                    KindRef::of::<Secret>(),
+                    Selector::Labels(engine_tls::ENGINE_SECRETS_SELECTOR.to_owned()),
+                ))
+                .reads(Read::new(
+                    fleet::ENGINES_READ,
+                    KindRef::namespaced(
+                        spec::GROUP,
+                        spec::VERSION,
+                        "FireboltEngine",
+                        "fireboltengines",
+                    ),
+                    Selector::SameNamespace,
                 ))
                 .primary_field("spec.id"),
         )

@@ -29,7 +29,7 @@ use crate::workload::{
 pub const STEP: StepDef = StepDef {
     name: "metadata",
     condition: "MetadataReady",
-    component: Some(Component::Metadata),
+    components: &[Component::Metadata],
     in_ready_rollup: true,
     run,
 };

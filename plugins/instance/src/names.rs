@@ -17,6 +17,15 @@ use std::collections::BTreeMap;
 pub const INSTANCE_LABEL: &str = "firebolt.io/instance";
 /// Label naming the component an object belongs to.
 pub const COMPONENT_LABEL: &str = "firebolt.io/component";
+/// Label engines put on their per-generation TLS Secrets (with
+/// `firebolt.io/component=engine-tls` and the instance label).
+pub const ENGINE_LABEL: &str = "firebolt.io/engine";
+/// Gateway pod-template annotation: what the client listener serves
+/// (`plaintext`, `closed`, `tls`, `mtls`).
+pub const CLIENT_LISTENER_ANNOTATION: &str = "firebolt.io/client-listener";
+/// Gateway pod-template and bundle annotation: fingerprints of the engine
+/// CAs the gateway trusts, comma-separated.
+pub const ENGINE_TRUST_CAS_ANNOTATION: &str = "firebolt.io/engine-trust-cas";
 /// Pod-template annotation holding the hash of the component's inputs.
 pub const CONFIG_HASH_ANNOTATION: &str = "firebolt.io/config-hash";
 
@@ -46,6 +55,14 @@ pub enum Component {
     Metadata,
     /// The Envoy gateway.
     Gateway,
+    /// JWT signing keys (Certificates and Secrets).
+    AuthSigning,
+    /// The engine TLS anchor Certificate and Secret.
+    EngineTls,
+    /// The gateway's engine trust bundle.
+    EngineCaBundle,
+    /// The gateway's serving Certificate and Secret.
+    GatewayTls,
 }
 
 impl Component {
@@ -55,6 +72,10 @@ impl Component {
             Component::Postgres => "postgres",
             Component::Metadata => "metadata",
             Component::Gateway => "gateway",
+            Component::AuthSigning => "auth-signing",
+            Component::EngineTls => "engine-tls",
+            Component::EngineCaBundle => "engine-ca-bundle",
+            Component::GatewayTls => "gateway-tls",
         }
     }
 }
@@ -127,6 +148,37 @@ impl Names {
     /// Deployment, Service and PodDisruptionBudget of the gateway.
     pub fn gateway(&self) -> String {
         format!("{}-gateway", self.instance)
+    }
+
+    /// Certificate and Secret of signing key number `n` (kid `signing-<n>`).
+    pub fn auth_signing(&self, n: u64) -> String {
+        format!("{}-auth-signing-{n}", self.instance)
+    }
+
+    /// Certificate and Secret of the engine TLS anchor.
+    pub fn engine_tls(&self) -> String {
+        format!("{}-engine-tls", self.instance)
+    }
+
+    /// Secret with the gateway's engine trust bundle.
+    pub fn engine_ca_bundle(&self) -> String {
+        format!("{}-engine-ca-bundle", self.instance)
+    }
+
+    /// Certificate and Secret of the gateway's client listener.
+    pub fn gateway_tls(&self) -> String {
+        format!("{}-gateway-tls", self.instance)
+    }
+
+    /// DNS names of the gateway Service, short to fully qualified.
+    pub fn gateway_dns_names(&self) -> Vec<String> {
+        let g = self.gateway();
+        vec![
+            g.clone(),
+            format!("{g}.{}", self.namespace),
+            format!("{g}.{}.svc", self.namespace),
+            self.gateway_endpoint(),
+        ]
     }
 
     /// Fully qualified DNS name of a Service in the instance's namespace.

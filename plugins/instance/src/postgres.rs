@@ -43,7 +43,7 @@ use crate::workload::{
 pub const STEP: StepDef = StepDef {
     name: "postgres",
     condition: "PostgresReady",
-    component: Some(Component::Postgres),
+    components: &[Component::Postgres],
     in_ready_rollup: true,
     run,
 };

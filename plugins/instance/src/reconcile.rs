@@ -77,7 +77,8 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         instance.spec.id.as_str()
     };
 
-    let ctx = Context {
+    let placeholder = security::Security::placeholder();
+    let base = Context {
         snapshot,
         instance: &instance,
         spec: &instance.spec,
@@ -86,6 +87,12 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         id,
         uid: &uid,
         now: &now,
+        security: &placeholder,
+    };
+    let evaluated = security::evaluate(&base);
+    let ctx = Context {
+        security: &evaluated,
+        ..base
     };
     let ran: Vec<Ran> = STEPS
         .iter()
@@ -98,6 +105,10 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
     plan = write(plan, snapshot, &ran);
     plan = prune(plan, snapshot, &ran)?;
 
+    if let Some(after) = ctx.security.auth.requeue {
+        // A rotation step waits for time, not for an object to change.
+        plan = plan.requeue_after(after);
+    }
     let update = status::compute(&ctx, &ran);
     plan = plan.status(update.status);
     for (kind, reason, message) in update.events {
@@ -134,8 +145,8 @@ fn prune(mut plan: Plan, snapshot: &Snapshot, ran: &[Ran]) -> Result<Plan, Recon
     let mut settled = BTreeSet::new();
     let mut wanted = BTreeSet::new();
     for r in ran {
-        if let (Some(component), Ok(outcome)) = (r.step.component, &r.result) {
-            settled.insert(component.label());
+        if let Ok(outcome) = &r.result {
+            settled.extend(r.step.components.iter().map(|c| c.label()));
             for d in &outcome.objects {
                 wanted.insert((d.kind().to_owned(), d.name().to_owned()));
             }

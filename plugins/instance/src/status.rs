@@ -155,6 +155,20 @@ pub fn compute(ctx: &Context<'_>, ran: &[Ran]) -> StatusUpdate {
             json!(ctx.names.gateway_endpoint()),
         );
     }
+    let security = ctx.security;
+    for (key, value) in [
+        ("auth", &security.auth.status),
+        ("engineTLS", &security.engine_tls.status),
+        ("gatewayTLS", &security.gateway_tls.status),
+    ] {
+        if let Some(v) = value {
+            status.insert(key.into(), v.clone());
+        }
+    }
+    if !security.rolled_trust.is_empty() {
+        status.insert("rolledEngineTrustCAs".into(), json!(security.rolled_trust));
+    }
+    events.extend(security.events().iter().cloned());
     status.insert("conditions".into(), json!(conditions));
     StatusUpdate {
         status: Value::Object(status),

@@ -8,11 +8,11 @@
 //! reports on its own condition, its objects are neither written nor
 //! pruned, and every other step runs as if nothing happened.
 //!
-//! Adding a step (authentication, TLS, signing-key rotation) means writing
-//! one module with a `STEP: StepDef` and listing it in
-//! [`crate::reconcile::STEPS`]; nothing else changes. Steps only read the
-//! snapshot and the spec, so their order matters only for the order of
-//! objects in the plan and of conditions in the status.
+//! Adding a step means writing one module with a `STEP: StepDef` and
+//! listing it in [`crate::reconcile::STEPS`]. Steps read the snapshot, the
+//! spec and what the security steps decided ([`Context::security`],
+//! evaluated once before any step runs), so their order matters only for
+//! the order of objects in the plan and of conditions in the status.
 
 use serde::Serialize;
 use serde_json::Value;
@@ -20,6 +20,7 @@ use wasmop_sdk::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use wasmop_sdk::{ReconcileError, Snapshot};
 
 use crate::names::{Component, Names};
+use crate::pem;
 use crate::settings::Settings;
 use crate::spec::{FireboltInstance, InstanceSpec};
 
@@ -42,6 +43,9 @@ pub struct Context<'a> {
     pub uid: &'a str,
     /// The snapshot time.
     pub now: &'a Time,
+    /// What the security steps decided (auth, engine and gateway TLS);
+    /// the gateway step renders from it.
+    pub security: &'a crate::security::Security,
 }
 
 impl Context<'_> {
@@ -64,6 +68,21 @@ impl Context<'_> {
                 })
             })
             .transpose()
+    }
+}
+
+impl Context<'_> {
+    /// The snapshot time in Unix seconds.
+    pub fn now_seconds(&self) -> i64 {
+        self.now.0.as_second()
+    }
+
+    /// The owned Secret `name`, if it holds a non-empty value under every
+    /// key in `keys`.
+    pub fn owned_secret_with(&self, name: &str, keys: &[&str]) -> Option<&serde_json::Value> {
+        self.snapshot
+            .owned_named("Secret", name)
+            .filter(|s| pem::has_keys(s, keys))
     }
 }
 
@@ -195,8 +214,8 @@ pub struct StepDef {
     pub name: &'static str,
     /// The condition type the step reports on.
     pub condition: &'static str,
-    /// The component whose objects the step owns (for pruning), if any.
-    pub component: Option<Component>,
+    /// The components whose objects the step owns (for pruning).
+    pub components: &'static [Component],
     /// Whether the condition counts towards the `Ready` roll-up.
     pub in_ready_rollup: bool,
     /// The step itself.

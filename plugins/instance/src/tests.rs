@@ -585,10 +585,13 @@ fn existing_volume_claims_are_kept_over_the_setting() {
 fn requested_gateway_tls_fails_closed() {
     let p = plan(
         instance(json!({"id": ID, "metadata": {}, "gateway": {},
-                        "tls": {"gateway": {"enabled": true}}})),
+                        "tls": {"gateway": {"enabled": true,
+                                            "certManager": {"issuerRef": {"name": "ca"}}}}})),
         everything_ready(),
     );
-    assert_eq!(condition(&p, "GatewayTLSReady")["reason"], "NotSupported");
+    // The serving Secret is not issued yet: closed.
+    assert_eq!(condition(&p, "GatewayTLSReady")["reason"], "SecretPending");
+    assert!(applied(&p, "Certificate", "fb-gateway-tls").is_some());
     let c = condition(&p, "GatewayReady");
     assert_eq!(
         (c["status"].as_str(), c["reason"].as_str()),
@@ -618,10 +621,17 @@ fn requested_gateway_tls_fails_closed() {
 #[test]
 fn requested_auth_is_reported_but_not_rolled_up() {
     let p = plan(
-        instance(json!({"id": ID, "metadata": {}, "gateway": {}, "auth": {"enabled": true}})),
+        instance(
+            json!({"id": ID, "metadata": {}, "gateway": {}, "auth": {"enabled": true,
+            "local": {"admin": {"password": {"name": "admin", "key": "password"}},
+                      "signingKeys": {"certManager": {"issuerRef": {"name": "ca"}}}}}}),
+        ),
         everything_ready(),
     );
-    assert_eq!(condition(&p, "AuthReady")["reason"], "NotSupported");
+    // The admin password Secret is missing: reported, not rolled up.
+    let auth = condition(&p, "AuthReady");
+    assert_eq!(auth["status"], "False");
+    assert_eq!(auth["reason"], "AdminPasswordSecretPreflightFailed");
     assert_eq!(condition(&p, "Ready")["status"], "True");
 }
 
@@ -675,7 +685,8 @@ fn the_manifest_declares_what_the_plan_uses() {
             "Service",
             "ConfigMap",
             "Secret",
-            "PodDisruptionBudget"
+            "PodDisruptionBudget",
+            "Certificate"
         ]
     );
     assert_eq!(c.primary_fields, ["spec.id"]);

@@ -176,6 +176,21 @@ pub fn deployment_health(
     }
 }
 
+/// Whether a Deployment (as JSON) runs only pods of its current template:
+/// the controller has seen the current spec and every pod it counts is
+/// updated. No old pod is left, whatever their readiness.
+pub fn rolled_out(deployment: &Value) -> bool {
+    let int = |p: &str| deployment.pointer(p).and_then(Value::as_i64);
+    let generation = int("/metadata/generation").unwrap_or(0);
+    let observed = int("/status/observedGeneration").unwrap_or(-1);
+    let want = int("/spec/replicas").unwrap_or(1);
+    let replicas = int("/status/replicas").unwrap_or(0);
+    let updated = int("/status/updatedReplicas").unwrap_or(0);
+    // Reported where the API server has the field (pods still stopping).
+    let terminating = int("/status/terminatingReplicas").unwrap_or(0);
+    observed >= generation && updated == want && replicas == updated && terminating == 0
+}
+
 /// Pods of a StatefulSet that are ready (0 when it has no status yet).
 pub fn ready_replicas(statefulset: &StatefulSet) -> i32 {
     statefulset
@@ -188,6 +203,19 @@ pub fn ready_replicas(statefulset: &StatefulSet) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deployment_is_rolled_out_when_only_updated_pods_are_left() {
+        let d = |generation: i64, observed: i64, replicas: i64, updated: i64| {
+            json!({"metadata": {"generation": generation}, "spec": {"replicas": 2},
+                   "status": {"observedGeneration": observed, "replicas": replicas,
+                              "updatedReplicas": updated}})
+        };
+        assert!(rolled_out(&d(3, 3, 2, 2)));
+        assert!(!rolled_out(&d(3, 2, 2, 2)), "status of an older spec");
+        assert!(!rolled_out(&d(3, 3, 3, 2)), "an old pod is left");
+        assert!(!rolled_out(&d(3, 3, 1, 1)), "not every pod is updated");
+    }
 
     #[test]
     fn config_hash_follows_config_and_template_and_is_idempotent() {

@@ -13,12 +13,28 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-const FIXTURES: [&str; 5] = [
+const FIXTURES: [&str; 21] = [
     "all-ready",
+    "auth-key-pending",
+    "auth-preflight-failed",
+    "engine-tls-converging",
+    "engine-tls-disabled",
+    "engine-tls-disabling",
+    "engine-tls-reencrypt",
     "external-postgres-missing-secret",
     "fresh",
     "gateway-change",
+    "gateway-tls-loosening",
+    "gateway-tls-secure",
+    "gateway-tls-staging",
     "postgres-ready-metadata-not",
+    "rotation-delete",
+    "rotation-mint",
+    "rotation-parked-promotion",
+    "rotation-parked-retire-anchor",
+    "rotation-promote",
+    "rotation-retire",
+    "rotation-stamp-retire-anchor",
 ];
 
 fn golden_dir() -> PathBuf {

@@ -1,0 +1,371 @@
+//! Step `auth` (condition `AuthReady`, `status.auth`): what every engine
+//! of the instance needs to authenticate connections, from one source.
+//!
+//! - **Admin-password preflight.** The user's Secret
+//!   (`spec.auth.local.admin.password`) must exist and hold its key. The
+//!   operator never generates an admin password. Failing it is reported as
+//!   `AuthReady=False/AdminPasswordSecretPreflightFailed`; the other steps
+//!   are not affected, and engines wait (no `authHash` is published).
+//! - **Signing keys.** Each key is a cert-manager Certificate
+//!   `<i>-auth-signing-<N>` (kid `signing-<N>`, `rotationPolicy: Never`)
+//!   issued into a Secret of the same name, driven by the rotation state
+//!   machine ([`crate::rotation`], one step per reconcile).
+//! - **One render for every engine.** Engines render
+//!   `instance.auth.admin.password_file` and
+//!   `instance.auth.local.signing_keys[]` (file paths of the mounted
+//!   Secrets, never their content) from `spec.auth` and
+//!   `status.auth.signingKeys` by one rule: issued keys only, the Active
+//!   key first, then the validate-only keys, Removing keys left out.
+//!   `status.auth.authHash` is the hash of exactly those inputs; an engine
+//!   reports it as `observedAuthHash` once it serves that render.
+//! - **Parked rotations are reported**: `pendingRotationStep`,
+//!   `pendingSince`, `laggingEngines` (at most
+//!   [`fleet::MAX_LAGGING_REPORTED`]), `laggingEngineCount`, and
+//!   `AuthReady=True/RotationWaitingForEngines`.
+//!
+//! `AuthReady` is not part of `Ready`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+use wasmop_sdk::{EventType, stable_hash};
+
+use crate::certs::{self, Usage};
+use crate::duration;
+use crate::fleet::{self, Engine};
+use crate::names::Component;
+use crate::rotation::{self, Anchor, Key, KeyPhase, Policy, Ring};
+use crate::spec::AuthSpec;
+use crate::step::{Context, Failure, Health, Outcome};
+
+/// Id of the read bringing the admin password Secret.
+pub const ADMIN_PASSWORD_READ: &str = "admin-password";
+/// Field of the primary naming that Secret.
+pub const ADMIN_PASSWORD_FIELD: &str = "spec.auth.local.admin.password.name";
+
+/// What the auth step decided.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AuthEval {
+    /// The step's answer.
+    pub result: Result<Outcome, Failure>,
+    /// `status.auth` (None: auth is off).
+    pub status: Option<Value>,
+    /// Events to record.
+    pub events: Vec<(EventType, String, String)>,
+    /// When to look again: the next time-gated rotation step.
+    pub requeue: Option<Duration>,
+}
+
+/// The hash engines report once they serve the render of `ring` under
+/// `spec`.
+pub fn auth_hash(spec: &AuthSpec, ring: &Ring) -> String {
+    let keys: Vec<Value> = ring
+        .rendered()
+        .iter()
+        .map(|k| json!([k.id, k.secret_name]))
+        .collect();
+    stable_hash(&json!({"auth": spec, "signingKeys": keys}))
+}
+
+/// Runs the step.
+pub fn evaluate(ctx: &Context<'_>, engines: &[Engine], anchor: Anchor) -> AuthEval {
+    let spec = &ctx.spec.auth;
+    if !spec.enabled {
+        return AuthEval {
+            result: Ok(Outcome {
+                objects: Vec::new(),
+                health: Health::ready("Disabled", "authentication (spec.auth) is disabled"),
+            }),
+            status: None,
+            events: Vec::new(),
+            requeue: None,
+        };
+    }
+    let previous = ctx.snapshot.primary.pointer("/status/auth");
+    let failed = |failure: Failure| AuthEval {
+        result: Err(failure),
+        // Keep the keys (a rotation in flight must not forget them), but
+        // withdraw the hash: engines wait until auth is healthy again.
+        status: previous.cloned().map(|mut p| {
+            if let Some(m) = p.as_object_mut() {
+                m.remove("authHash");
+            }
+            p
+        }),
+        events: Vec::new(),
+        requeue: None,
+    };
+    let policy = match policy(spec, anchor) {
+        Ok(p) => p,
+        Err(why) => return failed(Failure::new("AuthSpecInvalid", why)),
+    };
+    let Some(local) = spec.local.as_ref() else {
+        return failed(Failure::new(
+            "AuthSpecInvalid",
+            "spec.auth.local is required",
+        ));
+    };
+    if let Err(why) = preflight(ctx, &local.admin.password.name, &local.admin.password.key) {
+        return failed(Failure::new("AdminPasswordSecretPreflightFailed", why));
+    }
+    let cm = local
+        .signing_keys
+        .as_ref()
+        .map(|k| k.cert_manager.clone())
+        .unwrap_or_default();
+
+    let (mut ring, recorded) = ring_from_status(previous, ctx.now_seconds());
+    ring.observe_issued(|k| {
+        ctx.owned_secret_with(&k.secret_name, &certs::SERVING_KEYS)
+            .is_some()
+    });
+    let lagging = |r: &Ring| {
+        let want = auth_hash(spec, r);
+        fleet::lagging(engines, |e| e.auth_hash != want)
+    };
+    let names = ctx.names;
+    let namer = |n: u64| (format!("signing-{n}"), names.auth_signing(n));
+    let now = ctx.now_seconds();
+    let advance = rotation::step(&ring, &policy, now, &lagging, &namer);
+    let ring = advance.ring;
+
+    let mut events = Vec::new();
+    if let Some(step) = advance.step {
+        events.push((
+            EventType::Normal,
+            "SigningKeyRotation".to_owned(),
+            format!("{step}; signing keys now {}", describe(&ring)),
+        ));
+    }
+
+    let labels = names.labels(Component::AuthSigning);
+    let mut objects = Vec::new();
+    for k in &ring.keys {
+        objects.extend(certs::certificate(
+            &k.secret_name,
+            names.namespace(),
+            &labels,
+            &cm,
+            &Usage::Signing {
+                common_name: format!("{} {}", names.instance(), k.id),
+            },
+        ));
+    }
+
+    let mut status = Map::new();
+    status.insert("signingKeyGeneration".into(), json!(ring.generation));
+    let keys: Vec<Value> = ring
+        .keys
+        .iter()
+        .map(|k| key_status(k, recorded.get(&k.id), &cm))
+        .collect();
+    status.insert("signingKeys".into(), json!(keys));
+    let provisioned = ring.active().is_some_and(|k| k.issued);
+    if provisioned {
+        status.insert("authHash".into(), json!(auth_hash(spec, &ring)));
+    }
+    if let Some((pending, lagging)) = &advance.pending {
+        let was = previous
+            .and_then(|p| p.get("pendingRotationStep"))
+            .and_then(Value::as_str);
+        let since = previous
+            .and_then(|p| p.get("pendingSince"))
+            .filter(|_| was == Some(pending.as_str()))
+            .cloned()
+            .unwrap_or_else(|| json!(duration::rfc3339(now)));
+        status.insert("pendingRotationStep".into(), json!(pending.as_str()));
+        status.insert("pendingSince".into(), since);
+        status.insert(
+            "laggingEngines".into(),
+            json!(
+                lagging
+                    .iter()
+                    .take(fleet::MAX_LAGGING_REPORTED)
+                    .collect::<Vec<_>>()
+            ),
+        );
+        status.insert("laggingEngineCount".into(), json!(lagging.len()));
+    }
+
+    let health = if !provisioned {
+        // The Certificates are written (the key needs one to be issued);
+        // engines wait for authHash.
+        Health::waiting(
+            "SigningKeyPending",
+            format!(
+                "waiting for cert-manager to issue Secret {}",
+                ring.active().map_or("", |k| k.secret_name.as_str())
+            ),
+        )
+    } else if let Some((pending, lagging)) = &advance.pending {
+        Health::ready(
+            "RotationWaitingForEngines",
+            format!(
+                "{} waits for {} engine(s) to render the current signing keys: {}",
+                pending.as_str(),
+                lagging.len(),
+                lagging
+                    .iter()
+                    .take(fleet::MAX_LAGGING_REPORTED)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )
+    } else if advance.awaiting_issuer {
+        Health::ready(
+            "RotationWaitingForIssuer",
+            "the new signing key waits for cert-manager to issue it; the Active key signs",
+        )
+    } else {
+        Health::ready("Provisioned", format!("signing keys {}", describe(&ring)))
+    };
+    let requeue = rotation::next_due(&ring, &policy)
+        .map(|due| Duration::from_secs(u64::try_from(due.saturating_sub(now)).unwrap_or(0).max(1)));
+    AuthEval {
+        result: Ok(Outcome { objects, health }),
+        status: Some(Value::Object(status)),
+        events,
+        requeue,
+    }
+}
+
+fn describe(ring: &Ring) -> String {
+    ring.keys
+        .iter()
+        .map(|k| format!("{} ({})", k.id, k.phase.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The rotation policy of the spec.
+///
+/// # Errors
+///
+/// Why the spec cannot be used.
+pub fn policy(spec: &AuthSpec, anchor: Anchor) -> Result<Policy, String> {
+    let Some(local) = spec.local.as_ref() else {
+        return Err("spec.auth.local is required when spec.auth.enabled is true".to_owned());
+    };
+    let Some(keys) = local.signing_keys.as_ref() else {
+        return Err(
+            "spec.auth.local.signingKeys is required: every engine must share one signing key"
+                .to_owned(),
+        );
+    };
+    if keys.cert_manager.issuer_ref.name.is_empty() {
+        return Err("spec.auth.local.signingKeys.certManager.issuerRef.name is empty".to_owned());
+    }
+    let family = &local.signing_algorithm()[..2];
+    let algorithm = keys.cert_manager.algorithm();
+    if (family == "RS" && algorithm != "RSA") || (family == "ES" && algorithm != "ECDSA") {
+        return Err(format!(
+            "signingAlgorithm {} does not fit a {algorithm} key",
+            local.signing_algorithm()
+        ));
+    }
+    let parse = |field: &str, text: &Option<String>| match text.as_deref().filter(|t| !t.is_empty())
+    {
+        None => Ok(None),
+        Some(t) => duration::seconds(t)
+            .filter(|s| *s > 0)
+            .map(Some)
+            .ok_or_else(|| {
+                format!("spec.auth.local.signingKeys.{field} {t:?} is not a positive duration")
+            }),
+    };
+    let interval = parse("rotationInterval", &keys.rotation_interval)?;
+    let retain = parse("retainDuration", &keys.retain_duration)?;
+    if interval.is_some() != retain.is_some() {
+        return Err(
+            "rotationInterval and retainDuration are set together or not at all".to_owned(),
+        );
+    }
+    Ok(Policy {
+        interval,
+        retain: retain.unwrap_or(0),
+        anchor,
+    })
+}
+
+fn preflight(ctx: &Context<'_>, name: &str, key: &str) -> Result<(), String> {
+    if name.is_empty() || key.is_empty() {
+        return Err("spec.auth.local.admin.password names no Secret key".to_owned());
+    }
+    let secret = ctx.snapshot.related(ADMIN_PASSWORD_READ).next();
+    let Some(secret) = secret else {
+        return Err(format!(
+            "Secret {name:?} named by spec.auth.local.admin.password does not exist; \
+             the operator never generates an admin password"
+        ));
+    };
+    if crate::pem::secret_bytes(secret, key).is_none() {
+        return Err(format!("Secret {name:?} has no non-empty key {key:?}"));
+    }
+    Ok(())
+}
+
+/// The ring recorded in `status.auth`, and the recorded entries by kid.
+fn ring_from_status(previous: Option<&Value>, now: i64) -> (Ring, BTreeMap<String, Value>) {
+    let mut ring = Ring {
+        generation: previous
+            .and_then(|p| p.get("signingKeyGeneration"))
+            .and_then(Value::as_u64)
+            .unwrap_or(0),
+        keys: Vec::new(),
+    };
+    let mut recorded = BTreeMap::new();
+    let entries = previous
+        .and_then(|p| p.get("signingKeys"))
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for e in entries {
+        let text = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or_default();
+        let time = |k: &str| duration::parse_rfc3339(text(k));
+        let id = text("id").to_owned();
+        let Some(phase) = KeyPhase::parse(text("phase")) else {
+            continue;
+        };
+        if id.is_empty() || text("secretName").is_empty() {
+            continue;
+        }
+        ring.keys.push(Key {
+            id: id.clone(),
+            secret_name: text("secretName").to_owned(),
+            created_at: time("createdAt").unwrap_or(now),
+            phase,
+            demoted_at: time("demotedAt"),
+            retire_eligible_at: time("retireEligibleAt"),
+            issued: e.get("issued").and_then(Value::as_bool).unwrap_or(false),
+        });
+        recorded.insert(id, e);
+    }
+    (ring, recorded)
+}
+
+fn key_status(k: &Key, recorded: Option<&Value>, cm: &crate::spec::CertManagerSpec) -> Value {
+    let mut v = json!({
+        "id": k.id,
+        "secretName": k.secret_name,
+        "createdAt": duration::rfc3339(k.created_at),
+        "phase": k.phase.as_str(),
+        "issued": k.issued,
+        "algorithm": recorded
+            .and_then(|r| r.get("algorithm"))
+            .cloned()
+            .unwrap_or_else(|| json!(cm.algorithm())),
+        "size": recorded
+            .and_then(|r| r.get("size"))
+            .cloned()
+            .unwrap_or_else(|| json!(cm.size())),
+    });
+    if let Some(t) = k.demoted_at {
+        v["demotedAt"] = json!(duration::rfc3339(t));
+    }
+    if let Some(t) = k.retire_eligible_at {
+        v["retireEligibleAt"] = json!(duration::rfc3339(t));
+    }
+    v
+}
