@@ -9,6 +9,8 @@
 //! Waiting is always on a condition with a deadline ([`wait_for`]); tests
 //! never sleep to synchronise.
 
+pub mod interpose;
+pub mod logs;
 pub mod operator;
 
 use std::future::Future;
@@ -299,11 +301,18 @@ pub async fn apply_project_crds(client: &Client) -> Result<Vec<String>> {
     apply_crd_files(client, &files).await
 }
 
-/// Applies the CRDs of the test plugins' kinds (`tests/fixtures/crds/`).
+/// Applies the CRDs of the test plugins' kinds (every YAML file in
+/// `tests/fixtures/crds/`).
 ///
 /// # Errors
 /// As [`apply_crd_files`].
 pub async fn apply_test_crds(client: &Client) -> Result<Vec<String>> {
-    let file = repo_root().join("tests/fixtures/crds/test-kinds.yaml");
-    apply_crd_files(client, &[file]).await
+    let dir = repo_root().join("tests/fixtures/crds");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .with_context(|| format!("cannot read {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .collect();
+    files.sort();
+    apply_crd_files(client, &files).await
 }
