@@ -127,9 +127,25 @@ async fn wait_reason(api: &Api<DynamicObject>, name: &str, reason: &str) -> Resu
     .await
 }
 
-/// Asserts a `PlanRejected` condition names `rule` and every one of
-/// `needles` in its message.
-fn expect_rejected(cond: &Value, rule: &str, needles: &[&str]) {
+/// Rule names a rejection's message should have carried; checked at the
+/// end of a test ([`Unnamed::check`]), so a missing name does not hide
+/// what the rest of the test finds.
+#[derive(Debug, Default)]
+struct Unnamed(Vec<String>);
+
+impl Unnamed {
+    fn check(self) {
+        assert!(
+            self.0.is_empty(),
+            "rejections that do not name their rule: {:#?}",
+            self.0
+        );
+    }
+}
+
+/// Asserts a `PlanRejected` condition names every one of `needles` in its
+/// message; notes in `unnamed` when it does not name `rule`.
+fn expect_rejected(unnamed: &mut Unnamed, cond: &Value, rule: &str, needles: &[&str]) {
     assert_eq!(cond["status"], "False", "condition: {cond}");
     assert_eq!(cond["reason"], "PlanRejected", "condition: {cond}");
     let message = cond["message"].as_str().unwrap_or_default();
@@ -139,10 +155,9 @@ fn expect_rejected(cond: &Value, rule: &str, needles: &[&str]) {
             "the message should name {needle:?}: {message}"
         );
     }
-    assert!(
-        message.contains(rule),
-        "the message should name the rule {rule}: {message}"
-    );
+    if !message.contains(rule) {
+        unnamed.0.push(format!("{rule}: {message}"));
+    }
 }
 
 /// The Events (events.k8s.io/v1) about the object `name` in `namespace`:
@@ -251,6 +266,7 @@ fn owner_ref(obj: &DynamicObject) -> Value {
 /// user's ConfigMap is unchanged, and deleting the Widget leaves it.
 #[tokio::test]
 async fn user_config_map_is_not_taken_over_and_outlives_the_widget() -> Result<()> {
+    let mut unnamed = Unnamed::default();
     let ns = TestNamespace::new("own-repro").await?;
     apply_test_crds(&ns.client).await?;
     let cms: Api<ConfigMap> = ns.api();
@@ -262,7 +278,7 @@ async fn user_config_map_is_not_taken_over_and_outlives_the_widget() -> Result<(
     let widgets = test_kind(&ns, "Widget", "widgets");
     let w = create(&widgets, "Widget", "w", json!({"value": "mine"})).await?;
     let cond = wait_reason(&widgets, "w", "PlanRejected").await?;
-    expect_rejected(&cond, "NotControlledByPrimary", &["w-cm"]);
+    expect_rejected(&mut unnamed, &cond, "NotControlledByPrimary", &["w-cm"]);
     wait_event(&ns, "w", "Warning", "PlanRejected").await?;
     assert_eq!(
         fingerprint(&cms.get("w-cm").await?),
@@ -281,6 +297,7 @@ async fn user_config_map_is_not_taken_over_and_outlives_the_widget() -> Result<(
         before,
         "the user's ConfigMap outlives the Widget, unchanged"
     );
+    unnamed.check();
     Ok(())
 }
 
@@ -289,6 +306,7 @@ async fn user_config_map_is_not_taken_over_and_outlives_the_widget() -> Result<(
 /// already has one of that name.
 #[tokio::test]
 async fn user_config_map_in_an_unwatched_namespace_is_not_taken_over() -> Result<()> {
+    let mut unnamed = Unnamed::default();
     let ns = TestNamespace::new("own-unwatched").await?;
     let other = TestNamespace::new("own-unwatched-target").await?;
     apply_test_crds(&ns.client).await?;
@@ -302,7 +320,7 @@ async fn user_config_map_in_an_unwatched_namespace_is_not_taken_over() -> Result
     let labellers = test_kind(&ns, "Labeller", "labellers");
     create(&labellers, "Labeller", "l", json!({"value": "mine"})).await?;
     let cond = wait_reason(&labellers, "l", "PlanRejected").await?;
-    expect_rejected(&cond, "NotControlledByPrimary", &["l-mirror"]);
+    expect_rejected(&mut unnamed, &cond, "NotControlledByPrimary", &["l-mirror"]);
     wait_event(&ns, "l", "Warning", "PlanRejected").await?;
     assert_eq!(fingerprint(&cms.get("l-mirror").await?), before);
     // All or nothing: the plan's Badge was not written either.
@@ -316,6 +334,7 @@ async fn user_config_map_in_an_unwatched_namespace_is_not_taken_over() -> Result
         before,
         "deleting the Labeller leaves the user's ConfigMap alone"
     );
+    unnamed.check();
     Ok(())
 }
 
@@ -324,6 +343,7 @@ async fn user_config_map_in_an_unwatched_namespace_is_not_taken_over() -> Result
 /// the plan, and the ConfigMap stays as the user made it.
 #[tokio::test]
 async fn config_map_created_by_a_racing_client_is_not_taken_over() -> Result<()> {
+    let mut unnamed = Unnamed::default();
     let ns = TestNamespace::new("own-race").await?;
     let (interposer, client) = Interposer::new(ns.client.clone());
     let made: Arc<Mutex<Option<ConfigMap>>> = Arc::default();
@@ -356,7 +376,7 @@ async fn config_map_created_by_a_racing_client_is_not_taken_over() -> Result<()>
     create(&widgets, "Widget", "w", json!({"value": "mine"})).await?;
 
     let cond = wait_reason(&widgets, "w", "PlanRejected").await?;
-    expect_rejected(&cond, "NotControlledByPrimary", &["w-cm"]);
+    expect_rejected(&mut unnamed, &cond, "NotControlledByPrimary", &["w-cm"]);
     let made = made
         .lock()
         .expect("made")
@@ -379,6 +399,7 @@ async fn config_map_created_by_a_racing_client_is_not_taken_over() -> Result<()>
         writes.iter().all(|w| !(200..300).contains(&w.status)),
         "no write to the ConfigMap succeeded: {writes:?}"
     );
+    unnamed.check();
     Ok(())
 }
 
@@ -387,6 +408,7 @@ async fn config_map_created_by_a_racing_client_is_not_taken_over() -> Result<()>
 /// another primary's owner label, is refused and left as it is.
 #[tokio::test]
 async fn declared_adoption_takes_orphans_only() -> Result<()> {
+    let mut unnamed = Unnamed::default();
     let ns = TestNamespace::new("own-adopt").await?;
     apply_test_crds(&ns.client).await?;
     let cms: Api<ConfigMap> = ns.api();
@@ -447,9 +469,9 @@ async fn declared_adoption_takes_orphans_only() -> Result<()> {
     assert!(note.contains("a-cm"), "the Event names the object: {note}");
 
     let cond = wait_reason(&adopters, "b", "PlanRejected").await?;
-    expect_rejected(&cond, "NotControlledByPrimary", &["b-cm"]);
+    expect_rejected(&mut unnamed, &cond, "NotControlledByPrimary", &["b-cm"]);
     let cond = wait_reason(&adopters, "c", "PlanRejected").await?;
-    expect_rejected(&cond, "NotControlledByPrimary", &["c-cm"]);
+    expect_rejected(&mut unnamed, &cond, "NotControlledByPrimary", &["c-cm"]);
     assert_eq!(fingerprint(&cms.get("b-cm").await?), b_before);
     assert_eq!(fingerprint(&cms.get("c-cm").await?), c_before);
     for name in ["b", "c"] {
@@ -460,6 +482,7 @@ async fn declared_adoption_takes_orphans_only() -> Result<()> {
             .collect();
         assert!(adopted_events.is_empty(), "{name}: {adopted_events:?}");
     }
+    unnamed.check();
     Ok(())
 }
 
@@ -620,6 +643,7 @@ async fn label_owned_objects_live_and_die_with_their_primary() -> Result<()> {
 /// and deleting the primary leaves that object.
 #[tokio::test]
 async fn forged_or_removed_owner_labels_are_refused() -> Result<()> {
+    let mut unnamed = Unnamed::default();
     let ns = TestNamespace::new("own-forged").await?;
     let other = TestNamespace::new("own-forged-target").await?;
     let _op = start_on(
@@ -640,7 +664,12 @@ async fn forged_or_removed_owner_labels_are_refused() -> Result<()> {
     // The plan sets the owner label itself.
     merge_spec(&labellers, "l", json!({"forgeLabel": true, "value": "two"})).await?;
     let cond = wait_reason(&labellers, "l", "PlanRejected").await?;
-    expect_rejected(&cond, "HostLabelForged", &["l-mirror", OWNER_UID_LABEL]);
+    expect_rejected(
+        &mut unnamed,
+        &cond,
+        "HostLabelForged",
+        &["l-mirror", OWNER_UID_LABEL],
+    );
     assert_eq!(fingerprint(&cms.get("l-mirror").await?), cm_before);
     assert_eq!(badges.get(&badge_name).await?.resource_version(), badge_rv);
     merge_spec(
@@ -663,7 +692,7 @@ async fn forged_or_removed_owner_labels_are_refused() -> Result<()> {
     let taken = fingerprint(&cms.get("l-mirror").await?);
     merge_spec(&labellers, "l", json!({"value": "three"})).await?;
     let cond = wait_reason(&labellers, "l", "PlanRejected").await?;
-    expect_rejected(&cond, "NotControlledByPrimary", &["l-mirror"]);
+    expect_rejected(&mut unnamed, &cond, "NotControlledByPrimary", &["l-mirror"]);
     assert_eq!(
         fingerprint(&cms.get("l-mirror").await?),
         taken,
@@ -677,6 +706,7 @@ async fn forged_or_removed_owner_labels_are_refused() -> Result<()> {
     wait_gone(&labellers, "Labeller", "l").await?;
     assert!(badges.get_opt(&badge_name).await?.is_none());
     assert_eq!(fingerprint(&cms.get("l-mirror").await?), taken);
+    unnamed.check();
     Ok(())
 }
 
@@ -706,81 +736,90 @@ async fn cross_namespace_owner_references_are_refused_at_load() -> Result<()> {
 
 /// `good` owns ConfigMaps and reads none, so they are watched
 /// label-filtered. Loading `referrer`, which reads ConfigMaps, needs them
-/// watched unfiltered. While the new watch syncs, `good` keeps reconciling
-/// (its Widgets change) and must never see its ConfigMaps missing: no
-/// create of one that exists, no delete.
+/// watched unfiltered. While that new watch has not synced, `good` keeps
+/// reconciling and must never see its ConfigMaps missing: no create of one
+/// that exists, no delete.
+///
+/// The window is held open: the new watch's first list is let through only
+/// once `good` has written something for a Widget changed meanwhile, or
+/// after [`HOLD`] without such a write (a host that waits for the sync
+/// writes nothing while the list is held).
 #[tokio::test]
 async fn a_new_reader_of_a_kind_does_not_blind_running_controllers() -> Result<()> {
-    const N: usize = 20;
+    const N: usize = 5;
+    const HOLD: std::time::Duration = std::time::Duration::from_secs(5);
     let ns = TestNamespace::new("own-resync").await?;
     let (interposer, client) = Interposer::new(ns.client.clone());
     let op = start_on(client, &[&ns.name], &[("good", json!({}))]).await?;
     let widgets = test_kind(&ns, "Widget", "widgets");
     for i in 0..N {
-        create(
-            &widgets,
-            "Widget",
-            &format!("w{i:02}"),
-            json!({"value": "v0"}),
-        )
-        .await?;
+        create(&widgets, "Widget", &format!("w{i}"), json!({"value": "v0"})).await?;
     }
     for i in 0..N {
-        wait_reason(&widgets, &format!("w{i:02}"), "Reconciled").await?;
+        wait_reason(&widgets, &format!("w{i}"), "Reconciled").await?;
     }
     let settled = interposer.writes().len();
 
-    // Keep the Widgets changing while `referrer` is added.
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let churn = {
-        let widgets = widgets.clone();
-        let done = done.clone();
-        tokio::spawn(async move {
-            let mut round = 1u32;
-            while !done.load(Ordering::SeqCst) {
-                for i in 0..N {
-                    let _ = merge_spec(
-                        &widgets,
-                        &format!("w{i:02}"),
-                        json!({"value": format!("v{round}")}),
-                    )
-                    .await;
-                }
-                round += 1;
-            }
-            round
-        })
+    let unfiltered_list = {
+        let suffix = format!("/namespaces/{}/configmaps", ns.name);
+        move |m: &Method, p: &str| {
+            let (path, query) = p.split_once('?').unwrap_or((p, ""));
+            *m == Method::GET && path.ends_with(&suffix) && !query.contains("labelSelector")
+        }
     };
-    let added = op
-        .operator
-        .add_plugin(load_plugin("referrer", json!({}))?)
-        .await;
-    done.store(true, Ordering::SeqCst);
-    let rounds = churn.await?;
-    added?;
-    let last = format!("v{}", rounds - 1);
-    let cms: Api<ConfigMap> = ns.api();
-    wait_for(
-        "every ConfigMap to hold the last value",
-        DEFAULT_DEADLINE,
-        || async {
-            let all = cms.list(&ListParams::default()).await?.items;
-            let behind: Vec<String> = (0..N)
-                .map(|i| format!("w{i:02}-cm"))
-                .filter(|n| {
-                    !all.iter().any(|c| {
-                        c.metadata.name.as_deref() == Some(n)
-                            && c.data.as_ref().and_then(|d| d.get("value")) == Some(&last)
-                    })
-                })
-                .collect();
-            if behind.is_empty() {
-                Ok(Some(()))
-            } else {
-                bail!("not yet at {last}: {behind:?}")
+    let held = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let widgets = widgets.clone();
+        let state = Arc::downgrade(&interposer);
+        let held = held.clone();
+        interposer.before(unfiltered_list, move || async move {
+            held.store(true, Ordering::SeqCst);
+            for i in 0..N {
+                merge_spec(&widgets, &format!("w{i}"), json!({"value": "v1"}))
+                    .await
+                    .expect("the Widget changes");
             }
-        },
-    )
+            // Bounded on purpose: no write is the expected outcome.
+            let _ = wait_for("a write while the new watch is unsynced", HOLD, || {
+                let state = state.clone();
+                async move {
+                    let writes = state.upgrade().map(|s| s.writes()).unwrap_or_default();
+                    Ok(writes[settled.min(writes.len())..]
+                        .iter()
+                        .any(|w| w.path.contains("/configmaps"))
+                        .then_some(()))
+                }
+            })
+            .await;
+        });
+    }
+    op.operator
+        .add_plugin(load_plugin("referrer", json!({}))?)
+        .await?;
+    ensure!(held.load(Ordering::SeqCst), "the new watch's list was held");
+
+    let cms: Api<ConfigMap> = ns.api();
+    wait_for("every ConfigMap to hold v1", DEFAULT_DEADLINE, || async {
+        let all = cms.list(&ListParams::default()).await?.items;
+        let behind: Vec<String> = (0..N)
+            .map(|i| format!("w{i}-cm"))
+            .filter(|n| {
+                !all.iter().any(|c| {
+                    c.metadata.name.as_deref() == Some(n)
+                        && c.data
+                            .as_ref()
+                            .and_then(|d| d.get("value"))
+                            .map(String::as_str)
+                            == Some("v1")
+                })
+            })
+            .collect();
+        if behind.is_empty() {
+            Ok(Some(()))
+        } else {
+            bail!("not yet at v1: {behind:?}")
+        }
+    })
     .await?;
     let spurious: Vec<_> = interposer.writes()[settled..]
         .iter()
@@ -895,6 +934,7 @@ async fn leadership_lost_mid_plan_stops_the_remaining_writes() -> Result<()> {
 /// the declared label itself is set.
 #[tokio::test]
 async fn primary_patch_matches_whole_segments_and_counts_empty_objects() -> Result<()> {
+    let mut unnamed = Unnamed::default();
     let ns = TestNamespace::new("own-patch").await?;
     let _op = start(&ns, &[("patcher", json!({}))]).await?;
     let patchers = test_kind(&ns, "Patcher", "patchers");
@@ -916,6 +956,7 @@ async fn primary_patch_matches_whole_segments_and_counts_empty_objects() -> Resu
 
     let cond = wait_reason(&patchers, "prefix", "PlanRejected").await?;
     expect_rejected(
+        &mut unnamed,
         &cond,
         "PrimaryFieldNotAllowed",
         &["metadata.labels.app.kubernetes.io/name"],
@@ -924,7 +965,12 @@ async fn primary_patch_matches_whole_segments_and_counts_empty_objects() -> Resu
     assert!(!prefix.labels().contains_key("app.kubernetes.io/name"));
 
     let cond = wait_reason(&patchers, "empty", "PlanRejected").await?;
-    expect_rejected(&cond, "PrimaryFieldNotAllowed", &["spec.extra"]);
+    expect_rejected(
+        &mut unnamed,
+        &cond,
+        "PrimaryFieldNotAllowed",
+        &["spec.extra"],
+    );
     let empty = patchers.get("empty").await?;
     assert!(
         empty.data["spec"].get("extra").is_none(),
@@ -935,6 +981,7 @@ async fn primary_patch_matches_whole_segments_and_counts_empty_objects() -> Resu
     wait_reason(&patchers, "ok", "Reconciled").await?;
     let ok = patchers.get("ok").await?;
     assert_eq!(ok.labels().get("app").map(String::as_str), Some("mine"));
+    unnamed.check();
     Ok(())
 }
 
@@ -998,6 +1045,7 @@ async fn primary_patch_racing_a_user_edit_is_a_conflict_not_an_overwrite() -> Re
 /// no condition.
 #[tokio::test]
 async fn secret_values_stay_out_of_logs_events_and_conditions() -> Result<()> {
+    let mut unnamed = Unnamed::default();
     let capture = Capture::start();
     let ns = TestNamespace::new("own-canary").await?;
     let canary = format!("canary-{}-{}", ns.name, std::process::id());
@@ -1035,7 +1083,7 @@ async fn secret_values_stay_out_of_logs_events_and_conditions() -> Result<()> {
 
     merge_spec(&mirrors, "m", json!({"rawData": false, "forgeLabel": true})).await?;
     let cond = wait_reason(&mirrors, "m", "PlanRejected").await?;
-    expect_rejected(&cond, "HostLabelForged", &["m-mirror"]);
+    expect_rejected(&mut unnamed, &cond, "HostLabelForged", &["m-mirror"]);
     conditions.push(cond);
     let all_events: Vec<String> = Api::<Event>::namespaced(ns.client.clone(), &ns.name)
         .list(&ListParams::default())
@@ -1072,5 +1120,6 @@ async fn secret_values_stay_out_of_logs_events_and_conditions() -> Result<()> {
             assert!(!c.to_string().contains(needle), "a condition holds it: {c}");
         }
     }
+    unnamed.check();
     Ok(())
 }
