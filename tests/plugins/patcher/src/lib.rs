@@ -45,7 +45,11 @@ impl Plugin for Patcher {
             .cloned()
             .unwrap_or(Value::Null);
         let plan = Plan::new().status(json!({"app": seen}));
-        if let Some(patch) = snapshot.primary.pointer("/spec/patch").filter(|p| !p.is_null()) {
+        if let Some(patch) = snapshot
+            .primary
+            .pointer("/spec/patch")
+            .filter(|p| !p.is_null())
+        {
             return Ok(plan.primary_patch(patch.clone()));
         }
         if seen.is_null() {
