@@ -170,3 +170,41 @@ impl Interposer {
         Some(hooks.remove(hit).action)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_to_matches_method_and_path_suffix_without_the_query() {
+        let mut m = request_to(Method::POST, "/namespaces/a/configmaps");
+        assert!(m(
+            &Method::POST,
+            "/api/v1/namespaces/a/configmaps?fieldManager=x"
+        ));
+        assert!(!m(&Method::PATCH, "/api/v1/namespaces/a/configmaps"));
+        assert!(!m(&Method::POST, "/api/v1/namespaces/a/configmaps/x"));
+        assert!(!m(&Method::POST, "/api/v1/namespaces/b/configmaps"));
+    }
+
+    #[test]
+    fn nth_matches_only_the_nth_match() {
+        let mut m = nth(2, request_to(Method::POST, "/configmaps"));
+        assert!(!m(&Method::POST, "/configmaps"));
+        assert!(!m(&Method::GET, "/configmaps"));
+        assert!(m(&Method::POST, "/configmaps"));
+        assert!(!m(&Method::POST, "/configmaps"));
+    }
+
+    #[test]
+    fn recorded_is_compares_method_and_suffix() {
+        let r = Recorded {
+            method: Method::PATCH,
+            path: "/apis/g/v1/namespaces/n/things/t?fieldManager=x".into(),
+            status: 409,
+        };
+        assert!(r.is(&Method::PATCH, "/things/t"));
+        assert!(!r.is(&Method::PATCH, "/things/t/status"));
+        assert!(!r.is(&Method::POST, "/things/t"));
+    }
+}
