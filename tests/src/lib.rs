@@ -10,6 +10,8 @@
 //! never sleep to synchronise.
 
 pub mod faults;
+pub mod interpose;
+pub mod logs;
 pub mod operator;
 
 use std::future::Future;
@@ -339,11 +341,18 @@ pub fn cert_manager_crd_dir() -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Applies the CRDs of the test plugins' kinds (`tests/fixtures/crds/`).
+/// Applies the CRDs of the test plugins' kinds (every YAML file in
+/// `tests/fixtures/crds/`).
 ///
 /// # Errors
 /// As [`apply_crd_files`].
 pub async fn apply_test_crds(client: &Client) -> Result<Vec<String>> {
-    let file = repo_root().join("tests/fixtures/crds/test-kinds.yaml");
-    apply_crd_files(client, &[file]).await
+    let dir = repo_root().join("tests/fixtures/crds");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .with_context(|| format!("cannot read {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .collect();
+    files.sort();
+    apply_crd_files(client, &files).await
 }

@@ -231,14 +231,5 @@ pub fn test_config() -> OperatorConfig {
 }
 
 fn init_tracing() {
-    static INIT: OnceLock<()> = OnceLock::new();
-    INIT.get_or_init(|| {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_env("WASMOP_LOG")
-                    .unwrap_or_else(|_| "wasmop=info".into()),
-            )
-            .with_test_writer()
-            .try_init();
-    });
+    crate::logs::init();
 }

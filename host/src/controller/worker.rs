@@ -100,9 +100,11 @@ impl Operator {
                     .await;
             }
             Decision::Rejected { violations, .. } => {
+                // Each violation names its rule, so a person (and a test)
+                // can tell which guarantee the plan broke.
                 let message = violations
                     .iter()
-                    .map(|v| v.to_string())
+                    .map(|v| format!("{} ({})", v, v.rule.as_str()))
                     .collect::<Vec<_>>()
                     .join("; ");
                 let message = format!("plan rejected, nothing written: {message}");
