@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use serde_json::Value;
 
@@ -123,8 +122,10 @@ impl Operator {
                         self.backoff.reset(key);
                         tracing::info!(primary = %key, plugin_version = %a.plugin.version(),
                             applied = plan.apply.len(), deleted = plan.delete.len(), "reconciled");
-                        if let Some(ms) = plan.requeue_after_ms {
-                            self.queue.add_after(key.clone(), Duration::from_millis(ms));
+                        // Never sooner than the plugin's floor: a
+                        // `requeueAfterMs: 0` is no tight loop.
+                        if let Some(delay) = a.plugin.limits().plan.requeue_after(&plan) {
+                            self.queue.add_after(key.clone(), delay);
                         }
                         if !plan.http_requests.is_empty()
                             && let Some(snapshot) = &decided.snapshot

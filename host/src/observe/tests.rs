@@ -366,7 +366,18 @@ fn snapshot_objects(kind: &KindRef, name: &str) -> Option<Value> {
         ("Pod", "m-0") => Some(json!({"metadata": meta, "status": {"podIP": "10.244.1.7"}})),
         ("Pod", "m-1") => Some(json!({"metadata": meta, "status": {"podIP": "fd00::5"}})),
         ("Pod", "pending") => Some(json!({"metadata": meta, "status": {}})),
-        ("Service", "api") => Some(json!({"metadata": meta})),
+        ("Service", "api") => Some(json!({"metadata": meta,
+            "spec": {"type": "ClusterIP", "clusterIP": "10.96.0.12", "selector": {"app": "api"}}})),
+        ("Service", "alias") => Some(json!({"metadata": meta,
+            "spec": {"type": "ExternalName", "externalName": "example.com"}})),
+        ("Service", "manual") => Some(json!({"metadata": meta,
+            "spec": {"type": "ClusterIP", "clusterIP": "10.96.0.13"}})),
+        ("Service", "headless") => Some(json!({"metadata": meta,
+            "spec": {"clusterIP": "None", "selector": {"app": "api"}}})),
+        ("Service", "node") => Some(json!({"metadata": meta,
+            "spec": {"type": "NodePort", "clusterIP": "10.96.0.14", "selector": {"app": "api"}}})),
+        ("Service", "fresh") => Some(json!({"metadata": meta,
+            "spec": {"selector": {"app": "api"}}})),
         _ => None,
     }
 }
@@ -393,8 +404,22 @@ fn pods_and_services_resolve_to_their_cluster_urls_without_connecting() {
     );
     assert_eq!(
         at("api", "api", 80).as_deref(),
-        Ok("http://api.ns.svc:80/state")
+        Ok("http://10.96.0.12:80/state")
     );
+    for (service, why) in [
+        ("alias", "ExternalName"),
+        ("manual", "no selector"),
+        ("headless", "headless"),
+        ("node", "only Services of type ClusterIP"),
+        ("fresh", "no cluster IP yet"),
+    ] {
+        match at("api", service, 80) {
+            Err(refusal @ Refusal::ServiceNotRoutable { .. }) => {
+                assert!(refusal.to_string().contains(why), "{service}: {refusal}");
+            }
+            other => panic!("{service}: expected a refusal, got {other:?}"),
+        }
+    }
     assert_eq!(
         at("members", "m-0", 9090),
         Err(Refusal::PortNotDeclared {
