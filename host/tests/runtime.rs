@@ -503,3 +503,37 @@ fn a_stack_overflow_traps_and_the_host_thread_survives() {
     let again = reconcile(&plugin, primary("Sleeper", json!({})), vec![]).expect_err("again");
     assert_eq!(again.reason(), "PluginTrapped");
 }
+
+#[test]
+fn a_primary_with_the_most_observations_the_store_keeps_still_reconciles() {
+    // The store never hands a snapshot more than its per-primary budget
+    // (unit-tested in observe), in at most this many results.
+    let config = wasmop::observe::ObserveConfig::default();
+    let each = config.max_result_bytes_per_primary / config.max_results_per_primary;
+    let observations: Vec<wasmop::Observation> = (0..config.max_results_per_primary)
+        .map(|n| wasmop::Observation {
+            id: format!("probe-{n}"),
+            status: Some(200),
+            body: "o".repeat(each),
+            error: None,
+            observed_at: "2025-01-01T00:00:00Z".into(),
+            age_ms: 0,
+        })
+        .collect();
+    let plugin = load("good", Limits::default());
+    let controller = &plugin.manifest().controllers[0];
+    let primary = Arc::new(primary("Widget", json!({"value": "v"})));
+    let source = MemorySource::new(vec![(*primary).clone()]);
+    let snapshot = build_snapshot(
+        controller,
+        primary,
+        &source,
+        "2025-01-01T00:00:00Z",
+        plugin.settings(),
+        observations,
+    );
+    let plan = plugin
+        .reconcile(&snapshot)
+        .expect("reconciles with a full observation store, under the default memory cap");
+    assert_eq!(plan.apply.len(), 1);
+}
