@@ -246,3 +246,100 @@ async fn sigterm_ends_wasmop_run_within_the_deadline_and_a_second() -> Result<()
     assert!(status.success(), "exit status {status}");
     Ok(())
 }
+
+/// A loopback server that counts the connections it accepts.
+struct CountingServer {
+    port: u16,
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CountingServer {
+    async fn start() -> Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        let task = tokio::spawn(async move {
+            while let Ok((_stream, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        Ok(CountingServer {
+            port,
+            accepted,
+            task,
+        })
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for CountingServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[tokio::test]
+async fn external_name_and_selector_less_service_targets_are_refused() -> Result<()> {
+    use k8s_openapi::api::core::v1::Service;
+    let ns = TestNamespace::new("bounds-services").await?;
+    apply_test_crds(&ns.client).await?;
+    let server = CountingServer::start().await?;
+    let services: Api<Service> = ns.api();
+    // An alias for the loopback server, and a Service without a selector
+    // (whose endpoints anyone could write by hand).
+    let alias: Service = serde_json::from_value(json!({
+        "metadata": {"name": "alias"},
+        "spec": {"type": "ExternalName", "externalName": "localhost",
+                 "ports": [{"port": 80, "targetPort": server.port}]}
+    }))?;
+    let manual: Service = serde_json::from_value(json!({
+        "metadata": {"name": "manual"},
+        "spec": {"ports": [{"port": 80, "targetPort": server.port}]}
+    }))?;
+    services.create(&PostParams::default(), &alias).await?;
+    services.create(&PostParams::default(), &manual).await?;
+
+    let _op = RunningOperator::start(
+        ns.client.clone(),
+        vec![ns.name.clone()],
+        vec![load_plugin("service-caller", json!({}))?],
+    )
+    .await?;
+    let callers = test_kind(&ns, "ServiceCaller", "servicecallers");
+    for (name, service, why) in [
+        ("c-alias", "alias", "ExternalName"),
+        ("c-manual", "manual", "no selector"),
+    ] {
+        create(&callers, "ServiceCaller", name, json!({"service": service})).await?;
+        let observed = wait_for(
+            &format!("{name}: refusal observed"),
+            DEFAULT_DEADLINE,
+            || {
+                let callers = callers.clone();
+                async move {
+                    let obj = callers.get(name).await?;
+                    let observed = obj.data["status"]["observed"].clone();
+                    if observed.is_null() {
+                        bail!("nothing observed yet: {}", obj.data["status"]);
+                    }
+                    Ok(Some(observed))
+                }
+            },
+        )
+        .await?;
+        let error = observed["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains("refused before sending"),
+            "{name}: {observed}"
+        );
+        assert!(error.contains(why), "{name}: {observed}");
+        assert!(observed["status"].is_null(), "{name}: {observed}");
+    }
+    assert_eq!(server.accepted(), 0, "no request may reach the server");
+    Ok(())
+}
