@@ -35,11 +35,19 @@
 //!
 //! - A request is refused before anything is sent unless its target is a
 //!   Pod or Service the manifest declares as an `http-target` (on a declared
-//!   port) and the snapshot holds, or a base URL on the operator's
-//!   allow-list ([`resolve`]).
+//!   port) and the snapshot holds (the primary owns or its controller reads
+//!   it), or a base URL on the operator's allow-list ([`resolve`]). A Pod
+//!   is called at its Pod IP; a Service only when it is of type ClusterIP
+//!   with a selector, at its cluster IP (ExternalName, selector-less and
+//!   headless Services are refused with the reason).
+//! - Every request sent counts toward the primary's budget
+//!   (`max_requests_per_primary` per `per_primary_interval`), whatever its
+//!   method; a GET repeated unchanged within the interval is not re-sent
+//!   and costs nothing.
 //! - Mutating calls (POST, PUT, DELETE) carry an `Idempotency-Key` header
-//!   ([`idempotency_key`]) and are sent once per [`Observer::run`] that
-//!   lists them: the host never retries them on its own.
+//!   ([`idempotency_key`]) and are sent at most once per [`Observer::run`]
+//!   that lists them (and within the budget): the host never retries them
+//!   on its own.
 //! - Secret header values are sent, never logged, and print as `Sensitive`
 //!   in `Debug` output.
 //!
@@ -187,8 +195,14 @@ impl Observer {
     ///   `per_primary_interval` ago, to the same URL with the same headers
     ///   and body, is not sent again and its earlier result stays. A GET
     ///   whose URL changed (a new Pod IP, another path) is sent at once.
-    /// - Mutating calls are sent once per call of `run`, with their
-    ///   `Idempotency-Key`; the host never retries them.
+    /// - Mutating calls are sent at most once per call of `run`, with
+    ///   their `Idempotency-Key`; the host never retries them.
+    /// - Every request that would be sent takes one of the primary's
+    ///   `max_requests_per_primary` sends per `per_primary_interval`; when
+    ///   none is left it is rate-limited: not sent, its earlier result
+    ///   stays, nothing changes (so no re-queue).
+    /// - What is kept stays within the per-primary and total byte budgets
+    ///   (oldest results dropped first).
     /// - Requests run concurrently, at most `max_concurrent` in flight over
     ///   all primaries, each under its own deadline and body cap.
     /// - Each result replaces the one stored under its id for this primary.
