@@ -48,7 +48,8 @@ pub use reconcile::snapshot::{
     referenced_names,
 };
 pub use reconcile::validate::{
-    ExistingLookup, ExistingObject, Plan, Rule, Violation, prepare_apply, validate,
+    ExistingLookup, ExistingObject, Plan, PlanLimits, Rule, Violation, check_counts, prepare_apply,
+    validate,
 };
 pub use sandbox::{Limits, Sandbox, SandboxConfig};
 pub use watch::selector::{LabelSelector, selector_matches};

@@ -7,16 +7,40 @@
 //! thread that holds only a weak engine reference and stops when the
 //! engine is dropped.
 //!
-//! Calls are synchronous CPU work (no wasmtime async): the live controller
-//! runs them on `tokio::task::spawn_blocking`.
+//! Calls are synchronous (no wasmtime async): the live controller runs them
+//! on `tokio::task::spawn_blocking`.
+//!
+//! # Every call ends on time
+//!
+//! Epoch interruption stops wasm code at the deadline, but not a host call
+//! that blocks. The only WASI calls that can block in this sandbox are
+//! waits on a monotonic-clock subscription (`std::thread::sleep`, `poll`
+//! with a timeout): stdin is closed, stdout is a sink, stderr a bounded
+//! buffer, and there are no files or sockets. So the linker replaces
+//! `wasi:clocks/monotonic-clock`'s `subscribe-duration` and
+//! `subscribe-instant`: a wait that ends before the call's deadline sleeps
+//! (so it ends before the deadline too); a wait that would end after it
+//! traps at once with [`DeadlineExceeded`], reported as a timeout like a
+//! busy loop. No call, whatever the guest does, outlives its deadline by
+//! more than one epoch tick.
+//!
+//! # One memory cap per store
+//!
+//! The [`wasmtime::ResourceLimiter`] of a store sums every linear memory
+//! and every table (at one pointer per element) of every instance in it; the
+//! sum may not exceed [`Limits::memory_bytes`].
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::reconcile::validate::PlanLimits;
 use thiserror::Error;
-use wasmtime::component::{Linker, ResourceTable};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store};
+use wasmtime::component::{Linker, Resource, ResourceTable};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreContextMut,
+};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::p2::{DynPollable, Pollable, subscribe};
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxView, WasiView};
 
 /// How the shared engine is sized.
@@ -48,9 +72,11 @@ impl Default for SandboxConfig {
 pub struct Limits {
     /// Wall-clock time a call may run. Default 2 s.
     pub deadline: Duration,
-    /// Largest size of any one linear memory of the plugin, in bytes.
-    /// Default 64 MiB.
+    /// Largest size of all linear memories and tables of one call together,
+    /// in bytes (a table element counts as one pointer). Default 64 MiB.
     pub memory_bytes: usize,
+    /// How much one plan may ask for (counts and the requeue floor).
+    pub plan: PlanLimits,
 }
 
 impl Default for Limits {
@@ -58,6 +84,7 @@ impl Default for Limits {
         Limits {
             deadline: Duration::from_secs(2),
             memory_bytes: 64 << 20,
+            plan: PlanLimits::default(),
         }
     }
 }
@@ -122,6 +149,7 @@ impl Sandbox {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(|e| SandboxError::Linker(e.into()))?;
+        bounded_clock_waits(&mut linker).map_err(|e| SandboxError::Linker(e.into()))?;
 
         let weak = engine.weak();
         let tick = config.epoch_tick;
@@ -157,9 +185,11 @@ impl Sandbox {
         &self.linker
     }
 
-    /// A fresh store for one call, bounded by `limits`: memories may not
-    /// grow past `limits.memory_bytes`, and the call traps with
-    /// `Trap::Interrupt` once `limits.deadline` has passed. The guest's
+    /// A fresh store for one call, bounded by `limits`: memories and tables
+    /// together may not grow past `limits.memory_bytes`, the call traps
+    /// with `Trap::Interrupt` once `limits.deadline` has passed, and a clock
+    /// wait that would end after the deadline traps with
+    /// [`DeadlineExceeded`] at once. The guest's
     /// wall clock reads `now`, its monotonic clock stands still, its
     /// random sources are fixed, it has no files, environment, arguments
     /// or network, and its stderr goes to a [`STDERR_CAPACITY`] buffer.
@@ -185,9 +215,11 @@ impl Sandbox {
             table: ResourceTable::new(),
             limiter: MemoryCap {
                 bytes: limits.memory_bytes,
+                used: 0,
                 hit: false,
             },
             stderr,
+            deadline: Instant::now() + limits.deadline,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
@@ -210,6 +242,8 @@ pub struct StoreState {
     table: ResourceTable,
     limiter: MemoryCap,
     stderr: MemoryOutputPipe,
+    /// When the call's deadline passes (wall time).
+    deadline: Instant,
 }
 
 impl std::fmt::Debug for StoreState {
@@ -236,6 +270,75 @@ impl StoreState {
     pub fn memory_cap(&self) -> usize {
         self.limiter.bytes
     }
+
+    /// Bytes of memories and tables the store's instances hold now.
+    pub fn memory_used(&self) -> usize {
+        self.limiter.used
+    }
+}
+
+/// A guest waited on a clock past its call's deadline; the call is over
+/// (reported as a timeout, like a busy loop that hits the epoch deadline).
+#[derive(Debug, Error)]
+#[error("the plugin waited on a clock past its deadline")]
+pub struct DeadlineExceeded;
+
+/// Replaces the two WASI calls that create clock waits (see the module
+/// docs) by deadline-aware ones. The versioned instance name matches what
+/// `wasmtime_wasi` defines; guests importing an older 0.2 version link to
+/// it by semver.
+fn bounded_clock_waits(linker: &mut Linker<StoreState>) -> wasmtime::Result<()> {
+    linker.allow_shadowing(true);
+    let mut clock = linker.instance("wasi:clocks/monotonic-clock@0.2.12")?;
+    clock.func_wrap(
+        "subscribe-duration",
+        |store: StoreContextMut<'_, StoreState>, (nanos,): (u64,)| wait(store, nanos).map(|r| (r,)),
+    )?;
+    // The guest's monotonic clock stands at 0, so an instant is a wait of
+    // that many nanoseconds from now.
+    clock.func_wrap(
+        "subscribe-instant",
+        |store: StoreContextMut<'_, StoreState>, (when,): (u64,)| wait(store, when).map(|r| (r,)),
+    )?;
+    linker.allow_shadowing(false);
+    Ok(())
+}
+
+/// A pollable ready `nanos` from now, or [`DeadlineExceeded`] when that is
+/// after the call's deadline.
+fn wait(
+    mut store: StoreContextMut<'_, StoreState>,
+    nanos: u64,
+) -> wasmtime::Result<Resource<DynPollable>> {
+    let state = store.data_mut();
+    let now = Instant::now();
+    let until = now
+        .checked_add(Duration::from_nanos(nanos))
+        .filter(|until| *until <= state.deadline)
+        .ok_or(DeadlineExceeded)?;
+    let pollable = if nanos == 0 {
+        ClockWait::Now
+    } else {
+        ClockWait::Until(tokio::time::Instant::from_std(until))
+    };
+    let resource = state.table.push(pollable)?;
+    subscribe(&mut state.table, resource)
+}
+
+/// A clock wait that ends before its call's deadline.
+enum ClockWait {
+    Now,
+    Until(tokio::time::Instant),
+}
+
+#[wasmtime_wasi::async_trait]
+impl Pollable for ClockWait {
+    async fn ready(&mut self) {
+        match self {
+            ClockWait::Now => {}
+            ClockWait::Until(until) => tokio::time::sleep_until(*until).await,
+        }
+    }
 }
 
 impl WasiView for StoreState {
@@ -247,38 +350,64 @@ impl WasiView for StoreState {
     }
 }
 
-/// Caps each linear memory and remembers whether the cap was hit, so an
-/// allocation failure can be reported as "out of memory" rather than as
+/// One cap for the sum of every linear memory and table of a store (their
+/// creation counts as growth from zero), remembering whether it was hit so
+/// an allocation failure can be reported as "out of memory" rather than as
 /// the trap the guest turns it into.
 struct MemoryCap {
     bytes: usize,
+    used: usize,
     hit: bool,
 }
 
-/// Table growth beyond this many elements is refused.
+/// Table growth beyond this many elements is refused (per table).
 const MAX_TABLE_ELEMENTS: usize = 100_000;
+
+/// What one table element costs against the cap.
+const TABLE_ELEMENT_BYTES: usize = std::mem::size_of::<usize>();
+
+impl MemoryCap {
+    /// Accounts growth from `current` to `desired` bytes, or refuses it.
+    fn grow(&mut self, current: usize, desired: usize, maximum: Option<usize>) -> bool {
+        // Growth past the object's own maximum fails anyway; do not count it.
+        if maximum.is_some_and(|max| desired > max) {
+            return false;
+        }
+        let more = desired.saturating_sub(current);
+        match self.used.checked_add(more) {
+            Some(total) if total <= self.bytes => {
+                self.used = total;
+                true
+            }
+            _ => {
+                self.hit = true;
+                false
+            }
+        }
+    }
+}
 
 impl wasmtime::ResourceLimiter for MemoryCap {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
-        _maximum: Option<usize>,
+        maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired > self.bytes {
-            self.hit = true;
-            return Ok(false);
-        }
-        Ok(true)
+        Ok(self.grow(current, desired, maximum))
     }
 
     fn table_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
-        _maximum: Option<usize>,
+        maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        Ok(desired <= MAX_TABLE_ELEMENTS)
+        if desired > MAX_TABLE_ELEMENTS {
+            return Ok(false);
+        }
+        let bytes = |elements: usize| elements.saturating_mul(TABLE_ELEMENT_BYTES);
+        Ok(self.grow(bytes(current), bytes(desired), maximum.map(bytes)))
     }
 
     fn instances(&self) -> usize {
@@ -348,6 +477,35 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "engine still alive");
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    #[test]
+    fn the_memory_cap_is_one_sum_over_every_memory_and_table() {
+        use wasmtime::ResourceLimiter;
+        let mut cap = MemoryCap {
+            bytes: 4 << 20,
+            used: 0,
+            hit: false,
+        };
+        // Two memories of 1.5 MiB each fit; a third does not.
+        assert!(cap.memory_growing(0, 3 << 19, None).unwrap());
+        assert!(cap.memory_growing(0, 3 << 19, None).unwrap());
+        assert!(!cap.hit);
+        assert!(!cap.memory_growing(0, 3 << 19, None).unwrap());
+        assert!(cap.hit);
+        assert_eq!(cap.used, 3 << 20);
+        // Tables count too: 1 MiB of table elements is one too many now.
+        let elements = (1 << 20) / TABLE_ELEMENT_BYTES;
+        assert!(!cap.table_growing(0, elements, None).unwrap());
+        assert!(cap.table_growing(0, 1000, None).unwrap());
+        assert_eq!(cap.used, (3 << 20) + 1000 * TABLE_ELEMENT_BYTES);
+        // Growth counts only the difference.
+        assert!(cap.memory_growing(3 << 19, 4 << 19, None).unwrap());
+        assert_eq!(cap.used, (3 << 20) + (1 << 19) + 1000 * TABLE_ELEMENT_BYTES);
+        // Growth past an object's own maximum is refused without counting.
+        let used = cap.used;
+        assert!(!cap.memory_growing(0, 1 << 16, Some(0)).unwrap());
+        assert_eq!(cap.used, used);
     }
 
     #[test]

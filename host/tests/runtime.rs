@@ -448,9 +448,154 @@ fn the_host_and_the_sdk_agree_on_every_field_of_a_snapshot() {
     assert_eq!(seen["controller"], "echo");
     assert_eq!(seen["primary"], *primary);
     assert_eq!(seen["owned"], json!([owned]));
-    assert_eq!(seen["related"], json!([{"read": "secret", "object": secret}]));
+    assert_eq!(
+        seen["related"],
+        json!([{"read": "secret", "object": secret}])
+    );
     assert_eq!(seen["now"], "2025-01-01T00:00:02Z");
     assert_eq!(seen["deleting"], true);
     assert_eq!(seen["settings"], json!({"setting": ["x"]}));
-    assert_eq!(seen["observations"], serde_json::to_value(&observations).unwrap());
+    assert_eq!(
+        seen["observations"],
+        serde_json::to_value(&observations).unwrap()
+    );
+}
+
+/// Loads `name` with `settings`, or returns why it does not load.
+fn try_load_with(name: &str, settings: Value, limits: Limits) -> Result<LoadedPlugin, LoadError> {
+    let mut opts = options(limits);
+    opts.settings = settings;
+    LoadedPlugin::load(&sandbox(), &plugin_path(name), &opts)
+}
+
+/// A short deadline for the blocking plugins, and how late a call may end:
+/// one epoch tick, plus slack for a loaded test machine.
+const SHORT: Duration = Duration::from_millis(400);
+const LATE: Duration = Duration::from_millis(250);
+
+fn short() -> Limits {
+    Limits {
+        deadline: SHORT,
+        ..Limits::default()
+    }
+}
+
+fn assert_on_time(what: &str, started: Instant) {
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed < SHORT + LATE,
+        "{what} took {elapsed:?}, deadline {SHORT:?}"
+    );
+}
+
+#[test]
+fn a_reconcile_sleeping_in_a_wasi_clock_wait_times_out_on_time() {
+    let plugin = try_load_with("sleeper", json!({}), short()).expect("sleeper loads");
+    for _ in 0..2 {
+        let started = Instant::now();
+        let err = reconcile(&plugin, primary("Sleeper", json!({})), vec![]).expect_err("blocks");
+        assert_on_time("sleeping reconcile", started);
+        assert!(matches!(err, CallError::Timeout { .. }), "{err}");
+        assert_eq!(err.reason(), "PluginTimedOut");
+        assert!(err.to_string().contains("deadline"), "{err}");
+    }
+}
+
+#[test]
+fn a_validate_settings_that_sleeps_refuses_the_load_on_time() {
+    // The first load compiles (into the shared cache); time the call only.
+    let _ = try_load_with("sleeper", json!({"block": "validate-settings"}), short());
+    let started = Instant::now();
+    let err = try_load_with("sleeper", json!({"block": "validate-settings"}), short())
+        .expect_err("load refused");
+    assert_on_time("sleeping validate-settings", started);
+    match &err {
+        LoadError::Call { export, source, .. } => {
+            assert_eq!(*export, "validate-settings");
+            assert_eq!(source.reason(), "PluginTimedOut", "{err}");
+        }
+        other => panic!("expected a call error, got {other}"),
+    }
+}
+
+#[test]
+fn a_manifest_that_sleeps_refuses_the_load_on_time() {
+    // The first load compiles (into the shared cache); time the call only.
+    let _ = try_load_with("sleepy-manifest", json!({}), short());
+    let started = Instant::now();
+    let err = try_load_with("sleepy-manifest", json!({}), short()).expect_err("load refused");
+    assert_on_time("sleeping manifest", started);
+    match &err {
+        LoadError::Call { export, source, .. } => {
+            assert_eq!(*export, "manifest");
+            assert_eq!(source.reason(), "PluginTimedOut", "{err}");
+        }
+        other => panic!("expected a call error, got {other}"),
+    }
+}
+
+#[test]
+fn reading_stdin_does_not_block() {
+    let plugin = try_load_with("sleeper", json!({"block": "stdin"}), short()).expect("loads");
+    let started = Instant::now();
+    let plan = reconcile(&plugin, primary("Sleeper", json!({})), vec![]).expect("empty plan");
+    assert_on_time("stdin reconcile", started);
+    assert!(plan.apply.is_empty());
+}
+
+#[test]
+fn a_stack_overflow_traps_and_the_host_thread_survives() {
+    let plugin = Arc::new(
+        try_load_with("sleeper", json!({"block": "recurse"}), Limits::default()).expect("loads"),
+    );
+    let on_thread = Arc::clone(&plugin);
+    // A host stack overflow would abort the whole process; a guest one
+    // must come back as an error on the calling thread.
+    let err = std::thread::spawn(move || {
+        reconcile(&on_thread, primary("Sleeper", json!({})), vec![]).expect_err("overflows")
+    })
+    .join()
+    .expect("the calling thread survives");
+    let CallError::Trap { message } = &err else {
+        panic!("expected a trap, got {err}");
+    };
+    assert!(message.contains("stack"), "{message}");
+    assert_eq!(err.reason(), "PluginTrapped");
+    // The plugin stays usable.
+    let again = reconcile(&plugin, primary("Sleeper", json!({})), vec![]).expect_err("again");
+    assert_eq!(again.reason(), "PluginTrapped");
+}
+
+#[test]
+fn a_primary_with_the_most_observations_the_store_keeps_still_reconciles() {
+    // The store never hands a snapshot more than its per-primary budget
+    // (unit-tested in observe), in at most this many results.
+    let config = wasmop::observe::ObserveConfig::default();
+    let each = config.max_result_bytes_per_primary / config.max_results_per_primary;
+    let observations: Vec<wasmop::Observation> = (0..config.max_results_per_primary)
+        .map(|n| wasmop::Observation {
+            id: format!("probe-{n}"),
+            status: Some(200),
+            body: "o".repeat(each),
+            error: None,
+            observed_at: "2025-01-01T00:00:00Z".into(),
+            age_ms: 0,
+        })
+        .collect();
+    let plugin = load("good", Limits::default());
+    let controller = &plugin.manifest().controllers[0];
+    let primary = Arc::new(primary("Widget", json!({"value": "v"})));
+    let source = MemorySource::new(vec![(*primary).clone()]);
+    let snapshot = build_snapshot(
+        controller,
+        primary,
+        &source,
+        "2025-01-01T00:00:00Z",
+        plugin.settings(),
+        observations,
+    );
+    let plan = plugin
+        .reconcile(&snapshot)
+        .expect("reconciles with a full observation store, under the default memory cap");
+    assert_eq!(plan.apply.len(), 1);
 }

@@ -86,6 +86,7 @@ impl PluginArgs {
             limits: Limits {
                 deadline: Duration::from_millis(self.deadline_ms),
                 memory_bytes: self.memory_mib.saturating_mul(1 << 20),
+                ..Limits::default()
             },
             cache,
         }
@@ -176,6 +177,34 @@ pub enum CliError {
         /// The serializer's complaint.
         reason: String,
     },
+}
+
+/// The whole `wasmop` program: parses the process's arguments, sets up
+/// logging (`WASMOP_LOG`, default `wasmop=info` for `run` and `warn`
+/// otherwise), runs the command and reports an error as one line on
+/// stderr. The `wasmop` binary is this function; the integration tests
+/// build the same program under another name to spawn it.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let default_level = match cli.command {
+        Command::Run(_) => "wasmop=info",
+        _ => "warn",
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("WASMOP_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
+        )
+        .init();
+    match execute(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            // `{:#}` joins the error and its causes on one line, no backtrace.
+            eprintln!("error: {:#}", anyhow::Error::from(e));
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Runs the parsed command line.

@@ -4,6 +4,12 @@
 //! limits from the optional operator configuration file), registers their
 //! controllers, and reconciles until SIGINT or SIGTERM. A plugin file that
 //! does not load is reported and skipped; the others run.
+//!
+//! On SIGINT or SIGTERM in-flight reconciles may finish for the largest
+//! plugin deadline plus [`SHUTDOWN_SLACK`]; whatever is still running then
+//! is abandoned, so the process ends within a plugin deadline and a second
+//! whatever plugins do (every plugin call ends by its deadline anyway; the
+//! grace also bounds the writes that follow a call).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,6 +29,7 @@ use crate::controller::{Operator, OperatorConfig};
 use crate::metrics;
 use crate::plugin::hotswap::{OptionsFor, PluginDir};
 use crate::plugin::{CompileCache, LoadOptions};
+use crate::reconcile::validate::PlanLimits;
 use crate::sandbox::{Limits, Sandbox, SandboxConfig};
 
 /// Arguments of `wasmop run`.
@@ -82,7 +89,12 @@ pub struct RunArgs {
 ///   backup:                  # plugins/backup.wasm
 ///     settings: {targetNamespace: openshift-etcd}
 ///     deadlineMs: 2000       # per call
-///     memoryMiB: 64          # per call
+///     memoryMiB: 64          # per call, all memories and tables together
+///     maxApplies: 500        # per plan; more is PlanRejected (TooManyApplies)
+///     maxDeletes: 500        # per plan (TooManyDeletes)
+///     maxEvents: 50          # per plan (TooManyEvents)
+///     maxHttpRequests: 32    # per plan (TooManyHttpRequests)
+///     minRequeueMs: 1000     # shorter requeueAfterMs (0 too) wait this long
 /// ```
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -108,6 +120,21 @@ pub struct PluginConfig {
     /// Memory cap of one call in MiB (default 64).
     #[serde(default, rename = "memoryMiB")]
     pub memory_mib: Option<usize>,
+    /// Most applies in one plan (default 500).
+    #[serde(default)]
+    pub max_applies: Option<usize>,
+    /// Most deletes in one plan (default 500).
+    #[serde(default)]
+    pub max_deletes: Option<usize>,
+    /// Most Events in one plan (default 50).
+    #[serde(default)]
+    pub max_events: Option<usize>,
+    /// Most HTTP requests in one plan (default 32).
+    #[serde(default)]
+    pub max_http_requests: Option<usize>,
+    /// Shortest requeue delay in milliseconds (default 1000).
+    #[serde(default)]
+    pub min_requeue_ms: Option<u64>,
 }
 
 /// Why `wasmop run` could not start.
@@ -169,7 +196,28 @@ pub fn run(args: RunArgs) -> Result<ExitCode, RunError> {
         .enable_all()
         .build()
         .map_err(RunError::Runtime)?;
-    runtime.block_on(run_async(args, file))
+    let code = runtime.block_on(run_async(args, file));
+    // Do not wait for blocking threads still busy (a plugin load or call
+    // the grace period gave up on): they end by their deadline, but the
+    // process need not wait for that.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    code
+}
+
+/// Beyond the largest plugin deadline, how long in-flight reconciles may
+/// take to finish after SIGTERM before they are abandoned.
+pub const SHUTDOWN_SLACK: Duration = Duration::from_millis(400);
+
+/// How long releasing the leader Lease may take at shutdown.
+const LEASE_RELEASE_GRACE: Duration = Duration::from_millis(300);
+
+/// The largest call deadline any plugin may be given by `file`.
+fn largest_deadline(file: &OperatorFile) -> Duration {
+    file.plugins
+        .values()
+        .filter_map(|c| c.deadline_ms)
+        .map(Duration::from_millis)
+        .fold(Limits::default().deadline, Duration::max)
 }
 
 async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunError> {
@@ -231,6 +279,7 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
         .clone()
         .or_else(CompileCache::default_dir)
         .map(CompileCache::new);
+    let grace = largest_deadline(&file) + SHUTDOWN_SLACK;
     let file = Arc::new(file);
     let options: OptionsFor =
         Arc::new(move |stem: &str| load_options(&file, stem, compile_cache.clone()));
@@ -241,13 +290,36 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
     }
     tracing::info!(plugins = ?operator.plugins(), "operator running");
     let watcher = tokio::spawn(dir.watch(Duration::from_millis(args.poll_interval_ms)));
-    operator.run(changes, shutdown_signal()).await;
+    let (signalled, on_signal) = tokio::sync::oneshot::channel::<()>();
+    let running = operator.clone().run(changes, async move {
+        shutdown_signal().await;
+        let _ = signalled.send(());
+    });
+    tokio::pin!(running);
+    tokio::select! {
+        () = &mut running => {}
+        () = async {
+            if on_signal.await.is_ok() {
+                tokio::time::sleep(grace).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        } => {
+            tracing::warn!(?grace, "in-flight reconciles did not finish in time; abandoning them");
+            operator.abort();
+        }
+    }
     watcher.abort();
     // In-flight reconciles are done: release the Lease so a successor takes
     // over without waiting for it to expire.
     if let Some((stop, task)) = election {
         let _ = stop.send(());
-        let _ = task.await;
+        if tokio::time::timeout(LEASE_RELEASE_GRACE, task)
+            .await
+            .is_err()
+        {
+            tracing::warn!("the leader Lease was not released in time");
+        }
     }
     tracing::info!("operator stopped");
     Ok(ExitCode::SUCCESS)
@@ -286,6 +358,23 @@ fn load_options(file: &OperatorFile, stem: &str, cache: Option<CompileCache>) ->
                 .and_then(|c| c.memory_mib)
                 .map(|m| m.saturating_mul(1 << 20))
                 .unwrap_or(defaults.memory_bytes),
+            plan: PlanLimits {
+                max_applies: conf
+                    .and_then(|c| c.max_applies)
+                    .unwrap_or(defaults.plan.max_applies),
+                max_deletes: conf
+                    .and_then(|c| c.max_deletes)
+                    .unwrap_or(defaults.plan.max_deletes),
+                max_events: conf
+                    .and_then(|c| c.max_events)
+                    .unwrap_or(defaults.plan.max_events),
+                max_http_requests: conf
+                    .and_then(|c| c.max_http_requests)
+                    .unwrap_or(defaults.plan.max_http_requests),
+                min_requeue_ms: conf
+                    .and_then(|c| c.min_requeue_ms)
+                    .unwrap_or(defaults.plan.min_requeue_ms),
+            },
         },
         cache,
     }
@@ -345,6 +434,23 @@ mod tests {
         .unwrap();
         assert_eq!(good.workers, Some(2));
         assert_eq!(good.plugins["a"].memory_mib, Some(8));
+    }
+
+    #[test]
+    fn plan_limits_are_configurable_per_plugin_with_defaults() {
+        let file: OperatorFile = serde_yaml::from_str(
+            "plugins: {a: {maxEvents: 5, minRequeueMs: 0, maxHttpRequests: 2}}",
+        )
+        .unwrap();
+        let a = load_options(&file, "a", None).limits.plan;
+        assert_eq!(
+            (a.max_events, a.min_requeue_ms, a.max_http_requests),
+            (5, 0, 2)
+        );
+        assert_eq!(a.max_applies, PlanLimits::default().max_applies);
+        let b = load_options(&file, "b", None).limits.plan;
+        assert_eq!(b, PlanLimits::default());
+        assert_eq!(largest_deadline(&file), Limits::default().deadline);
     }
 
     fn run_args(extra: &[&str]) -> Result<RunArgs, clap::Error> {

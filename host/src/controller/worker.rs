@@ -18,6 +18,10 @@ use crate::plugin::manifest::KindRef;
 use crate::reconcile::decide::{DecideInput, Decision, decide, format_now};
 use crate::reconcile::validate::Plan;
 
+/// An object of a primary's snapshot, with the kind of the read that
+/// selected it (`None` for owned objects).
+type Seen = (Option<KindRef>, Arc<Value>);
+
 impl Operator {
     /// One reconcile of one primary, start to end. Never panics on bad
     /// input; every failure ends up on the primary's conditions and Events.
@@ -143,8 +147,10 @@ impl Operator {
                         self.backoff.reset(key);
                         tracing::info!(primary = %key, plugin_version = %a.plugin.version(),
                             applied = plan.apply.len(), deleted = plan.delete.len(), "reconciled");
-                        if let Some(ms) = plan.requeue_after_ms {
-                            self.queue.add_after(key.clone(), Duration::from_millis(ms));
+                        // Never sooner than the plugin's floor: a
+                        // `requeueAfterMs: 0` is no tight loop.
+                        if let Some(delay) = a.plugin.limits().plan.requeue_after(&plan) {
+                            self.queue.add_after(key.clone(), delay);
                         }
                         // HTTP calls are writes to the outside world: only
                         // while this replica still leads.
@@ -152,11 +158,26 @@ impl Operator {
                             && crate::controller::leader::may_write(&self.leader, &self.lease_until)
                             && let Some(snapshot) = &decided.snapshot
                         {
-                            let seen: Vec<Arc<Value>> = snapshot
+                            // Each object with the kind of the read that
+                            // selected it: an object from a watch's
+                            // initial list may carry no apiVersion/kind.
+                            let read_kind = |read: &str| {
+                                a.spec
+                                    .reads
+                                    .iter()
+                                    .find(|r| r.id == read)
+                                    .map(|r| r.kind.clone())
+                            };
+                            let seen: Vec<Seen> = snapshot
                                 .owned
                                 .iter()
-                                .cloned()
-                                .chain(snapshot.related.iter().map(|r| r.object.clone()))
+                                .map(|o| (None, o.clone()))
+                                .chain(
+                                    snapshot
+                                        .related
+                                        .iter()
+                                        .map(|r| (read_kind(&r.read), r.object.clone())),
+                                )
                                 .collect();
                             self.observe(&a, key, &primary, &plan, &seen);
                         }
@@ -194,25 +215,22 @@ impl Operator {
 
     /// Performs the plan's HTTP requests after its writes; their results
     /// reach the primary's next snapshot, which is queued when they are in.
-    fn observe(
-        &self,
-        a: &Active,
-        key: &PrimaryKey,
-        primary: &Value,
-        plan: &Plan,
-        seen: &[Arc<Value>],
-    ) {
+    fn observe(&self, a: &Active, key: &PrimaryKey, primary: &Value, plan: &Plan, seen: &[Seen]) {
         // Targets and Secrets are looked up by name in the primary's
-        // namespace, among the objects of its snapshot only.
+        // namespace, among the objects of its snapshot only: what the
+        // primary owns or its controller reads.
         let namespace = object::namespace(primary);
         let find = |kind: &KindRef, name: &str| -> Option<Value> {
             seen.iter()
-                .find(|o| {
-                    kind.matches(object::api_version(o), object::kind(o))
+                .find(|(read_kind, o)| {
+                    let typed = kind.matches(object::api_version(o), object::kind(o));
+                    let untyped_from_read = object::kind(o).is_empty()
+                        && read_kind.as_ref().is_some_and(|k| k.same_type(kind));
+                    (typed || untyped_from_read)
                         && object::name(o) == name
                         && object::namespace(o) == namespace
                 })
-                .map(|o| o.as_ref().clone())
+                .map(|(_, o)| o.as_ref().clone())
         };
         let secret = KindRef::namespaced("", "v1", "Secret", "secrets");
         let resolved = self.observer.prepare(

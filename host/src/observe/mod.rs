@@ -26,16 +26,28 @@
 //! | deadline of one request (plan `timeoutMs` overrides, up to 60 s) | 10 s |
 //! | response body kept (plan `maxResponseBytes` overrides, up to 16 MiB) | 1 MiB |
 //! | results kept per primary (oldest dropped first) | 64 |
+//! | result bytes kept per primary, the most one snapshot carries | 4 MiB |
+//! | result bytes kept over all primaries | 256 MiB |
+//! | age of a kept result (`maxAgeMs` 0 means this) | 1 h |
+//! | requests sent per primary within the 15 s interval, any method | 16 |
 //!
 //! # Guarantees
 //!
 //! - A request is refused before anything is sent unless its target is a
 //!   Pod or Service the manifest declares as an `http-target` (on a declared
-//!   port) and the snapshot holds, or a base URL on the operator's
-//!   allow-list ([`resolve`]).
+//!   port) and the snapshot holds (the primary owns or its controller reads
+//!   it), or a base URL on the operator's allow-list ([`resolve`]). A Pod
+//!   is called at its Pod IP; a Service only when it is of type ClusterIP
+//!   with a selector, at its cluster IP (ExternalName, selector-less and
+//!   headless Services are refused with the reason).
+//! - Every request sent counts toward the primary's budget
+//!   (`max_requests_per_primary` per `per_primary_interval`), whatever its
+//!   method; a GET repeated unchanged within the interval is not re-sent
+//!   and costs nothing.
 //! - Mutating calls (POST, PUT, DELETE) carry an `Idempotency-Key` header
-//!   ([`idempotency_key`]) and are sent once per [`Observer::run`] that
-//!   lists them: the host never retries them on its own.
+//!   ([`idempotency_key`]) and are sent at most once per [`Observer::run`]
+//!   that lists them (and within the budget): the host never retries them
+//!   on its own.
 //! - Secret header values are sent, never logged, and print as `Sensitive`
 //!   in `Debug` output.
 //!
@@ -70,7 +82,6 @@ use thiserror::Error;
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
-use crate::names;
 use crate::object;
 use crate::plugin::manifest::{HttpTarget, KindRef};
 use crate::reconcile::snapshot::Observation;
@@ -184,8 +195,14 @@ impl Observer {
     ///   `per_primary_interval` ago, to the same URL with the same headers
     ///   and body, is not sent again and its earlier result stays. A GET
     ///   whose URL changed (a new Pod IP, another path) is sent at once.
-    /// - Mutating calls are sent once per call of `run`, with their
-    ///   `Idempotency-Key`; the host never retries them.
+    /// - Mutating calls are sent at most once per call of `run`, with
+    ///   their `Idempotency-Key`; the host never retries them.
+    /// - Every request that would be sent takes one of the primary's
+    ///   `max_requests_per_primary` sends per `per_primary_interval`; when
+    ///   none is left it is rate-limited: not sent, its earlier result
+    ///   stays, nothing changes (so no re-queue).
+    /// - What is kept stays within the per-primary and total byte budgets
+    ///   (oldest results dropped first).
     /// - Requests run concurrently, at most `max_concurrent` in flight over
     ///   all primaries, each under its own deadline and body cap.
     /// - Each result replaces the one stored under its id for this primary.
@@ -197,15 +214,12 @@ impl Observer {
     ) -> SubmitOutcome {
         let mut outcome = SubmitOutcome::default();
         let mut to_send = Vec::new();
+        let mut refused_ids = Vec::new();
         let epoch = {
             let mut state = self.lock();
-            let entry = state
-                .entry(primary.uid.clone())
-                .or_insert_with(|| PrimaryState {
-                    epoch: self.next_epoch.fetch_add(1, Ordering::Relaxed),
-                    results: BTreeMap::new(),
-                    last_get: HashMap::new(),
-                });
+            let entry = state.entry(primary.uid.clone()).or_insert_with(|| {
+                PrimaryState::new(self.next_epoch.fetch_add(1, Ordering::Relaxed))
+            });
             let now = Instant::now();
             let interval = self.config.per_primary_interval;
             entry
@@ -232,9 +246,10 @@ impl Observer {
                             observed_at: now_ms(),
                             max_age_ms: request.max_age_ms,
                         };
-                        if entry.store(&request.id, stored, self.config.max_results_per_primary) {
+                        if entry.store(&request.id, stored, &self.config) {
                             outcome.changed += 1;
                         }
+                        refused_ids.push(request.id.clone());
                         continue;
                     }
                 };
@@ -251,11 +266,22 @@ impl Observer {
                         );
                         continue;
                     }
+                    if !entry.take_send(now, interval, self.config.max_requests_per_primary) {
+                        self.rate_limited(primary, &request, &endpoint, &mut outcome);
+                        continue;
+                    }
                     entry.last_get.insert(request.id.clone(), (now, print));
+                } else if !entry.take_send(now, interval, self.config.max_requests_per_primary) {
+                    self.rate_limited(primary, &request, &endpoint, &mut outcome);
+                    continue;
                 }
                 to_send.push((request, endpoint));
             }
-            entry.epoch
+            let epoch = entry.epoch;
+            for id in &refused_ids {
+                enforce_total(&mut state, &self.config, (&primary.uid, id));
+            }
+            epoch
         };
 
         outcome.sent = to_send.len();
@@ -270,24 +296,32 @@ impl Observer {
         if let Some(entry) = state.get_mut(&primary.uid)
             && entry.epoch == epoch
         {
+            let mut stored_ids = Vec::new();
             for ((request, _), stored) in to_send.iter().zip(results) {
-                if entry.store(&request.id, stored, self.config.max_results_per_primary) {
+                if entry.store(&request.id, stored, &self.config) {
                     outcome.changed += 1;
                 }
+                stored_ids.push(request.id.as_str());
+            }
+            for id in stored_ids {
+                enforce_total(&mut state, &self.config, (&primary.uid, id));
             }
         }
         outcome
     }
 
     /// The stored results of a primary at `now`, sorted by id, each with its
-    /// `ageMs`. Results older than their request's `maxAgeMs` (when
-    /// non-zero) are dropped, here and from storage.
+    /// `ageMs`. Results older than their request's `maxAgeMs` (0 meaning
+    /// [`ObserveConfig::max_result_age`]) are dropped, here and from
+    /// storage. Their bytes never exceed
+    /// [`ObserveConfig::max_result_bytes_per_primary`].
     pub fn results(&self, primary_uid: &str, now: Timestamp) -> Vec<Observation> {
         let mut state = self.lock();
         let Some(entry) = state.get_mut(primary_uid) else {
             return Vec::new();
         };
-        entry.results.retain(|_, s| !s.expired(now));
+        let max_age = self.config.max_result_age;
+        entry.results.retain(|_, s| !s.expired(now, max_age));
         entry
             .results
             .iter()
@@ -300,6 +334,23 @@ impl Observer {
                 age_ms: s.age_ms(now),
             })
             .collect()
+    }
+
+    /// Counts and logs a request the per-primary budget did not allow.
+    fn rate_limited(
+        &self,
+        primary: &PrimaryInfo,
+        request: &HttpRequest,
+        endpoint: &Endpoint,
+        outcome: &mut SubmitOutcome,
+    ) {
+        self.counters.rate_limited.fetch_add(1, Ordering::Relaxed);
+        outcome.rate_limited += 1;
+        tracing::debug!(
+            primary = %primary, id = %request.id, url = %endpoint.uri,
+            limit = self.config.max_requests_per_primary,
+            "observation request not sent: the primary's request budget is spent"
+        );
     }
 
     /// Drops everything kept for a primary (results and rate state). A

@@ -39,6 +39,20 @@ pub struct ObserveConfig {
     pub response_bytes_ceiling: usize,
     /// Results kept per primary; beyond it the oldest is dropped. Default 64.
     pub max_results_per_primary: usize,
+    /// Bytes (bodies and error texts) kept per primary; beyond it the
+    /// oldest results are dropped. This is also the most observation data
+    /// one snapshot carries. Default 4 MiB.
+    pub max_result_bytes_per_primary: usize,
+    /// Bytes kept over all primaries; beyond it the oldest results of any
+    /// primary are dropped. Default 256 MiB.
+    pub max_result_bytes_total: usize,
+    /// The longest a result is kept; a request's `maxAgeMs` of 0 (or more
+    /// than this) means this. Default 1 hour.
+    pub max_result_age: Duration,
+    /// Requests sent per primary within `per_primary_interval`, whatever
+    /// their method; beyond it a request is rate-limited (not sent, its
+    /// earlier result stays). Default 16.
+    pub max_requests_per_primary: usize,
     /// Base URLs requests with target `allow-list` may call, e.g.
     /// `http://terdut.example:8080`. Matched on scheme, host and port.
     pub allow_list: Vec<String>,
@@ -54,6 +68,10 @@ impl Default for ObserveConfig {
             default_max_response_bytes: 1024 * 1024,
             response_bytes_ceiling: 16 * 1024 * 1024,
             max_results_per_primary: 64,
+            max_result_bytes_per_primary: 4 << 20,
+            max_result_bytes_total: 256 << 20,
+            max_result_age: Duration::from_secs(3600),
+            max_requests_per_primary: 16,
             allow_list: Vec::new(),
         }
     }
@@ -183,13 +201,14 @@ pub enum Refusal {
         /// The Pod's name.
         name: String,
     },
-    /// The Service's name or namespace cannot form a DNS name.
-    #[error("Service {name:?} in namespace {namespace:?} has no usable DNS name")]
-    NoServiceName {
+    /// The Service may not be called (ExternalName, no selector, headless,
+    /// not ClusterIP, or no cluster IP yet).
+    #[error("Service {name:?} cannot be called: {why}")]
+    ServiceNotRoutable {
         /// The Service's name.
         name: String,
-        /// Its namespace (empty when missing).
-        namespace: String,
+        /// Why not.
+        why: &'static str,
     },
     /// The path does not start with `/` or is not a valid request path.
     #[error("path {path:?} must start with / and hold only URL characters, without a fragment")]

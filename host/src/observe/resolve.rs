@@ -73,8 +73,10 @@ impl std::fmt::Display for Origin {
 /// - Any other target names an `http-target` of the manifest (`targets`),
 ///   of core kind Pod or Service, declaring the request's port; `objects`
 ///   must find the named object (in the primary's namespace, in its
-///   snapshot). URL = `http://<status.podIP>:<port><path>` for a Pod,
-///   `http://<name>.<namespace>.svc:<port><path>` for a Service.
+///   snapshot — which holds only what the primary owns or its controller
+///   reads). URL = `http://<status.podIP>:<port><path>` for a Pod,
+///   `http://<spec.clusterIP>:<port><path>` for a Service of type
+///   ClusterIP with a selector ([`service_base`] refuses the others).
 ///
 /// # Errors
 ///
@@ -181,16 +183,59 @@ pub(crate) fn cluster_base(
             IpAddr::V6(v6) => format!("http://[{v6}]:{port}"),
         })
     } else {
-        let name = object::name(&found);
-        let namespace = object::namespace(&found).unwrap_or_default();
-        if names::dns1123_label(name).is_err() || names::dns1123_label(namespace).is_err() {
-            return Err(Refusal::NoServiceName {
-                name: name.to_owned(),
-                namespace: namespace.to_owned(),
-            });
-        }
-        Ok(format!("http://{name}.{namespace}.svc:{port}"))
+        service_base(&found, object_name, port)
     }
+}
+
+/// Where a request to a Service goes: its cluster IP, and only for a
+/// Service of type ClusterIP whose selector picks the Pods behind it. An
+/// `ExternalName` Service is a DNS alias to anywhere, a selector-less one
+/// forwards to hand-written Endpoints (any address), and a headless one
+/// has no cluster IP of its own: each is refused with the reason, so a
+/// request (and its Secret headers) reaches only what the Service's own
+/// selector serves.
+pub(crate) fn service_base(service: &Value, name: &str, port: u16) -> Result<String, Refusal> {
+    let refused = |why: &'static str| Refusal::ServiceNotRoutable {
+        name: name.to_owned(),
+        why,
+    };
+    let spec = service.get("spec");
+    let service_type = spec
+        .and_then(|s| s.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("ClusterIP");
+    match service_type {
+        "ClusterIP" => {}
+        "ExternalName" => {
+            return Err(refused(
+                "it is an ExternalName Service (an alias for another host)",
+            ));
+        }
+        _ => return Err(refused("only Services of type ClusterIP can be called")),
+    }
+    let has_selector = spec
+        .and_then(|s| s.get("selector"))
+        .and_then(Value::as_object)
+        .is_some_and(|m| !m.is_empty());
+    if !has_selector {
+        return Err(refused(
+            "it has no selector, so its endpoints are hand-written and may point anywhere",
+        ));
+    }
+    let cluster_ip = spec
+        .and_then(|s| s.get("clusterIP"))
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if cluster_ip == "None" {
+        return Err(refused("it is headless (no cluster IP of its own)"));
+    }
+    let ip: IpAddr = cluster_ip
+        .parse()
+        .map_err(|_| refused("it has no cluster IP yet"))?;
+    Ok(match ip {
+        IpAddr::V4(v4) => format!("http://{v4}:{port}"),
+        IpAddr::V6(v6) => format!("http://[{v6}]:{port}"),
+    })
 }
 
 /// The request's plain headers and its Secret headers (prefix + the

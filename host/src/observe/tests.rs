@@ -366,7 +366,18 @@ fn snapshot_objects(kind: &KindRef, name: &str) -> Option<Value> {
         ("Pod", "m-0") => Some(json!({"metadata": meta, "status": {"podIP": "10.244.1.7"}})),
         ("Pod", "m-1") => Some(json!({"metadata": meta, "status": {"podIP": "fd00::5"}})),
         ("Pod", "pending") => Some(json!({"metadata": meta, "status": {}})),
-        ("Service", "api") => Some(json!({"metadata": meta})),
+        ("Service", "api") => Some(json!({"metadata": meta,
+            "spec": {"type": "ClusterIP", "clusterIP": "10.96.0.12", "selector": {"app": "api"}}})),
+        ("Service", "alias") => Some(json!({"metadata": meta,
+            "spec": {"type": "ExternalName", "externalName": "example.com"}})),
+        ("Service", "manual") => Some(json!({"metadata": meta,
+            "spec": {"type": "ClusterIP", "clusterIP": "10.96.0.13"}})),
+        ("Service", "headless") => Some(json!({"metadata": meta,
+            "spec": {"clusterIP": "None", "selector": {"app": "api"}}})),
+        ("Service", "node") => Some(json!({"metadata": meta,
+            "spec": {"type": "NodePort", "clusterIP": "10.96.0.14", "selector": {"app": "api"}}})),
+        ("Service", "fresh") => Some(json!({"metadata": meta,
+            "spec": {"selector": {"app": "api"}}})),
         _ => None,
     }
 }
@@ -393,8 +404,22 @@ fn pods_and_services_resolve_to_their_cluster_urls_without_connecting() {
     );
     assert_eq!(
         at("api", "api", 80).as_deref(),
-        Ok("http://api.ns.svc:80/state")
+        Ok("http://10.96.0.12:80/state")
     );
+    for (service, why) in [
+        ("alias", "ExternalName"),
+        ("manual", "no selector"),
+        ("headless", "headless"),
+        ("node", "only Services of type ClusterIP"),
+        ("fresh", "no cluster IP yet"),
+    ] {
+        match at("api", service, 80) {
+            Err(refusal @ Refusal::ServiceNotRoutable { .. }) => {
+                assert!(refusal.to_string().contains(why), "{service}: {refusal}");
+            }
+            other => panic!("{service}: expected a refusal, got {other:?}"),
+        }
+    }
     assert_eq!(
         at("members", "m-0", 9090),
         Err(Refusal::PortNotDeclared {
@@ -672,4 +697,110 @@ async fn submit_reports_its_outcome_and_forget_drops_everything() {
     assert_eq!(run(&obs, &[probe(&server, "/state")]).await.changed, 1);
     // The same answer again is no change: nothing new for the plugin.
     assert_eq!(run(&obs, &[probe(&server, "/other")]).await.changed, 0);
+}
+
+fn budget(server: &TestServer, change: impl FnOnce(&mut ObserveConfig)) -> Arc<Observer> {
+    let mut config = allowing(server);
+    change(&mut config);
+    observer(config)
+}
+
+fn probe_id(server: &TestServer, id: &str) -> HttpRequest {
+    let mut request = probe(server, "/state");
+    request.id = id.into();
+    request
+}
+
+#[tokio::test]
+async fn every_request_counts_toward_the_per_primary_budget() {
+    let server = TestServer::start(Reply::ok("done")).await;
+    let obs = budget(&server, |c| c.max_requests_per_primary = 3);
+    let mut post = probe(&server, "/v1/things");
+    post.id = "make".into();
+    post.method = HttpMethod::Post;
+    let mut rate_limited = 0;
+    for _ in 0..3 {
+        rate_limited += run(&obs, std::slice::from_ref(&post)).await.rate_limited;
+    }
+    // Two POSTs and a GET of another id: the fourth request of the
+    // interval is not sent, whatever its method.
+    let fresh = run(&obs, &[probe_id(&server, "other")]).await;
+    assert_eq!(rate_limited, 0);
+    assert_eq!(fresh.rate_limited, 1);
+    assert_eq!(server.requests().len(), 3);
+    // Another primary has its own budget.
+    let mut other = primary();
+    other.uid = "another-uid".into();
+    let resolved = obs.prepare(&[probe_id(&server, "other")], &[], no_objects, no_secrets);
+    assert_eq!(obs.run(&other, resolved).await.sent, 1);
+}
+
+#[tokio::test]
+async fn kept_results_stay_within_the_per_primary_byte_budget() {
+    let server = TestServer::start(Reply::ok(&"x".repeat(1000))).await;
+    let obs = budget(&server, |c| c.max_result_bytes_per_primary = 2500);
+    for id in ["a", "b", "c", "d"] {
+        run(&obs, &[probe_id(&server, id)]).await;
+    }
+    let kept = obs.results(UID, Timestamp::now());
+    let ids: Vec<&str> = kept.iter().map(|o| o.id.as_str()).collect();
+    assert_eq!(ids, ["c", "d"], "the oldest results go first");
+    let bytes: usize = kept.iter().map(|o| o.body.len()).sum();
+    assert!(bytes <= 2500, "{bytes}");
+}
+
+#[tokio::test]
+async fn a_result_larger_than_the_budget_keeps_its_status_and_an_error() {
+    let server = TestServer::start(Reply::ok(&"y".repeat(5000))).await;
+    let obs = budget(&server, |c| c.max_result_bytes_per_primary = 2500);
+    run(&obs, &[probe_id(&server, "big")]).await;
+    let kept = obs.results(UID, Timestamp::now());
+    assert_eq!(kept.len(), 1);
+    assert_eq!(kept[0].status, Some(200));
+    assert!(kept[0].body.is_empty());
+    let error = kept[0].error.as_deref().unwrap_or_default();
+    assert!(error.contains("observation budget"), "{error}");
+}
+
+#[tokio::test]
+async fn kept_results_stay_within_the_total_byte_budget() {
+    let server = TestServer::start(Reply::ok(&"z".repeat(1000))).await;
+    let obs = budget(&server, |c| c.max_result_bytes_total = 2500);
+    for n in 0..4 {
+        let mut who = primary();
+        who.uid = format!("uid-{n}");
+        let resolved = obs.prepare(&[probe_id(&server, "s")], &[], no_objects, no_secrets);
+        obs.run(&who, resolved).await;
+    }
+    let now = Timestamp::now();
+    let kept: Vec<usize> = (0..4)
+        .map(|n| obs.results(&format!("uid-{n}"), now).len())
+        .collect();
+    assert_eq!(
+        kept,
+        [0, 0, 1, 1],
+        "the oldest results of any primary go first"
+    );
+}
+
+#[tokio::test]
+async fn max_age_zero_means_the_maximum_age_not_forever() {
+    let server = TestServer::start(Reply::ok("fresh")).await;
+    let obs = budget(&server, |c| c.max_result_age = Duration::from_secs(1));
+    let mut request = probe(&server, "/state");
+    request.max_age_ms = 0;
+    let mut long = probe_id(&server, "long");
+    long.max_age_ms = 3_600_000;
+    run(&obs, &[request, long]).await;
+    let at = observed_at(&obs.results(UID, Timestamp::now())[0]);
+    assert_eq!(
+        obs.results(UID, at + jiff::SignedDuration::from_millis(1000))
+            .len(),
+        2
+    );
+    assert!(
+        obs.results(UID, at + jiff::SignedDuration::from_millis(1001))
+            .is_empty(),
+        "both expire at the maximum age"
+    );
 }

@@ -44,7 +44,7 @@ use crate::plugin::bindings::{Plugin, PluginPre, types as wit};
 use crate::plugin::manifest::{Manifest, ManifestProblem};
 use crate::reconcile::snapshot::Snapshot;
 use crate::reconcile::validate::Plan;
-use crate::sandbox::{Limits, Sandbox, StoreState};
+use crate::sandbox::{DeadlineExceeded, Limits, Sandbox, StoreState};
 
 /// A boxed error from wasmtime or the OS, kept as a `source`.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -520,7 +520,9 @@ impl LoadedPlugin {
 
 /// Timeout and out-of-memory, told apart from other failures.
 fn classify(e: &wasmtime::Error, state: &StoreState, limits: Limits) -> Option<CallError> {
-    if e.downcast_ref::<wasmtime::Trap>() == Some(&wasmtime::Trap::Interrupt) {
+    if e.downcast_ref::<wasmtime::Trap>() == Some(&wasmtime::Trap::Interrupt)
+        || e.downcast_ref::<DeadlineExceeded>().is_some()
+    {
         return Some(CallError::Timeout {
             deadline: limits.deadline,
         });

@@ -10,8 +10,10 @@
 //! - "Now" is formatted in one place ([`format_now`]): RFC 3339 in UTC,
 //!   rounded to whole seconds, so two replicas (or a replica and a golden
 //!   test) within the same second hand the plugin the same snapshot.
-//! - A plan is [`Decision::Planned`] only when [`validate`] accepted all
-//!   of it; otherwise it is [`Decision::Rejected`] with every violation.
+//! - A plan is [`Decision::Planned`] only when its counts are within the
+//!   plugin's [`crate::reconcile::validate::PlanLimits`] ([`check_counts`])
+//!   and [`validate`] accepted all of it; otherwise it is
+//!   [`Decision::Rejected`] with the count violations, or every violation.
 //!   Nothing here writes.
 
 use std::sync::Arc;
@@ -22,7 +24,9 @@ use crate::object;
 use crate::plugin::manifest::Controller;
 use crate::plugin::{CallError, LoadedPlugin};
 use crate::reconcile::snapshot::{ObjectSource, Observation, Snapshot, build_snapshot};
-use crate::reconcile::validate::{ExistingLookup, Judgement, Plan, Violation, validate};
+use crate::reconcile::validate::{
+    ExistingLookup, Judgement, Plan, Violation, check_counts, validate,
+};
 
 /// Why a reconcile was skipped without calling the plugin.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,10 +147,22 @@ pub fn decide(
     );
     let decision = match input.plugin.reconcile(&snapshot) {
         Err(e) => Decision::Failed(e),
-        Ok(plan) => match validate(&plan, controller, &primary, input.existing) {
-            Ok(judgement) => Decision::Planned { plan, judgement },
-            Err(violations) => Decision::Rejected { plan, violations },
-        },
+        Ok(plan) => {
+            // Counts first: a plan with a million Events is rejected on its
+            // lengths, without judging each entry.
+            let too_many = check_counts(&plan, &input.plugin.limits().plan);
+            if !too_many.is_empty() {
+                Decision::Rejected {
+                    plan,
+                    violations: too_many,
+                }
+            } else {
+                match validate(&plan, controller, &primary, input.existing) {
+                    Ok(judgement) => Decision::Planned { plan, judgement },
+                    Err(violations) => Decision::Rejected { plan, violations },
+                }
+            }
+        }
     };
     Decided {
         snapshot: Some(snapshot),

@@ -72,6 +72,14 @@ pub enum Rule {
     DuplicateTarget,
     /// An HTTP request names an undeclared target or port, or repeats an id.
     HttpTargetNotAllowed,
+    /// More applies than the plugin's [`PlanLimits::max_applies`].
+    TooManyApplies,
+    /// More deletes than the plugin's [`PlanLimits::max_deletes`].
+    TooManyDeletes,
+    /// More Events than the plugin's [`PlanLimits::max_events`].
+    TooManyEvents,
+    /// More HTTP requests than the plugin's [`PlanLimits::max_http_requests`].
+    TooManyHttpRequests,
 }
 
 impl Rule {
@@ -90,6 +98,10 @@ impl Rule {
             Rule::PrimaryFieldNotAllowed => "PrimaryFieldNotAllowed",
             Rule::DuplicateTarget => "DuplicateTarget",
             Rule::HttpTargetNotAllowed => "HttpTargetNotAllowed",
+            Rule::TooManyApplies => "TooManyApplies",
+            Rule::TooManyDeletes => "TooManyDeletes",
+            Rule::TooManyEvents => "TooManyEvents",
+            Rule::TooManyHttpRequests => "TooManyHttpRequests",
         }
     }
 }
@@ -112,6 +124,92 @@ impl std::fmt::Display for Violation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}: {}", self.object, self.message)
     }
+}
+
+/// How much one plan may ask for; configurable per plugin (operator file
+/// keys `maxApplies`, `maxDeletes`, `maxEvents`, `maxHttpRequests`,
+/// `minRequeueMs`). Each apply, delete, Event and HTTP request is an API
+/// call or a connection, so their number is bounded whatever their size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanLimits {
+    /// Most applies in one plan. Default 500.
+    pub max_applies: usize,
+    /// Most deletes in one plan. Default 500.
+    pub max_deletes: usize,
+    /// Most Events in one plan. Default 50.
+    pub max_events: usize,
+    /// Most HTTP requests in one plan. Default 32.
+    pub max_http_requests: usize,
+    /// Shortest `requeueAfterMs` honoured; shorter ones (0 included) wait
+    /// this long. Default 1000.
+    pub min_requeue_ms: u64,
+}
+
+impl Default for PlanLimits {
+    fn default() -> Self {
+        PlanLimits {
+            max_applies: 500,
+            max_deletes: 500,
+            max_events: 50,
+            max_http_requests: 32,
+            min_requeue_ms: 1000,
+        }
+    }
+}
+
+impl PlanLimits {
+    /// When the plan asks to be reconciled again: its `requeueAfterMs`,
+    /// raised to [`PlanLimits::min_requeue_ms`].
+    pub fn requeue_after(&self, plan: &Plan) -> Option<std::time::Duration> {
+        plan.requeue_after_ms
+            .map(|ms| std::time::Duration::from_millis(ms.max(self.min_requeue_ms)))
+    }
+}
+
+/// Checks the counts of a plan against `limits`: one violation per list
+/// that is too long ([`Rule::TooManyApplies`], [`Rule::TooManyDeletes`],
+/// [`Rule::TooManyEvents`], [`Rule::TooManyHttpRequests`]). Cheap: it looks
+/// at lengths only, so it runs before the per-object rules of [`validate`].
+pub fn check_counts(plan: &Plan, limits: &PlanLimits) -> Vec<Violation> {
+    let lists = [
+        (
+            plan.apply.len(),
+            limits.max_applies,
+            Rule::TooManyApplies,
+            "apply",
+            "applies",
+        ),
+        (
+            plan.delete.len(),
+            limits.max_deletes,
+            Rule::TooManyDeletes,
+            "delete",
+            "deletes",
+        ),
+        (
+            plan.events.len(),
+            limits.max_events,
+            Rule::TooManyEvents,
+            "events",
+            "Events",
+        ),
+        (
+            plan.http_requests.len(),
+            limits.max_http_requests,
+            Rule::TooManyHttpRequests,
+            "httpRequests",
+            "HTTP requests",
+        ),
+    ];
+    lists
+        .into_iter()
+        .filter(|(len, max, ..)| len > max)
+        .map(|(len, max, rule, field, what)| Violation {
+            rule,
+            object: field.to_owned(),
+            message: format!("the plan has {len} {what}, more than the {max} allowed"),
+        })
+        .collect()
 }
 
 /// Checks a whole plan against DESIGN.md invariants 1–3 before any write.
@@ -649,6 +747,86 @@ fn ownership_name(ownership: &Ownership) -> &'static str {
     match ownership {
         Ownership::OwnerReference => "owner-reference",
         Ownership::OwnerLabel { .. } => "owner-label",
+    }
+}
+
+#[cfg(test)]
+mod count_tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_million_empty_events_break_the_event_count_rule() {
+        let event = Event {
+            event_type: EventType::Normal,
+            reason: String::new(),
+            message: String::new(),
+        };
+        let plan = Plan {
+            events: vec![event; 1_000_000],
+            ..Plan::default()
+        };
+        let violations = check_counts(&plan, &PlanLimits::default());
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        assert_eq!(violations[0].rule.as_str(), "TooManyEvents");
+        assert!(
+            violations[0].message.contains("1000000"),
+            "{}",
+            violations[0]
+        );
+    }
+
+    #[test]
+    fn every_list_has_its_own_rule_and_limits_are_inclusive() {
+        let limits = PlanLimits {
+            max_applies: 1,
+            max_deletes: 0,
+            max_events: 2,
+            max_http_requests: 0,
+            min_requeue_ms: 1000,
+        };
+        let mut plan: Plan = serde_json::from_value(json!({
+            "apply": [{"object": {}}],
+            "delete": [{"target": {"apiVersion": "v1", "kind": "ConfigMap", "name": "a"}, "uid": "u", "resourceVersion": "1"}],
+            "events": [{"type": "Normal", "reason": "R", "message": ""},
+                       {"type": "Normal", "reason": "R", "message": ""}]
+        }))
+        .expect("plan");
+        plan.http_requests.push(HttpRequest::allow_listed(
+            "a",
+            HttpMethod::Get,
+            "http://127.0.0.1:1",
+            "/",
+        ));
+        let rules: Vec<&str> = check_counts(&plan, &limits)
+            .iter()
+            .map(|v| v.rule.as_str())
+            .collect();
+        assert_eq!(rules, ["TooManyDeletes", "TooManyHttpRequests"]);
+        plan.delete.clear();
+        plan.http_requests.clear();
+        assert!(check_counts(&plan, &limits).is_empty());
+    }
+
+    #[test]
+    fn requeue_delays_have_a_floor() {
+        let limits = PlanLimits::default();
+        let mut plan = Plan {
+            requeue_after_ms: Some(0),
+            ..Plan::default()
+        };
+        assert_eq!(
+            limits.requeue_after(&plan),
+            Some(std::time::Duration::from_secs(1))
+        );
+        plan.requeue_after_ms = Some(30_000);
+        assert_eq!(
+            limits.requeue_after(&plan),
+            Some(std::time::Duration::from_secs(30))
+        );
+        plan.requeue_after_ms = None;
+        assert_eq!(limits.requeue_after(&plan), None);
     }
 }
 

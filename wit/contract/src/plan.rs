@@ -71,7 +71,8 @@ pub struct Plan {
     pub primary_patch: Option<Value>,
     /// Events to record on the primary.
     pub events: Vec<Event>,
-    /// Reconcile again after this many milliseconds.
+    /// Reconcile again after this many milliseconds (the host waits at
+    /// least its floor, 1 s by default, also for 0).
     pub requeue_after_ms: Option<u64>,
     /// While deleting: cleanup is done and the finalizer may be removed.
     pub cleanup_complete: bool,
@@ -346,7 +347,8 @@ pub struct HttpRequest {
     /// Largest response body kept, in bytes (0: host default).
     #[serde(default)]
     pub max_response_bytes: u32,
-    /// Results older than this (ms) are dropped (0: keep).
+    /// Results older than this (ms) are dropped (0, or more than the host's
+    /// maximum: the host's maximum age, 1 h by default).
     #[serde(default)]
     pub max_age_ms: u64,
 }
@@ -595,7 +597,8 @@ impl Plan {
         self
     }
 
-    /// Asks to be reconciled again after `after` (ms precision, saturating).
+    /// Asks to be reconciled again after `after` (ms precision, saturating;
+    /// the host waits at least its floor, 1 s by default).
     pub fn requeue_after(mut self, after: Duration) -> Self {
         self.requeue_after_ms = Some(millis(after));
         self
