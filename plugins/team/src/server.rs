@@ -765,7 +765,7 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
     {
         plan = plan.warning("BootstrappedElsewhere", "terdut-server answered that it is bootstrapped already; the operator needs spec.bootstrap.adminKeySecretRef");
     }
-    status["operatorCredentialsSecretRef"] = if has_creds {
+    status["operatorCredentialsSecretRef"] = if bootstrapped {
         json!({"name": creds_name})
     } else {
         Value::Null
