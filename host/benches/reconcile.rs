@@ -27,7 +27,7 @@ const NOW: &str = "2025-01-01T00:00:00Z";
 const UID: &str = "00000000-0000-0000-0000-000000000001";
 
 fn plugin_path() -> PathBuf {
-    wasmop::golden::built_plugin("good").unwrap_or_else(|e| panic!("{e}"))
+    wasmop::reconcile::golden::built_plugin("good").unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn primary() -> Value {

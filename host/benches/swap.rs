@@ -18,7 +18,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use wasmop::{CompileCache, LoadOptions, LoadedPlugin, Sandbox, SandboxConfig};
 
 fn plugin_path(name: &str) -> PathBuf {
-    wasmop::golden::built_plugin(name).unwrap_or_else(|e| panic!("{e}"))
+    wasmop::reconcile::golden::built_plugin(name).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn bench(c: &mut Criterion) {

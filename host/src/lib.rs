@@ -1,52 +1,54 @@
 //! wasmop: a Kubernetes operator whose reconcile logic runs as WebAssembly
 //! components.
 //!
-//! The library follows the data flow of one reconcile:
+//! The folders follow the data flow of one reconcile:
 //!
-//! - [`sandbox`]: the shared wasmtime engine and bounded stores.
-//! - [`plugin`]: loading a component (compile cache, manifest and settings
-//!   checks) and calling `reconcile`.
-//! - [`manifest`]: what a plugin declares, and [`rbac`] derived from it.
-//! - [`snapshot`]: selecting the objects a primary's snapshot holds
-//!   ([`ObjectSource`], [`build_snapshot`]); [`selector`] for label
-//!   selectors.
-//! - [`plan`]: the plan's JSON shape, [`validate`] before any write, and
-//!   [`prepare_apply`].
-//! - [`offline`]: the whole path without a cluster (`wasmop plan`), and
-//!   [`golden`] plan tests built on it.
-//! - [`leader`]: Lease-based leader election gating writes.
-//! - [`cli`]: the `wasmop` command line.
+//! ```text
+//! watch/       caches of every kind a plugin declares, with owner, UID and
+//!              namespace indexes; label selectors
+//! controller/  routing a cache change to the primaries it concerns (pure
+//!              `route`), the work queue, the worker, the plugin registry
+//!              and hot swap of running controllers, leader election
+//! reconcile/   `decide`: snapshot → plugin call → whole-plan validation,
+//!              the one path used live and offline (`wasmop plan`, golden)
+//! plugin/      loading a component: compile cache, bindings, conversions at
+//!              the WIT boundary, manifest checks, RBAC, the plugin directory
+//! sandbox.rs   the wasmtime engine and the only way to get a bounded store
+//! execute/     fenced writes of a validated plan, status, finalizers, Events
+//!              and failure reports
+//! observe/     HTTP requests plans declare: policy, resolution, transport,
+//!              the results store
+//! cli/         the `wasmop` command line and `wasmop run`
+//! ```
+//!
+//! Small shared helpers: [`object`] (JSON object accessors), [`names`]
+//! (Kubernetes name rules), [`conditions`], [`metrics`].
+//!
+//! The contract's JSON types (manifest, plan, observation) are the
+//! `wasmop-contract` crate's, shared with the plugin SDK.
 
-pub mod apply;
-mod bindings;
-pub mod cache;
 pub mod cli;
 pub mod conditions;
 pub mod controller;
-pub mod golden;
-pub mod hotswap;
-pub mod leader;
-pub mod manifest;
+pub mod execute;
 pub mod metrics;
 pub mod names;
 pub mod object;
 pub mod observe;
-pub mod offline;
-pub mod plan;
 pub mod plugin;
-pub mod queue;
-pub mod rbac;
-pub mod run;
+pub mod reconcile;
 pub mod sandbox;
-pub mod selector;
-pub mod snapshot;
+pub mod watch;
 
-pub use manifest::{Controller, KindRef, Manifest, ManifestProblem};
-pub use plan::{ExistingLookup, ExistingObject, Plan, Rule, Violation, prepare_apply, validate};
+pub use plugin::manifest::{Controller, KindRef, Manifest, ManifestProblem};
 pub use plugin::{CallError, CompileCache, LoadError, LoadOptions, LoadedPlugin};
-pub use sandbox::{Limits, Sandbox, SandboxConfig};
-pub use selector::{LabelSelector, selector_matches};
-pub use snapshot::{
+pub use reconcile::decide::{Decision, decide};
+pub use reconcile::snapshot::{
     FieldReference, MemorySource, ObjectSource, Observation, Snapshot, build_snapshot,
     referenced_names,
 };
+pub use reconcile::validate::{
+    ExistingLookup, ExistingObject, Plan, Rule, Violation, prepare_apply, validate,
+};
+pub use sandbox::{Limits, Sandbox, SandboxConfig};
+pub use watch::selector::{LabelSelector, selector_matches};

@@ -37,6 +37,34 @@ pub fn dns1123_subdomain(name: &str) -> Result<(), &'static str> {
     name.split('.').try_for_each(label_chars)
 }
 
+/// Checks a label key: an optional DNS-1123 subdomain prefix and `/`, then
+/// a name of at most 63 characters of alphanumerics, `-`, `_` and `.`,
+/// starting and ending with an alphanumeric.
+///
+/// # Errors
+///
+/// A short reason, worded to follow the key.
+pub fn label_key(key: &str) -> Result<(), &'static str> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    if let Some(prefix) = prefix {
+        dns1123_subdomain(prefix).map_err(|_| "has a prefix that is not a DNS-1123 subdomain")?;
+    }
+    let ok = |c: char| c.is_ascii_alphanumeric();
+    if name.is_empty() || name.len() > 63 {
+        return Err("must have a name part of 1 to 63 characters");
+    }
+    if !name.chars().all(|c| ok(c) || matches!(c, '-' | '_' | '.')) {
+        return Err("may contain only alphanumerics, '-', '_' and '.' in its name part");
+    }
+    if !name.starts_with(ok) || !name.ends_with(ok) {
+        return Err("must start and end its name part with an alphanumeric");
+    }
+    Ok(())
+}
+
 fn label_chars(label: &str) -> Result<(), &'static str> {
     let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
     if label.is_empty() {
@@ -54,6 +82,15 @@ fn label_chars(label: &str) -> Result<(), &'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn label_keys_take_an_optional_subdomain_prefix() {
+        assert!(label_key("celld.eric.dev/fleet-uid").is_ok());
+        assert!(label_key("app").is_ok());
+        assert!(label_key("Bad_Prefix/x").is_err());
+        assert!(label_key("a/").is_err());
+        assert!(label_key("a/-x").is_err());
+    }
 
     #[test]
     fn labels_accept_lowercase_alphanumerics_and_dashes() {

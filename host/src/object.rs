@@ -61,6 +61,40 @@ pub fn controller_uid(object: &Value) -> Option<&str> {
         .as_str()
 }
 
+/// The UIDs that may own the object: its controller ownerReference's and
+/// its `wasmop.dev/owner-uid` label's (deduplicated, in that order). The
+/// caches index objects under each, so both kinds of ownership find their
+/// objects without a scan; whether an object is really controlled is
+/// decided by the owned kind's ownership mode.
+pub fn owner_uids(object: &Value) -> Vec<&str> {
+    let mut out: Vec<&str> = controller_uid(object).into_iter().collect();
+    if let Some(label) = value_at(object, "metadata.labels")
+        .and_then(|l| l.get(wasmop_contract::OWNER_UID_LABEL))
+        .and_then(Value::as_str)
+        && !out.contains(&label)
+    {
+        out.push(label);
+    }
+    out
+}
+
+/// The value of one label, if set.
+pub fn labels_get<'a>(object: &'a Value, key: &str) -> Option<&'a str> {
+    value_at(object, "metadata.labels")?.get(key)?.as_str()
+}
+
+/// `metadata.finalizers` (non-strings skipped).
+pub fn finalizers(object: &Value) -> Vec<String> {
+    value_at(object, "metadata.finalizers")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// `metadata.labels` as a map; non-string values are skipped.
 pub fn labels(object: &Value) -> BTreeMap<String, String> {
     value_at(object, "metadata.labels")

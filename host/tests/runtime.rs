@@ -8,9 +8,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use wasmop::offline::{self, Outcome};
-use wasmop::plan::Rule;
 use wasmop::plugin::OutputProblem;
+use wasmop::reconcile::decide::Decision;
+use wasmop::reconcile::offline;
+use wasmop::reconcile::validate::Rule;
 use wasmop::{
     CallError, CompileCache, Limits, LoadError, LoadOptions, LoadedPlugin, MemorySource, Sandbox,
     SandboxConfig, build_snapshot, validate,
@@ -349,8 +350,8 @@ fn offline_run_picks_the_primary_and_reports_violations() {
     let run = offline::run(&plugin, &input, Some("2025-01-01T00:00:00Z"), None).expect("runs");
     assert_eq!(run.controller, "badwriter");
     assert_eq!(wasmop::object::uid(&run.primary), offline::PRIMARY_UID);
-    let Outcome::Rejected { violations, .. } = &run.outcome else {
-        panic!("expected violations, got {:?}", run.outcome);
+    let Decision::Rejected { violations, .. } = &run.decision else {
+        panic!("expected violations, got {:?}", run.decision);
     };
     assert_eq!(
         violations[0].to_string(),
@@ -361,8 +362,8 @@ fn offline_run_picks_the_primary_and_reports_violations() {
 #[test]
 fn golden_plans_of_the_good_plugin() {
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/good");
-    let report =
-        wasmop::golden::check(&plugin_path("good"), &fixtures).unwrap_or_else(|e| panic!("{e}"));
+    let report = wasmop::reconcile::golden::check(&plugin_path("good"), &fixtures)
+        .unwrap_or_else(|e| panic!("{e}"));
     assert!(
         report.matched.len() + report.blessed.len() >= 3,
         "{report:?}"
@@ -372,7 +373,7 @@ fn golden_plans_of_the_good_plugin() {
 #[test]
 fn golden_plans_record_rejected_plans() {
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/bad-writer");
-    let report = wasmop::golden::check(&plugin_path("bad-writer"), &fixtures)
+    let report = wasmop::reconcile::golden::check(&plugin_path("bad-writer"), &fixtures)
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(report.matched.len() + report.blessed.len(), 1, "{report:?}");
     let expected =
@@ -385,7 +386,7 @@ fn golden_plans_cover_observations_on_both_sides() {
     // Requests declared by the plan and results handed in by the host, in
     // the same fixture format `wasmop plan` reads.
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/observer");
-    let report = wasmop::golden::check(&plugin_path("observer"), &fixtures)
+    let report = wasmop::reconcile::golden::check(&plugin_path("observer"), &fixtures)
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(report.matched.len() + report.blessed.len(), 3, "{report:?}");
     let probe = std::fs::read_to_string(fixtures.join("probe.plan.json")).expect("expected plan");

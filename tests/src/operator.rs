@@ -10,8 +10,8 @@ use kube::Client;
 use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use wasmop::controller::leader::LeaderConfig;
 use wasmop::controller::{Operator, OperatorConfig};
-use wasmop::leader::LeaderConfig;
 use wasmop::{LoadOptions, LoadedPlugin, Sandbox, SandboxConfig};
 
 /// Path of a built plugin (`$WASMOP_PLUGIN_DIR/<name>.wasm`, else
@@ -20,7 +20,7 @@ use wasmop::{LoadOptions, LoadedPlugin, Sandbox, SandboxConfig};
 /// # Errors
 /// When the file does not exist: the plugins must be built first.
 pub fn plugin_path(name: &str) -> Result<PathBuf> {
-    Ok(wasmop::golden::built_plugin(name)?)
+    Ok(wasmop::reconcile::golden::built_plugin(name)?)
 }
 
 /// The engine shared by every operator in this test process.
@@ -156,7 +156,7 @@ impl Drop for RunningOperator {
     }
 }
 
-/// A leader-election loop ([`wasmop::leader::run`]) driving one operator's
+/// A leader-election loop ([`wasmop::controller::leader::run`]) driving one operator's
 /// write flag, as `wasmop run --leader-elect` runs it; aborted (without
 /// releasing the Lease) when dropped.
 pub struct LeaderLoop {
@@ -177,7 +177,7 @@ impl LeaderLoop {
         init_tracing();
         let (tx, rx) = oneshot::channel();
         let op = operator.clone();
-        let task = tokio::spawn(wasmop::leader::run(
+        let task = tokio::spawn(wasmop::controller::leader::run(
             client,
             config,
             operator.leader_flag(),

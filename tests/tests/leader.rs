@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
-use wasmop::leader::LeaderConfig;
+use wasmop::controller::leader::LeaderConfig;
 use wasmop_tests::operator::{LeaderLoop, RunningOperator, load_plugin, test_config};
 use wasmop_tests::{DEFAULT_DEADLINE, TestNamespace, apply_test_crds, wait_for};
 

@@ -1,37 +1,53 @@
-//! Crossing the plugin boundary: WIT records to and from host types, and
-//! the checks that turn a plugin's raw output into a [`Plan`] or an
-//! [`OutputProblem`].
+//! Crossing the plugin boundary: the snapshot into its WIT record, and the
+//! plugin's JSON answers (manifest, settings problems, plan) into the
+//! contract's types — or an [`OutputProblem`].
+//!
+//! # Guarantees
+//!
+//! - What a plugin returns is one JSON text, already bounded by the
+//!   plugin's memory when wasmtime lifts it. Before parsing, the text's size
+//!   and the number of JSON values it holds are checked against
+//!   [`MAX_OUTPUT_BYTES`] and [`MAX_OUTPUT_VALUES`], so the parsed form is
+//!   bounded too: nothing a plugin returns makes the host allocate more
+//!   than its memory cap plus a fixed allowance.
+//! - A plan whose applied objects, status or primary patch are not JSON
+//!   objects (or whose objects lack an identity) is refused as a whole.
 
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 use thiserror::Error;
 
-use crate::bindings::types as wit;
-use crate::manifest::{Controller, FieldRef, HttpTarget, KindRef, Manifest, Read, Selector};
 use crate::object;
-use crate::plan::{
-    ApplyOp, DeleteOp, Event, EventType, HttpMethod, HttpRequest, ObjectRef, Plan, Precondition,
-    SecretHeader,
-};
-use crate::snapshot::Snapshot;
+use crate::plugin::bindings::types as wit;
+use crate::plugin::manifest::Manifest;
+use crate::reconcile::snapshot::Snapshot;
+use crate::reconcile::validate::Plan;
+use wasmop_contract::SettingsProblem;
 
-/// Largest plan a plugin may return, counting every text it holds.
+/// Largest JSON text a plugin may return, in bytes.
 pub const MAX_OUTPUT_BYTES: usize = 8 << 20;
+
+/// Most JSON values (objects, arrays, strings, numbers, literals) a plugin's
+/// answer may hold. Each parsed value costs the host a few dozen bytes, so
+/// this bounds the parsed form of a text that is small but dense
+/// (`[[],[],…]`).
+pub const MAX_OUTPUT_VALUES: usize = 250_000;
 
 /// What is wrong with a plugin's output.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum OutputProblem {
-    /// A JSON text does not parse.
-    #[error("{field} is not valid JSON ({reason})")]
+    /// The text does not parse as the contract's JSON.
+    #[error("{field} is not valid JSON of the contract ({reason})")]
     NotJson {
-        /// Where in the plan, e.g. `apply[0].object`.
+        /// What was parsed: `plan`, `manifest`, `settings problems`.
         field: String,
-        /// The parser's complaint.
+        /// The parser's complaint, with line and column.
         reason: String,
     },
-    /// A JSON text parses but is not a JSON object.
+    /// A JSON value parses but is not a JSON object.
     #[error("{field} is not a JSON object")]
     NotAnObject {
-        /// Where in the plan.
+        /// Where in the plan, e.g. `apply[0].object`.
         field: String,
     },
     /// An applied object lacks part of its identity.
@@ -42,76 +58,90 @@ pub enum OutputProblem {
         /// `apiVersion`, `kind` or `metadata.name`.
         missing: &'static str,
     },
-    /// Bytes that must be UTF-8 text are not.
-    #[error("{field} is not UTF-8 text")]
-    NotUtf8 {
-        /// Where in the plan.
-        field: String,
-    },
-    /// The plan is larger than [`MAX_OUTPUT_BYTES`].
-    #[error("the plan holds {bytes} bytes, more than the limit of {limit}")]
+    /// The text is larger than [`MAX_OUTPUT_BYTES`].
+    #[error("the {field} holds {bytes} bytes, more than the limit of {limit}")]
     TooLarge {
-        /// Bytes of text in the plan.
+        /// What was returned.
+        field: String,
+        /// Bytes of text.
         bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The text holds more than [`MAX_OUTPUT_VALUES`] JSON values.
+    #[error("the {field} holds more than {limit} JSON values")]
+    TooManyValues {
+        /// What was returned.
+        field: String,
         /// The limit.
         limit: usize,
     },
 }
 
-pub(crate) fn kind_from_wit(k: wit::KindRef) -> KindRef {
-    KindRef {
-        group: k.group,
-        version: k.version,
-        kind: k.kind,
-        plural: k.plural,
-        namespaced: k.namespaced,
+/// An upper bound of the number of JSON values in `text`: every value but
+/// the first follows a `,`, `:`, `[` or `{` outside a string. Linear, with
+/// no allocation.
+pub fn json_value_bound(text: &str) -> usize {
+    let mut count = 1usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for b in text.bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+        } else {
+            match b {
+                b'"' => in_string = true,
+                b',' | b':' | b'[' | b'{' => count += 1,
+                _ => {}
+            }
+        }
     }
+    count
 }
 
-pub(crate) fn manifest_from_wit(m: wit::Manifest) -> Manifest {
-    Manifest {
-        name: m.name,
-        version: m.version,
-        controllers: m.controllers.into_iter().map(controller_from_wit).collect(),
+/// Parses a plugin's JSON answer into `T` after checking its size and value
+/// count.
+fn parse_bounded<T: DeserializeOwned>(field: &str, text: &str) -> Result<T, OutputProblem> {
+    if text.len() > MAX_OUTPUT_BYTES {
+        return Err(OutputProblem::TooLarge {
+            field: field.to_owned(),
+            bytes: text.len(),
+            limit: MAX_OUTPUT_BYTES,
+        });
     }
+    if json_value_bound(text) > MAX_OUTPUT_VALUES {
+        return Err(OutputProblem::TooManyValues {
+            field: field.to_owned(),
+            limit: MAX_OUTPUT_VALUES,
+        });
+    }
+    serde_json::from_str(text).map_err(|e| OutputProblem::NotJson {
+        field: field.to_owned(),
+        reason: e.to_string(),
+    })
 }
 
-fn controller_from_wit(c: wit::Controller) -> Controller {
-    Controller {
-        name: c.name,
-        primary: kind_from_wit(c.primary),
-        owns: c.owns.into_iter().map(kind_from_wit).collect(),
-        reads: c
-            .reads
-            .into_iter()
-            .map(|r| Read {
-                id: r.id,
-                kind: kind_from_wit(r.kind),
-                selector: match r.selector {
-                    wit::Selector::OwnedByPrimary => Selector::OwnedByPrimary,
-                    wit::Selector::Field(f) => Selector::Field(FieldRef {
-                        name_path: f.name_path,
-                        namespace_path: f.namespace_path,
-                    }),
-                    wit::Selector::SameNamespace => Selector::SameNamespace,
-                    wit::Selector::ClusterWide => Selector::ClusterWide,
-                    wit::Selector::Labels(s) => Selector::Labels(s),
-                },
-            })
-            .collect(),
-        finalizer: c.finalizer,
-        write_namespaces: c.write_namespaces,
-        primary_fields: c.primary_fields,
-        http_targets: c
-            .http_targets
-            .into_iter()
-            .map(|t| HttpTarget {
-                id: t.id,
-                kind: kind_from_wit(t.kind),
-                ports: t.ports,
-            })
-            .collect(),
-        delete_primary: c.delete_primary,
+/// The plugin's manifest from its JSON text.
+pub(crate) fn manifest_from_json(text: &str) -> Result<Manifest, OutputProblem> {
+    parse_bounded("manifest", text)
+}
+
+/// The settings problems from their JSON text; text that is not the
+/// contract's list is itself reported as one problem, so a broken answer
+/// still rejects the load.
+pub(crate) fn settings_problems_from_json(text: &str) -> Vec<SettingsProblem> {
+    match parse_bounded::<Vec<SettingsProblem>>("settings problems", text) {
+        Ok(problems) if !problems.is_empty() => problems,
+        Ok(_) => vec![SettingsProblem::new(
+            "",
+            "the plugin rejected the settings without naming a problem",
+        )],
+        Err(e) => vec![SettingsProblem::new("", e.to_string())],
     }
 }
 
@@ -151,200 +181,131 @@ pub(crate) fn snapshot_to_wit(s: &Snapshot) -> wit::Snapshot {
     }
 }
 
-fn output_size(p: &wit::Plan) -> usize {
-    let strings = |h: &[(String, String)]| h.iter().map(|(a, b)| a.len() + b.len()).sum::<usize>();
-    p.apply.iter().map(|a| a.object.len()).sum::<usize>()
-        + p.delete.len() * 256
-        + p.status.as_ref().map_or(0, String::len)
-        + p.primary_patch.as_ref().map_or(0, String::len)
-        + p.events
-            .iter()
-            .map(|e| e.reason.len() + e.message.len())
-            .sum::<usize>()
-        + p.http_requests
-            .iter()
-            .map(|r| r.body.len() + r.path.len() + strings(&r.headers))
-            .sum::<usize>()
-}
-
-fn parse_object(field: String, text: &str) -> Result<Value, OutputProblem> {
-    let value: Value = serde_json::from_str(text).map_err(|e| OutputProblem::NotJson {
-        field: field.clone(),
-        reason: e.to_string(),
-    })?;
+fn object_field(field: String, value: &Value) -> Result<(), OutputProblem> {
     if value.is_object() {
-        Ok(value)
+        Ok(())
     } else {
         Err(OutputProblem::NotAnObject { field })
     }
 }
 
-/// Converts a plugin's plan, checking everything the plugin boundary can:
-/// size, JSON texts, object identities, UTF-8 bodies.
-pub(crate) fn plan_from_wit(p: wit::Plan) -> Result<Plan, OutputProblem> {
-    let bytes = output_size(&p);
-    if bytes > MAX_OUTPUT_BYTES {
-        return Err(OutputProblem::TooLarge {
-            bytes,
-            limit: MAX_OUTPUT_BYTES,
-        });
-    }
-    let mut apply = Vec::with_capacity(p.apply.len());
-    for (i, op) in p.apply.into_iter().enumerate() {
+/// The plugin's plan from its JSON text, checking everything the plugin
+/// boundary can: size, value count, shape, object identities.
+pub(crate) fn plan_from_json(text: &str) -> Result<Plan, OutputProblem> {
+    let plan: Plan = parse_bounded("plan", text)?;
+    for (i, op) in plan.apply.iter().enumerate() {
         let field = format!("apply[{i}].object");
-        let obj = parse_object(field.clone(), &op.object)?;
+        object_field(field.clone(), &op.object)?;
         for (missing, present) in [
-            ("apiVersion", !object::api_version(&obj).is_empty()),
-            ("kind", !object::kind(&obj).is_empty()),
-            ("metadata.name", !object::name(&obj).is_empty()),
+            ("apiVersion", !object::api_version(&op.object).is_empty()),
+            ("kind", !object::kind(&op.object).is_empty()),
+            ("metadata.name", !object::name(&op.object).is_empty()),
         ] {
             if !present {
                 return Err(OutputProblem::MissingIdentity { field, missing });
             }
         }
-        apply.push(ApplyOp {
-            object: obj,
-            precondition: op.precondition.map(|c| match c {
-                wit::Precondition::Absent => Precondition::Absent,
-                wit::Precondition::ResourceVersion(rv) => Precondition::ResourceVersion(rv),
-            }),
-            force: op.force,
-        });
     }
-    let status = p
-        .status
-        .map(|s| parse_object("status".to_owned(), &s))
-        .transpose()?;
-    let primary_patch = p
-        .primary_patch
-        .map(|s| parse_object("primaryPatch".to_owned(), &s))
-        .transpose()?;
-    let mut http_requests = Vec::with_capacity(p.http_requests.len());
-    for (i, r) in p.http_requests.into_iter().enumerate() {
-        let body = String::from_utf8(r.body).map_err(|_| OutputProblem::NotUtf8 {
-            field: format!("httpRequests[{i}].body"),
-        })?;
-        http_requests.push(HttpRequest {
-            id: r.id,
-            target: r.target,
-            object: r.object,
-            port: r.port,
-            method: match r.method {
-                wit::HttpMethod::Get => HttpMethod::Get,
-                wit::HttpMethod::Post => HttpMethod::Post,
-                wit::HttpMethod::Put => HttpMethod::Put,
-                wit::HttpMethod::Delete => HttpMethod::Delete,
-            },
-            path: r.path,
-            body,
-            headers: r.headers,
-            secret_headers: r
-                .secret_headers
-                .into_iter()
-                .map(|h| SecretHeader {
-                    name: h.name,
-                    secret: h.secret,
-                    key: h.key,
-                    prefix: h.prefix,
-                })
-                .collect(),
-            timeout_ms: r.timeout_ms,
-            max_response_bytes: r.max_response_bytes,
-            max_age_ms: r.max_age_ms,
-        });
+    if let Some(status) = &plan.status {
+        object_field("status".to_owned(), status)?;
     }
-    Ok(Plan {
-        apply,
-        delete: p
-            .delete
-            .into_iter()
-            .map(|d| DeleteOp {
-                target: ObjectRef {
-                    api_version: d.target.api_version,
-                    kind: d.target.kind,
-                    namespace: d.target.namespace,
-                    name: d.target.name,
-                },
-                uid: d.uid,
-                resource_version: d.resource_version,
-            })
-            .collect(),
-        status,
-        primary_patch,
-        events: p
-            .events
-            .into_iter()
-            .map(|e| Event {
-                event_type: match e.event_type {
-                    wit::EventType::Normal => EventType::Normal,
-                    wit::EventType::Warning => EventType::Warning,
-                },
-                reason: e.reason,
-                message: e.message,
-            })
-            .collect(),
-        requeue_after_ms: p.requeue_after_ms,
-        cleanup_complete: p.cleanup_complete,
-        http_requests,
-    })
+    if let Some(patch) = &plan.primary_patch {
+        object_field("primaryPatch".to_owned(), patch)?;
+    }
+    Ok(plan)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn plan_with_object(text: &str) -> wit::Plan {
-        wit::Plan {
-            apply: vec![wit::ApplyOp {
-                object: text.to_owned(),
-                precondition: None,
-                force: false,
-            }],
-            delete: vec![],
-            status: None,
-            primary_patch: None,
-            events: vec![],
-            requeue_after_ms: None,
-            cleanup_complete: false,
-            http_requests: vec![],
-        }
+    fn plan_with_object(object: &str) -> String {
+        format!(r#"{{"apply":[{{"object":{object}}}]}}"#)
     }
 
     #[test]
     fn object_text_must_be_json_objects_with_identity() {
-        let err = plan_from_wit(plan_with_object("{not json")).unwrap_err();
-        assert!(matches!(err, OutputProblem::NotJson { .. }), "{err}");
-        let err = plan_from_wit(plan_with_object("[1]")).unwrap_err();
-        assert_eq!(err.to_string(), "apply[0].object is not a JSON object");
-        let err = plan_from_wit(plan_with_object(
-            r#"{"apiVersion":"v1","kind":"ConfigMap"}"#,
-        ))
-        .unwrap_err();
-        assert_eq!(err.to_string(), "apply[0].object has no metadata.name");
-        let ok = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"}}"#;
-        assert!(plan_from_wit(plan_with_object(ok)).is_ok());
-    }
-
-    #[test]
-    fn status_must_be_an_object() {
-        let mut p =
-            plan_with_object(r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"}}"#);
-        p.status = Some("\"ready\"".into());
-        assert_eq!(
-            plan_from_wit(p).unwrap_err().to_string(),
-            "status is not a JSON object"
-        );
-    }
-
-    #[test]
-    fn oversized_output_is_rejected() {
-        let big = format!(
-            r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"a"}},"data":{{"x":"{}"}}}}"#,
-            "x".repeat(MAX_OUTPUT_BYTES)
-        );
         assert!(matches!(
-            plan_from_wit(plan_with_object(&big)).unwrap_err(),
-            OutputProblem::TooLarge { .. }
+            plan_from_json(&plan_with_object(r#""text""#)),
+            Err(OutputProblem::NotAnObject { field }) if field == "apply[0].object"
         ));
+        assert!(matches!(
+            plan_from_json(&plan_with_object(
+                r#"{"apiVersion":"v1","kind":"ConfigMap"}"#
+            )),
+            Err(OutputProblem::MissingIdentity {
+                missing: "metadata.name",
+                ..
+            })
+        ));
+        let ok = plan_from_json(&plan_with_object(
+            r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"}}"#,
+        ))
+        .unwrap();
+        assert_eq!(ok.apply.len(), 1);
+    }
+
+    #[test]
+    fn text_that_is_not_the_contracts_json_names_the_parser_position() {
+        let err = plan_from_json(r#"{"apply":[{"object":{"apiVersion":"#).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("plan is not valid JSON of the contract (EOF"),
+            "{err}"
+        );
+        let err = plan_from_json(r#"{"apply":"nope"}"#).unwrap_err();
+        assert!(matches!(err, OutputProblem::NotJson { .. }), "{err}");
+    }
+
+    #[test]
+    fn status_and_primary_patch_must_be_objects() {
+        assert_eq!(
+            plan_from_json(r#"{"status":[1]}"#).unwrap_err(),
+            OutputProblem::NotAnObject {
+                field: "status".into()
+            }
+        );
+        assert_eq!(
+            plan_from_json(r#"{"primaryPatch":"x"}"#).unwrap_err(),
+            OutputProblem::NotAnObject {
+                field: "primaryPatch".into()
+            }
+        );
+    }
+
+    #[test]
+    fn oversized_output_is_rejected_before_parsing() {
+        let big = format!(r#"{{"status":{{"x":"{}"}}}}"#, "a".repeat(MAX_OUTPUT_BYTES));
+        assert!(matches!(
+            plan_from_json(&big),
+            Err(OutputProblem::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn dense_output_is_rejected_by_its_value_count_before_parsing() {
+        let dense = format!(
+            r#"{{"status":{{"x":[{}]}}}}"#,
+            "[],".repeat(MAX_OUTPUT_VALUES)
+        );
+        assert!(dense.len() < MAX_OUTPUT_BYTES);
+        assert!(matches!(
+            plan_from_json(&dense),
+            Err(OutputProblem::TooManyValues { .. })
+        ));
+    }
+
+    #[test]
+    fn the_value_bound_ignores_punctuation_inside_strings() {
+        assert_eq!(json_value_bound(r#""a,b:[{""#), 1);
+        assert_eq!(json_value_bound(r#"{"a":"x\",y","b":[1,2]}"#), 7);
+    }
+
+    #[test]
+    fn settings_problems_that_do_not_parse_still_reject() {
+        let problems = settings_problems_from_json("not json");
+        assert_eq!(problems.len(), 1);
+        assert!(problems[0].message.contains("not valid JSON"));
+        assert_eq!(settings_problems_from_json("[]").len(), 1);
     }
 }

@@ -21,8 +21,12 @@
 //! inside a runtime's worker thread. Use `spawn_blocking` (or a plain
 //! thread).
 
+pub(crate) mod bindings;
 mod cache;
 mod convert;
+pub mod hotswap;
+pub mod manifest;
+pub mod rbac;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -35,12 +39,12 @@ use wasmtime::Store;
 use wasmtime::component::Component;
 
 pub use self::cache::CompileCache;
-pub use self::convert::{MAX_OUTPUT_BYTES, OutputProblem};
-use crate::bindings::{Plugin, PluginPre, types as wit};
-use crate::manifest::{Manifest, ManifestProblem};
-use crate::plan::Plan;
+pub use self::convert::{MAX_OUTPUT_BYTES, MAX_OUTPUT_VALUES, OutputProblem, json_value_bound};
+use crate::plugin::bindings::{Plugin, PluginPre, types as wit};
+use crate::plugin::manifest::{Manifest, ManifestProblem};
+use crate::reconcile::snapshot::Snapshot;
+use crate::reconcile::validate::Plan;
 use crate::sandbox::{Limits, Sandbox, StoreState};
-use crate::snapshot::Snapshot;
 
 /// A boxed error from wasmtime or the OS, kept as a `source`.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -68,24 +72,7 @@ impl Default for LoadOptions {
     }
 }
 
-/// A settings problem the plugin reported (WIT `settings-problem`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SettingsProblem {
-    /// Dotted path of the setting, empty for the whole document.
-    pub path: String,
-    /// What is wrong.
-    pub message: String,
-}
-
-impl std::fmt::Display for SettingsProblem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.path.is_empty() {
-            f.write_str(&self.message)
-        } else {
-            write!(f, "{}: {}", self.path, self.message)
-        }
-    }
-}
+pub use wasmop_contract::SettingsProblem;
 
 fn join<T: std::fmt::Display>(items: &[T]) -> String {
     items
@@ -392,8 +379,16 @@ impl LoadedPlugin {
         let manifest = plugin
             .call(UNIX_EPOCH, |p, store| p.call_manifest(store))
             .map_err(call_error("manifest"))?;
-        let manifest = convert::manifest_from_wit(manifest);
-        let problems = manifest.problems();
+        let manifest = convert::manifest_from_json(&manifest).map_err(|problem| {
+            LoadError::InvalidManifest {
+                origin: origin.to_owned(),
+                problems: vec![ManifestProblem {
+                    path: String::new(),
+                    message: problem.to_string(),
+                }],
+            }
+        })?;
+        let problems = crate::plugin::manifest::problems(&manifest);
         if !problems.is_empty() {
             return Err(LoadError::InvalidManifest {
                 origin: origin.to_owned(),
@@ -410,17 +405,10 @@ impl LoadedPlugin {
         if let Err(problems) = verdict {
             return Err(LoadError::InvalidSettings {
                 plugin: manifest.name,
-                problems: problems
-                    .into_iter()
-                    .map(|p| SettingsProblem {
-                        path: p.path,
-                        message: p.message,
-                    })
-                    .collect(),
+                problems: convert::settings_problems_from_json(&problems),
             });
         }
-        let effective = manifest
-            .resolve_settings(&options.settings)
+        let effective = crate::plugin::manifest::resolve_settings(&manifest, &options.settings)
             .map_err(|problems| LoadError::WriteNamespaceSetting {
                 plugin: manifest.name.clone(),
                 problems,
@@ -488,13 +476,13 @@ impl LoadedPlugin {
     ///
     /// [`CallError`] for a trap, timeout, memory cap, malformed output or
     /// the plugin's own error. The plan is *not* validated against the
-    /// manifest here; see [`crate::plan::validate`].
+    /// manifest here; see [`crate::reconcile::validate::validate`].
     pub fn reconcile(&self, snapshot: &Snapshot) -> Result<Plan, CallError> {
         let input = convert::snapshot_to_wit(snapshot);
         let now = parse_now(&snapshot.now);
         let answer = self.call(now, |p, store| p.call_reconcile(store, &input))?;
         match answer {
-            Ok(plan) => convert::plan_from_wit(plan).map_err(CallError::MalformedOutput),
+            Ok(plan) => convert::plan_from_json(&plan).map_err(CallError::MalformedOutput),
             Err(e) => {
                 let (kind, message) = match e {
                     wit::ReconcileError::InvalidSpec(m) => (PluginErrorKind::InvalidSpec, m),

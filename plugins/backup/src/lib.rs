@@ -121,6 +121,7 @@ wasmop_sdk::export_plugin!(BackupPlugin);
 mod tests {
     use super::*;
     use serde_json::json;
+    use wasmop_sdk::OwnedKind;
     use wasmop_sdk::testing::{SnapshotBuilder, run};
 
     #[test]
@@ -132,7 +133,7 @@ mod tests {
         let eb = &m.controllers[0];
         assert!(!eb.primary.namespaced);
         assert_eq!(eb.primary.api_version(), "operator.openshift.io/v1alpha1");
-        assert_eq!(eb.owns, [KindRef::of::<Job>()]);
+        assert_eq!(eb.owns, [OwnedKind::reference(KindRef::of::<Job>())]);
         let reads: Vec<(&str, &Selector)> = eb
             .reads
             .iter()
@@ -156,7 +157,7 @@ mod tests {
         let b = &m.controllers[1];
         assert_eq!(b.primary.api_version(), "config.openshift.io/v1alpha1");
         assert!(!b.primary.namespaced);
-        assert_eq!(b.owns, [KindRef::of::<CronJob>()]);
+        assert_eq!(b.owns, [OwnedKind::reference(KindRef::of::<CronJob>())]);
         for c in &m.controllers {
             assert_eq!(
                 c.write_namespaces,

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 use wasmop_sdk::testing::{SnapshotBuilder, run};
-use wasmop_sdk::{Observation, Plan, Snapshot};
+use wasmop_sdk::{Observation, Plan, RequestTarget, Snapshot};
 
 use crate::engine::phase;
 use crate::{CLASS_CONTROLLER, ENGINE_CONTROLLER, EnginePlugin};
@@ -353,11 +353,8 @@ fn draining_polls_old_pods_and_waits_for_zero_queries() {
     let plan = w.reconcile();
     let ids: Vec<&str> = plan.http_requests.iter().map(|r| r.id.as_str()).collect();
     assert_eq!(ids, ["drain-e-g0-0", "drain-e-g0-1"]);
-    assert!(
-        plan.http_requests
-            .iter()
-            .all(|r| r.port == 9090 && r.target == "pods")
-    );
+    assert!(plan.http_requests.iter().all(|r| r.port == 9090
+        && matches!(&r.target, RequestTarget::Declared { id, .. } if id == "pods")));
     assert_eq!(plan.requeue_after_ms, Some(3000));
     let obs = |id: &str, body: &str, status: u16| Observation {
         id: id.into(),

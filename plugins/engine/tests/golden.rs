@@ -29,7 +29,7 @@ fn golden_dir() -> PathBuf {
 
 #[test]
 fn golden_plans_match_the_component() {
-    let report = wasmop::golden::check_plugin("engine", &golden_dir())
+    let report = wasmop::reconcile::golden::check_plugin("engine", &golden_dir())
         .unwrap_or_else(|e| panic!("{}", e.chain()));
     assert_eq!(
         report.fixture_names(),

@@ -666,7 +666,7 @@ fn the_manifest_declares_what_the_plan_uses() {
     let m = InstancePlugin::manifest();
     let c = &m.controllers[0];
     assert_eq!(c.primary.api_version(), "compute.firebolt.io/v1alpha1");
-    let owned: Vec<&str> = c.owns.iter().map(|k| k.kind.as_str()).collect();
+    let owned: Vec<&str> = c.owns.iter().map(|k| k.kind.kind.as_str()).collect();
     assert_eq!(
         owned,
         [

@@ -38,11 +38,14 @@
 //! ```
 //!
 //! The contract itself is `wit/reconciler.wit` (package
-//! `wasmop:reconciler@0.2.0`); this crate is the only place its guest
-//! bindings are generated. The native types here mirror the WIT records, with
-//! Kubernetes objects parsed into [`serde_json::Value`]. Their serde form is
-//! the JSON shape the host prints for snapshots and plans (camelCase fields,
-//! every list always present).
+//! `wasmop:reconciler@0.3.0`); this crate is the only place its guest
+//! bindings are generated. The manifest, plan and error types are those of
+//! the `wasmop-contract` crate (`wit/contract/`), which the host parses the
+//! plugin's output with, so both sides share one definition. Their serde
+//! form is the JSON text that crosses the boundary and the shape the host
+//! prints for plans (camelCase fields, every list always present). The
+//! snapshot is this crate's own type, with Kubernetes objects parsed into
+//! [`serde_json::Value`].
 //!
 //! Modules, one concept each:
 //!
@@ -78,13 +81,17 @@ mod glue;
 pub use conditions::{ConditionStatus, find_condition, is_true, set_condition};
 pub use error::ReconcileError;
 pub use hash::stable_hash;
-pub use manifest::{Controller, FieldRef, HttpTarget, KindRef, Manifest, Read, Selector};
+pub use manifest::{
+    Controller, FieldRef, HttpTarget, KindRef, Manifest, OwnedKind, Ownership, Read, Selector,
+};
 pub use plan::{
     ApplyOp, DeleteOp, Event, EventType, HttpMethod, HttpRequest, ObjectRef, Plan, Precondition,
-    SecretHeader,
+    RequestTarget, SecretHeader,
 };
 pub use settings::SettingsProblem;
 pub use snapshot::{Observation, RelatedObject, Snapshot};
+/// The contract's JSON types (re-exported `wasmop-contract`).
+pub use wasmop_contract as contract;
 
 /// Kubernetes API types (re-exported `k8s-openapi`, feature `v1_34`), so
 /// plugins use the same version as the SDK.
@@ -136,8 +143,8 @@ macro_rules! export_plugin {
     };
 }
 
-/// Exports a [`raw::RawPlugin`] implementation (WIT-level types, no
-/// conversion) as the component's `plugin` world.
+/// Exports a [`raw::RawPlugin`] implementation (WIT-level types and JSON
+/// text, no conversion) as the component's `plugin` world.
 ///
 /// This is the escape hatch for plugins that must produce output the typed
 /// path never would, such as the host's malformed-output tests. Prefer

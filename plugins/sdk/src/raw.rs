@@ -1,23 +1,21 @@
 //! The low-level escape hatch: the WIT-level types and trait, exactly as
 //! `wit-bindgen` generates them from `wit/reconciler.wit`.
 //!
-//! Here objects are JSON *text* and nothing is checked or converted, so a
-//! [`RawPlugin`] can return anything the WIT types can hold — including
-//! output the typed path never produces, such as an apply op whose object is
-//! not JSON. Only tests of the host need that; plugins use
-//! [`crate::Plugin`] and [`crate::export_plugin!`].
+//! Here the manifest, settings problems and plan are the JSON *text* the
+//! contract defines and nothing is checked, so a [`RawPlugin`] can return
+//! anything — including output the typed path never produces, such as a
+//! plan that is not JSON or an apply op whose object is a string. Only tests
+//! of the host need that; plugins use [`crate::Plugin`] and
+//! [`crate::export_plugin!`].
 //!
-//! Every native type converts to its WIT twin with `From`/`Into`, and back
-//! with `From` (or `TryFrom` where JSON text must be parsed, failing with
-//! [`crate::ReconcileError::Internal`]), so a raw plugin can build most of
-//! its answer with the typed API:
+//! A raw plugin can still build most of its answer with the typed API and
+//! edit the text:
 //!
 //! ```
-//! use wasmop_sdk::raw;
-//!
-//! let mut plan: raw::Plan = wasmop_sdk::Plan::new().event("Odd", "see apply").into();
-//! plan.apply.push(raw::ApplyOp { object: "{not json".into(), precondition: None, force: false });
-//! assert_eq!(plan.events.len(), 1);
+//! let plan = wasmop_sdk::Plan::new().event("Odd", "see apply");
+//! let text = wasmop_sdk::serde_json::to_string(&plan).unwrap();
+//! let broken = text.replace(r#""apply":[]"#, r#""apply":[{"object":"not an object"}]"#);
+//! assert!(broken.contains("not an object"));
 //! ```
 //!
 //! Export a raw plugin with [`crate::export_raw_plugin!`].
@@ -26,15 +24,14 @@ use std::marker::PhantomData;
 
 pub use crate::bindings::Guest as RawPlugin;
 pub use crate::bindings::wasmop::reconciler::types::{
-    ApplyOp, Controller, DeleteOp, Event, EventType, FieldRef, HttpMethod, HttpRequest, HttpTarget,
-    KindRef, Manifest, ObjectRef, Observation, Plan, Precondition, Read, ReconcileError,
-    RelatedObject, SecretHeader, Selector, SettingsProblem, Snapshot,
+    Observation, ReconcileError, RelatedObject, Snapshot,
 };
 
 use crate::Plugin;
+use crate::glue::json_text;
 
-/// Adapts a typed [`Plugin`] to the WIT-level [`RawPlugin`]: parses the JSON
-/// text coming in, calls the plugin, serializes what goes out.
+/// Adapts a typed [`Plugin`] to the WIT-level [`RawPlugin`]: parses the
+/// snapshot's JSON text, calls the plugin, serializes what goes out.
 /// [`crate::export_plugin!`] exports this type.
 pub struct Export<P>(PhantomData<P>);
 
@@ -45,17 +42,18 @@ impl<P> std::fmt::Debug for Export<P> {
 }
 
 impl<P: Plugin> RawPlugin for Export<P> {
-    fn manifest() -> Manifest {
-        P::manifest().into()
+    fn manifest() -> String {
+        json_text(&P::manifest())
     }
 
-    fn validate_settings(settings: String) -> Result<(), Vec<SettingsProblem>> {
+    fn validate_settings(settings: String) -> Result<(), String> {
         crate::glue::validate_settings::<P>(&settings)
-            .map_err(|problems| problems.into_iter().map(Into::into).collect())
     }
 
-    fn reconcile(snapshot: Snapshot) -> Result<Plan, ReconcileError> {
+    fn reconcile(snapshot: Snapshot) -> Result<String, ReconcileError> {
         let snapshot = crate::Snapshot::try_from(snapshot)?;
-        P::reconcile(&snapshot).map(Into::into).map_err(Into::into)
+        P::reconcile(&snapshot)
+            .map(|plan| json_text(&plan))
+            .map_err(Into::into)
     }
 }

@@ -1,29 +1,9 @@
 //! Settings checks: [`SettingsProblem`] and helpers for
 //! [`crate::Plugin::validate_settings`].
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// One problem found in the operator's settings for a plugin (WIT
-/// `settings-problem`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SettingsProblem {
-    /// Dotted path of the offending setting, empty for the whole document.
-    pub path: String,
-    /// What is wrong, for a person.
-    pub message: String,
-}
-
-impl SettingsProblem {
-    /// A problem at `path`.
-    pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
-        SettingsProblem {
-            path: path.into(),
-            message: message.into(),
-        }
-    }
-}
+pub use wasmop_contract::SettingsProblem;
 
 /// Checks that `settings` is a JSON object whose keys are all in `allowed`.
 ///

@@ -47,8 +47,8 @@ pub struct Snapshot {
     pub controller: String,
     /// The primary object.
     pub primary: Value,
-    /// Objects of owned kinds controlled by the primary, sorted by kind,
-    /// namespace and name.
+    /// Objects the primary owns (by controller ownerReference or owner
+    /// label), sorted by kind, namespace and name.
     #[serde(default)]
     pub owned: Vec<Value>,
     /// Objects selected by the controller's reads.
@@ -81,49 +81,11 @@ pub struct RelatedObject {
     pub object: Value,
 }
 
-/// The result of an HTTP request an earlier plan declared (WIT `observation`).
-///
-/// JSON: `{"id","status":200|null,"body":"text","error":null|"…","observedAt","ageMs"}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Observation {
-    /// The request's id.
-    pub id: String,
-    /// HTTP status code, when a response arrived.
-    pub status: Option<u16>,
-    /// Response body as text. Bytes that are not UTF-8 are replaced by
-    /// U+FFFD when the WIT bytes are converted.
-    #[serde(default)]
-    pub body: String,
-    /// Why the request failed or was cut.
-    #[serde(default)]
-    pub error: Option<String>,
-    /// When the response was received, RFC 3339.
-    pub observed_at: String,
-    /// Age of the result at snapshot time, in milliseconds.
-    #[serde(default)]
-    pub age_ms: u64,
-}
+pub use wasmop_contract::Observation;
 
-impl Observation {
-    /// True when a response arrived with a 2xx status and no error.
-    pub fn is_success(&self) -> bool {
-        self.error.is_none() && matches!(self.status, Some(200..=299))
-    }
-
-    /// The body parsed as JSON into `T`.
-    ///
-    /// # Errors
-    ///
-    /// [`ReconcileError::NotReady`] when the body does not parse: the remote
-    /// side answered something unexpected, which a later request may fix.
-    pub fn json<T: DeserializeOwned>(&self) -> Result<T, ReconcileError> {
-        serde_json::from_str(&self.body).map_err(|e| {
-            ReconcileError::not_ready(format!(
-                "observation `{}` body is not the expected JSON: {e}",
-                self.id
-            ))
-        })
+impl wasmop_contract::plan::PrimaryObject for Snapshot {
+    fn primary_object(&self) -> &Value {
+        &self.primary
     }
 }
 

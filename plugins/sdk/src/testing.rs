@@ -184,13 +184,14 @@ pub fn snapshot_from_yaml(yaml: &str, controller: &str) -> Snapshot {
 /// Runs `P`'s reconcile on `snapshot` the way the host would, natively.
 ///
 /// The snapshot goes through the same conversions as in the component (to
-/// the WIT types, JSON text, and back), and so does the plan, so what this
-/// returns is what the host would receive.
+/// the WIT types, JSON text, and back), and the plan through the same JSON
+/// text the host parses, so what this returns is what the host would
+/// receive.
 ///
 /// # Errors
 ///
 /// The plugin's [`ReconcileError`], or an internal error if the plan does not
-/// survive the trip through the WIT types.
+/// survive the trip through its JSON text.
 ///
 /// # Panics
 ///
@@ -202,7 +203,10 @@ pub fn run<P: Plugin>(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
     }
     let crossed = Snapshot::try_from(wit::Snapshot::from(snapshot.clone()))?;
     let plan = P::reconcile(&crossed)?;
-    Plan::try_from(wit::Plan::from(plan))
+    let text = crate::glue::json_text(&plan);
+    serde_json::from_str(&text).map_err(|e| {
+        ReconcileError::internal(format!("the plan does not survive its JSON text: {e}"))
+    })
 }
 
 #[cfg(test)]

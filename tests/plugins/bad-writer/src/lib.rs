@@ -60,7 +60,7 @@ mod tests {
             manifest.controllers[0]
                 .owns
                 .iter()
-                .all(|k| k.kind != "Secret")
+                .all(|k| k.kind.kind != "Secret")
         );
 
         let snapshot = SnapshotBuilder::new("badwriter")

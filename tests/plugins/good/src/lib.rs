@@ -169,7 +169,12 @@ spec: {value: hello}
         );
         assert_eq!(
             c.owns,
-            [KindRef::namespaced("", "v1", "ConfigMap", "configmaps")]
+            [wasmop_sdk::OwnedKind::reference(KindRef::namespaced(
+                "",
+                "v1",
+                "ConfigMap",
+                "configmaps"
+            ))]
         );
     }
 

@@ -53,6 +53,6 @@ mod tests {
         let m = Looper::manifest();
         assert_eq!((m.name.as_str(), m.version.as_str()), ("looper", "0.1.0"));
         assert_eq!(m.controllers[0].primary.plural, "loopers");
-        assert_eq!(m.controllers[0].owns[0].kind, "ConfigMap");
+        assert_eq!(m.controllers[0].owns[0].kind.kind, "ConfigMap");
     }
 }

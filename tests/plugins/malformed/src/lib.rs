@@ -1,17 +1,23 @@
-//! Test plugin `malformed`: reconcile returns an apply op whose object is
-//! not valid JSON ([`BROKEN_OBJECT`]). The host must reject the plan as
-//! malformed output and write nothing.
+//! Test plugin `malformed`: reconcile returns a plan whose apply op's
+//! object is not a JSON object but a string ([`BROKEN_OBJECT`]). The host
+//! must reject the plan as malformed output and write nothing.
 //!
-//! The typed SDK path always serializes valid JSON, so this plugin uses the
-//! SDK's low-level escape hatch: it implements [`RawPlugin`] over the
-//! WIT-level types and exports with `export_raw_plugin!`.
+//! The typed SDK path always produces well-formed plans, so this plugin
+//! uses the SDK's low-level escape hatch: it implements [`RawPlugin`] over
+//! the WIT-level types (plan as JSON text) and exports with
+//! `export_raw_plugin!`.
 
 use wasmop_sdk::k8s_openapi::api::core::v1::ConfigMap;
 use wasmop_sdk::raw::{self, RawPlugin};
-use wasmop_sdk::{Controller, KindRef, Manifest, Plan};
+use wasmop_sdk::{Controller, KindRef, Manifest};
 
-/// The apply op's object: JSON cut off in the middle.
-pub const BROKEN_OBJECT: &str = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"#;
+/// The apply op's object: a JSON string where an object must be.
+pub const BROKEN_OBJECT: &str = r#""apiVersion: v1, kind: ConfigMap""#;
+
+/// The plan text the plugin returns.
+pub fn broken_plan() -> String {
+    format!(r#"{{"apply":[{{"object":{BROKEN_OBJECT},"precondition":null,"force":false}}]}}"#)
+}
 
 /// The `malformed` plugin.
 #[derive(Debug)]
@@ -28,11 +34,11 @@ fn manifest() -> Manifest {
 }
 
 impl RawPlugin for Malformed {
-    fn manifest() -> raw::Manifest {
-        manifest().into()
+    fn manifest() -> String {
+        wasmop_sdk::serde_json::to_string(&manifest()).unwrap_or_default()
     }
 
-    fn validate_settings(settings: String) -> Result<(), Vec<raw::SettingsProblem>> {
+    fn validate_settings(settings: String) -> Result<(), String> {
         let problems = match wasmop_sdk::serde_json::from_str(&settings) {
             Ok(value) => wasmop_sdk::settings::only_keys(&value, &[])
                 .err()
@@ -45,18 +51,12 @@ impl RawPlugin for Malformed {
         if problems.is_empty() {
             Ok(())
         } else {
-            Err(problems.into_iter().map(Into::into).collect())
+            Err(wasmop_sdk::serde_json::to_string(&problems).unwrap_or_default())
         }
     }
 
-    fn reconcile(_snapshot: raw::Snapshot) -> Result<raw::Plan, raw::ReconcileError> {
-        let mut plan: raw::Plan = Plan::new().into();
-        plan.apply.push(raw::ApplyOp {
-            object: BROKEN_OBJECT.to_owned(),
-            precondition: None,
-            force: false,
-        });
-        Ok(plan)
+    fn reconcile(_snapshot: raw::Snapshot) -> Result<String, raw::ReconcileError> {
+        Ok(broken_plan())
     }
 }
 
@@ -65,37 +65,28 @@ wasmop_sdk::export_raw_plugin!(Malformed);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use wasmop_sdk::ReconcileError;
     use wasmop_sdk::testing::SnapshotBuilder;
 
     #[test]
-    fn apply_object_is_not_json() {
+    fn the_plan_is_json_but_its_object_is_not_an_object() {
         let snapshot = SnapshotBuilder::new("malformed").build();
-        let plan = Malformed::reconcile(snapshot.into()).unwrap();
-        assert_eq!(plan.apply.len(), 1);
-        assert!(
-            wasmop_sdk::serde_json::from_str::<wasmop_sdk::serde_json::Value>(
-                &plan.apply[0].object
-            )
-            .is_err()
-        );
-        assert!(matches!(
-            Plan::try_from(plan),
-            Err(ReconcileError::Internal(m)) if m.starts_with("plan apply[0].object is not valid JSON")
-        ));
+        let text = Malformed::reconcile(snapshot.into()).unwrap();
+        let plan: wasmop_sdk::serde_json::Value =
+            wasmop_sdk::serde_json::from_str(&text).expect("the plan text is JSON");
+        assert!(plan["apply"][0]["object"].is_string());
     }
 
     #[test]
     fn manifest_and_settings_are_well_formed() {
-        let m = Malformed::manifest();
+        let m: wasmop_sdk::Manifest =
+            wasmop_sdk::serde_json::from_str(&Malformed::manifest()).unwrap();
         assert_eq!(m.name, "malformed");
         assert_eq!(m.controllers[0].primary.kind, "Malformed");
         assert!(Malformed::validate_settings("{}".into()).is_ok());
-        assert_eq!(
-            Malformed::validate_settings(r#"{"x":1}"#.into())
-                .unwrap_err()
-                .len(),
-            1
-        );
+        let problems: Vec<wasmop_sdk::SettingsProblem> = wasmop_sdk::serde_json::from_str(
+            &Malformed::validate_settings(r#"{"x":1}"#.into()).unwrap_err(),
+        )
+        .unwrap();
+        assert_eq!(problems.len(), 1);
     }
 }

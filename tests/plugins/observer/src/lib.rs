@@ -4,7 +4,7 @@
 //! For each `Observer` (`test.wasmop.dev/v1`) with `spec.url` (a base URL
 //! such as `http://127.0.0.1:8080`, which must be on the operator's
 //! allow-list) and `spec.path` (default `/`):
-//! - plans a GET with id `probe` to target `allow-list`, object `spec.url`,
+//! - plans a GET with id `probe` to the allow-listed base URL `spec.url`,
 //!   the port of `spec.url` (80 when it names none) and `spec.path`;
 //! - when the snapshot holds the `probe` observation, writes
 //!   `status.observed = {status, body, error}` from it; otherwise leaves
@@ -16,14 +16,12 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 use wasmop_sdk::{
-    Controller, KindRef, Manifest, Plan, Plugin, ReconcileError, SettingsProblem, Snapshot,
-    settings,
+    Controller, HttpMethod, HttpRequest, KindRef, Manifest, Plan, Plugin, ReconcileError,
+    SettingsProblem, Snapshot, settings,
 };
 
 /// Id of the one request, and of its observation.
 pub const PROBE: &str = "probe";
-/// The request target meaning "a base URL on the operator's allow-list".
-pub const ALLOW_LIST: &str = "allow-list";
 
 #[derive(Deserialize)]
 struct Observed {
@@ -120,7 +118,9 @@ impl Plugin for ObserverPlugin {
         } else {
             path
         };
-        let mut plan = Plan::new().http_get(PROBE, ALLOW_LIST, &url, port, &path);
+        let mut request = HttpRequest::allow_listed(PROBE, HttpMethod::Get, &url, &path);
+        request.port = port;
+        let mut plan = Plan::new().http(request);
         if let Some(o) = snapshot.observation(PROBE) {
             plan = plan.status(json!({
                 "observed": {"status": o.status, "body": o.body, "error": o.error},
@@ -179,14 +179,16 @@ mod tests {
         let plan = run::<ObserverPlugin>(&snapshot).unwrap();
         assert_eq!(
             plan.http_requests,
-            vec![HttpRequest::new(
-                PROBE,
-                HttpMethod::Get,
-                ALLOW_LIST,
-                "http://127.0.0.1:8080",
-                8080,
-                "/state"
-            )]
+            vec![{
+                let mut r = HttpRequest::allow_listed(
+                    PROBE,
+                    HttpMethod::Get,
+                    "http://127.0.0.1:8080",
+                    "/state",
+                );
+                r.port = 8080;
+                r
+            }]
         );
         assert_eq!(plan.status, None, "nothing observed yet");
         assert!(plan.apply.is_empty());

@@ -26,224 +26,18 @@
 
 use std::collections::BTreeSet;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use crate::manifest::{Controller, KindRef, split_api_version};
 use crate::names;
 use crate::object;
+use crate::plugin::manifest::{Controller, KindRef, OwnedKind, Ownership, split_api_version};
 
-/// The label the host sets on every object it writes: `wasmop`.
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-/// The value of [`MANAGED_BY_LABEL`].
-pub const MANAGED_BY_VALUE: &str = "wasmop";
-/// The label naming the plugin that wrote an object.
-pub const PLUGIN_LABEL: &str = "wasmop.dev/plugin";
-
-/// What the plugin wants done for one primary (WIT `plan`).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
-pub struct Plan {
-    /// Objects to create or update by server-side apply.
-    pub apply: Vec<ApplyOp>,
-    /// Owned objects to delete.
-    pub delete: Vec<DeleteOp>,
-    /// The primary's new `.status`; `None` leaves it as is.
-    pub status: Option<Value>,
-    /// Fields of the primary to set (only the manifest's `primary-fields`).
-    pub primary_patch: Option<Value>,
-    /// Events to record on the primary.
-    pub events: Vec<Event>,
-    /// Reconcile again after this many milliseconds.
-    pub requeue_after_ms: Option<u64>,
-    /// While deleting: cleanup is done and the finalizer may go.
-    pub cleanup_complete: bool,
-    /// HTTP requests for the host to perform after the writes.
-    pub http_requests: Vec<HttpRequest>,
-}
-
-/// Create or update one object (WIT `apply-op`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ApplyOp {
-    /// The desired object.
-    pub object: Value,
-    /// What must hold of the current object for the plan to be written.
-    #[serde(default)]
-    pub precondition: Option<Precondition>,
-    /// Take ownership of fields another field manager set (server-side
-    /// apply with `force`); ignored by an [`Precondition::Absent`] create.
-    #[serde(default)]
-    pub force: bool,
-}
-
-/// A condition an apply requires of the current object (WIT `precondition`).
-///
-/// JSON: `{"absent":true}` or `{"resourceVersion":"…"}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "PreconditionJson", into = "PreconditionJson")]
-pub enum Precondition {
-    /// The object must not exist yet.
-    Absent,
-    /// The object must exist at exactly this resourceVersion.
-    ResourceVersion(String),
-}
-
-#[derive(Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct PreconditionJson {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    absent: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    resource_version: Option<String>,
-}
-
-impl From<Precondition> for PreconditionJson {
-    fn from(p: Precondition) -> Self {
-        match p {
-            Precondition::Absent => PreconditionJson {
-                absent: Some(true),
-                resource_version: None,
-            },
-            Precondition::ResourceVersion(rv) => PreconditionJson {
-                absent: None,
-                resource_version: Some(rv),
-            },
-        }
-    }
-}
-
-impl TryFrom<PreconditionJson> for Precondition {
-    type Error = &'static str;
-
-    fn try_from(p: PreconditionJson) -> Result<Self, Self::Error> {
-        match (p.absent, p.resource_version) {
-            (Some(true), None) => Ok(Precondition::Absent),
-            (None, Some(rv)) => Ok(Precondition::ResourceVersion(rv)),
-            _ => Err(r#"a precondition is {"absent":true} or {"resourceVersion":"…"}"#),
-        }
-    }
-}
-
-/// The identity of one existing object (WIT `object-ref`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ObjectRef {
-    /// `apiVersion`, e.g. `apps/v1`.
-    pub api_version: String,
-    /// Kind.
-    pub kind: String,
-    /// Namespace, empty for cluster-scoped objects.
-    #[serde(default)]
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-}
-
-impl std::fmt::Display for ObjectRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let ns = Some(self.namespace.as_str()).filter(|ns| !ns.is_empty());
-        f.write_str(&object::describe_parts(&self.kind, ns, &self.name))
-    }
-}
-
-/// Delete one owned object if it is still the one the plugin saw (WIT `delete-op`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DeleteOp {
-    /// Which object.
-    pub target: ObjectRef,
-    /// `metadata.uid` the plugin saw.
-    pub uid: String,
-    /// `metadata.resourceVersion` the plugin saw.
-    pub resource_version: String,
-}
-
-/// Kind of an Event. JSON: `"Normal"` or `"Warning"`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum EventType {
-    /// Something worth knowing happened.
-    Normal,
-    /// Something went wrong or needs attention.
-    Warning,
-}
-
-/// An Event to record on the primary (WIT `event`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Event {
-    /// Normal or Warning.
-    #[serde(rename = "type")]
-    pub event_type: EventType,
-    /// Short CamelCase reason.
-    pub reason: String,
-    /// Message for a person.
-    pub message: String,
-}
-
-/// HTTP method. JSON: `"GET"`, `"POST"`, `"PUT"`, `"DELETE"`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum HttpMethod {
-    /// Read-only.
-    Get,
-    /// Mutating.
-    Post,
-    /// Mutating.
-    Put,
-    /// Mutating.
-    Delete,
-}
-
-/// A header whose value the host reads from a Secret (WIT `secret-header`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SecretHeader {
-    /// Header name.
-    pub name: String,
-    /// Secret name in the primary's namespace.
-    pub secret: String,
-    /// Key in the Secret's data.
-    pub key: String,
-    /// Text put before the value.
-    pub prefix: String,
-}
-
-/// An HTTP request for the host to perform (WIT `http-request`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct HttpRequest {
-    /// Id of the result.
-    pub id: String,
-    /// `http-target` id from the manifest, or `allow-list`.
-    pub target: String,
-    /// Name of the Pod or Service, or the base URL for `allow-list`.
-    pub object: String,
-    /// Port.
-    pub port: u16,
-    /// Method.
-    pub method: HttpMethod,
-    /// Path and query, starting with `/`.
-    pub path: String,
-    /// Request body (UTF-8 text).
-    #[serde(default)]
-    pub body: String,
-    /// Plain headers.
-    #[serde(default)]
-    pub headers: Vec<(String, String)>,
-    /// Headers whose values come from Secrets.
-    #[serde(default)]
-    pub secret_headers: Vec<SecretHeader>,
-    /// Deadline in ms (0: host default).
-    #[serde(default)]
-    pub timeout_ms: u32,
-    /// Largest response body kept (0: host default).
-    #[serde(default)]
-    pub max_response_bytes: u32,
-    /// Results older than this are dropped (0: keep).
-    #[serde(default)]
-    pub max_age_ms: u64,
-}
+pub use wasmop_contract::plan::{
+    ApplyOp, DeleteOp, Event, EventType, HttpMethod, HttpRequest, ObjectRef, Plan, Precondition,
+    RequestTarget, SecretHeader,
+};
+pub use wasmop_contract::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, OWNER_UID_LABEL, PLUGIN_LABEL};
 
 /// What the validator needs to know about an object that already exists.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -252,6 +46,45 @@ pub struct ExistingObject {
     pub uid: String,
     /// The UID of its controller ownerReference, if it has one.
     pub controller_uid: Option<String>,
+    /// The value of its `wasmop.dev/owner-uid` label, if it has one.
+    pub owner_label: Option<String>,
+    /// Its `metadata.resourceVersion`: the version the plan was judged at,
+    /// which the write then carries as its precondition.
+    pub resource_version: String,
+}
+
+impl ExistingObject {
+    /// What an object as JSON says about its control.
+    pub fn of(obj: &Value) -> Self {
+        ExistingObject {
+            uid: object::uid(obj).to_owned(),
+            controller_uid: object::controller_uid(obj).map(str::to_owned),
+            owner_label: object::labels(obj).remove(OWNER_UID_LABEL),
+            resource_version: object::resource_version(obj).to_owned(),
+        }
+    }
+
+    /// True when neither an ownerReference controller nor a wasmop owner
+    /// label claims the object.
+    pub fn is_orphan(&self) -> bool {
+        self.controller_uid.is_none() && self.owner_label.is_none()
+    }
+
+    /// True when `primary_uid` controls the object under `ownership`: the
+    /// controller ownerReference for [`Ownership::OwnerReference`], the owner
+    /// label (and no other controller) for [`Ownership::OwnerLabel`].
+    pub fn is_controlled_by(&self, primary_uid: &str, ownership: &Ownership) -> bool {
+        match ownership {
+            Ownership::OwnerReference => self.controller_uid.as_deref() == Some(primary_uid),
+            Ownership::OwnerLabel { .. } => {
+                self.owner_label.as_deref() == Some(primary_uid)
+                    && self
+                        .controller_uid
+                        .as_deref()
+                        .is_none_or(|c| c == primary_uid)
+            }
+        }
+    }
 }
 
 /// Answers "does this object exist, and who controls it" for [`validate`].
@@ -268,7 +101,7 @@ pub trait ExistingLookup {
     ) -> Option<ExistingObject>;
 }
 
-impl<S: crate::snapshot::ObjectSource + ?Sized> ExistingLookup for S {
+impl<S: crate::reconcile::snapshot::ObjectSource + ?Sized> ExistingLookup for S {
     fn existing(
         &self,
         kind: &KindRef,
@@ -276,10 +109,7 @@ impl<S: crate::snapshot::ObjectSource + ?Sized> ExistingLookup for S {
         name: &str,
     ) -> Option<ExistingObject> {
         let found = self.get(kind, namespace, name)?;
-        Some(ExistingObject {
-            uid: object::uid(&found).to_owned(),
-            controller_uid: object::controller_uid(&found).map(str::to_owned),
-        })
+        Some(ExistingObject::of(&found))
     }
 }
 
@@ -387,7 +217,7 @@ pub fn validate(
     controller: &Controller,
     primary: &Value,
     existing: &dyn ExistingLookup,
-) -> Result<(), Vec<Violation>> {
+) -> Result<Judgement, Vec<Violation>> {
     let mut v = Validator {
         controller,
         primary_uid: object::uid(primary),
@@ -399,9 +229,11 @@ pub fn validate(
         existing,
         seen: BTreeSet::new(),
         out: Vec::new(),
+        judgement: Judgement::default(),
     };
     for op in &plan.apply {
-        v.apply(&op.object);
+        let judged = v.apply(&op.object);
+        v.judgement.applies.push(judged);
     }
     for op in &plan.delete {
         if is_primary(&op.target, controller, primary) {
@@ -414,7 +246,41 @@ pub fn validate(
         v.primary_patch(patch);
     }
     v.http_requests(&plan.http_requests);
-    if v.out.is_empty() { Ok(()) } else { Err(v.out) }
+    if v.out.is_empty() {
+        Ok(v.judgement)
+    } else {
+        Err(v.out)
+    }
+}
+
+/// What validation found out about the objects of a plan that passed: the
+/// facts the writes are fenced with.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Judgement {
+    /// One entry per apply op, in plan order.
+    pub applies: Vec<ApplyJudgement>,
+}
+
+/// What was judged about one applied object.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ApplyJudgement {
+    /// The object as it existed when judged; `None` when it did not exist
+    /// (the write is then a create, which fails if the object appeared
+    /// meanwhile).
+    pub existing: Option<Judged>,
+    /// The object exists, nothing controls it, and the controller declares
+    /// adoption of its kind: the write adopts it (fenced by its
+    /// resourceVersion, so it adopts exactly what was judged).
+    pub adopts: bool,
+}
+
+/// The identity of an existing object at judgement.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Judged {
+    /// Its UID.
+    pub uid: String,
+    /// Its resourceVersion.
+    pub resource_version: String,
 }
 
 /// True when `target` names the primary object (apiVersion, kind, namespace
@@ -438,6 +304,7 @@ struct Validator<'a> {
     existing: &'a dyn ExistingLookup,
     seen: BTreeSet<(String, String, String, String)>,
     out: Vec<Violation>,
+    judgement: Judgement,
 }
 
 impl<'a> Validator<'a> {
@@ -458,7 +325,7 @@ impl<'a> Validator<'a> {
         namespace: Option<&str>,
         name: &str,
         what: &str,
-    ) -> Option<&'a KindRef> {
+    ) -> Option<&'a OwnedKind> {
         let desc = object::describe_parts(kind, namespace, name);
         let controller: &'a Controller = self.controller;
         let Some(owned) = controller.owned_kind(api_version, kind) else {
@@ -481,7 +348,7 @@ impl<'a> Validator<'a> {
             );
             ok = false;
         }
-        match (owned.namespaced, namespace) {
+        match (owned.kind.namespaced, namespace) {
             (true, None) => {
                 self.push(
                     Rule::NamespaceNotAllowed,
@@ -510,6 +377,20 @@ impl<'a> Validator<'a> {
                         ),
                     };
                     self.push(Rule::NamespaceNotAllowed, desc.clone(), message);
+                    ok = false;
+                } else if owned.ownership == Ownership::OwnerReference
+                    && self.primary_namespace.is_some_and(|own| own != ns)
+                {
+                    self.push(
+                        Rule::NamespaceNotAllowed,
+                        desc.clone(),
+                        format!(
+                            "an ownerReference cannot cross from namespace {} to {ns}; \
+                             controller {} must own {kind} by label (owner-label) to write it there",
+                            self.primary_namespace.unwrap_or_default(),
+                            controller.name
+                        ),
+                    );
                     ok = false;
                 }
             }
@@ -541,7 +422,7 @@ impl<'a> Validator<'a> {
         ok.then_some(owned)
     }
 
-    fn apply(&mut self, obj: &Value) {
+    fn apply(&mut self, obj: &Value) -> ApplyJudgement {
         let desc = object::describe(obj);
         if !obj.is_object()
             || object::api_version(obj).is_empty()
@@ -553,7 +434,7 @@ impl<'a> Validator<'a> {
                 desc,
                 "an applied object needs apiVersion, kind and metadata.name".to_owned(),
             );
-            return;
+            return ApplyJudgement::default();
         }
         if object::value_at(obj, "metadata.ownerReferences").is_some_and(|v| !v.is_null()) {
             self.push(
@@ -562,8 +443,21 @@ impl<'a> Validator<'a> {
                 "the plugin may not set metadata.ownerReferences; the host sets them".to_owned(),
             );
         }
+        let (api_version, kind, namespace, name) = (
+            object::api_version(obj),
+            object::kind(obj),
+            object::namespace(obj),
+            object::name(obj),
+        );
         let labels = object::labels(obj);
-        for label in [MANAGED_BY_LABEL, PLUGIN_LABEL] {
+        let extra = self
+            .controller
+            .owned_kind(api_version, kind)
+            .and_then(OwnedKind::extra_label_key);
+        for label in [MANAGED_BY_LABEL, PLUGIN_LABEL, OWNER_UID_LABEL]
+            .into_iter()
+            .chain(extra)
+        {
             if labels.contains_key(label) {
                 self.push(
                     Rule::HostLabelForged,
@@ -572,24 +466,48 @@ impl<'a> Validator<'a> {
                 );
             }
         }
-        let (api_version, kind, namespace, name) = (
-            object::api_version(obj),
-            object::kind(obj),
-            object::namespace(obj),
-            object::name(obj),
-        );
         let Some(owned) = self.target(api_version, kind, namespace, name, "object") else {
-            return;
+            return ApplyJudgement::default();
         };
-        if let Some(found) = self.existing.existing(owned, namespace, name)
-            && found.controller_uid.as_deref() != Some(self.primary_uid)
-        {
-            let message = match found.controller_uid {
-                Some(other) => format!("exists and is controlled by another owner (uid {other})"),
-                None => "exists and has no controller; wasmop does not adopt objects".to_owned(),
-            };
-            self.push(Rule::NotControlledByPrimary, desc, message);
+        let Some(found) = self.existing.existing(&owned.kind, namespace, name) else {
+            return ApplyJudgement::default();
+        };
+        let judged = ApplyJudgement {
+            existing: Some(Judged {
+                uid: found.uid.clone(),
+                resource_version: found.resource_version.clone(),
+            }),
+            adopts: false,
+        };
+        if found.is_controlled_by(self.primary_uid, &owned.ownership) {
+            return judged;
         }
+        if found.is_orphan() && owned.adopt {
+            return ApplyJudgement {
+                adopts: true,
+                ..judged
+            };
+        }
+        let message = match (&found.controller_uid, &found.owner_label) {
+            (Some(other), _) if other != self.primary_uid => {
+                format!("exists and is controlled by another owner (uid {other})")
+            }
+            (_, Some(other)) if other != self.primary_uid => {
+                format!("exists and is owned by label by another primary (uid {other})")
+            }
+            (None, None) => format!(
+                "exists and nothing controls it; controller {} does not declare adoption of {}, \
+                 so it is left alone",
+                self.controller.name, owned.kind
+            ),
+            _ => format!(
+                "exists and is not marked as this primary's the way {} is owned ({})",
+                owned.kind,
+                ownership_name(&owned.ownership)
+            ),
+        };
+        self.push(Rule::NotControlledByPrimary, desc, message);
+        judged
     }
 
     fn delete(&mut self, op: &DeleteOp) {
@@ -599,17 +517,18 @@ impl<'a> Validator<'a> {
         let Some(owned) = self.target(&t.api_version, &t.kind, namespace, &t.name, "delete") else {
             return;
         };
-        match self.existing.existing(owned, namespace, &t.name) {
+        match self.existing.existing(&owned.kind, namespace, &t.name) {
             None => self.push(
                 Rule::DeleteTargetMissing,
                 desc,
                 "the object to delete does not exist".to_owned(),
             ),
-            Some(found) if found.controller_uid.as_deref() != Some(self.primary_uid) => self.push(
-                Rule::NotControlledByPrimary,
-                desc,
-                "the object to delete is not controlled by this primary".to_owned(),
-            ),
+            Some(found) if !found.is_controlled_by(self.primary_uid, &owned.ownership) => self
+                .push(
+                    Rule::NotControlledByPrimary,
+                    desc,
+                    "the object to delete is not controlled by this primary".to_owned(),
+                ),
             Some(found) if found.uid != op.uid => self.push(
                 Rule::UidMismatch,
                 desc,
@@ -671,24 +590,35 @@ impl<'a> Validator<'a> {
     }
 
     fn primary_patch(&mut self, patch: &Value) {
+        if !patch.is_object() {
+            self.push(
+                Rule::PrimaryFieldNotAllowed,
+                "primary".to_owned(),
+                "primaryPatch must be a JSON object".to_owned(),
+            );
+            return;
+        }
         let mut leaves = Vec::new();
-        leaf_paths(patch, String::new(), &mut leaves);
+        leaf_paths(patch, Vec::new(), &mut leaves);
+        let declared: Vec<Vec<String>> = self
+            .controller
+            .primary_fields
+            .iter()
+            .map(|f| field_segments(f))
+            .collect();
         for path in leaves {
-            let allowed = self
-                .controller
-                .primary_fields
-                .iter()
-                .any(|field| path == *field || path.starts_with(&format!("{field}.")));
-            if !allowed {
-                let message = if path.is_empty() {
-                    "primaryPatch must be a JSON object".to_owned()
-                } else {
+            // Whole segments only: `metadata.labels.app` does not allow the
+            // label `app.kubernetes.io/name`.
+            if !declared.iter().any(|d| path.starts_with(d)) {
+                self.push(
+                    Rule::PrimaryFieldNotAllowed,
+                    "primary".to_owned(),
                     format!(
-                        "primaryPatch sets {path}, which is not in primary-fields of controller {}",
+                        "primaryPatch sets {}, which is not in primary-fields of controller {}",
+                        path.join("."),
                         self.controller.name
-                    )
-                };
-                self.push(Rule::PrimaryFieldNotAllowed, "primary".to_owned(), message);
+                    ),
+                );
             }
         }
     }
@@ -711,23 +641,24 @@ impl<'a> Validator<'a> {
                     format!("path {:?} must start with /", req.path),
                 );
             }
-            // `allow-list` targets are checked against the operator's
+            // Allow-listed base URLs are checked against the operator's
             // allow-list when requests are performed.
-            if req.target == "allow-list" {
-                continue;
-            }
+            let (target_id, target_object) = match &req.target {
+                RequestTarget::AllowList { .. } => continue,
+                RequestTarget::Declared { id, object } => (id, object),
+            };
             match self
                 .controller
                 .http_targets
                 .iter()
-                .find(|t| t.id == req.target)
+                .find(|t| t.id == *target_id)
             {
                 None => self.push(
                     Rule::HttpTargetNotAllowed,
                     desc,
                     format!(
-                        "target {:?} is not an http-target of controller {}",
-                        req.target, self.controller.name
+                        "target {target_id:?} is not an http-target of controller {}",
+                        self.controller.name
                     ),
                 ),
                 Some(target) if !target.ports.contains(&req.port) => self.push(
@@ -736,11 +667,11 @@ impl<'a> Validator<'a> {
                     format!("port {} is not a port of target {:?}", req.port, target.id),
                 ),
                 Some(_) => {
-                    if let Err(why) = names::dns1123_subdomain(&req.object) {
+                    if let Err(why) = names::dns1123_subdomain(target_object) {
                         self.push(
                             Rule::InvalidName,
                             desc,
-                            format!("object name {:?} {why}", req.object),
+                            format!("object name {target_object:?} {why}"),
                         );
                     }
                 }
@@ -749,17 +680,15 @@ impl<'a> Validator<'a> {
     }
 }
 
-/// Dotted paths of the leaves of a JSON object; an empty object is no leaf
-/// (it writes nothing), anything else that is not an object is one.
-fn leaf_paths(value: &Value, prefix: String, out: &mut Vec<String>) {
+/// The paths (as key segments) of the leaves of a JSON object. Anything
+/// that is not a non-empty object is a leaf — an empty object too, since a
+/// merge patch writes it.
+fn leaf_paths(value: &Value, prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
     match value {
-        Value::Object(map) => {
+        Value::Object(map) if !map.is_empty() => {
             for (k, v) in map {
-                let path = if prefix.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{prefix}.{k}")
-                };
+                let mut path = prefix.clone();
+                path.push(k.clone());
                 leaf_paths(v, path, out);
             }
         }
@@ -767,19 +696,49 @@ fn leaf_paths(value: &Value, prefix: String, out: &mut Vec<String>) {
     }
 }
 
-/// The object as the host writes it: `obj` plus the controller
-/// ownerReference to `primary` (`controller: true`,
-/// `blockOwnerDeletion: true`) and the labels
-/// `app.kubernetes.io/managed-by: wasmop` and `wasmop.dev/plugin: <plugin>`.
+/// The key segments of a declared primary field: a label or annotation key
+/// is one segment whatever dots it holds (`metadata.labels.app.kubernetes.io/name`
+/// is `metadata`, `labels`, `app.kubernetes.io/name`); anything else splits
+/// at dots.
+fn field_segments(field: &str) -> Vec<String> {
+    for map in ["metadata.labels.", "metadata.annotations."] {
+        if let Some(key) = field.strip_prefix(map) {
+            let mut out: Vec<String> = map
+                .trim_end_matches('.')
+                .split('.')
+                .map(str::to_owned)
+                .collect();
+            out.push(key.to_owned());
+            return out;
+        }
+    }
+    field.split('.').map(str::to_owned).collect()
+}
+
+/// `owner-reference` or `owner-label`, as the manifest docs name them.
+fn ownership_name(ownership: &Ownership) -> &'static str {
+    match ownership {
+        Ownership::OwnerReference => "owner-reference",
+        Ownership::OwnerLabel { .. } => "owner-label",
+    }
+}
+
+/// The object as the host writes it: `obj` plus the marks of ownership and
+/// the labels `app.kubernetes.io/managed-by: wasmop` and
+/// `wasmop.dev/plugin: <plugin>`.
+///
+/// Ownership marks, by how the kind is owned:
+/// - owner-reference: the controller ownerReference to `primary`
+///   (`controller: true`, `blockOwnerDeletion: true`);
+/// - owner-label: the label `wasmop.dev/owner-uid: <primary uid>` (and the
+///   kind's extra label with the same value); no ownerReference.
 ///
 /// # Caveats
 ///
 /// Call it only on objects [`validate`] accepted: it overwrites
-/// `metadata.ownerReferences` (which validation guarantees the plugin did
-/// not set). Kubernetes ignores a namespaced ownerReference across
-/// namespaces, so objects written outside the primary's namespace are not
-/// garbage-collected with it.
-pub fn prepare_apply(obj: &Value, primary: &Value, plugin_name: &str) -> Value {
+/// `metadata.ownerReferences` and the owner labels (which validation
+/// guarantees the plugin did not set).
+pub fn prepare_apply(obj: &Value, primary: &Value, plugin_name: &str, owned: &OwnedKind) -> Value {
     let mut out = obj.clone();
     let Some(root) = out.as_object_mut() else {
         return out;
@@ -793,17 +752,33 @@ pub fn prepare_apply(obj: &Value, primary: &Value, plugin_name: &str) -> Value {
     let Some(metadata) = metadata.as_object_mut() else {
         return out;
     };
-    metadata.insert(
-        "ownerReferences".to_owned(),
-        json!([{
-            "apiVersion": object::api_version(primary),
-            "kind": object::kind(primary),
-            "name": object::name(primary),
-            "uid": object::uid(primary),
-            "controller": true,
-            "blockOwnerDeletion": true,
-        }]),
-    );
+    let uid = object::uid(primary);
+    let mut host_labels = vec![
+        (MANAGED_BY_LABEL, MANAGED_BY_VALUE),
+        (PLUGIN_LABEL, plugin_name),
+    ];
+    match &owned.ownership {
+        Ownership::OwnerReference => {
+            metadata.insert(
+                "ownerReferences".to_owned(),
+                json!([{
+                    "apiVersion": object::api_version(primary),
+                    "kind": object::kind(primary),
+                    "name": object::name(primary),
+                    "uid": uid,
+                    "controller": true,
+                    "blockOwnerDeletion": true,
+                }]),
+            );
+        }
+        Ownership::OwnerLabel { extra_label } => {
+            metadata.remove("ownerReferences");
+            host_labels.push((OWNER_UID_LABEL, uid));
+            if let Some(key) = extra_label {
+                host_labels.push((key.as_str(), uid));
+            }
+        }
+    }
     let labels = metadata
         .entry("labels")
         .or_insert_with(|| Value::Object(Map::new()));
@@ -811,8 +786,9 @@ pub fn prepare_apply(obj: &Value, primary: &Value, plugin_name: &str) -> Value {
         *labels = Value::Object(Map::new());
     }
     if let Some(labels) = labels.as_object_mut() {
-        labels.insert(MANAGED_BY_LABEL.to_owned(), json!(MANAGED_BY_VALUE));
-        labels.insert(PLUGIN_LABEL.to_owned(), json!(plugin_name));
+        for (key, value) in host_labels {
+            labels.insert(key.to_owned(), json!(value));
+        }
     }
     out
 }
@@ -824,8 +800,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::manifest::HttpTarget;
-    use crate::manifest::tests::controller;
+    use crate::plugin::manifest::HttpTarget;
+    use crate::plugin::manifest::tests::controller;
 
     const PRIMARY_UID: &str = "uid-primary";
 
@@ -852,6 +828,21 @@ mod tests {
                 ExistingObject {
                     uid: uid.into(),
                     controller_uid: controller.map(Into::into),
+                    owner_label: None,
+                    resource_version: "5".into(),
+                },
+            );
+            self
+        }
+
+        fn labelled(mut self, kind: &str, ns: &str, name: &str, uid: &str, owner: &str) -> Self {
+            self.0.insert(
+                (kind.into(), ns.into(), name.into()),
+                ExistingObject {
+                    uid: uid.into(),
+                    controller_uid: None,
+                    owner_label: Some(owner.into()),
+                    resource_version: "5".into(),
                 },
             );
             self
@@ -903,7 +894,7 @@ mod tests {
 
     fn violations(plan: &Plan, world: &World) -> Vec<String> {
         match validate(plan, &controller(), &primary(), world) {
-            Ok(()) => vec![],
+            Ok(_) => vec![],
             Err(vs) => vs.iter().map(ToString::to_string).collect(),
         }
     }
@@ -941,6 +932,8 @@ mod tests {
             ]
         );
         let mut c = controller();
+        c.owns[0] = OwnedKind::label(KindRef::namespaced("", "v1", "ConfigMap", "configmaps"));
+        c.finalizer = Some("f".into());
         c.write_namespaces = vec!["*".into()];
         assert!(validate(&plan, &c, &primary(), &World::default()).is_ok());
     }
@@ -1185,6 +1178,133 @@ mod tests {
     }
 
     #[test]
+    fn primary_fields_match_whole_segments_and_empty_objects_count() {
+        let mut c = controller();
+        c.primary_fields = vec!["metadata.labels.app".into(), "spec.id".into()];
+        let v = |patch: Value| -> Vec<String> {
+            let plan = Plan {
+                primary_patch: Some(patch),
+                ..Plan::default()
+            };
+            match validate(&plan, &c, &primary(), &World::default()) {
+                Ok(_) => vec![],
+                Err(vs) => vs.into_iter().map(|v| v.message).collect(),
+            }
+        };
+        assert!(v(json!({"metadata": {"labels": {"app": "x"}}})).is_empty());
+        assert_eq!(
+            v(json!({"metadata": {"labels": {"app.kubernetes.io/name": "x"}}})),
+            [
+                "primaryPatch sets metadata.labels.app.kubernetes.io/name, which is not in primary-fields of controller widget"
+            ]
+        );
+        assert_eq!(
+            v(json!({"spec": {"idx": 1}})),
+            ["primaryPatch sets spec.idx, which is not in primary-fields of controller widget"]
+        );
+        assert_eq!(
+            v(json!({"spec": {"other": {}}})),
+            ["primaryPatch sets spec.other, which is not in primary-fields of controller widget"]
+        );
+        assert!(v(json!({"spec": {"id": {}}})).is_empty());
+    }
+
+    #[test]
+    fn an_existing_object_nothing_controls_is_refused_unless_adoption_is_declared() {
+        let world = World::default().with("ConfigMap", "ns", "a", "u-a", None);
+        let plan = apply(vec![cm("ns", "a")]);
+        let vs = validate(&plan, &controller(), &primary(), &world).unwrap_err();
+        assert_eq!(vs[0].rule, Rule::NotControlledByPrimary);
+        assert!(
+            vs[0].message.contains("does not declare adoption"),
+            "{}",
+            vs[0].message
+        );
+
+        let mut adopting = controller();
+        adopting.owns[0].adopt = true;
+        let judged = validate(&plan, &adopting, &primary(), &world).unwrap();
+        assert!(judged.applies[0].adopts);
+        assert_eq!(
+            judged.applies[0]
+                .existing
+                .as_ref()
+                .unwrap()
+                .resource_version,
+            "5"
+        );
+
+        // Adoption never takes what something else controls.
+        let owned_elsewhere = World::default().with("ConfigMap", "ns", "a", "u-a", Some("other"));
+        assert!(validate(&plan, &adopting, &primary(), &owned_elsewhere).is_err());
+        let labelled_elsewhere = World::default().labelled("ConfigMap", "ns", "a", "u-a", "other");
+        assert!(validate(&plan, &adopting, &primary(), &labelled_elsewhere).is_err());
+    }
+
+    #[test]
+    fn label_owned_objects_are_judged_by_the_owner_label() {
+        let mut c = controller();
+        c.owns[0] = OwnedKind::label(KindRef::namespaced("", "v1", "ConfigMap", "configmaps"))
+            .extra_label("example.com/owner");
+        c.finalizer = Some("example.com/f".into());
+        c.write_namespaces = vec!["*".into()];
+        let ours = World::default().labelled("ConfigMap", "other-ns", "a", "u-a", PRIMARY_UID);
+        let plan = apply(vec![cm("other-ns", "a")]);
+        let judged = validate(&plan, &c, &primary(), &ours).unwrap();
+        assert!(!judged.applies[0].adopts);
+        // Another primary's label, or a controller reference only, is not ours.
+        let theirs = World::default().labelled("ConfigMap", "other-ns", "a", "u-a", "other");
+        assert!(validate(&plan, &c, &primary(), &theirs).is_err());
+        let by_ref = World::default().with("ConfigMap", "other-ns", "a", "u-a", Some(PRIMARY_UID));
+        assert!(validate(&plan, &c, &primary(), &by_ref).is_err());
+        // The plan may not set the owner labels itself.
+        let mut forged = cm("other-ns", "b");
+        forged["metadata"]["labels"] = json!({"example.com/owner": PRIMARY_UID});
+        let vs = validate(&apply(vec![forged]), &c, &primary(), &World::default()).unwrap_err();
+        assert_eq!(vs[0].rule, Rule::HostLabelForged);
+        let mut forged = cm("other-ns", "b");
+        forged["metadata"]["labels"] = json!({"wasmop.dev/owner-uid": "x"});
+        let vs = validate(&apply(vec![forged]), &c, &primary(), &World::default()).unwrap_err();
+        assert_eq!(vs[0].rule, Rule::HostLabelForged);
+        // Deletes are judged the same way.
+        let del = Plan {
+            delete: vec![delete_cm("other-ns", "a", "u-a")],
+            ..Plan::default()
+        };
+        assert!(validate(&del, &c, &primary(), &ours).is_ok());
+        assert!(validate(&del, &c, &primary(), &theirs).is_err());
+    }
+
+    #[test]
+    fn an_owner_reference_never_crosses_namespaces() {
+        let mut c = controller();
+        c.write_namespaces = vec!["other-ns".into()];
+        let vs = validate(
+            &apply(vec![cm("other-ns", "a")]),
+            &c,
+            &primary(),
+            &World::default(),
+        )
+        .unwrap_err();
+        assert_eq!(vs[0].rule, Rule::NamespaceNotAllowed);
+        assert!(vs[0].message.contains("owner-label"), "{}", vs[0].message);
+    }
+
+    #[test]
+    fn prepare_apply_marks_label_owned_objects_without_owner_references() {
+        let owned = OwnedKind::label(KindRef::namespaced("", "v1", "ConfigMap", "configmaps"))
+            .extra_label("example.com/owner");
+        let out = prepare_apply(&cm("other-ns", "a"), &primary(), "widget", &owned);
+        assert!(out["metadata"].get("ownerReferences").is_none());
+        assert_eq!(
+            out["metadata"]["labels"]["wasmop.dev/owner-uid"],
+            PRIMARY_UID
+        );
+        assert_eq!(out["metadata"]["labels"]["example.com/owner"], PRIMARY_UID);
+        assert_eq!(out["metadata"]["labels"]["wasmop.dev/plugin"], "widget");
+    }
+
+    #[test]
     fn http_requests_must_name_declared_targets_and_ports() {
         let mut c = controller();
         c.http_targets = vec![HttpTarget {
@@ -1192,19 +1312,16 @@ mod tests {
             kind: KindRef::namespaced("", "v1", "Pod", "pods"),
             ports: vec![8080],
         }];
-        let req = |target: &str, port: u16| HttpRequest {
-            id: format!("{target}-{port}"),
-            target: target.into(),
-            object: "pod-0".into(),
-            port,
-            method: HttpMethod::Get,
-            path: "/healthz".into(),
-            body: String::new(),
-            headers: vec![],
-            secret_headers: vec![],
-            timeout_ms: 0,
-            max_response_bytes: 0,
-            max_age_ms: 0,
+        let req = |target: &str, port: u16| {
+            let mut r = HttpRequest::get(
+                &format!("{target}-{port}"),
+                target,
+                "pod-0",
+                port,
+                "/healthz",
+            );
+            r.method = HttpMethod::Get;
+            r
         };
         let plan = Plan {
             http_requests: vec![
@@ -1226,6 +1343,7 @@ mod tests {
                     "metadata": {"name": "x", "namespace": "ns", "labels": {"app": "w"}}}),
             &primary(),
             "widget",
+            &OwnedKind::reference(KindRef::namespaced("", "v1", "ConfigMap", "configmaps")),
         );
         assert_eq!(
             out["metadata"]["ownerReferences"],

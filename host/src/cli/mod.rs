@@ -4,6 +4,8 @@
 //! function `fn name(args) -> Result<ExitCode, CliError>`, dispatched in
 //! [`execute`]. Errors are [`CliError`]s that display as one line.
 
+pub mod run;
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -13,10 +15,11 @@ use serde::Serialize;
 use serde_json::Value;
 use thiserror::Error;
 
-use crate::manifest::Manifest;
-use crate::offline::{self, InputError, OfflineError, Outcome};
+use crate::plugin::manifest::Manifest;
+use crate::plugin::rbac;
 use crate::plugin::{CompileCache, LoadError, LoadOptions, LoadedPlugin};
-use crate::rbac;
+use crate::reconcile::decide::Decision;
+use crate::reconcile::offline::{self, InputError, OfflineError};
 use crate::sandbox::{Limits, Sandbox, SandboxConfig, SandboxError};
 
 /// wasmop: a Kubernetes operator whose reconcile logic runs as WebAssembly
@@ -38,7 +41,7 @@ pub enum Command {
     Plan(PlanArgs),
     /// Run the operator: reconcile with the plugins in a directory, and
     /// hot-swap them as the directory changes.
-    Run(crate::run::RunArgs),
+    Run(crate::cli::run::RunArgs),
 }
 
 /// Output formats.
@@ -166,7 +169,7 @@ pub enum CliError {
     Offline(#[from] OfflineError),
     /// The operator could not start.
     #[error(transparent)]
-    Run(#[from] crate::run::RunError),
+    Run(#[from] crate::cli::run::RunError),
     /// The result could not be printed.
     #[error("cannot print the result: {reason}")]
     Render {
@@ -186,7 +189,7 @@ pub fn execute(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
         Command::Inspect(args) => inspect(args),
         Command::Plan(args) => plan(args),
-        Command::Run(args) => Ok(crate::run::run(args)?),
+        Command::Run(args) => Ok(crate::cli::run::run(args)?),
     }
 }
 
@@ -281,12 +284,20 @@ fn plan(args: PlanArgs) -> Result<ExitCode, CliError> {
         args.now.as_deref(),
         args.controller.as_deref(),
     )?;
-    if let Some(plan) = run.outcome.plan() {
+    if let Some(plan) = run.decision.plan() {
         print!("{}", render(plan, args.output)?);
     }
-    match &run.outcome {
-        Outcome::Planned(_) => Ok(ExitCode::SUCCESS),
-        Outcome::Rejected { violations, .. } => {
+    match &run.decision {
+        Decision::Planned { .. } => Ok(ExitCode::SUCCESS),
+        Decision::Skipped(reason) => {
+            eprintln!(
+                "the plugin is not called ({}): the primary is being deleted and holds no \
+                 finalizer of this controller, so garbage collection removes what it owns",
+                reason.as_str()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Decision::Rejected { violations, .. } => {
             eprintln!(
                 "error: the plan breaks {} rule(s); nothing of it would be written:",
                 violations.len()
@@ -296,7 +307,7 @@ fn plan(args: PlanArgs) -> Result<ExitCode, CliError> {
             }
             Ok(ExitCode::FAILURE)
         }
-        Outcome::Failed(e) => {
+        Decision::Failed(e) => {
             eprintln!(
                 "error: plugin {} failed ({}): {e}",
                 plugin.name(),

@@ -3,13 +3,13 @@
 //! A fixture directory holds `NAME.yaml` files (input of
 //! [`crate::offline`]: objects plus optional `Observations` and
 //! `PlanOptions` documents) and next to each the expected `NAME.plan.json`
-//! ([`crate::offline::Outcome::to_golden_text`]). The snapshot
+//! ([`crate::reconcile::offline::to_golden_text`]). The snapshot
 //! time is the fixture's `PlanOptions.now`, or [`GOLDEN_NOW`].
 //!
 //! ```no_run
-//! # fn main() -> Result<(), wasmop::golden::GoldenError> {
+//! # fn main() -> Result<(), wasmop::reconcile::golden::GoldenError> {
 //! // In a plugin's test:
-//! wasmop::golden::check(
+//! wasmop::reconcile::golden::check(
 //!     std::path::Path::new("../../target/plugins/instance.wasm"),
 //!     std::path::Path::new("tests/golden"),
 //! )?;
@@ -25,8 +25,8 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use thiserror::Error;
 
-use crate::offline::{self, InputError, OfflineError};
 use crate::plugin::{LoadError, LoadOptions, LoadedPlugin};
+use crate::reconcile::offline::{self, InputError, OfflineError};
 use crate::sandbox::{Sandbox, SandboxConfig, SandboxError};
 
 /// Snapshot time of fixtures that do not set one.
@@ -209,7 +209,7 @@ pub fn check(plugin: &Path, dir: &Path) -> Result<GoldenReport, GoldenError> {
                 fixture: fixture.clone(),
                 source,
             })?;
-        let actual = run.outcome.to_golden_text();
+        let actual = offline::to_golden_text(&run.decision);
         let expected_path = expected_path(&fixture);
         if bless {
             std::fs::write(&expected_path, &actual).map_err(|source| GoldenError::Io {

@@ -18,10 +18,10 @@ use serde::Deserialize;
 use serde_json::Value;
 use thiserror::Error;
 
+use crate::controller::leader::{self, LeaderConfig};
 use crate::controller::{Operator, OperatorConfig};
-use crate::hotswap::{OptionsFor, PluginDir};
-use crate::leader::{self, LeaderConfig};
 use crate::metrics;
+use crate::plugin::hotswap::{OptionsFor, PluginDir};
 use crate::plugin::{CompileCache, LoadOptions};
 use crate::sandbox::{Limits, Sandbox, SandboxConfig};
 

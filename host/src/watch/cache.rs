@@ -91,7 +91,7 @@ impl Data {
         if !uid.is_empty() {
             self.by_uid.insert(uid.to_string(), key.clone());
         }
-        if let Some(owner) = object::controller_uid(&obj) {
+        for owner in object::owner_uids(&obj) {
             self.by_owner
                 .entry(owner.to_string())
                 .or_default()
@@ -107,12 +107,12 @@ impl Data {
         if self.by_uid.get(uid) == Some(key) {
             self.by_uid.remove(uid);
         }
-        if let Some(owner) = object::controller_uid(&old)
-            && let Some(set) = self.by_owner.get_mut(owner)
-        {
-            set.remove(key);
-            if set.is_empty() {
-                self.by_owner.remove(owner);
+        for owner in object::owner_uids(&old) {
+            if let Some(set) = self.by_owner.get_mut(owner) {
+                set.remove(key);
+                if set.is_empty() {
+                    self.by_owner.remove(owner);
+                }
             }
         }
         Some(old)

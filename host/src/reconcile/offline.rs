@@ -1,6 +1,6 @@
 //! The whole reconcile path without a cluster: objects from YAML, the
 //! snapshot from a [`MemorySource`], the plugin call, plan validation.
-//! `wasmop plan` and the [`crate::golden`] harness are built on it.
+//! `wasmop plan` and the [`crate::reconcile::golden`] harness are built on it.
 //!
 //! # Input
 //!
@@ -26,11 +26,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use thiserror::Error;
 
-use crate::manifest::{Controller, Manifest, split_api_version};
 use crate::object;
-use crate::plan::{Plan, Violation, validate};
-use crate::plugin::{CallError, LoadedPlugin};
-use crate::snapshot::{MemorySource, Observation, build_snapshot};
+use crate::plugin::LoadedPlugin;
+use crate::plugin::manifest::{Controller, Manifest, split_api_version};
+use crate::reconcile::decide::{DecideInput, Decision, decide};
+use crate::reconcile::snapshot::{MemorySource, Observation};
+use crate::reconcile::validate::{Plan, Violation};
 
 /// The uid given to a primary that has none.
 pub const PRIMARY_UID: &str = "00000000-0000-0000-0000-000000000001";
@@ -138,63 +139,44 @@ pub enum OfflineError {
     },
 }
 
-/// How an offline run ended.
-#[derive(Debug)]
-pub enum Outcome {
-    /// A plan that passed validation.
-    Planned(Plan),
-    /// A plan that broke rules; nothing of it would be written.
-    Rejected {
-        /// The plan as the plugin returned it.
-        plan: Plan,
-        /// Every rule broken.
-        violations: Vec<Violation>,
-    },
-    /// The call failed.
-    Failed(CallError),
-}
-
-impl Outcome {
-    /// The plan, when the plugin returned one.
-    pub fn plan(&self) -> Option<&Plan> {
-        match self {
-            Outcome::Planned(plan) | Outcome::Rejected { plan, .. } => Some(plan),
-            Outcome::Failed(_) => None,
-        }
+/// The golden-file form of a decision, pretty-printed JSON ending in a
+/// newline: the plan itself when valid (exactly as `wasmop plan -o json`
+/// prints it), otherwise `{"rejected":{"violations":[…],"plan":{…}}}`,
+/// `{"failed":{"reason":"…","message":"…"}}` or
+/// `{"skipped":{"reason":"…"}}`.
+pub fn to_golden_text(decision: &Decision) -> String {
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    enum Golden<'a> {
+        Rejected {
+            violations: &'a [Violation],
+            plan: &'a Plan,
+        },
+        Failed {
+            reason: &'static str,
+            message: String,
+        },
+        Skipped {
+            reason: &'static str,
+        },
     }
-
-    /// The golden-file form, pretty-printed JSON ending in a newline: the
-    /// plan itself when valid (exactly as `wasmop plan -o json` prints it),
-    /// otherwise `{"rejected":{"violations":[…],"plan":{…}}}` or
-    /// `{"failed":{"reason":"…","message":"…"}}`.
-    pub fn to_golden_text(&self) -> String {
-        #[derive(Serialize)]
-        #[serde(rename_all = "camelCase")]
-        enum Golden<'a> {
-            Rejected {
-                violations: &'a [Violation],
-                plan: &'a Plan,
-            },
-            Failed {
-                reason: &'static str,
-                message: String,
-            },
+    let text = match decision {
+        Decision::Planned { plan, .. } => serde_json::to_string_pretty(plan),
+        Decision::Rejected { plan, violations } => {
+            serde_json::to_string_pretty(&Golden::Rejected { violations, plan })
         }
-        let text = match self {
-            Outcome::Planned(plan) => serde_json::to_string_pretty(plan),
-            Outcome::Rejected { plan, violations } => {
-                serde_json::to_string_pretty(&Golden::Rejected { violations, plan })
-            }
-            Outcome::Failed(e) => serde_json::to_string_pretty(&Golden::Failed {
-                reason: e.reason(),
-                message: e.to_string(),
-            }),
-        };
-        // Serializing these types cannot fail: every map key is a string.
-        let mut text = text.unwrap_or_default();
-        text.push('\n');
-        text
-    }
+        Decision::Failed(e) => serde_json::to_string_pretty(&Golden::Failed {
+            reason: e.reason(),
+            message: e.to_string(),
+        }),
+        Decision::Skipped(reason) => serde_json::to_string_pretty(&Golden::Skipped {
+            reason: reason.as_str(),
+        }),
+    };
+    // Serializing these types cannot fail: every map key is a string.
+    let mut text = text.unwrap_or_default();
+    text.push('\n');
+    text
 }
 
 /// Parses the objects file.
@@ -286,12 +268,13 @@ pub struct OfflineRun {
     pub controller: String,
     /// The primary, with defaults filled.
     pub primary: Arc<Value>,
-    /// How the run ended.
-    pub outcome: Outcome,
+    /// How the run was decided, exactly as the live operator decides.
+    pub decision: Decision,
 }
 
-/// Runs `plugin` over `input`: picks the primary, builds the snapshot with
-/// the live host's selection rules, calls the plugin and validates the plan.
+/// Runs `plugin` over `input`: picks the primary and decides it with
+/// [`decide`], the function the live operator uses — the same skip rule,
+/// snapshot selection, `now` rounding and validation.
 ///
 /// `now` and `controller` override the input's `PlanOptions`; `now`
 /// defaults to the current time. The plugin's settings are the ones it was
@@ -300,7 +283,7 @@ pub struct OfflineRun {
 /// # Errors
 ///
 /// [`OfflineError`] when there is no primary, the controller is unknown
-/// or `now` is not RFC 3339. A failing plugin is an [`Outcome::Failed`].
+/// or `now` is not RFC 3339. A failing plugin is a [`Decision::Failed`].
 pub fn run(
     plugin: &LoadedPlugin,
     input: &OfflineInput,
@@ -310,18 +293,14 @@ pub fn run(
     // The enforced manifest: `setting:` write namespaces resolved.
     let manifest = plugin.effective_manifest();
     let now = match now.or(input.options.now.as_deref()) {
-        Some(text) => {
-            let ts: k8s_openapi::jiff::Timestamp =
-                text.parse().map_err(|_| OfflineError::BadNow {
-                    now: text.to_owned(),
-                })?;
-            ts.to_string()
-        }
-        None => k8s_openapi::jiff::Timestamp::now().to_string(),
+        Some(text) => text.parse().map_err(|_| OfflineError::BadNow {
+            now: text.to_owned(),
+        })?,
+        None => jiff::Timestamp::now(),
     };
     let wanted = controller.or(input.options.controller.as_deref());
     if let Some(name) = wanted
-        && manifest.controller(name).is_none()
+        && manifest.controller_named(name).is_none()
     {
         return Err(OfflineError::UnknownController {
             plugin: manifest.name.clone(),
@@ -349,25 +328,21 @@ pub fn run(
     };
     let primary = Arc::new(objects[index].clone());
     let source = MemorySource::new(objects);
-    let snapshot = build_snapshot(
-        controller,
+    let decided = decide(
+        DecideInput {
+            plugin,
+            controller,
+            source: &source,
+            existing: &source,
+            now,
+        },
         Arc::clone(&primary),
-        &source,
-        &now,
-        plugin.settings(),
         input.observations.clone(),
     );
-    let outcome = match plugin.reconcile(&snapshot) {
-        Err(e) => Outcome::Failed(e),
-        Ok(plan) => match validate(&plan, controller, &primary, &source) {
-            Ok(()) => Outcome::Planned(plan),
-            Err(violations) => Outcome::Rejected { plan, violations },
-        },
-    };
     Ok(OfflineRun {
         controller: controller.name.clone(),
         primary,
-        outcome,
+        decision: decided.decision,
     })
 }
 
@@ -448,7 +423,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::manifest::tests::manifest;
+    use crate::plugin::manifest::tests::manifest;
 
     #[test]
     fn documents_lists_observations_and_options_are_read() {

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::manifest::Manifest;
+use crate::plugin::manifest::Manifest;
 
 const READ: &[&str] = &["get", "list", "watch"];
 const WRITE: &[&str] = &["create", "update", "patch", "delete"];
@@ -49,8 +49,8 @@ pub fn rules(manifest: &Manifest) -> Vec<PolicyRule> {
         );
         grant(&p.group, format!("{}/finalizers", p.plural), &["update"]);
         for owned in &c.owns {
-            grant(&owned.group, owned.plural.clone(), READ);
-            grant(&owned.group, owned.plural.clone(), WRITE);
+            grant(&owned.kind.group, owned.kind.plural.clone(), READ);
+            grant(&owned.kind.group, owned.kind.plural.clone(), WRITE);
         }
         for read in &c.reads {
             grant(&read.kind.group, read.kind.plural.clone(), READ);
@@ -100,7 +100,7 @@ pub fn cluster_role(manifest: &Manifest) -> ClusterRole {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::manifest::tests::manifest;
+    use crate::plugin::manifest::tests::manifest;
 
     fn as_text(rules: &[PolicyRule]) -> Vec<String> {
         rules

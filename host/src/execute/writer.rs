@@ -20,6 +20,33 @@ use kube::api::{
 };
 use serde_json::{Value, json};
 
+use crate::object::describe;
+
+/// What must still hold of an existing object for a write to succeed: the
+/// API server answers 409 Conflict otherwise, and the write is retried from
+/// a fresh snapshot — never forced.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Fence<'a> {
+    /// The object must still have this UID (it was not deleted and made
+    /// anew by someone else).
+    pub uid: Option<&'a str>,
+    /// The object must still be at exactly this resourceVersion.
+    pub resource_version: Option<&'a str>,
+}
+
+/// `obj` with the fence's uid and resourceVersion in its metadata, where an
+/// update checks them.
+fn fenced(obj: &Value, fence: &Fence<'_>) -> Value {
+    let mut body = obj.clone();
+    if let Some(uid) = fence.uid {
+        body["metadata"]["uid"] = json!(uid);
+    }
+    if let Some(rv) = fence.resource_version {
+        body["metadata"]["resourceVersion"] = json!(rv);
+    }
+    body
+}
+
 /// Why a write failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
@@ -68,7 +95,8 @@ impl ApplyError {
                 if status.code == 409
                     || status.code == 422
                         && status.reason == "Invalid"
-                        && status.message.contains("Precondition") =>
+                        && (status.message.contains("Precondition")
+                            || status.message.contains("metadata.uid")) =>
             {
                 Self::Conflict {
                     target,
@@ -87,16 +115,6 @@ impl ApplyError {
     }
 }
 
-/// `Kind namespace/name` for messages.
-pub fn describe(obj: &Value) -> String {
-    let kind = obj["kind"].as_str().unwrap_or("object");
-    let name = obj["metadata"]["name"].as_str().unwrap_or("?");
-    match obj["metadata"]["namespace"].as_str() {
-        Some(ns) if !ns.is_empty() => format!("{kind} {ns}/{name}"),
-        _ => format!("{kind} {name}"),
-    }
-}
-
 fn api_for(client: &Client, resource: &ApiResource, namespace: Option<&str>) -> Api<DynamicObject> {
     match namespace.filter(|n| !n.is_empty()) {
         Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
@@ -110,6 +128,17 @@ fn ns_of(obj: &Value) -> Option<&str> {
 
 fn name_of(obj: &Value) -> &str {
     obj["metadata"]["name"].as_str().unwrap_or_default()
+}
+
+/// True when an apply conflict message names field managers and every one
+/// of them is `manager` (`conflict with "wasmop-x" using v1: .data.a`).
+fn only_self_conflicts(message: &str, manager: &str) -> bool {
+    let mut named = message
+        .split("with \"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .peekable();
+    named.peek().is_some() && named.all(|m| m == manager)
 }
 
 /// Server-side apply parameters for `field_manager`, forced when asked.
@@ -147,35 +176,51 @@ impl Writer {
         &self.field_manager
     }
 
-    /// Server-side applies `obj`. With `resource_version`, the apply only
-    /// succeeds while the object is at that version. With `force`, fields
-    /// another field manager set move to this one instead of conflicting
-    /// (`force=true`); the resourceVersion still holds.
+    /// Server-side applies `obj` to an existing object, only while `fence`
+    /// holds. With `force`, fields another field manager set move to this
+    /// one instead of conflicting (`force=true`); the fence still holds.
     ///
     /// # Errors
     /// [`ApplyError::Conflict`] when another manager owns a field being
-    /// changed (without `force`) or the version moved; [`ApplyError::Api`]
-    /// otherwise.
+    /// changed (without `force`) or the fence does not hold;
+    /// [`ApplyError::Api`] otherwise.
     pub async fn apply(
         &self,
         resource: &ApiResource,
         obj: &Value,
-        resource_version: Option<&str>,
+        fence: Fence<'_>,
         force: bool,
     ) -> Result<Value, ApplyError> {
-        let mut body = obj.clone();
-        if let Some(rv) = resource_version {
-            body["metadata"]["resourceVersion"] = json!(rv);
-        }
+        let body = fenced(obj, &fence);
         let api = api_for(&self.client, resource, ns_of(obj));
-        api.patch(
-            name_of(obj),
-            &apply_params(&self.field_manager, force),
-            &Patch::Apply(&body),
-        )
-        .await
-        .map(|o| serde_json::to_value(o).unwrap_or_default())
-        .map_err(|e| ApplyError::from_kube(describe(obj), e))
+        let applied = api
+            .patch(
+                name_of(obj),
+                &apply_params(&self.field_manager, force),
+                &Patch::Apply(&body),
+            )
+            .await;
+        let applied = match applied {
+            // Fields this plugin's own manager holds from a create (an
+            // "Update" entry) conflict with its applies; taking them back
+            // from itself is no takeover, so only then is the apply forced.
+            Err(kube::Error::Api(status))
+                if !force
+                    && status.code == 409
+                    && only_self_conflicts(&status.message, &self.field_manager) =>
+            {
+                api.patch(
+                    name_of(obj),
+                    &apply_params(&self.field_manager, true),
+                    &Patch::Apply(&body),
+                )
+                .await
+            }
+            other => other,
+        };
+        applied
+            .map(|o| serde_json::to_value(o).unwrap_or_default())
+            .map_err(|e| ApplyError::from_kube(describe(obj), e))
     }
 
     /// Creates `obj`; fails with a conflict when it already exists.
@@ -262,9 +307,12 @@ impl Writer {
 
     /// JSON-merge-patches `patch` into `obj` under this field manager (an
     /// update, not an apply: fields set earlier are never removed because a
-    /// later patch omits them).
+    /// later patch omits them), only while `obj` is still at the
+    /// resourceVersion it has here: a concurrent edit is a conflict, not an
+    /// overwrite.
     ///
     /// # Errors
+    /// [`ApplyError::Conflict`] when `obj` changed meanwhile;
     /// [`ApplyError::Api`] when the API server refuses it.
     pub async fn merge_patch(
         &self,
@@ -272,6 +320,16 @@ impl Writer {
         obj: &Value,
         patch: &Value,
     ) -> Result<Value, ApplyError> {
+        let mut patch = patch.clone();
+        if let Some(rv) = obj["metadata"]["resourceVersion"].as_str()
+            && let Some(map) = patch.as_object_mut()
+        {
+            let meta = map.entry("metadata").or_insert_with(|| json!({}));
+            if let Some(meta) = meta.as_object_mut() {
+                meta.insert("resourceVersion".into(), json!(rv));
+            }
+        }
+        let patch = &patch;
         let api = api_for(&self.client, resource, ns_of(obj));
         let pp = PatchParams {
             field_manager: Some(self.field_manager.clone()),
@@ -323,10 +381,30 @@ mod tests {
     }
 
     #[test]
-    fn describe_names_kind_namespace_and_name() {
+    fn only_conflicts_with_the_own_manager_count_as_self_conflicts() {
+        let one = r#"Apply failed with 1 conflict: conflict with "wasmop-x" using v1: .data.a"#;
+        assert!(only_self_conflicts(one, "wasmop-x"));
+        assert!(!only_self_conflicts(one, "wasmop-y"));
+        let two = "Apply failed with 2 conflicts: conflicts with \"wasmop-x\" using v1:\n- .data.a\nconflict with \"kubectl-edit\" using v1: .data.b";
+        assert!(!only_self_conflicts(two, "wasmop-x"));
+        assert!(!only_self_conflicts(
+            "the object has been modified",
+            "wasmop-x"
+        ));
+    }
+
+    #[test]
+    fn a_fence_sets_uid_and_resource_version_in_the_body() {
         let o = json!({"kind":"ConfigMap","metadata":{"name":"a","namespace":"n"}});
-        assert_eq!(describe(&o), "ConfigMap n/a");
-        let o = json!({"kind":"EtcdBackup","metadata":{"name":"b"}});
-        assert_eq!(describe(&o), "EtcdBackup b");
+        let body = fenced(
+            &o,
+            &Fence {
+                uid: Some("u"),
+                resource_version: Some("7"),
+            },
+        );
+        assert_eq!(body["metadata"]["uid"], "u");
+        assert_eq!(body["metadata"]["resourceVersion"], "7");
+        assert_eq!(fenced(&o, &Fence::default()), o);
     }
 }

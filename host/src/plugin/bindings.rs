@@ -1,9 +1,9 @@
 //! The host side of the WIT contract, generated in exactly one place from
-//! the root `wit/` (package `wasmop:reconciler@0.2.0`, world `plugin`).
+//! the root `wit/` (package `wasmop:reconciler@0.3.0`, world `plugin`).
 //!
 //! Nothing outside [`crate::plugin`] touches these types: the rest of the
-//! host works with the native types of [`crate::manifest`],
-//! [`crate::snapshot`] and [`crate::plan`].
+//! host works with the native types of [`crate::plugin::manifest`],
+//! [`crate::reconcile::snapshot`] and [`crate::reconcile::validate`].
 
 #![allow(missing_docs)]
 

@@ -10,12 +10,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::manifest::{Controller, KindRef, Read, Selector, split_api_version};
 use crate::object;
-use crate::selector::LabelSelector;
+use crate::plugin::manifest::{Controller, KindRef, Read, Selector, split_api_version};
+use crate::reconcile::validate::ExistingObject;
+use crate::watch::selector::LabelSelector;
 
 /// Where snapshot objects come from.
 ///
@@ -42,29 +42,7 @@ pub struct RelatedObject {
     pub object: Arc<Value>,
 }
 
-/// The result of an HTTP request an earlier plan declared (WIT `observation`).
-///
-/// JSON: `{"id","status":200|null,"body":"text","error":null|"…","observedAt","ageMs"}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Observation {
-    /// The request's id.
-    pub id: String,
-    /// HTTP status code, when a response arrived.
-    #[serde(default)]
-    pub status: Option<u16>,
-    /// Response body as text.
-    #[serde(default)]
-    pub body: String,
-    /// Why the request failed or was cut.
-    #[serde(default)]
-    pub error: Option<String>,
-    /// When the response was received, RFC 3339.
-    pub observed_at: String,
-    /// Age of the result at snapshot time, in milliseconds.
-    #[serde(default)]
-    pub age_ms: u64,
-}
+pub use wasmop_contract::Observation;
 
 /// Everything a plugin sees for one reconcile (WIT `snapshot`), in host
 /// types. Converted to JSON texts only at the plugin boundary.
@@ -74,8 +52,8 @@ pub struct Snapshot {
     pub controller: String,
     /// The primary object.
     pub primary: Arc<Value>,
-    /// Owned objects (controller ownerReference = primary), sorted by kind,
-    /// namespace and name.
+    /// Owned objects (by controller ownerReference or owner label, as each
+    /// owned kind declares), sorted by kind, namespace and name.
     pub owned: Vec<Arc<Value>>,
     /// Objects selected by reads: reads in manifest order, objects of each
     /// read sorted by kind, namespace and name.
@@ -139,7 +117,12 @@ pub fn build_snapshot(
     let uid = object::uid(&primary).to_owned();
     let mut owned = Vec::new();
     for kind in &controller.owns {
-        owned.extend(source.owned_by(kind, &uid));
+        owned.extend(
+            source
+                .owned_by(&kind.kind, &uid)
+                .into_iter()
+                .filter(|o| ExistingObject::of(o).is_controlled_by(&uid, &kind.ownership)),
+        );
     }
     let owned = sorted_unique(owned);
 
@@ -302,7 +285,7 @@ impl MemorySource {
         let key: TypeKey = (group.to_owned(), object::kind(&obj).to_owned());
         let ns = object::namespace(&obj).unwrap_or_default().to_owned();
         let name = object::name(&obj).to_owned();
-        if let Some(owner) = object::controller_uid(&obj) {
+        for owner in object::owner_uids(&obj) {
             self.by_owner
                 .entry((key.clone(), owner.to_owned()))
                 .or_default()
@@ -330,7 +313,7 @@ impl ObjectSource for MemorySource {
         names
             .iter()
             .filter_map(|(ns, name)| self.by_name.get(&(key.clone(), ns.clone(), name.clone())))
-            .filter(|o| object::controller_uid(o) == Some(owner_uid))
+            .filter(|o| object::owner_uids(o).contains(&owner_uid))
             .cloned()
             .collect()
     }
@@ -362,8 +345,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::manifest::FieldRef;
-    use crate::manifest::tests::{configmap, controller};
+    use crate::plugin::manifest::FieldRef;
+    use crate::plugin::manifest::tests::{configmap, controller};
 
     const UID: &str = "uid-w";
 

@@ -1,0 +1,586 @@
+//! The live operator: routes cache changes to the primaries they concern,
+//! runs reconciles from the work queue, and turns each plugin answer into
+//! validated writes.
+//!
+//! ```text
+//! cache change ──route──▶ queue ──worker──▶ snapshot ▶ plugin ▶ validate ▶ execute
+//! ```
+//!
+//! # Guarantees
+//! - A primary is reconciled only after every cache its controller needs
+//!   has synced.
+//! - A change of a primary's status (or resourceVersion alone) does not
+//!   trigger it again, so the host's own status write never loops.
+//! - Owned objects re-trigger their controller owner; related objects
+//!   re-trigger exactly the primaries that select them (through the
+//!   reference index for field references, by namespace or label otherwise).
+//! - A plugin failure, a rejected plan or an empty plan never deletes
+//!   anything: only deletes the plugin names, validated, are executed.
+//! - Failures are reported on the primary as the `Reconciled` condition and
+//!   as a Warning Event, and retried with exponential backoff.
+
+pub mod leader;
+pub mod queue;
+pub(crate) mod route;
+mod worker;
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use kube::Client;
+use kube::api::ApiResource;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use crate::controller::queue::{Backoff, Queue};
+use crate::execute::Reporter;
+use crate::execute::writer::Writer;
+use crate::metrics;
+use crate::observe::{ObserveConfig, Observer};
+use crate::plugin::LoadedPlugin;
+use crate::plugin::manifest::{Controller, KindRef};
+use crate::reconcile::snapshot::ObjectSource;
+use crate::watch::cache::{Cache, Change, KindCache, KindKey, WatchSpec};
+use route::{PrimaryLookup, Route, key_of};
+
+pub use crate::execute::{
+    RECONCILED_BY_ANNOTATION, RECONCILED_CONDITION, api_resource, reconciled_by,
+};
+pub use route::kind_key;
+
+/// Tunables of the live operator.
+#[derive(Clone, Debug)]
+pub struct OperatorConfig {
+    /// Reconciles running at once (different primaries).
+    pub workers: usize,
+    /// First retry delay after a failure.
+    pub backoff_base: Duration,
+    /// Longest retry delay.
+    pub backoff_max: Duration,
+    /// Name reported as the Events' reporting controller.
+    pub reporter: String,
+    /// How long a new plugin's caches may take to sync before it is
+    /// rejected (e.g. its CRD is not installed).
+    pub sync_timeout: Duration,
+    /// Spacing of the re-queues after a plugin starts or is swapped.
+    pub requeue_spacing: Duration,
+    /// Limits and allow-list of the HTTP observations plans ask for.
+    pub observe: ObserveConfig,
+}
+
+impl Default for OperatorConfig {
+    fn default() -> Self {
+        Self {
+            workers: 4,
+            backoff_base: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(300),
+            reporter: "wasmop".into(),
+            sync_timeout: Duration::from_secs(60),
+            requeue_spacing: Duration::from_millis(5),
+            observe: ObserveConfig::default(),
+        }
+    }
+}
+
+/// Errors of registering a plugin with the live operator.
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    /// Another loaded controller already reconciles this kind.
+    #[error("kind {kind} is already reconciled by {owner}; {plugin} cannot claim it")]
+    KindClaimed {
+        /// The contested kind.
+        kind: String,
+        /// `plugin/controller` that holds it.
+        owner: String,
+        /// The plugin being loaded.
+        plugin: String,
+    },
+    /// A kind's watch did not complete its first list in time.
+    #[error("{plugin}: the watch of {kind} did not sync within {waited:?} (is its CRD installed?)")]
+    NotSynced {
+        /// The kind.
+        kind: String,
+        /// The plugin being loaded.
+        plugin: String,
+        /// How long it waited.
+        waited: Duration,
+    },
+}
+
+/// Identity of one primary for one controller.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PrimaryKey {
+    /// `plugin/controller`.
+    pub controller: Arc<str>,
+    /// Namespace, empty for cluster-scoped primaries.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl std::fmt::Display for PrimaryKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.namespace.is_empty() {
+            write!(f, "{} {}", self.controller, self.name)
+        } else {
+            write!(f, "{} {}/{}", self.controller, self.namespace, self.name)
+        }
+    }
+}
+
+/// One controller of one loaded plugin, as the operator runs it.
+struct Active {
+    id: Arc<str>,
+    plugin: Arc<LoadedPlugin>,
+    spec: Controller,
+    primary: KindKey,
+    primary_resource: ApiResource,
+    writer: Writer,
+    route: Route,
+}
+
+impl std::fmt::Debug for Active {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Active").field("id", &self.id).finish()
+    }
+}
+
+/// The live operator.
+pub struct Operator {
+    client: Client,
+    cache: Arc<Cache>,
+    controllers: RwLock<BTreeMap<Arc<str>, Arc<Active>>>,
+    queue: Arc<Queue<PrimaryKey>>,
+    backoff: Backoff<PrimaryKey>,
+    reporter: Reporter,
+    config: OperatorConfig,
+    leader: Arc<AtomicBool>,
+    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+    observer: Arc<Observer>,
+}
+
+impl std::fmt::Debug for Operator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Operator")
+            .field("controllers", &self.controller_ids())
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl Operator {
+    /// An operator watching `namespaces` (empty: all). Call [`Operator::run`]
+    /// to start routing and workers, and [`Operator::add_plugin`] for each
+    /// plugin.
+    pub fn new(
+        client: Client,
+        namespaces: Vec<String>,
+        config: OperatorConfig,
+    ) -> (Arc<Self>, mpsc::UnboundedReceiver<Change>) {
+        let (cache, changes) = Cache::new(client.clone(), namespaces);
+        let op = Arc::new(Self {
+            reporter: Reporter::new(client.clone(), &config.reporter),
+            client,
+            cache,
+            controllers: RwLock::new(BTreeMap::new()),
+            queue: Queue::new(),
+            backoff: Backoff::new(config.backoff_base, config.backoff_max),
+            observer: Observer::new(config.observe.clone()),
+            config,
+            leader: Arc::new(AtomicBool::new(true)),
+            tasks: Mutex::new(Vec::new()),
+        });
+        (op, changes)
+    }
+
+    /// The watch caches.
+    pub fn cache(&self) -> &Arc<Cache> {
+        &self.cache
+    }
+
+    /// `plugin/controller` of every running controller.
+    pub fn controller_ids(&self) -> Vec<String> {
+        self.controllers
+            .read()
+            .expect("controllers lock")
+            .keys()
+            .map(|k| k.to_string())
+            .collect()
+    }
+
+    /// The flag that gates writes (leader election); true by default.
+    pub fn leader_flag(&self) -> Arc<AtomicBool> {
+        self.leader.clone()
+    }
+
+    /// Starts the change router and the workers; returns when `shutdown`
+    /// resolves, after in-flight reconciles finished.
+    pub async fn run(
+        self: Arc<Self>,
+        mut changes: mpsc::UnboundedReceiver<Change>,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        let router = {
+            let op = self.clone();
+            tokio::spawn(async move {
+                while let Some(change) = changes.recv().await {
+                    op.route(&change);
+                }
+            })
+        };
+        let workers: Vec<_> = (0..self.config.workers.max(1))
+            .map(|_| {
+                let op = self.clone();
+                tokio::spawn(async move {
+                    while let Some(key) = op.queue.next().await {
+                        op.reconcile(&key).await;
+                        op.queue.done(&key);
+                    }
+                })
+            })
+            .collect();
+        {
+            let mut tasks = self.tasks.lock().expect("tasks lock");
+            tasks.push(router.abort_handle());
+            tasks.extend(workers.iter().map(|w| w.abort_handle()));
+        }
+        shutdown.await;
+        self.queue.close();
+        for w in workers {
+            let _ = w.await;
+        }
+        router.abort();
+    }
+
+    /// Stops everything at once — watches, routing, workers — without
+    /// waiting for in-flight reconciles (what a crash looks like to the
+    /// cluster).
+    pub fn abort(&self) {
+        for t in self.tasks.lock().expect("tasks lock").drain(..) {
+            t.abort();
+        }
+        self.queue.close();
+        self.cache.stop();
+    }
+
+    /// Starts the controllers of a loaded plugin, or replaces the running
+    /// version of a plugin with the same name (hot swap).
+    ///
+    /// Watches the plugin's kinds, waits until their caches synced, then
+    /// switches over in one step: reconciles already running finish on the
+    /// old version, every later one runs the new. Every primary of the
+    /// plugin is queued again, spread out at [`OperatorConfig::requeue_spacing`]
+    /// so a swap is not a thundering herd.
+    ///
+    /// # Errors
+    /// [`OperatorError::KindClaimed`] when a primary kind is reconciled by
+    /// another plugin; [`OperatorError::NotSynced`] when a kind's cache does
+    /// not sync in time (e.g. its CRD is not installed). Nothing changes
+    /// then: the running version, if any, keeps serving.
+    pub async fn add_plugin(&self, plugin: Arc<LoadedPlugin>) -> Result<(), OperatorError> {
+        // The manifest with `setting:` write namespaces resolved: what
+        // validation enforces.
+        let manifest = plugin.effective_manifest().clone();
+        {
+            let controllers = self.controllers.read().expect("controllers lock");
+            for c in &manifest.controllers {
+                for other in controllers.values() {
+                    if other.plugin.name() != plugin.name()
+                        && other.spec.primary.same_type(&c.primary)
+                    {
+                        return Err(OperatorError::KindClaimed {
+                            kind: c.primary.to_string(),
+                            owner: other.id.to_string(),
+                            plugin: plugin.name().to_string(),
+                        });
+                    }
+                }
+            }
+        }
+        let mut caches: Vec<Arc<KindCache>> = Vec::new();
+        let mut actives = Vec::new();
+        for c in &manifest.controllers {
+            let id: Arc<str> = format!("{}/{}", plugin.name(), c.name).into();
+            caches.push(self.cache.ensure(WatchSpec {
+                resource: api_resource(&c.primary),
+                namespaced: c.primary.namespaced,
+                managed_only: false,
+            }));
+            for r in &c.reads {
+                caches.push(self.cache.ensure(WatchSpec {
+                    resource: api_resource(&r.kind),
+                    namespaced: r.kind.namespaced,
+                    managed_only: false,
+                }));
+            }
+            for o in &c.owns {
+                let read_elsewhere = self.kind_is_read(&kind_key(&o.kind), &manifest.controllers);
+                caches.push(self.cache.ensure(WatchSpec {
+                    resource: api_resource(&o.kind),
+                    namespaced: o.kind.namespaced,
+                    managed_only: !read_elsewhere,
+                }));
+            }
+            actives.push(Arc::new(Active {
+                id: id.clone(),
+                spec: c.clone(),
+                primary: kind_key(&c.primary),
+                primary_resource: api_resource(&c.primary),
+                writer: Writer::new(self.client.clone(), format!("wasmop-{}", plugin.name())),
+                plugin: plugin.clone(),
+                route: Route::new(id.clone(), c.clone()),
+            }));
+        }
+        for c in &caches {
+            if tokio::time::timeout(self.config.sync_timeout, c.wait_synced())
+                .await
+                .is_err()
+            {
+                self.drop_unused_caches();
+                return Err(OperatorError::NotSynced {
+                    kind: c.key().to_string(),
+                    plugin: plugin.name().to_string(),
+                    waited: self.config.sync_timeout,
+                });
+            }
+        }
+        let mut queued = Vec::new();
+        let replaced = {
+            let mut controllers = self.controllers.write().expect("controllers lock");
+            let old: Vec<Arc<str>> = controllers
+                .iter()
+                .filter(|(_, a)| a.plugin.name() == plugin.name())
+                .map(|(k, _)| k.clone())
+                .collect();
+            let replaced = old.iter().filter_map(|k| controllers.remove(k)).next();
+            for a in actives {
+                if let Some(kc) = self.cache.kind(&a.primary) {
+                    for obj in kc.list(None) {
+                        a.route.index_refs(&obj);
+                        queued.push(key_of(&a.id, &obj));
+                    }
+                }
+                controllers.insert(a.id.clone(), a);
+            }
+            replaced
+        };
+        let m = metrics::global();
+        if let Some(old) = &replaced {
+            m.remove_where("wasmop_plugin_info", "plugin", old.plugin.name());
+        }
+        m.set(
+            "wasmop_plugin_info",
+            &[
+                ("plugin", plugin.name()),
+                ("version", plugin.version()),
+                ("digest", plugin.digest()),
+            ],
+            1.0,
+        );
+        m.inc("wasmop_plugin_loads_total", &[("plugin", plugin.name())]);
+        match &replaced {
+            Some(old) => tracing::info!(
+                plugin = plugin.name(),
+                from = old.plugin.version(),
+                to = plugin.version(),
+                digest = plugin.digest(),
+                primaries = queued.len(),
+                "plugin swapped"
+            ),
+            None => tracing::info!(
+                plugin = plugin.name(),
+                version = plugin.version(),
+                digest = plugin.digest(),
+                controllers = manifest.controllers.len(),
+                primaries = queued.len(),
+                "plugin started"
+            ),
+        }
+        for (i, key) in queued.into_iter().enumerate() {
+            let delay = self
+                .config
+                .requeue_spacing
+                .saturating_mul(u32::try_from(i).unwrap_or(u32::MAX));
+            self.queue.add_after(key, delay);
+        }
+        self.drop_unused_caches();
+        Ok(())
+    }
+
+    /// Stops the controllers of a plugin. Its objects stay: nothing is
+    /// deleted because a plugin went away. Returns whether it was running.
+    pub fn remove_plugin(&self, name: &str) -> bool {
+        let removed: Vec<Arc<Active>> = {
+            let mut controllers = self.controllers.write().expect("controllers lock");
+            let ids: Vec<Arc<str>> = controllers
+                .iter()
+                .filter(|(_, a)| a.plugin.name() == name)
+                .map(|(k, _)| k.clone())
+                .collect();
+            ids.iter().filter_map(|k| controllers.remove(k)).collect()
+        };
+        if removed.is_empty() {
+            return false;
+        }
+        metrics::global().remove_where("wasmop_plugin_info", "plugin", name);
+        tracing::info!(
+            plugin = name,
+            "plugin removed; its controllers stopped, its objects left in place"
+        );
+        self.drop_unused_caches();
+        true
+    }
+
+    /// Queues every primary of every running controller again, spaced out
+    /// like a plugin start (e.g. after this replica became the leader and
+    /// its earlier reconciles skipped their writes).
+    pub fn requeue_all(&self) {
+        let keys: Vec<PrimaryKey> = {
+            let controllers = self.controllers.read().expect("controllers lock");
+            controllers
+                .values()
+                .flat_map(|a| {
+                    self.cache
+                        .kind(&a.primary)
+                        .map(|kc| kc.list(None))
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|o| key_of(&a.id, o))
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        for (i, key) in keys.into_iter().enumerate() {
+            let delay = self
+                .config
+                .requeue_spacing
+                .saturating_mul(u32::try_from(i).unwrap_or(u32::MAX));
+            self.queue.add_after(key, delay);
+        }
+    }
+
+    /// The name, version and digest of every running plugin.
+    pub fn plugins(&self) -> Vec<(String, String, String)> {
+        let mut out: Vec<(String, String, String)> = self
+            .controllers
+            .read()
+            .expect("controllers lock")
+            .values()
+            .map(|a| {
+                (
+                    a.plugin.name().to_string(),
+                    a.plugin.version().to_string(),
+                    a.plugin.digest().to_string(),
+                )
+            })
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// Stops the watches no running controller needs any more.
+    fn drop_unused_caches(&self) {
+        let needed: HashSet<KindKey> = self
+            .controllers
+            .read()
+            .expect("controllers lock")
+            .values()
+            .flat_map(|a| {
+                let c = &a.spec;
+                std::iter::once(kind_key(&c.primary))
+                    .chain(c.owns.iter().map(|o| kind_key(&o.kind)))
+                    .chain(c.reads.iter().map(|r| kind_key(&r.kind)))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        for k in self.cache.kinds() {
+            if !needed.contains(&k) {
+                self.cache.remove(&k);
+            }
+        }
+    }
+
+    fn kind_is_read(&self, key: &KindKey, incoming: &[Controller]) -> bool {
+        let reads = |c: &Controller| {
+            kind_key(&c.primary) == *key || c.reads.iter().any(|r| kind_key(&r.kind) == *key)
+        };
+        incoming.iter().any(reads)
+            || self
+                .controllers
+                .read()
+                .expect("controllers lock")
+                .values()
+                .any(|a| reads(&a.spec))
+    }
+}
+
+/// The live caches as the snapshot builder's object source and routing's
+/// primary lookup.
+#[derive(Clone)]
+pub(crate) struct CacheSource {
+    pub(crate) cache: Arc<Cache>,
+}
+
+impl ObjectSource for CacheSource {
+    fn owned_by(&self, kind: &KindRef, owner_uid: &str) -> Vec<Arc<Value>> {
+        self.cache
+            .kind(&kind_key(kind))
+            .map(|kc| kc.owned_by(owner_uid))
+            .unwrap_or_default()
+    }
+
+    fn get(&self, kind: &KindRef, namespace: Option<&str>, name: &str) -> Option<Arc<Value>> {
+        self.cache
+            .kind(&kind_key(kind))?
+            .get(namespace.unwrap_or_default(), name)
+    }
+
+    fn list(&self, kind: &KindRef, namespace: Option<&str>) -> Vec<Arc<Value>> {
+        self.cache
+            .kind(&kind_key(kind))
+            .map(|kc| kc.list(namespace))
+            .unwrap_or_default()
+    }
+}
+
+impl PrimaryLookup for CacheSource {
+    fn by_uid(&self, kind: &KindKey, uid: &str) -> Option<Arc<Value>> {
+        self.cache.kind(kind)?.get_by_uid(uid)
+    }
+
+    fn list(&self, kind: &KindKey, namespace: Option<&str>) -> Vec<Arc<Value>> {
+        self.cache
+            .kind(kind)
+            .map(|kc| kc.list(namespace))
+            .unwrap_or_default()
+    }
+}
+
+impl Operator {
+    /// Routes a cache change to the primaries it concerns.
+    fn route(&self, change: &Change) {
+        let actives: Vec<Arc<Active>> = self
+            .controllers
+            .read()
+            .expect("controllers lock")
+            .values()
+            .cloned()
+            .collect();
+        let routes: Vec<&Route> = actives.iter().map(|a| &a.route).collect();
+        let source = CacheSource {
+            cache: Arc::clone(&self.cache),
+        };
+        let routed = route::route(&routes, change, &source);
+        for (key, uid) in routed.gone {
+            self.observer.forget(&uid);
+            self.queue.forget(&key);
+            self.backoff.reset(&key);
+        }
+        for key in routed.keys {
+            self.queue.add(key);
+        }
+    }
+}

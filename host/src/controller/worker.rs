@@ -1,0 +1,265 @@
+//! The worker: one reconcile of one primary, as one `match` on the
+//! [`Decision`] (controller-runtime's `reconcileHandler`): skipped → done;
+//! failed or rejected → report and back off; planned → (leader?) execute,
+//! requeue, observe.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::controller::{Active, CacheSource, Operator, PrimaryKey};
+use crate::execute::{self, Target, report};
+use crate::metrics;
+use crate::object;
+use crate::observe::PrimaryInfo;
+use crate::plugin::manifest::KindRef;
+use crate::reconcile::decide::{DecideInput, Decision, decide, format_now};
+use crate::reconcile::validate::Plan;
+
+impl Operator {
+    /// One reconcile of one primary, start to end. Never panics on bad
+    /// input; every failure ends up on the primary's conditions and Events.
+    pub(super) async fn reconcile(&self, key: &PrimaryKey) {
+        let active = self
+            .controllers
+            .read()
+            .expect("controllers lock")
+            .get(&key.controller)
+            .cloned();
+        let Some(a) = active else { return };
+        let Some(primary) = self
+            .cache
+            .kind(&a.primary)
+            .and_then(|kc| kc.get(&key.namespace, &key.name))
+        else {
+            return;
+        };
+        let now = jiff::Timestamp::now();
+        let now_text = format_now(now);
+        let observations = self.observer.results(object::uid(&primary), now);
+        let source = CacheSource {
+            cache: Arc::clone(&self.cache),
+        };
+        let started = std::time::Instant::now();
+        let decided = {
+            let a = Arc::clone(&a);
+            let primary = Arc::clone(&primary);
+            tokio::task::spawn_blocking(move || {
+                decide(
+                    DecideInput {
+                        plugin: &a.plugin,
+                        controller: &a.spec,
+                        source: &source,
+                        existing: &source,
+                        now,
+                    },
+                    primary,
+                    observations,
+                )
+            })
+            .await
+        };
+        let elapsed = started.elapsed();
+        metrics::global().add(
+            "wasmop_reconcile_seconds_total",
+            &[("controller", &a.id)],
+            elapsed.as_secs_f64(),
+        );
+        let decided = match decided {
+            Ok(decided) => decided,
+            Err(join) => {
+                let message = format!("reconcile task failed: {join}");
+                self.fail(&a, key, &primary, "PluginTrapped", &message, &now_text)
+                    .await;
+                return;
+            }
+        };
+        match decided.decision {
+            Decision::Skipped(_) => {}
+            Decision::Failed(e) => {
+                self.fail(&a, key, &primary, e.reason(), &e.to_string(), &now_text)
+                    .await;
+            }
+            Decision::Rejected { violations, .. } => {
+                let message = violations
+                    .iter()
+                    .map(|v| v.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                let message = format!("plan rejected, nothing written: {message}");
+                self.fail(&a, key, &primary, "PlanRejected", &message, &now_text)
+                    .await;
+            }
+            Decision::Planned { plan, judgement } => {
+                tracing::debug!(primary = %key, plugin_version = %a.plugin.version(), ?elapsed,
+                    applied = plan.apply.len(), deleted = plan.delete.len(), "plan");
+                if !self.leader.load(Ordering::SeqCst) {
+                    return;
+                }
+                let target = Target {
+                    spec: &a.spec,
+                    plugin: &a.plugin,
+                    writer: &a.writer,
+                    primary_resource: &a.primary_resource,
+                    leader: &self.leader,
+                };
+                match execute::execute(
+                    target,
+                    &primary,
+                    &plan,
+                    &judgement,
+                    &now_text,
+                    &self.reporter,
+                )
+                .await
+                {
+                    Ok(_) => {
+                        metrics::global().inc(
+                            "wasmop_reconcile_total",
+                            &[("controller", &a.id), ("result", "Reconciled")],
+                        );
+                        self.backoff.reset(key);
+                        tracing::info!(primary = %key, plugin_version = %a.plugin.version(),
+                            applied = plan.apply.len(), deleted = plan.delete.len(), "reconciled");
+                        if let Some(ms) = plan.requeue_after_ms {
+                            self.queue.add_after(key.clone(), Duration::from_millis(ms));
+                        }
+                        if !plan.http_requests.is_empty()
+                            && let Some(snapshot) = &decided.snapshot
+                        {
+                            let seen: Vec<Arc<Value>> = snapshot
+                                .owned
+                                .iter()
+                                .cloned()
+                                .chain(snapshot.related.iter().map(|r| r.object.clone()))
+                                .collect();
+                            self.observe(&a, key, &primary, &plan, &seen);
+                        }
+                    }
+                    Err(e)
+                        if e.is_conflict()
+                            || matches!(e, execute::ExecuteError::LostLeadership) =>
+                    {
+                        // The world moved since the snapshot (or another
+                        // replica leads now): a fresh snapshot is the fix,
+                        // not a failure to report.
+                        metrics::global().inc(
+                            "wasmop_reconcile_total",
+                            &[("controller", &a.id), ("result", e.reason())],
+                        );
+                        let delay = self.backoff.fail(key);
+                        tracing::info!(primary = %key, reason = e.reason(), error = %e,
+                            retry_in = ?delay, "reconcile deferred");
+                        self.queue.add_after(key.clone(), delay);
+                    }
+                    Err(e) => {
+                        // Re-read: the failed write may have been preceded by others.
+                        let current = self
+                            .cache
+                            .kind(&a.primary)
+                            .and_then(|kc| kc.get(&key.namespace, &key.name));
+                        let primary = current.unwrap_or(primary);
+                        self.fail(&a, key, &primary, e.reason(), &e.to_string(), &now_text)
+                            .await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Performs the plan's HTTP requests after its writes; their results
+    /// reach the primary's next snapshot, which is queued when they are in.
+    fn observe(
+        &self,
+        a: &Active,
+        key: &PrimaryKey,
+        primary: &Value,
+        plan: &Plan,
+        seen: &[Arc<Value>],
+    ) {
+        // Targets and Secrets are looked up by name in the primary's
+        // namespace, among the objects of its snapshot only.
+        let namespace = object::namespace(primary);
+        let find = |kind: &KindRef, name: &str| -> Option<Value> {
+            seen.iter()
+                .find(|o| {
+                    kind.matches(object::api_version(o), object::kind(o))
+                        && object::name(o) == name
+                        && object::namespace(o) == namespace
+                })
+                .map(|o| o.as_ref().clone())
+        };
+        let secret = KindRef::namespaced("", "v1", "Secret", "secrets");
+        let resolved = self.observer.prepare(
+            &plan.http_requests,
+            &a.spec.http_targets,
+            find,
+            |name: &str| find(&secret, name),
+        );
+        let queue = self.queue.clone();
+        let key = key.clone();
+        self.observer.submit(
+            PrimaryInfo::of(primary, a.plugin.name(), a.plugin.version()),
+            resolved,
+            // Only a result the plugin has not seen is worth a reconcile;
+            // re-queueing on an unchanged result would loop.
+            move |outcome| {
+                let m = metrics::global();
+                let c: &str = &key.controller;
+                m.add(
+                    "wasmop_http_requests_total",
+                    &[("controller", c), ("outcome", "sent")],
+                    outcome.sent as f64,
+                );
+                m.add(
+                    "wasmop_http_requests_total",
+                    &[("controller", c), ("outcome", "refused")],
+                    outcome.refused as f64,
+                );
+                m.add(
+                    "wasmop_http_requests_total",
+                    &[("controller", c), ("outcome", "rate_limited")],
+                    outcome.rate_limited as f64,
+                );
+                if outcome.changed > 0 {
+                    queue.add(key);
+                }
+            },
+        );
+    }
+
+    /// Reports a failed reconcile on the primary and schedules a retry.
+    async fn fail(
+        &self,
+        a: &Active,
+        key: &PrimaryKey,
+        primary: &Value,
+        reason: &str,
+        message: &str,
+        now: &str,
+    ) {
+        metrics::global().inc(
+            "wasmop_reconcile_total",
+            &[("controller", &a.id), ("result", reason)],
+        );
+        let delay = self.backoff.fail(key);
+        tracing::warn!(primary = %key, plugin_version = %a.plugin.version(), reason,
+            message = %report::cap(message, report::MAX_CONDITION_MESSAGE), retry_in = ?delay,
+            "reconcile failed");
+        if self.leader.load(Ordering::SeqCst) {
+            report::failure(
+                &a.writer,
+                &a.primary_resource,
+                &self.reporter,
+                primary,
+                reason,
+                message,
+                now,
+            )
+            .await;
+        }
+        self.queue.add_after(key.clone(), delay);
+    }
+}

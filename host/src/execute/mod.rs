@@ -1,0 +1,403 @@
+//! Executing a validated plan against the API, and reporting on the primary
+//! how a reconcile ended.
+//!
+//! [`execute`] runs only after [`crate::reconcile::validate`] accepted the
+//! whole plan; [`writer`] makes the individual API calls.
+//!
+//! # Guarantees
+//!
+//! - Every write is fenced by what validation judged: an object judged
+//!   absent is created (a create fails if it appeared meanwhile), an
+//!   object judged this primary's is applied only while it still has the
+//!   judged UID, an adopted orphan only while it is still at the judged
+//!   resourceVersion, a delete only while UID and resourceVersion hold. A
+//!   race is a conflict, retried from a fresh snapshot, never an adoption.
+//! - Every write is attempted even when an earlier one failed, so one
+//!   conflict does not hold back the others; any failure fails the
+//!   reconcile, and status, Events and the finalizer release wait for a
+//!   clean pass.
+//! - One status write per reconcile, only when the status changed, with
+//!   `observedGeneration` and the host's `Reconciled` condition.
+//! - Before each write the leadership fence is checked; a replica that
+//!   lost the Lease stops mid-plan.
+
+pub mod report;
+pub mod writer;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use kube::api::ApiResource;
+use serde_json::{Value, json};
+
+use crate::conditions;
+use crate::object::{self, describe};
+use crate::plugin::LoadedPlugin;
+use crate::plugin::manifest::{Controller, KindRef};
+use crate::reconcile::validate::{self as plan, ApplyJudgement, Judgement, Plan, Precondition};
+use writer::{ApplyError, Fence, Writer};
+
+pub use report::Reporter;
+
+/// Condition type the host maintains on every primary.
+pub const RECONCILED_CONDITION: &str = "Reconciled";
+
+/// Annotation naming the plugin version that last reconciled a primary:
+/// `<plugin> <version> <digest>`.
+pub const RECONCILED_BY_ANNOTATION: &str = "wasmop.dev/reconciled-by";
+
+/// Kubernetes API coordinates of a manifest kind.
+pub fn api_resource(kind: &KindRef) -> ApiResource {
+    ApiResource {
+        group: kind.group.clone(),
+        version: kind.version.clone(),
+        api_version: kind.api_version(),
+        kind: kind.kind.clone(),
+        plural: kind.plural.clone(),
+    }
+}
+
+/// `<plugin> <version> <digest prefix>`, the value of [`RECONCILED_BY_ANNOTATION`].
+pub fn reconciled_by(plugin: &LoadedPlugin) -> String {
+    let digest: String = plugin.digest().chars().take(19).collect();
+    format!("{} {} {digest}", plugin.name(), plugin.version())
+}
+
+/// Who executes a plan: the controller, its plugin and its writer.
+#[derive(Clone, Copy)]
+pub struct Target<'a> {
+    /// The controller of the effective manifest.
+    pub spec: &'a Controller,
+    /// The plugin (name, version and digest go on the primary).
+    pub plugin: &'a LoadedPlugin,
+    /// Writes under the plugin's field manager.
+    pub writer: &'a Writer,
+    /// The primary kind's API coordinates.
+    pub primary_resource: &'a ApiResource,
+    /// True while this replica may write (leader election); checked before
+    /// every write.
+    pub leader: &'a AtomicBool,
+}
+
+impl std::fmt::Debug for Target<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("controller", &self.spec.name)
+            .finish()
+    }
+}
+
+/// Why a plan was not (fully) executed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecuteError {
+    /// A write failed.
+    #[error(transparent)]
+    Write(#[from] ApplyError),
+    /// This replica lost leadership before the plan was done; the rest of
+    /// it is left to the new leader.
+    #[error("leadership lost mid-plan; the remaining writes were not made")]
+    LostLeadership,
+}
+
+impl ExecuteError {
+    /// Short CamelCase reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ExecuteError::Write(e) => e.reason(),
+            ExecuteError::LostLeadership => "LeadershipLost",
+        }
+    }
+
+    /// True for a conflict: the world moved since the snapshot, and a
+    /// fresh snapshot is the fix.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, ExecuteError::Write(ApplyError::Conflict { .. }))
+    }
+}
+
+/// What an executed plan did.
+#[derive(Debug, Default)]
+pub struct Executed {
+    /// Objects adopted (orphans of kinds the controller adopts).
+    pub adopted: Vec<String>,
+}
+
+fn still_leader(t: &Target<'_>) -> Result<(), ExecuteError> {
+    if t.leader.load(Ordering::SeqCst) {
+        Ok(())
+    } else {
+        Err(ExecuteError::LostLeadership)
+    }
+}
+
+/// Executes a validated plan for `primary`. See the module guarantees.
+///
+/// # Errors
+///
+/// [`ExecuteError`]: the first failed write (all failures named when there
+/// are several), or lost leadership.
+pub async fn execute(
+    t: Target<'_>,
+    primary: &Value,
+    plan: &Plan,
+    judgement: &Judgement,
+    now: &str,
+    reporter: &Reporter,
+) -> Result<Executed, ExecuteError> {
+    let mut primary = primary.clone();
+    let mut done = Executed::default();
+    let deleting = object::is_deleting(&primary);
+    let w = t.writer;
+    // A delete of the primary itself (validated: the controller declares
+    // `delete-primary`). Its resourceVersion precondition is the one the
+    // plugin saw, so nothing here may move the primary's version before
+    // it: no finalizer is added and no annotation written.
+    let delete_self = plan
+        .delete
+        .iter()
+        .find(|d| plan::is_primary(&d.target, t.spec, &primary))
+        .cloned();
+    if let Some(f) = &t.spec.finalizer
+        && delete_self.is_none()
+    {
+        let mut list = object::finalizers(&primary);
+        if !deleting && !list.iter().any(|x| x == f) {
+            list.push(f.clone());
+            still_leader(&t)?;
+            primary = w
+                .set_finalizers(t.primary_resource, &primary, &list)
+                .await?;
+            strip_managed_fields(&mut primary);
+        }
+    }
+    // Fields of the primary (validated to be declared `primary-fields`)
+    // and the record of which plugin version reconciles it, in one merge
+    // patch carrying the primary's resourceVersion.
+    let mut patch = plan.primary_patch.clone().unwrap_or_else(|| json!({}));
+    let reconciled_by = reconciled_by(t.plugin);
+    if delete_self.is_none()
+        && primary["metadata"]["annotations"][RECONCILED_BY_ANNOTATION].as_str()
+            != Some(reconciled_by.as_str())
+    {
+        merge(
+            &mut patch,
+            &json!({"metadata": {"annotations": {RECONCILED_BY_ANNOTATION: reconciled_by}}}),
+        );
+    }
+    if patch.as_object().is_some_and(|m| !m.is_empty()) {
+        still_leader(&t)?;
+        let updated = w.merge_patch(t.primary_resource, &primary, &patch).await?;
+        follow_version(&mut primary, &updated);
+    }
+    let mut failures: Vec<ApplyError> = Vec::new();
+    for (op, judged) in plan.apply.iter().zip(
+        judgement
+            .applies
+            .iter()
+            .chain(std::iter::repeat(&ApplyJudgement::default())),
+    ) {
+        // Validation guarantees every applied object is of an owned kind.
+        let Some(owned) = t
+            .spec
+            .owned_kind(object::api_version(&op.object), object::kind(&op.object))
+        else {
+            failures.push(ApplyError::Api {
+                target: describe(&op.object),
+                message: "not of a kind the controller owns".into(),
+            });
+            continue;
+        };
+        let obj = plan::prepare_apply(&op.object, &primary, t.plugin.name(), owned);
+        let resource = api_resource(&owned.kind);
+        still_leader(&t)?;
+        let written = match (&op.precondition, &judged.existing) {
+            // `force` takes fields from other managers; a create has none.
+            (Some(Precondition::Absent), _) | (None, None) => w.create(&resource, &obj).await,
+            (Some(Precondition::ResourceVersion(rv)), judged) => {
+                let fence = Fence {
+                    uid: judged.as_ref().map(|j| j.uid.as_str()),
+                    resource_version: Some(rv),
+                };
+                w.apply(&resource, &obj, fence, op.force).await
+            }
+            (None, Some(j)) => {
+                // Our own object: it must still be the one judged (same
+                // UID). An adopted orphan: exactly the version judged.
+                let fence = Fence {
+                    uid: Some(&j.uid),
+                    resource_version: judged.adopts.then_some(j.resource_version.as_str()),
+                };
+                w.apply(&resource, &obj, fence, op.force).await
+            }
+        };
+        match written {
+            Ok(_) if judged.adopts => done.adopted.push(describe(&obj)),
+            Ok(_) => {}
+            Err(e) => failures.push(e),
+        }
+    }
+    for d in plan
+        .delete
+        .iter()
+        .filter(|d| Some(*d) != delete_self.as_ref())
+    {
+        if let Some(owned) = t.spec.owned_kind(&d.target.api_version, &d.target.kind) {
+            let ns = (!d.target.namespace.is_empty()).then_some(d.target.namespace.as_str());
+            still_leader(&t)?;
+            if let Err(e) = w
+                .delete(
+                    &api_resource(&owned.kind),
+                    ns,
+                    &d.target.name,
+                    &d.uid,
+                    &d.resource_version,
+                )
+                .await
+            {
+                failures.push(e);
+            }
+        }
+    }
+    // The primary goes last, and only after every other write held.
+    if failures.is_empty()
+        && let Some(d) = &delete_self
+    {
+        let ns = (!d.target.namespace.is_empty()).then_some(d.target.namespace.as_str());
+        still_leader(&t)?;
+        if let Err(e) = w
+            .delete(
+                t.primary_resource,
+                ns,
+                &d.target.name,
+                &d.uid,
+                &d.resource_version,
+            )
+            .await
+        {
+            failures.push(e);
+        }
+    }
+    if let Some(first) = failures.first() {
+        return Err(ExecuteError::Write(match failures.len() {
+            1 => failures.remove(0),
+            n => ApplyError::Api {
+                target: format!("{n} objects"),
+                message: failures
+                    .iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            }
+            .with_reason_of(first),
+        }));
+    }
+    let mut status = plan
+        .status
+        .clone()
+        .unwrap_or_else(|| primary["status"].clone());
+    if !status.is_object() {
+        status = json!({});
+    }
+    if let Some(g) = primary["metadata"]["generation"].as_i64() {
+        status["observedGeneration"] = json!(g);
+    }
+    // A plugin that writes its own conditions list without ours must not
+    // reset our condition's lastTransitionTime on every pass.
+    conditions::carry_over(&mut status, &primary["status"], RECONCILED_CONDITION);
+    conditions::set(
+        &mut status,
+        RECONCILED_CONDITION,
+        "True",
+        "Reconciled",
+        &format!(
+            "reconciled by plugin {} {}",
+            t.plugin.name(),
+            t.plugin.version()
+        ),
+        primary["metadata"]["generation"].as_i64(),
+        now,
+    );
+    // A deleted primary gets no status: it is gone, or going.
+    if delete_self.is_none() && status != primary["status"] {
+        still_leader(&t)?;
+        let updated = w
+            .write_status(t.primary_resource, &primary, &status)
+            .await?;
+        follow_version(&mut primary, &updated);
+    }
+    for name in &done.adopted {
+        still_leader(&t)?;
+        reporter
+            .event(
+                &primary,
+                false,
+                "Adopted",
+                &format!("adopted {name}, which nothing controlled"),
+            )
+            .await;
+    }
+    for e in &plan.events {
+        still_leader(&t)?;
+        reporter
+            .event(
+                &primary,
+                e.event_type == plan::EventType::Warning,
+                &e.reason,
+                &e.message,
+            )
+            .await;
+    }
+    if deleting
+        && plan.cleanup_complete
+        && let Some(f) = &t.spec.finalizer
+    {
+        let list: Vec<String> = object::finalizers(&primary)
+            .into_iter()
+            .filter(|x| x != f)
+            .collect();
+        still_leader(&t)?;
+        w.set_finalizers(t.primary_resource, &primary, &list)
+            .await?;
+    }
+    Ok(done)
+}
+
+/// Takes the resourceVersion of our own write, so a later preconditioned
+/// write in the same reconcile does not conflict with it.
+fn follow_version(primary: &mut Value, updated: &Value) {
+    if let Some(rv) = updated["metadata"]["resourceVersion"].as_str() {
+        primary["metadata"]["resourceVersion"] = json!(rv);
+    }
+}
+
+fn strip_managed_fields(obj: &mut Value) {
+    if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("managedFields");
+    }
+}
+
+/// Deep-merges `patch` into `base` (objects merge, everything else replaces).
+fn merge(base: &mut Value, patch: &Value) {
+    match (base, patch) {
+        (Value::Object(b), Value::Object(p)) => {
+            for (k, v) in p {
+                merge(b.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+        (b, p) => *b = p.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_replaces_scalars_and_merges_objects() {
+        let mut base = json!({"metadata":{"name":"x"},"spec":{"a":1}});
+        merge(&mut base, &json!({"spec":{"id":"u"}}));
+        assert_eq!(
+            base,
+            json!({"metadata":{"name":"x"},"spec":{"a":1,"id":"u"}})
+        );
+    }
+}

@@ -1,0 +1,12 @@
+//! Deciding one reconcile, the same way live and offline: the snapshot of a
+//! primary ([`snapshot`]), the plugin call and the whole-plan check
+//! ([`validate`]) chained by [`decide`]; [`offline`] (`wasmop plan`) and
+//! [`golden`] plan tests run it over objects from files.
+
+pub mod decide;
+pub mod golden;
+pub mod offline;
+pub mod snapshot;
+pub mod validate;
+
+pub use decide::{DecideInput, Decided, Decision, SkipReason, decide, format_now};

@@ -1,0 +1,8 @@
+//! Watching the API: one shared watch cache per kind with the indexes the
+//! snapshot and routing need ([`cache`]), and label selectors ([`selector`]).
+
+pub mod cache;
+pub mod selector;
+
+pub use cache::{Cache, Change, KindCache, KindKey, WatchSpec};
+pub use selector::{LabelSelector, selector_matches};

@@ -1,0 +1,82 @@
+//! The wasmop contract's JSON types, defined once for both sides.
+//!
+//! The WIT package `wasmop:reconciler` (`wit/reconciler.wit`) describes the
+//! calls between the host and a plugin. What a plugin *returns* — its
+//! [`Manifest`], its settings problems and its [`Plan`] — crosses that
+//! boundary as one JSON text each, in the shape of the types here. The host
+//! parses that text with these same types and the SDK serializes it with
+//! them, so the two sides cannot drift: there is no second copy.
+//!
+//! Why JSON text and not WIT records: a WIT list of records is lifted into
+//! host memory element by element, and list entries may alias the same guest
+//! bytes, so a small guest could make the host allocate gigabytes. One text
+//! is at most as large as the guest's memory, and the host checks how many
+//! JSON values it holds before parsing it (see the host's
+//! `reconcile::bounds`).
+//!
+//! Snapshots go the other way (host → plugin) as typed WIT records; each
+//! side keeps its own snapshot representation (the host shares `Arc`s, the
+//! SDK owns values), and [`Observation`] is their common JSON form.
+//!
+//! Modules, one concept each:
+//!
+//! - [`manifest`] — what a plugin declares: [`Manifest`], [`Controller`],
+//!   [`OwnedKind`] and its [`Ownership`], [`Read`], [`HttpTarget`].
+//! - [`plan`] — what a reconcile answers: [`Plan`] and its operations,
+//!   with builder methods.
+//! - [`observation`] — the result of an earlier HTTP request.
+//! - [`error`] — [`ReconcileError`] and [`SettingsProblem`].
+//!
+//! This crate depends on `serde` and `serde_json` only (plus `k8s-openapi`
+//! behind the `k8s` feature, for [`KindRef::of`]); it builds for
+//! `wasm32-wasip2` and natively.
+
+#![warn(missing_docs)]
+
+pub mod error;
+pub mod manifest;
+pub mod observation;
+pub mod plan;
+
+pub use error::{ReconcileError, SettingsProblem};
+pub use manifest::{
+    Controller, FieldRef, HttpTarget, KindRef, Manifest, OwnedKind, Ownership, Read,
+    SETTING_PREFIX, Selector, split_api_version,
+};
+pub use observation::Observation;
+pub use plan::{
+    ApplyOp, DeleteOp, Event, EventType, HttpMethod, HttpRequest, ObjectRef, Plan, Precondition,
+    RequestTarget, SecretHeader,
+};
+
+/// The WIT package this crate's types belong to.
+pub const WIT_PACKAGE: &str = "wasmop:reconciler@0.3.0";
+
+/// The label the host sets on every object it writes: `app.kubernetes.io/managed-by`.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// The value of [`MANAGED_BY_LABEL`].
+pub const MANAGED_BY_VALUE: &str = "wasmop";
+/// The label naming the plugin that wrote an object.
+pub const PLUGIN_LABEL: &str = "wasmop.dev/plugin";
+/// The label holding the UID of the primary that owns an object under
+/// [`Ownership::OwnerLabel`].
+pub const OWNER_UID_LABEL: &str = "wasmop.dev/owner-uid";
+
+/// The string at a dotted path of a JSON object (`metadata.name`), if any.
+pub fn str_at<'a>(object: &'a serde_json::Value, dotted: &str) -> Option<&'a str> {
+    dotted
+        .split('.')
+        .try_fold(object, |v, key| v.get(key))
+        .and_then(serde_json::Value::as_str)
+}
+
+/// `Kind namespace/name`, or `Kind name` without a namespace: how the
+/// contract names an object in messages.
+pub fn describe_parts(kind: &str, namespace: Option<&str>, name: &str) -> String {
+    let kind = if kind.is_empty() { "object" } else { kind };
+    let name = if name.is_empty() { "(unnamed)" } else { name };
+    match namespace.filter(|ns| !ns.is_empty()) {
+        Some(ns) => format!("{kind} {ns}/{name}"),
+        None => format!("{kind} {name}"),
+    }
+}

@@ -1,0 +1,626 @@
+//! What a plugin declares about itself: [`Manifest`] and the records inside
+//! it. The host reads the manifest once at load, checks it, and enforces it
+//! on every plan.
+//!
+//! Each type has small builder methods so a manifest reads top-down:
+//!
+//! ```
+//! use wasmop_contract::{Controller, KindRef, Manifest, OwnedKind, Read, Selector};
+//!
+//! let manifest = Manifest::new("engine", "0.1.0").controller(
+//!     Controller::new("engine", KindRef::namespaced("firebolt.io", "v1", "FireboltEngine", "fireboltengines"))
+//!         .owns(KindRef::namespaced("apps", "v1", "Deployment", "deployments"))
+//!         .owns_kind(OwnedKind::label(KindRef::cluster_scoped("example.com", "v1", "Claim", "claims"))
+//!             .extra_label("example.com/engine-uid"))
+//!         .reads(Read::new(
+//!             "instance",
+//!             KindRef::namespaced("firebolt.io", "v1", "FireboltInstance", "fireboltinstances"),
+//!             Selector::field("spec.instanceRef"),
+//!         ))
+//!         .finalizer("firebolt.io/engine"),
+//! );
+//! assert_eq!(manifest.controllers[0].owns[0].kind.kind, "Deployment");
+//! ```
+//!
+//! # JSON shape
+//!
+//! camelCase fields; every list is always printed. An owned kind is the
+//! kind's fields plus `ownership` and `adopt`:
+//! `{"group":"","version":"v1","kind":"ConfigMap","plural":"configmaps","namespaced":true,
+//! "ownership":"ownerReference","adopt":false}`, or with
+//! `"ownership":{"ownerLabel":{"extraLabel":"celld.eric.dev/fleet-uid"}}`.
+//! When read, a missing `ownership` is `ownerReference` and a missing
+//! `adopt` is `false`.
+
+use serde::{Deserialize, Serialize};
+
+/// A Kubernetes resource type and how it is addressed.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KindRef {
+    /// API group, empty for the core group.
+    pub group: String,
+    /// API version within the group, e.g. `v1`.
+    pub version: String,
+    /// Kind, e.g. `ConfigMap`.
+    pub kind: String,
+    /// Plural resource name used in URLs, e.g. `configmaps`.
+    pub plural: String,
+    /// True for namespaced kinds.
+    pub namespaced: bool,
+}
+
+impl KindRef {
+    /// A namespaced kind.
+    pub fn namespaced(group: &str, version: &str, kind: &str, plural: &str) -> Self {
+        KindRef {
+            group: group.to_owned(),
+            version: version.to_owned(),
+            kind: kind.to_owned(),
+            plural: plural.to_owned(),
+            namespaced: true,
+        }
+    }
+
+    /// A cluster-scoped kind.
+    pub fn cluster_scoped(group: &str, version: &str, kind: &str, plural: &str) -> Self {
+        KindRef {
+            namespaced: false,
+            ..KindRef::namespaced(group, version, kind, plural)
+        }
+    }
+
+    /// The kind of a `k8s-openapi` resource type, e.g. `KindRef::of::<ConfigMap>()`.
+    #[cfg(feature = "k8s")]
+    pub fn of<K>() -> Self
+    where
+        K: k8s_openapi::Resource,
+        K::Scope: 'static,
+    {
+        use std::any::TypeId;
+        KindRef {
+            group: K::GROUP.to_owned(),
+            version: K::VERSION.to_owned(),
+            kind: K::KIND.to_owned(),
+            plural: K::URL_PATH_SEGMENT.to_owned(),
+            namespaced: TypeId::of::<K::Scope>()
+                == TypeId::of::<k8s_openapi::NamespaceResourceScope>(),
+        }
+    }
+
+    /// The `apiVersion` string of objects of this kind: `group/version`, or
+    /// just `version` for the core group.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// True when an object with this `apiVersion` and `kind` is of this kind
+    /// (group, version and kind all equal).
+    pub fn matches(&self, api_version: &str, kind: &str) -> bool {
+        self.kind == kind && self.api_version() == api_version
+    }
+
+    /// True when `other` names the same resource type regardless of version
+    /// (same group and kind).
+    pub fn same_type(&self, other: &KindRef) -> bool {
+        self.group == other.group && self.kind == other.kind
+    }
+}
+
+impl std::fmt::Display for KindRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.group.is_empty() {
+            write!(f, "{}", self.kind)
+        } else {
+            write!(f, "{}.{}", self.kind, self.group)
+        }
+    }
+}
+
+/// `(group, version)` of an `apiVersion`: `("apps", "v1")`, `("", "v1")`.
+pub fn split_api_version(api_version: &str) -> (&str, &str) {
+    match api_version.rsplit_once('/') {
+        Some((group, version)) => (group, version),
+        None => ("", api_version),
+    }
+}
+
+/// Names a related object through fields of the primary.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FieldRef {
+    /// Dotted path to the string field holding the object's name
+    /// (`spec.instanceRef`). A missing or empty field selects nothing.
+    pub name_path: String,
+    /// Dotted path to the string field holding its namespace; the primary's
+    /// namespace when `None` or empty.
+    #[serde(default)]
+    pub namespace_path: Option<String>,
+}
+
+/// How the objects of a read kind are selected for a snapshot.
+///
+/// JSON: `"ownedByPrimary"`, `{"field":{"namePath":"spec.x","namespacePath":null}}`,
+/// `"sameNamespace"`, `"clusterWide"`, `{"labels":"app=web"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Selector {
+    /// Objects the primary owns (controller ownerReference or owner label).
+    OwnedByPrimary,
+    /// The one object named by a field of the primary.
+    Field(FieldRef),
+    /// Every object of the kind in the primary's namespace.
+    SameNamespace,
+    /// Every object of the kind in the cluster.
+    ClusterWide,
+    /// Objects in the primary's namespace (cluster-wide for a cluster-scoped
+    /// primary) matching a label selector in kubectl syntax:
+    /// `app=web,tier in (a,b),!legacy`.
+    Labels(String),
+}
+
+impl Selector {
+    /// The object named by the primary's string field at `name_path`, in the
+    /// primary's namespace.
+    pub fn field(name_path: &str) -> Self {
+        Selector::Field(FieldRef {
+            name_path: name_path.to_owned(),
+            namespace_path: None,
+        })
+    }
+
+    /// The object named by the fields at `name_path` and `namespace_path`.
+    pub fn field_in(name_path: &str, namespace_path: &str) -> Self {
+        Selector::Field(FieldRef {
+            name_path: name_path.to_owned(),
+            namespace_path: Some(namespace_path.to_owned()),
+        })
+    }
+}
+
+/// A kind the plugin reads without owning it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Read {
+    /// Name under which the objects appear in the snapshot's `related`
+    /// list, unique within a controller.
+    pub id: String,
+    /// The kind read.
+    pub kind: KindRef,
+    /// Which objects of the kind belong in the snapshot.
+    pub selector: Selector,
+}
+
+impl Read {
+    /// A read with the given id, kind and selector.
+    pub fn new(id: &str, kind: KindRef, selector: Selector) -> Self {
+        Read {
+            id: id.to_owned(),
+            kind,
+            selector,
+        }
+    }
+}
+
+/// A network target the plugin may ask the host to call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpTarget {
+    /// Name requests use for this target, e.g. `members`.
+    pub id: String,
+    /// Kind of the addressed objects: Pods or Services the primary owns or
+    /// reads.
+    pub kind: KindRef,
+    /// Ports that may be called.
+    pub ports: Vec<u16>,
+}
+
+/// How the host marks, recognises and cleans up the objects of an owned
+/// kind.
+///
+/// JSON: `"ownerReference"` or `{"ownerLabel":{"extraLabel":null|"key"}}`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Ownership {
+    /// The host sets a controller ownerReference to the primary, and
+    /// Kubernetes garbage collection deletes the object with it. Allowed
+    /// only in the primary's own namespace, or under a cluster-scoped
+    /// primary.
+    #[default]
+    OwnerReference,
+    /// The host stamps the label `wasmop.dev/owner-uid=<primary uid>` (and
+    /// `extra_label=<primary uid>` when given) and sets no ownerReference:
+    /// nothing is garbage-collected; the plugin deletes these objects itself
+    /// while its finalizer holds the primary. Works across namespaces and
+    /// for cluster-scoped objects of a namespaced primary. A controller
+    /// with a label-owned kind must declare a finalizer.
+    #[serde(rename_all = "camelCase")]
+    OwnerLabel {
+        /// A second label key the host sets to the primary's UID, for
+        /// tools that know the object by it (celld's
+        /// `celld.eric.dev/fleet-uid`).
+        #[serde(default)]
+        extra_label: Option<String>,
+    },
+}
+
+/// A kind a controller may create, update and delete.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OwnedKind {
+    /// The kind.
+    #[serde(flatten)]
+    pub kind: KindRef,
+    /// How ownership is marked.
+    #[serde(default)]
+    pub ownership: Ownership,
+    /// When true, an existing object of this kind that nothing controls (no
+    /// controller ownerReference, no wasmop owner label) is adopted by the
+    /// first plan that applies it, with a Normal Event naming it. When false
+    /// (the default), an existing object this primary does not control
+    /// refuses the whole plan.
+    #[serde(default)]
+    pub adopt: bool,
+}
+
+impl OwnedKind {
+    /// An owned kind marked by a controller ownerReference.
+    pub fn reference(kind: KindRef) -> Self {
+        OwnedKind {
+            kind,
+            ownership: Ownership::OwnerReference,
+            adopt: false,
+        }
+    }
+
+    /// An owned kind marked by the owner label.
+    pub fn label(kind: KindRef) -> Self {
+        OwnedKind {
+            kind,
+            ownership: Ownership::OwnerLabel { extra_label: None },
+            adopt: false,
+        }
+    }
+
+    /// Also stamps `key=<primary uid>` (owner-label kinds only; turns an
+    /// owner-reference kind into an owner-label one).
+    pub fn extra_label(mut self, key: &str) -> Self {
+        self.ownership = Ownership::OwnerLabel {
+            extra_label: Some(key.to_owned()),
+        };
+        self
+    }
+
+    /// Lets the host adopt orphans of this kind (see [`OwnedKind::adopt`]).
+    pub fn adopt_orphans(mut self) -> Self {
+        self.adopt = true;
+        self
+    }
+
+    /// True for [`Ownership::OwnerLabel`].
+    pub fn is_label_owned(&self) -> bool {
+        matches!(self.ownership, Ownership::OwnerLabel { .. })
+    }
+
+    /// The extra owner label key, if any.
+    pub fn extra_label_key(&self) -> Option<&str> {
+        match &self.ownership {
+            Ownership::OwnerLabel { extra_label } => extra_label.as_deref(),
+            Ownership::OwnerReference => None,
+        }
+    }
+}
+
+/// Prefix of a `write-namespaces` entry naming a plugin setting:
+/// `setting:targetNamespace`.
+pub const SETTING_PREFIX: &str = "setting:";
+
+/// One reconciler inside a plugin: a primary kind and what it touches.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Controller {
+    /// Name, unique within the plugin, e.g. `engine`.
+    pub name: String,
+    /// The kind reconciled. Exactly one loaded controller may claim a kind.
+    pub primary: KindRef,
+    /// Kinds the controller may create, update and delete.
+    pub owns: Vec<OwnedKind>,
+    /// Kinds read without owning.
+    pub reads: Vec<Read>,
+    /// Finalizer the host adds to each primary before the first write and
+    /// removes when a plan says cleanup is complete. Required when any
+    /// owned kind is label-owned.
+    pub finalizer: Option<String>,
+    /// Namespaces other than the primary's that owned objects may be
+    /// written to (`*` for any; `setting:<key>` for the namespace the
+    /// top-level string setting `<key>` names, resolved by the host at
+    /// load: a valid namespace name replaces the entry, an absent or null
+    /// setting removes it, anything else rejects the load).
+    pub write_namespaces: Vec<String>,
+    /// Dotted paths of primary fields a plan may set (e.g. `spec.id`).
+    /// A path allows that field and everything below it, matched by whole
+    /// segments.
+    pub primary_fields: Vec<String>,
+    /// Targets of HTTP requests.
+    pub http_targets: Vec<HttpTarget>,
+    /// A plan may delete the primary itself (see `Plan::delete_self`).
+    #[serde(default)]
+    pub delete_primary: bool,
+}
+
+impl Controller {
+    /// A controller of `primary` that owns, reads and may call nothing yet.
+    pub fn new(name: &str, primary: KindRef) -> Self {
+        Controller {
+            name: name.to_owned(),
+            primary,
+            owns: Vec::new(),
+            reads: Vec::new(),
+            finalizer: None,
+            write_namespaces: Vec::new(),
+            primary_fields: Vec::new(),
+            http_targets: Vec::new(),
+            delete_primary: false,
+        }
+    }
+
+    /// Adds an owned kind marked by a controller ownerReference.
+    pub fn owns(self, kind: KindRef) -> Self {
+        self.owns_kind(OwnedKind::reference(kind))
+    }
+
+    /// Adds an owned kind marked by the owner label (and `extra_label` when
+    /// given); see [`Ownership::OwnerLabel`].
+    pub fn owns_by_label(self, kind: KindRef, extra_label: Option<&str>) -> Self {
+        let owned = OwnedKind::label(kind);
+        self.owns_kind(match extra_label {
+            Some(key) => owned.extra_label(key),
+            None => owned,
+        })
+    }
+
+    /// Adds an owned kind in its general form.
+    pub fn owns_kind(mut self, owned: OwnedKind) -> Self {
+        self.owns.push(owned);
+        self
+    }
+
+    /// Adds a read.
+    pub fn reads(mut self, read: Read) -> Self {
+        self.reads.push(read);
+        self
+    }
+
+    /// Sets the finalizer.
+    pub fn finalizer(mut self, finalizer: &str) -> Self {
+        self.finalizer = Some(finalizer.to_owned());
+        self
+    }
+
+    /// Adds a namespace owned objects may be written to (`*`: any).
+    pub fn write_namespace(mut self, namespace: &str) -> Self {
+        self.write_namespaces.push(namespace.to_owned());
+        self
+    }
+
+    /// Adds the namespace named by the top-level string setting `key` as a
+    /// write namespace (the entry `setting:<key>`). An absent setting
+    /// resolves to nothing, so a setting with a default needs the default
+    /// added with [`Controller::write_namespace`] too.
+    pub fn write_namespace_from_setting(mut self, key: &str) -> Self {
+        self.write_namespaces.push(format!("{SETTING_PREFIX}{key}"));
+        self
+    }
+
+    /// Lets plans delete the primary itself, with its uid and
+    /// resourceVersion as preconditions.
+    pub fn delete_primary(mut self) -> Self {
+        self.delete_primary = true;
+        self
+    }
+
+    /// Adds a dotted path of the primary that plans may set.
+    pub fn primary_field(mut self, path: &str) -> Self {
+        self.primary_fields.push(path.to_owned());
+        self
+    }
+
+    /// Adds an HTTP target.
+    pub fn http_target(mut self, id: &str, kind: KindRef, ports: &[u16]) -> Self {
+        self.http_targets.push(HttpTarget {
+            id: id.to_owned(),
+            kind,
+            ports: ports.to_vec(),
+        });
+        self
+    }
+
+    /// The owned kind objects with this `apiVersion` and `kind` belong to.
+    pub fn owned_kind(&self, api_version: &str, kind: &str) -> Option<&OwnedKind> {
+        self.owns.iter().find(|k| k.kind.matches(api_version, kind))
+    }
+
+    /// True when any owned kind is label-owned.
+    pub fn has_label_owned(&self) -> bool {
+        self.owns.iter().any(OwnedKind::is_label_owned)
+    }
+
+    /// True when owned objects may be written into `namespace` for a primary
+    /// living in `primary_namespace` (`None` for a cluster-scoped primary).
+    ///
+    /// An unresolved `setting:<key>` entry matches no namespace, so a
+    /// manifest that was not resolved fails closed.
+    pub fn may_write_namespace(&self, primary_namespace: Option<&str>, namespace: &str) -> bool {
+        primary_namespace == Some(namespace)
+            || self
+                .write_namespaces
+                .iter()
+                .filter(|allowed| !allowed.starts_with(SETTING_PREFIX))
+                .any(|allowed| allowed == "*" || allowed == namespace)
+    }
+
+    /// Every kind the controller touches: primary, owned, read and HTTP
+    /// target kinds, deduplicated, in that order.
+    pub fn kinds(&self) -> Vec<&KindRef> {
+        let mut out: Vec<&KindRef> = Vec::new();
+        let all = std::iter::once(&self.primary)
+            .chain(self.owns.iter().map(|o| &o.kind))
+            .chain(self.reads.iter().map(|r| &r.kind))
+            .chain(self.http_targets.iter().map(|t| &t.kind));
+        for kind in all {
+            if !out.contains(&kind) {
+                out.push(kind);
+            }
+        }
+        out
+    }
+}
+
+/// What a plugin is and what it reconciles.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Manifest {
+    /// Plugin name, e.g. `instance`: the field manager suffix and the value
+    /// of the `wasmop.dev/plugin` label.
+    pub name: String,
+    /// Plugin version (semver), shown in logs, metrics and on primaries.
+    pub version: String,
+    /// One or more controllers.
+    pub controllers: Vec<Controller>,
+}
+
+impl Manifest {
+    /// A manifest with no controllers yet.
+    pub fn new(name: &str, version: &str) -> Self {
+        Manifest {
+            name: name.to_owned(),
+            version: version.to_owned(),
+            controllers: Vec::new(),
+        }
+    }
+
+    /// Adds a controller.
+    pub fn controller(mut self, controller: Controller) -> Self {
+        self.controllers.push(controller);
+        self
+    }
+
+    /// The controller called `name`.
+    pub fn controller_named(&self, name: &str) -> Option<&Controller> {
+        self.controllers.iter().find(|c| c.name == name)
+    }
+
+    /// The controller whose primary kind matches an object's `apiVersion`
+    /// and `kind` (group and kind compared; the version may differ).
+    pub fn controller_for(&self, api_version: &str, kind: &str) -> Option<&Controller> {
+        let (group, _) = split_api_version(api_version);
+        self.controllers
+            .iter()
+            .find(|c| c.primary.kind == kind && c.primary.group == group)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn selector_json_is_camel_case_externally_tagged() {
+        assert_eq!(
+            serde_json::to_value(Selector::OwnedByPrimary).unwrap(),
+            json!("ownedByPrimary")
+        );
+        assert_eq!(
+            serde_json::to_value(Selector::field("spec.instanceRef")).unwrap(),
+            json!({"field": {"namePath": "spec.instanceRef", "namespacePath": null}})
+        );
+        assert_eq!(
+            serde_json::to_value(Selector::Labels("app=web".into())).unwrap(),
+            json!({"labels": "app=web"})
+        );
+    }
+
+    #[test]
+    fn controller_json_has_every_list() {
+        let c = Controller::new("c", KindRef::namespaced("g", "v1", "K", "ks"));
+        assert_eq!(
+            serde_json::to_value(&c).unwrap(),
+            json!({
+                "name": "c",
+                "primary": {"group": "g", "version": "v1", "kind": "K", "plural": "ks", "namespaced": true},
+                "owns": [], "reads": [], "finalizer": null, "writeNamespaces": [],
+                "primaryFields": [], "httpTargets": [], "deletePrimary": false
+            })
+        );
+    }
+
+    #[test]
+    fn owned_kinds_flatten_the_kind_and_name_their_ownership() {
+        let c = Controller::new("c", KindRef::namespaced("g", "v1", "K", "ks"))
+            .owns(KindRef::namespaced("", "v1", "ConfigMap", "configmaps"))
+            .owns_by_label(
+                KindRef::cluster_scoped("g", "v1", "Claim", "claims"),
+                Some("g/owner"),
+            );
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(
+            v["owns"][0],
+            json!({"group": "", "version": "v1", "kind": "ConfigMap", "plural": "configmaps",
+                   "namespaced": true, "ownership": "ownerReference", "adopt": false})
+        );
+        assert_eq!(
+            v["owns"][1]["ownership"],
+            json!({"ownerLabel": {"extraLabel": "g/owner"}})
+        );
+        let back: Controller = serde_json::from_value(v).unwrap();
+        assert_eq!(back, c);
+        assert!(back.has_label_owned());
+        assert_eq!(back.owns[1].extra_label_key(), Some("g/owner"));
+    }
+
+    #[test]
+    fn an_owned_kind_without_ownership_reads_as_owner_reference() {
+        let owned: OwnedKind = serde_json::from_value(json!({
+            "group": "", "version": "v1", "kind": "ConfigMap", "plural": "configmaps", "namespaced": true
+        }))
+        .unwrap();
+        assert_eq!(owned.ownership, Ownership::OwnerReference);
+        assert!(!owned.adopt);
+    }
+
+    #[test]
+    fn setting_namespaces_and_delete_primary_are_declared_by_builders() {
+        let c = Controller::new("c", KindRef::cluster_scoped("g", "v1", "K", "ks"))
+            .write_namespace_from_setting("targetNamespace")
+            .write_namespace("default-ns")
+            .delete_primary();
+        assert_eq!(
+            c.write_namespaces,
+            ["setting:targetNamespace", "default-ns"]
+        );
+        assert!(c.delete_primary);
+        // Unresolved setting entries match nothing.
+        assert!(!c.may_write_namespace(None, "targetNamespace"));
+        assert!(c.may_write_namespace(None, "default-ns"));
+    }
+
+    #[cfg(feature = "k8s")]
+    #[test]
+    fn kind_ref_of_reads_group_plural_and_scope_from_k8s_openapi() {
+        use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+        assert_eq!(
+            KindRef::of::<ConfigMap>(),
+            KindRef::namespaced("", "v1", "ConfigMap", "configmaps")
+        );
+        assert_eq!(
+            KindRef::of::<Namespace>(),
+            KindRef::cluster_scoped("", "v1", "Namespace", "namespaces")
+        );
+    }
+}
