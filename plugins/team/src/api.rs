@@ -16,8 +16,6 @@ use wasmop_sdk::{
 pub const GROUP: &str = "terdut.ryuvia.com";
 /// API version of every kind.
 pub const VERSION: &str = "v1alpha1";
-/// `target` of a request to an operator-allow-listed base URL.
-pub const ALLOW_LIST: &str = "allow-list";
 
 /// Key of the API key in every credentials Secret.
 pub const API_KEY: &str = "api-key";
@@ -290,7 +288,7 @@ impl Endpoint {
         path: &str,
         body: Option<Value>,
     ) -> HttpRequest {
-        let mut r = HttpRequest::new(id, method, ALLOW_LIST, &self.base, self.port, path)
+        let mut r = HttpRequest::allow_listed(id, method, &self.base, path)
             .header("Accept", "application/json")
             .timeout(Duration::from_secs(10));
         if let Some(secret) = &self.secret {
@@ -509,6 +507,38 @@ impl Conditions {
     pub fn to_json(&self) -> Value {
         serde_json::to_value(&self.list).unwrap_or(Value::Array(Vec::new()))
     }
+}
+
+/// How long a POST counts as in flight after a plan listed it (the
+/// requests' deadline is 10 s).
+pub const IN_FLIGHT_SECONDS: i64 = 30;
+
+fn parse_time(text: &str) -> Option<wasmop_sdk::k8s_openapi::jiff::Timestamp> {
+    text.parse().ok()
+}
+
+/// Whether a plan may list the POST `id` now. The host sends a mutating
+/// request every time a plan lists it, so a create listed again before
+/// its answer arrived would be sent twice. A plan listing one records the
+/// time in `status.pending.<id>` ([`mark_sent`]); until an answer newer
+/// than that arrives, or [`IN_FLIGHT_SECONDS`] pass, it is not listed again.
+pub fn may_send(snapshot: &Snapshot, id: &str) -> bool {
+    let Some(sent) = snapshot.primary["status"]["pending"][id]
+        .as_str()
+        .and_then(parse_time)
+    else {
+        return true;
+    };
+    let Some(now) = parse_time(&snapshot.now) else {
+        return true;
+    };
+    if now.as_second() - sent.as_second() >= IN_FLIGHT_SECONDS {
+        return true;
+    }
+    snapshot
+        .observation(id)
+        .and_then(|o| parse_time(&o.observed_at))
+        .is_some_and(|answered| answered >= sent)
 }
 
 /// A request id safe as an observation key: `prefix` plus the parts.

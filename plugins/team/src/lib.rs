@@ -26,8 +26,8 @@ use serde_json::Value;
 use wasmop_sdk::k8s_openapi::api::apps::v1::Deployment;
 use wasmop_sdk::k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use wasmop_sdk::{
-    Controller, KindRef, Manifest, Plan, Plugin, Read, ReconcileError, Selector, SettingsProblem,
-    Snapshot,
+    Controller, HttpMethod, KindRef, Manifest, Plan, Plugin, Read, ReconcileError, Selector,
+    SettingsProblem, Snapshot,
 };
 
 use crate::api::{
@@ -77,8 +77,10 @@ impl Plugin for TeamPlugin {
             .owns(KindRef::of::<Deployment>())
             .owns(KindRef::of::<Service>())
             // The operator credentials (same namespace) and, in the
-            // namespaces of admitted teams, the mirrors and team keys.
-            .owns(KindRef::of::<Secret>())
+            // namespaces of admitted teams, the mirrors and team keys. One
+            // ownership per kind: owner labels, which work across
+            // namespaces; the finalizer deletes them all.
+            .owns_by_label(KindRef::of::<Secret>(), None)
             .write_namespace("*")
             .reads(secrets_here(server::READ_SECRETS))
             .reads(Read::new(
@@ -123,7 +125,7 @@ impl Plugin for TeamPlugin {
     }
 
     fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
-        match snapshot.controller.as_str() {
+        let plan = match snapshot.controller.as_str() {
             SERVER => server::reconcile(snapshot),
             TEAM => team::reconcile(snapshot),
             ESCALATION => children::reconcile_escalation(snapshot),
@@ -132,8 +134,51 @@ impl Plugin for TeamPlugin {
             other => Err(ReconcileError::internal(format!(
                 "unknown controller {other:?}"
             ))),
+        }?;
+        Ok(gate_posts(snapshot, plan))
+    }
+}
+
+/// Keeps a POST (a create: never safe to send twice) out of the plan while
+/// an earlier one with the same id is still in flight, and records the
+/// POSTs it lists in `status.pending` (see [`api::may_send`]).
+pub fn gate_posts(snapshot: &Snapshot, mut plan: Plan) -> Plan {
+    let is_post = |r: &wasmop_sdk::HttpRequest| r.method == HttpMethod::Post;
+    plan.http_requests
+        .retain(|r| !is_post(r) || api::may_send(snapshot, &r.id));
+    let sent: Vec<String> = plan
+        .http_requests
+        .iter()
+        .filter(|r| is_post(r))
+        .map(|r| r.id.clone())
+        .collect();
+    let old = &snapshot.primary["status"]["pending"];
+    let mut pending = serde_json::Map::new();
+    if let Some(entries) = old.as_object() {
+        for (id, at) in entries {
+            if !api::may_send(snapshot, id) {
+                pending.insert(id.clone(), at.clone());
+            }
         }
     }
+    for id in sent {
+        pending.insert(id, Value::String(snapshot.now.clone()));
+    }
+    if plan.status.is_none() && (pending.is_empty() && old.is_null() || snapshot.deleting) {
+        return plan;
+    }
+    let mut status = plan
+        .status
+        .take()
+        .unwrap_or_else(|| snapshot.primary["status"].clone());
+    if let Some(obj) = status.as_object_mut() {
+        if pending.is_empty() {
+            obj.remove("pending");
+        } else {
+            obj.insert("pending".into(), Value::Object(pending));
+        }
+    }
+    plan.status(status)
 }
 
 #[cfg(target_arch = "wasm32")]

@@ -527,13 +527,19 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         .collect();
 
     if snapshot.deleting {
-        // The mirrors and team keys are label-owned: no garbage collector
-        // deletes them, so the finalizer waits until they are gone.
+        // Every Secret is label-owned (the credentials, the mirrors, the
+        // team keys): no garbage collector deletes them, so the finalizer
+        // waits until they are gone.
+        let secrets: Vec<&Value> = snapshot
+            .owned
+            .iter()
+            .filter(|o| o["kind"] == "Secret")
+            .collect();
         let mut plan = Plan::new();
-        for s in &handed_out {
+        for s in &secrets {
             plan = plan.delete_owned(s)?;
         }
-        return Ok(if handed_out.is_empty() {
+        return Ok(if secrets.is_empty() {
             plan.cleanup_complete()
         } else {
             plan

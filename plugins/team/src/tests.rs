@@ -399,9 +399,13 @@ fn a_deleted_server_removes_what_it_handed_out_before_its_finalizer_goes() {
             .build(),
     )
     .unwrap();
-    assert_eq!(plan.delete.len(), 1);
+    assert_eq!(
+        plan.delete.len(),
+        2,
+        "the mirror and the credentials: all label-owned"
+    );
     assert!(!plan.cleanup_complete);
-    let plan = run::<TeamPlugin>(&server().owned(one(CREDS)).deleting(true).build()).unwrap();
+    let plan = run::<TeamPlugin>(&server().deleting(true).build()).unwrap();
     assert!(plan.cleanup_complete);
 }
 
@@ -843,6 +847,49 @@ fn an_alert_source_key_goes_to_its_secret_and_a_kind_change_rotates_it_with_a_wa
     assert_eq!(plan.events[0].event_type, wasmop_sdk::EventType::Warning);
     assert_eq!(plan.events[0].reason, "WebhookKeyRotated");
     assert_eq!(plan.apply[0].object["data"]["key"], api::base64(b"k2"));
+}
+
+#[test]
+fn a_create_in_flight_is_not_listed_again() {
+    let empty = obs(
+        "version",
+        Some(200),
+        json!({"capabilities": [], "bootstrapped": false}),
+        5,
+    );
+    let plan = run::<TeamPlugin>(&server().observation(empty.clone()).build()).unwrap();
+    assert!(ids(&plan).iter().any(|(id, ..)| *id == "bootstrap"));
+    let pending = plan.status.as_ref().unwrap()["pending"].clone();
+    assert_eq!(pending, json!({"bootstrap": "2025-01-01T00:00:00Z"}));
+
+    // Five seconds later, no answer yet: not sent again.
+    let mut primary = wasmop_sdk::testing::objects_from_yaml(SERVER_YAML).remove(0);
+    primary["status"] = json!({"pending": pending});
+    let later = || {
+        SnapshotBuilder::new(SERVER)
+            .primary(primary.clone())
+            .related(server::READ_SECRETS, one(DB_SECRET))
+            .observation(empty.clone())
+            .now("2025-01-01T00:00:05Z")
+    };
+    let plan = run::<TeamPlugin>(&later().build()).unwrap();
+    assert!(
+        !ids(&plan).iter().any(|(id, ..)| *id == "bootstrap"),
+        "in flight"
+    );
+    assert_eq!(
+        plan.status.as_ref().unwrap()["pending"]["bootstrap"],
+        "2025-01-01T00:00:00Z"
+    );
+    // An answer newer than the send ends it (and is used).
+    let mut answered = obs("bootstrap", Some(201), json!({"key": "k"}), 0);
+    answered.observed_at = "2025-01-01T00:00:01Z".into();
+    let plan = run::<TeamPlugin>(&later().observation(answered).build()).unwrap();
+    assert!(plan.status.as_ref().unwrap().get("pending").is_none());
+    assert!(plan.apply.iter().any(|a| a.object["kind"] == "Secret"));
+    // Without an answer for 30 s it may go again.
+    let plan = run::<TeamPlugin>(&later().now("2025-01-01T00:00:31Z").build()).unwrap();
+    assert!(ids(&plan).iter().any(|(id, ..)| *id == "bootstrap"));
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::path::Path;
 #[test]
 fn golden_plans_match_the_built_component() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
-    let report = match wasmop::golden::check_plugin("team", &dir) {
+    let report = match wasmop::reconcile::golden::check_plugin("team", &dir) {
         Ok(report) => report,
         Err(e) => panic!("{}", e.chain()),
     };
