@@ -10,6 +10,10 @@
 //! | `wasmop_reconcile_seconds_total` | controller | time spent in plugin calls |
 //! | `wasmop_http_requests_total` | controller, outcome | plan HTTP requests: sent, refused, rate_limited |
 //! | `wasmop_leader` | | 1 while this replica holds the leader Lease (with `--leader-elect`) |
+//! | `wasmop_watch_streams` | kind, state | watch streams of a kind (one per watched namespace) that are `synced`, `relisting` or `backing_off` |
+//! | `wasmop_watch_lists_total` | kind, reason | lists started: `initial`, or a relist after the watch `expired` (410) or an `error` (client-go: `reflector_lists_total`) |
+//! | `wasmop_watch_errors_total` | kind, reason | watch and list failures: `expired` (410), `unavailable` (unreachable, 429, 5xx), `rejected` (other 4xx), `stalled` (an attempt unanswered while recovering, abandoned) |
+//! | `wasmop_watch_recovery_seconds` | kind | how long the kind's last watch failure lasted, from the first error to objects flowing again |
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

@@ -55,7 +55,9 @@ wait_for() { # component description timeout-seconds command...
 
 healthy() {
   local c
-  for c in "${components[@]}"; do alive "$c" || return 1; done
+  # Every component running, with its command line recorded for component.sh
+  # (a cluster from an older up.sh without the records is started afresh).
+  for c in "${components[@]}"; do alive "$c" && [[ -f $D/cmd/$c ]] || return 1; done
   [[ -f $KUBECONFIG ]] && "$KUBECTL" get --raw /readyz >/dev/null 2>&1
 }
 
@@ -79,7 +81,7 @@ for p in "$ETCD_PORT" "$ETCD_PEER_PORT" "$API_PORT" "$KCM_PORT" "$SCHED_PORT" "$
 done
 
 started=$(date +%s)
-mkdir -p "$D"/{pki,logs,pids,etcd,stages}
+mkdir -p "$D"/{pki,logs,pids,cmd,etcd,stages}
 log "state in $D; logs in $D/logs"
 
 # --- certificates -----------------------------------------------------------
@@ -126,11 +128,15 @@ chmod 600 "$KUBECONFIG"
 
 start() { # component binary args...
   local c="$1" bin="$2"; shift 2
+  # The exact command line, NUL-separated, so component.sh can start the
+  # component again with identical flags.
+  printf '%s\0' "$bin" "$@" > "$D/cmd/$c"
   setsid "$bin" "$@" >"$D/logs/$c.log" 2>&1 < /dev/null &
   echo $! > "$D/pids/$c.pid"
 }
 
 # --- etcd -------------------------------------------------------------------
+echo "http://127.0.0.1:$ETCD_PORT" > "$D/etcd-url"
 start etcd "$ETCD_BIN/etcd" \
   --name=wasmop --data-dir="$D/etcd" \
   --listen-client-urls="http://127.0.0.1:$ETCD_PORT" --advertise-client-urls="http://127.0.0.1:$ETCD_PORT" \
@@ -186,8 +192,8 @@ metadata:
     kubernetes.io/arch: amd64
     type: kwok
 status:
-  allocatable: {cpu: "32", memory: 256Gi, pods: "250"}
-  capacity: {cpu: "32", memory: 256Gi, pods: "250"}
+  allocatable: {cpu: "32", memory: 256Gi, ephemeral-storage: 1Ti, pods: "250"}
+  capacity: {cpu: "32", memory: 256Gi, ephemeral-storage: 1Ti, pods: "250"}
 NODE
 "$KUBECTL" apply -f "$KWOK_BIN/storage-class.yaml" >/dev/null || fail kube-apiserver "could not create the StorageClass"
 wait_for kwok "Node $NODE_NAME Ready" "$READY_TIMEOUT" \

@@ -9,6 +9,7 @@
 //! Waiting is always on a condition with a deadline ([`wait_for`]); tests
 //! never sleep to synchronise.
 
+pub mod faults;
 pub mod operator;
 
 use std::future::Future;

@@ -181,6 +181,7 @@ impl LeaderLoop {
             client,
             config,
             operator.leader_flag(),
+            operator.lease_deadline(),
             move || op.requeue_all(),
             async {
                 let _ = rx.await;

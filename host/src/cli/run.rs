@@ -218,6 +218,7 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
             client,
             cfg,
             operator.leader_flag(),
+            operator.lease_deadline(),
             move || op.requeue_all(),
             async {
                 let _ = stopped.await;

@@ -33,6 +33,26 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 use tokio::time::Instant;
 
+/// When this replica's write permission ends by its own clock: one lease
+/// duration after the last successful Lease write was sent. `None` while
+/// no term is running (and always without leader election, where the flag
+/// alone gates writes). Every write of a plan checks it, so a replica
+/// whose election loop is starved still stops writing in time.
+pub type LeaseDeadline = Arc<std::sync::Mutex<Option<std::time::Instant>>>;
+
+/// True while writes are allowed: the flag is set and, when a term
+/// deadline is known, it has not passed on the local clock.
+pub fn may_write(
+    flag: &AtomicBool,
+    deadline: &std::sync::Mutex<Option<std::time::Instant>>,
+) -> bool {
+    flag.load(Ordering::SeqCst)
+        && deadline
+            .lock()
+            .map(|d| d.is_none_or(|d| std::time::Instant::now() < d))
+            .unwrap_or(false)
+}
+
 /// Default name of the Lease.
 pub const DEFAULT_LEASE_NAME: &str = "wasmop-leader";
 
@@ -254,6 +274,7 @@ struct Elector<F> {
     api: Api<Lease>,
     config: LeaderConfig,
     flag: Arc<AtomicBool>,
+    until: LeaseDeadline,
     on_elected: F,
     /// When the last successful write of this replica's term was sent.
     renewed_at: Option<Instant>,
@@ -337,6 +358,9 @@ impl<F: Fn()> Elector<F> {
         match outcome {
             Outcome::Holding(at) => {
                 self.renewed_at = Some(at);
+                if let Ok(mut until) = self.until.lock() {
+                    *until = Some((at + self.config.lease_duration).into_std());
+                }
                 self.following = None;
                 if may_lead(Some(at.elapsed()), self.config.lease_duration)
                     && !self.flag.swap(true, Ordering::SeqCst)
@@ -404,6 +428,9 @@ impl<F: Fn()> Elector<F> {
 
 /// Runs leader election until `shutdown` resolves, then releases the Lease.
 ///
+/// `until` is the operator's [`LeaseDeadline`], kept at one lease duration
+/// after the last successful write of the term.
+///
 /// `flag` is the operator's write flag: set true only while this replica
 /// holds a Lease it renewed within [`LeaderConfig::lease_duration`], false
 /// otherwise. `on_elected` runs after each false→true transition (pass
@@ -429,6 +456,7 @@ pub async fn run<F>(
     client: Client,
     config: LeaderConfig,
     flag: Arc<AtomicBool>,
+    until: LeaseDeadline,
     on_elected: F,
     shutdown: impl Future<Output = ()>,
 ) where
@@ -445,6 +473,7 @@ pub async fn run<F>(
         api: Api::namespaced(client, &config.namespace),
         config,
         flag,
+        until,
         on_elected,
         renewed_at: None,
         following: None,
@@ -506,6 +535,26 @@ pub async fn run<F>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn writes_stop_at_the_local_deadline_even_while_the_flag_is_set() {
+        let flag = AtomicBool::new(true);
+        let until = std::sync::Mutex::new(None);
+        assert!(
+            may_write(&flag, &until),
+            "no term known: the flag alone decides"
+        );
+        *until.lock().unwrap() = Some(std::time::Instant::now() + Duration::from_secs(60));
+        assert!(may_write(&flag, &until));
+        *until.lock().unwrap() = Some(std::time::Instant::now() - Duration::from_millis(1));
+        assert!(
+            !may_write(&flag, &until),
+            "the term ended by the local clock"
+        );
+        flag.store(false, Ordering::SeqCst);
+        *until.lock().unwrap() = None;
+        assert!(!may_write(&flag, &until));
+    }
 
     const ME: &str = "replica-a";
     const OTHER: &str = "replica-b";

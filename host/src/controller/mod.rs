@@ -22,6 +22,7 @@
 pub mod leader;
 pub mod queue;
 pub(crate) mod route;
+mod truth;
 mod worker;
 
 use std::collections::{BTreeMap, HashSet};
@@ -139,6 +140,9 @@ struct Active {
     primary_resource: ApiResource,
     writer: Writer,
     route: Route,
+    /// Every kind its snapshots come from; a reconcile waits until all of
+    /// their caches have synced.
+    kinds: Vec<KindKey>,
 }
 
 impl std::fmt::Debug for Active {
@@ -157,6 +161,7 @@ pub struct Operator {
     reporter: Reporter,
     config: OperatorConfig,
     leader: Arc<AtomicBool>,
+    lease_until: leader::LeaseDeadline,
     tasks: Mutex<Vec<tokio::task::AbortHandle>>,
     observer: Arc<Observer>,
 }
@@ -190,6 +195,7 @@ impl Operator {
             observer: Observer::new(config.observe.clone()),
             config,
             leader: Arc::new(AtomicBool::new(true)),
+            lease_until: Arc::new(Mutex::new(None)),
             tasks: Mutex::new(Vec::new()),
         });
         (op, changes)
@@ -213,6 +219,12 @@ impl Operator {
     /// The flag that gates writes (leader election); true by default.
     pub fn leader_flag(&self) -> Arc<AtomicBool> {
         self.leader.clone()
+    }
+
+    /// The local-clock end of this replica's write permission, kept by the
+    /// leader election loop; checked before every write of a plan.
+    pub fn lease_deadline(&self) -> leader::LeaseDeadline {
+        self.lease_until.clone()
     }
 
     /// Starts the change router and the workers; returns when `shutdown`
@@ -331,6 +343,7 @@ impl Operator {
                 writer: Writer::new(self.client.clone(), format!("wasmop-{}", plugin.name())),
                 plugin: plugin.clone(),
                 route: Route::new(id.clone(), c.clone()),
+                kinds: c.kinds().into_iter().map(kind_key).collect(),
             }));
         }
         for c in &caches {

@@ -4,11 +4,11 @@
 //! requeue, observe.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::controller::truth::TruthLookup;
 use crate::controller::{Active, CacheSource, Operator, PrimaryKey};
 use crate::execute::{self, Target, report};
 use crate::metrics;
@@ -39,8 +39,25 @@ impl Operator {
         let now = jiff::Timestamp::now();
         let now_text = format_now(now);
         let observations = self.observer.results(object::uid(&primary), now);
+        if let Some(kind) = a
+            .kinds
+            .iter()
+            .find(|k| !self.cache.kind(k).is_some_and(|kc| kc.synced()))
+        {
+            // A snapshot from a cache that has not listed everything yet
+            // would look like missing objects: wait for it.
+            tracing::debug!(primary = %key, kind = %kind, "cache not synced; reconcile waits");
+            self.queue
+                .add_after(key.clone(), Duration::from_millis(200));
+            return;
+        }
         let source = CacheSource {
             cache: Arc::clone(&self.cache),
+        };
+        let truth = TruthLookup {
+            cache: source.clone(),
+            client: self.client.clone(),
+            runtime: tokio::runtime::Handle::current(),
         };
         let started = std::time::Instant::now();
         let decided = {
@@ -52,7 +69,7 @@ impl Operator {
                         plugin: &a.plugin,
                         controller: &a.spec,
                         source: &source,
-                        existing: &source,
+                        existing: &truth,
                         now,
                     },
                     primary,
@@ -95,7 +112,7 @@ impl Operator {
             Decision::Planned { plan, judgement } => {
                 tracing::debug!(primary = %key, plugin_version = %a.plugin.version(), ?elapsed,
                     applied = plan.apply.len(), deleted = plan.delete.len(), "plan");
-                if !self.leader.load(Ordering::SeqCst) {
+                if !crate::controller::leader::may_write(&self.leader, &self.lease_until) {
                     return;
                 }
                 let target = Target {
@@ -104,6 +121,7 @@ impl Operator {
                     writer: &a.writer,
                     primary_resource: &a.primary_resource,
                     leader: &self.leader,
+                    lease_until: &self.lease_until,
                 };
                 match execute::execute(
                     target,
@@ -126,7 +144,10 @@ impl Operator {
                         if let Some(ms) = plan.requeue_after_ms {
                             self.queue.add_after(key.clone(), Duration::from_millis(ms));
                         }
+                        // HTTP calls are writes to the outside world: only
+                        // while this replica still leads.
                         if !plan.http_requests.is_empty()
+                            && crate::controller::leader::may_write(&self.leader, &self.lease_until)
                             && let Some(snapshot) = &decided.snapshot
                         {
                             let seen: Vec<Arc<Value>> = snapshot
@@ -248,7 +269,7 @@ impl Operator {
         tracing::warn!(primary = %key, plugin_version = %a.plugin.version(), reason,
             message = %report::cap(message, report::MAX_CONDITION_MESSAGE), retry_in = ?delay,
             "reconcile failed");
-        if self.leader.load(Ordering::SeqCst) {
+        if crate::controller::leader::may_write(&self.leader, &self.lease_until) {
             report::failure(
                 &a.writer,
                 &a.primary_resource,

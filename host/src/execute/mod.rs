@@ -7,7 +7,10 @@
 //! # Guarantees
 //!
 //! - Every write is fenced by what validation judged: an object judged
-//!   absent is created (a create fails if it appeared meanwhile), an
+//!   absent is created by a server-side apply carrying a resourceVersion
+//!   no object can have (so it conflicts if the object appeared
+//!   meanwhile, and creates it otherwise, owned by the plugin's apply
+//!   manager like every later apply), an
 //!   object judged this primary's is applied only while it still has the
 //!   judged UID, an adopted orphan only while it is still at the judged
 //!   resourceVersion, a delete only while UID and resourceVersion hold. A
@@ -21,10 +24,11 @@
 //! - Before each write the leadership fence is checked; a replica that
 //!   lost the Lease stops mid-plan.
 
+pub mod prepare;
 pub mod report;
 pub mod writer;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
 use kube::api::ApiResource;
 use serde_json::{Value, json};
@@ -74,8 +78,11 @@ pub struct Target<'a> {
     /// The primary kind's API coordinates.
     pub primary_resource: &'a ApiResource,
     /// True while this replica may write (leader election); checked before
-    /// every write.
+    /// every write, with `lease_until`.
     pub leader: &'a AtomicBool,
+    /// The local-clock end of the Lease term (see
+    /// [`crate::controller::leader::LeaseDeadline`]).
+    pub lease_until: &'a std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl std::fmt::Debug for Target<'_> {
@@ -122,7 +129,7 @@ pub struct Executed {
 }
 
 fn still_leader(t: &Target<'_>) -> Result<(), ExecuteError> {
-    if t.leader.load(Ordering::SeqCst) {
+    if crate::controller::leader::may_write(t.leader, t.lease_until) {
         Ok(())
     } else {
         Err(ExecuteError::LostLeadership)
@@ -211,7 +218,10 @@ pub async fn execute(
         still_leader(&t)?;
         let written = match (&op.precondition, &judged.existing) {
             // `force` takes fields from other managers; a create has none.
-            (Some(Precondition::Absent), _) | (None, None) => w.create(&resource, &obj).await,
+            (Some(Precondition::Absent), _) => w.create(&resource, &obj).await,
+            // Judged absent: a server-side apply that creates it, and
+            // conflicts if it appeared meanwhile.
+            (None, None) => w.apply(&resource, &obj, Fence::ABSENT, op.force).await,
             (Some(Precondition::ResourceVersion(rv)), judged) => {
                 let fence = Fence {
                     uid: judged.as_ref().map(|j| j.uid.as_str()),

@@ -34,6 +34,18 @@ pub struct Fence<'a> {
     pub resource_version: Option<&'a str>,
 }
 
+impl Fence<'static> {
+    /// The fence of an object judged absent. The API server creates an
+    /// object whose apply carries a resourceVersion (it is ignored on
+    /// create), but compares it with an existing object's: no object ever
+    /// reaches this version, so an object that appeared since it was judged
+    /// absent makes the apply a 409 Conflict instead of an adoption.
+    pub const ABSENT: Fence<'static> = Fence {
+        uid: None,
+        resource_version: Some("18446744073709551615"),
+    };
+}
+
 /// `obj` with the fence's uid and resourceVersion in its metadata, where an
 /// update checks them.
 fn fenced(obj: &Value, fence: &Fence<'_>) -> Value {

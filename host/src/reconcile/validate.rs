@@ -27,11 +27,11 @@
 use std::collections::BTreeSet;
 
 use serde::Serialize;
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 
 use crate::names;
 use crate::object;
-use crate::plugin::manifest::{Controller, KindRef, OwnedKind, Ownership, split_api_version};
+use crate::plugin::manifest::{Controller, OwnedKind, Ownership, split_api_version};
 
 pub use wasmop_contract::plan::{
     ApplyOp, DeleteOp, Event, EventType, HttpMethod, HttpRequest, ObjectRef, Plan, Precondition,
@@ -39,79 +39,8 @@ pub use wasmop_contract::plan::{
 };
 pub use wasmop_contract::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, OWNER_UID_LABEL, PLUGIN_LABEL};
 
-/// What the validator needs to know about an object that already exists.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ExistingObject {
-    /// Its `metadata.uid`.
-    pub uid: String,
-    /// The UID of its controller ownerReference, if it has one.
-    pub controller_uid: Option<String>,
-    /// The value of its `wasmop.dev/owner-uid` label, if it has one.
-    pub owner_label: Option<String>,
-    /// Its `metadata.resourceVersion`: the version the plan was judged at,
-    /// which the write then carries as its precondition.
-    pub resource_version: String,
-}
-
-impl ExistingObject {
-    /// What an object as JSON says about its control.
-    pub fn of(obj: &Value) -> Self {
-        ExistingObject {
-            uid: object::uid(obj).to_owned(),
-            controller_uid: object::controller_uid(obj).map(str::to_owned),
-            owner_label: object::labels(obj).remove(OWNER_UID_LABEL),
-            resource_version: object::resource_version(obj).to_owned(),
-        }
-    }
-
-    /// True when neither an ownerReference controller nor a wasmop owner
-    /// label claims the object.
-    pub fn is_orphan(&self) -> bool {
-        self.controller_uid.is_none() && self.owner_label.is_none()
-    }
-
-    /// True when `primary_uid` controls the object under `ownership`: the
-    /// controller ownerReference for [`Ownership::OwnerReference`], the owner
-    /// label (and no other controller) for [`Ownership::OwnerLabel`].
-    pub fn is_controlled_by(&self, primary_uid: &str, ownership: &Ownership) -> bool {
-        match ownership {
-            Ownership::OwnerReference => self.controller_uid.as_deref() == Some(primary_uid),
-            Ownership::OwnerLabel { .. } => {
-                self.owner_label.as_deref() == Some(primary_uid)
-                    && self
-                        .controller_uid
-                        .as_deref()
-                        .is_none_or(|c| c == primary_uid)
-            }
-        }
-    }
-}
-
-/// Answers "does this object exist, and who controls it" for [`validate`].
-///
-/// Implemented for every [`crate::ObjectSource`], so the offline CLI's
-/// `MemorySource` and the live watch cache both answer it.
-pub trait ExistingLookup {
-    /// The object of `kind` at `namespace`/`name`, if it exists.
-    fn existing(
-        &self,
-        kind: &KindRef,
-        namespace: Option<&str>,
-        name: &str,
-    ) -> Option<ExistingObject>;
-}
-
-impl<S: crate::reconcile::snapshot::ObjectSource + ?Sized> ExistingLookup for S {
-    fn existing(
-        &self,
-        kind: &KindRef,
-        namespace: Option<&str>,
-        name: &str,
-    ) -> Option<ExistingObject> {
-        let found = self.get(kind, namespace, name)?;
-        Some(ExistingObject::of(&found))
-    }
-}
+pub use crate::execute::prepare::prepare_apply;
+pub use crate::reconcile::existing::{ExistingLookup, ExistingObject};
 
 /// The rule a [`Violation`] breaks.
 ///
@@ -723,76 +652,6 @@ fn ownership_name(ownership: &Ownership) -> &'static str {
     }
 }
 
-/// The object as the host writes it: `obj` plus the marks of ownership and
-/// the labels `app.kubernetes.io/managed-by: wasmop` and
-/// `wasmop.dev/plugin: <plugin>`.
-///
-/// Ownership marks, by how the kind is owned:
-/// - owner-reference: the controller ownerReference to `primary`
-///   (`controller: true`, `blockOwnerDeletion: true`);
-/// - owner-label: the label `wasmop.dev/owner-uid: <primary uid>` (and the
-///   kind's extra label with the same value); no ownerReference.
-///
-/// # Caveats
-///
-/// Call it only on objects [`validate`] accepted: it overwrites
-/// `metadata.ownerReferences` and the owner labels (which validation
-/// guarantees the plugin did not set).
-pub fn prepare_apply(obj: &Value, primary: &Value, plugin_name: &str, owned: &OwnedKind) -> Value {
-    let mut out = obj.clone();
-    let Some(root) = out.as_object_mut() else {
-        return out;
-    };
-    let metadata = root
-        .entry("metadata")
-        .or_insert_with(|| Value::Object(Map::new()));
-    if !metadata.is_object() {
-        *metadata = Value::Object(Map::new());
-    }
-    let Some(metadata) = metadata.as_object_mut() else {
-        return out;
-    };
-    let uid = object::uid(primary);
-    let mut host_labels = vec![
-        (MANAGED_BY_LABEL, MANAGED_BY_VALUE),
-        (PLUGIN_LABEL, plugin_name),
-    ];
-    match &owned.ownership {
-        Ownership::OwnerReference => {
-            metadata.insert(
-                "ownerReferences".to_owned(),
-                json!([{
-                    "apiVersion": object::api_version(primary),
-                    "kind": object::kind(primary),
-                    "name": object::name(primary),
-                    "uid": uid,
-                    "controller": true,
-                    "blockOwnerDeletion": true,
-                }]),
-            );
-        }
-        Ownership::OwnerLabel { extra_label } => {
-            metadata.remove("ownerReferences");
-            host_labels.push((OWNER_UID_LABEL, uid));
-            if let Some(key) = extra_label {
-                host_labels.push((key.as_str(), uid));
-            }
-        }
-    }
-    let labels = metadata
-        .entry("labels")
-        .or_insert_with(|| Value::Object(Map::new()));
-    if !labels.is_object() {
-        *labels = Value::Object(Map::new());
-    }
-    if let Some(labels) = labels.as_object_mut() {
-        for (key, value) in host_labels {
-            labels.insert(key.to_owned(), json!(value));
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -800,8 +659,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::plugin::manifest::HttpTarget;
     use crate::plugin::manifest::tests::controller;
+    use crate::plugin::manifest::{HttpTarget, KindRef};
 
     const PRIMARY_UID: &str = "uid-primary";
 

@@ -13,6 +13,15 @@
 //!   watched scope completed; nothing reads a kind before that.
 //! - After a watch restart the cache is replaced atomically and the
 //!   differences are reported as changes, so nothing is missed or doubled.
+//! - A watch whose resourceVersion expired (410) relists at once. While the
+//!   API server is unreachable a watch retries with jittered backoff capped
+//!   at 2 s, so it is back within about 2 s of the server's return (see
+//!   [`RetryState`]).
+//! - Each watch stream's state (synced, relisting, backing off) is in the
+//!   metrics: `wasmop_watch_streams{kind,state}`, with
+//!   `wasmop_watch_lists_total{kind,reason}`,
+//!   `wasmop_watch_errors_total{kind,reason}` and
+//!   `wasmop_watch_recovery_seconds{kind}`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
@@ -21,18 +30,16 @@ use std::time::Duration;
 use futures::StreamExt;
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject};
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::object;
+use crate::{metrics, object};
 
-/// Label the host puts on every object it writes.
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-/// Value of [`MANAGED_BY_LABEL`].
-pub const MANAGED_BY_VALUE: &str = "wasmop";
+use wasmop_contract::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
+
+use super::retry::*;
 
 /// Identity of a watched kind: `group/version/Kind` (`/v1/ConfigMap` for the
 /// core group).
@@ -213,6 +220,8 @@ pub struct Cache {
     client: Client,
     namespaces: Vec<String>,
     kinds: RwLock<HashMap<KindKey, Watched>>,
+    /// Unfiltered caches syncing to replace a filtered one.
+    pending: std::sync::Mutex<HashMap<KindKey, Arc<KindCache>>>,
     changes: mpsc::UnboundedSender<Change>,
 }
 
@@ -228,6 +237,7 @@ impl Cache {
             client,
             namespaces,
             kinds: RwLock::new(HashMap::new()),
+            pending: std::sync::Mutex::new(HashMap::new()),
             changes: tx,
         });
         (cache, rx)
@@ -255,23 +265,59 @@ impl Cache {
     /// Makes sure a kind is watched as `spec` says and returns its cache.
     ///
     /// A kind already watched with the same filter is shared. A kind watched
-    /// with the managed-only filter that is now needed unfiltered is
-    /// restarted without the filter.
-    pub fn ensure(&self, spec: WatchSpec) -> Arc<KindCache> {
+    /// with the managed-only filter that is now needed unfiltered gets a new
+    /// unfiltered watch; the filtered cache keeps serving every running
+    /// controller until the new one has synced, and is then replaced in one
+    /// step (so no reconcile ever sees the half-filled new cache). The
+    /// returned cache is the one that will serve: wait for its sync.
+    pub fn ensure(self: &Arc<Self>, spec: WatchSpec) -> Arc<KindCache> {
         let key = KindKey::new(
             &spec.resource.group,
             &spec.resource.version,
             &spec.resource.kind,
         );
         let mut kinds = self.kinds.write().expect("cache lock");
-        if let Some((existing, tasks)) = kinds.get(&key) {
-            if existing.spec.managed_only == spec.managed_only || !existing.spec.managed_only {
+        let upgrading = match kinds.get(&key) {
+            Some((existing, _))
+                if existing.spec.managed_only == spec.managed_only
+                    || !existing.spec.managed_only =>
+            {
                 return existing.clone();
             }
-            for t in tasks {
-                t.abort();
+            Some(_) => true,
+            None => false,
+        };
+        if upgrading {
+            let mut pending = self.pending.lock().expect("pending lock");
+            if let Some(kc) = pending.get(&key) {
+                return kc.clone();
             }
+            let (kc, tasks) = self.start(key.clone(), spec);
+            pending.insert(key.clone(), kc.clone());
+            let cache = Arc::downgrade(self);
+            let new = kc.clone();
+            tokio::spawn(async move {
+                new.wait_synced().await;
+                let Some(cache) = cache.upgrade() else { return };
+                cache.pending.lock().expect("pending lock").remove(&key);
+                let old = cache
+                    .kinds
+                    .write()
+                    .expect("cache lock")
+                    .insert(key, (new, tasks));
+                for t in old.map(|(_, tasks)| tasks).unwrap_or_default() {
+                    t.abort();
+                }
+            });
+            return kc;
         }
+        let (kc, tasks) = self.start(key.clone(), spec);
+        kinds.insert(key, (kc.clone(), tasks));
+        kc
+    }
+
+    /// Starts the watches of one kind into a new cache.
+    fn start(&self, key: KindKey, spec: WatchSpec) -> Watched {
         let kc = Arc::new(KindCache {
             key: key.clone(),
             spec: spec.clone(),
@@ -296,8 +342,7 @@ impl Cache {
                 ))
             })
             .collect();
-        kinds.insert(key, (kc.clone(), tasks));
-        kc
+        (kc, tasks)
     }
 
     /// Stops every watch.
@@ -340,6 +385,81 @@ impl Drop for Cache {
     }
 }
 
+/// The state of one watch stream in the `wasmop_watch_streams` gauge; its
+/// count goes away when the stream ends (the task is aborted or the kind is
+/// no longer watched).
+struct StreamStatus {
+    kind: String,
+    state: WatchState,
+}
+
+impl StreamStatus {
+    fn new(kind: &str) -> Self {
+        let m = metrics::global();
+        for s in WatchState::ALL {
+            // Every state has a series from the start, so "0 backing off"
+            // reads as 0 and not as absent.
+            m.add(
+                "wasmop_watch_streams",
+                &[("kind", kind), ("state", s.label())],
+                0.0,
+            );
+        }
+        m.add(
+            "wasmop_watch_streams",
+            &[("kind", kind), ("state", WatchState::Relisting.label())],
+            1.0,
+        );
+        Self {
+            kind: kind.to_string(),
+            state: WatchState::Relisting,
+        }
+    }
+
+    fn set(&mut self, state: WatchState) {
+        if state == self.state {
+            return;
+        }
+        let m = metrics::global();
+        m.add(
+            "wasmop_watch_streams",
+            &[("kind", &self.kind), ("state", self.state.label())],
+            -1.0,
+        );
+        m.add(
+            "wasmop_watch_streams",
+            &[("kind", &self.kind), ("state", state.label())],
+            1.0,
+        );
+        self.state = state;
+    }
+}
+
+impl Drop for StreamStatus {
+    fn drop(&mut self) {
+        metrics::global().add(
+            "wasmop_watch_streams",
+            &[("kind", &self.kind), ("state", self.state.label())],
+            -1.0,
+        );
+    }
+}
+
+/// Ends a failure episode of a watch stream: logs it and records how long it
+/// lasted, from the first error to the first objects or completed list after
+/// it, in `wasmop_watch_recovery_seconds{kind}`.
+fn note_recovered(failing_since: &mut Option<std::time::Instant>, key: &KindKey, scope: &str) {
+    if let Some(since) = failing_since.take() {
+        let took = since.elapsed();
+        tracing::info!(kind = %key, scope, failing_for = ?took, "watch recovered");
+        metrics::global().set(
+            "wasmop_watch_recovery_seconds",
+            &[("kind", &key.0)],
+            took.as_secs_f64(),
+        );
+    }
+}
+
 async fn run_watch(
     client: Client,
     kc: Arc<KindCache>,
@@ -355,20 +475,118 @@ async fn run_watch(
     if kc.spec.managed_only {
         config = config.labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"));
     }
-    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+    let kind = kc.key.to_string();
+    let scope_name = scope.as_deref().unwrap_or("");
+    let policy = RetryPolicy::default();
+    let mut retry = RetryState::default();
+    let mut status = StreamStatus::new(&kind);
+    // The watcher is polled directly, without kube-runtime's default
+    // backoff: that one also waits after a 410 and grows to 30 s while the
+    // API server is down. Errors are handled below instead.
+    let mut stream = watcher::watcher(api.clone(), config.clone()).boxed();
     let mut buffer: Option<BTreeMap<ObjKey, Arc<Value>>> = None;
     let mut counted_sync = false;
-    while let Some(event) = stream.next().await {
+    // A list is running (between Init and InitDone) or about to.
+    let mut listing = true;
+    let mut relist_reason = "initial";
+    let mut failing_since: Option<std::time::Instant> = None;
+    loop {
+        let polled = if failing_since.is_some() {
+            let budget = retry.stall_timeout(&policy);
+            match tokio::time::timeout(budget, stream.next()).await {
+                Ok(polled) => polled,
+                Err(_) => {
+                    metrics::global().inc(
+                        "wasmop_watch_errors_total",
+                        &[("kind", &kind), ("reason", "stalled")],
+                    );
+                    tracing::info!(kind = %kc.key, scope = scope_name, waited = ?budget,
+                        "watch attempt unanswered while recovering; starting over with a list");
+                    retry.on_stall(&policy, std::time::Instant::now());
+                    stream = watcher::watcher(api.clone(), config.clone()).boxed();
+                    listing = true;
+                    if counted_sync {
+                        relist_reason = "error";
+                    }
+                    status.set(WatchState::Relisting);
+                    continue;
+                }
+            }
+        } else {
+            stream.next().await
+        };
+        let Some(event) = polled else { break };
         let event = match event {
             Ok(e) => e,
             Err(e) => {
-                tracing::warn!(kind = %kc.key, error = %e, "watch failed; retrying with backoff");
+                let failure = Failure::of(&e);
+                metrics::global().inc(
+                    "wasmop_watch_errors_total",
+                    &[("kind", &kind), ("reason", failure.label())],
+                );
+                let decision =
+                    retry.on_failure(&policy, failure, std::time::Instant::now(), jitter());
+                if failure == Failure::Expired {
+                    tracing::info!(kind = %kc.key, scope = scope_name, error = %e,
+                        "watch expired; relisting");
+                } else if failing_since.is_none() {
+                    tracing::warn!(kind = %kc.key, scope = scope_name, error = %e,
+                        retry_in = ?decision.delay, "watch failed; retrying");
+                } else {
+                    tracing::debug!(kind = %kc.key, scope = scope_name, error = %e,
+                        retry_in = ?decision.delay, "watch failed again; retrying");
+                }
+                failing_since.get_or_insert_with(std::time::Instant::now);
+                if matches!(
+                    e,
+                    watcher::Error::InitialListFailed(_) | watcher::Error::NoResourceVersion
+                ) {
+                    // The watcher starts its list over by itself.
+                    listing = true;
+                }
+                if decision.relist {
+                    // A fresh watcher starts with a list. The kube-runtime
+                    // watcher relists by itself after a 410 inside the watch
+                    // stream, but not after a 410 answering the watch request.
+                    stream = watcher::watcher(api.clone(), config.clone()).boxed();
+                    listing = true;
+                }
+                if counted_sync && (decision.relist || listing) {
+                    relist_reason = if failure == Failure::Expired {
+                        "expired"
+                    } else {
+                        "error"
+                    };
+                }
+                if !decision.delay.is_zero() {
+                    status.set(WatchState::BackingOff);
+                    tokio::time::sleep(decision.delay).await;
+                }
+                status.set(if listing || !counted_sync {
+                    WatchState::Relisting
+                } else {
+                    WatchState::Synced
+                });
                 continue;
             }
         };
         match event {
-            Event::Init => buffer = Some(BTreeMap::new()),
+            Event::Init => {
+                buffer = Some(BTreeMap::new());
+                listing = true;
+                status.set(WatchState::Relisting);
+                let reason = if counted_sync {
+                    relist_reason
+                } else {
+                    "initial"
+                };
+                metrics::global().inc(
+                    "wasmop_watch_lists_total",
+                    &[("kind", &kind), ("reason", reason)],
+                );
+            }
             Event::InitApply(obj) => {
+                retry.on_progress();
                 if let Some(v) = to_value(obj) {
                     buffer
                         .get_or_insert_with(BTreeMap::new)
@@ -378,6 +596,10 @@ async fn run_watch(
             Event::InitDone => {
                 let fresh = buffer.take().unwrap_or_default();
                 replace_scope(&kc, scope.as_deref(), fresh, &changes);
+                listing = false;
+                retry.on_synced();
+                status.set(WatchState::Synced);
+                note_recovered(&mut failing_since, &kc.key, scope_name);
                 if !counted_sync {
                     counted_sync = true;
                     if pending.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 1 {
@@ -387,6 +609,8 @@ async fn run_watch(
                 }
             }
             Event::Apply(obj) => {
+                retry.on_progress();
+                note_recovered(&mut failing_since, &kc.key, scope_name);
                 if let Some(v) = to_value(obj) {
                     let key = obj_key(&v);
                     let new = Arc::new(v);
@@ -403,6 +627,8 @@ async fn run_watch(
                 }
             }
             Event::Delete(obj) => {
+                retry.on_progress();
+                note_recovered(&mut failing_since, &kc.key, scope_name);
                 if let Some(v) = to_value(obj) {
                     let key = obj_key(&v);
                     let old = kc.data.write().expect("cache lock").remove(&key);
@@ -506,5 +732,245 @@ mod tests {
         d.remove(&k);
         assert!(d.by_owner.is_empty());
         assert!(d.by_uid.is_empty());
+    }
+
+    fn api_error(code: u16) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("test", "Test")
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn errors_are_classified_by_what_they_say_about_the_server() {
+        use watcher::Error as E;
+        let gone = kube::core::Status::failure("too old resource version", "Expired")
+            .with_code(410)
+            .boxed();
+        assert_eq!(Failure::of(&E::WatchError(gone)), Failure::Expired);
+        // A 410 answering the watch request itself, and on a list page.
+        assert_eq!(
+            Failure::of(&E::WatchStartFailed(api_error(410))),
+            Failure::Expired
+        );
+        assert_eq!(
+            Failure::of(&E::InitialListFailed(api_error(410))),
+            Failure::Expired
+        );
+        let refused = kube::Error::Service(Box::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        )));
+        assert_eq!(
+            Failure::of(&E::InitialListFailed(refused)),
+            Failure::Unavailable
+        );
+        for code in [429, 500, 503, 504] {
+            assert_eq!(
+                Failure::of(&E::WatchStartFailed(api_error(code))),
+                Failure::Unavailable,
+                "{code}"
+            );
+        }
+        for code in [400, 401, 403, 404] {
+            assert_eq!(
+                Failure::of(&E::WatchFailed(api_error(code))),
+                Failure::Rejected,
+                "{code}"
+            );
+        }
+        assert_eq!(Failure::of(&E::NoResourceVersion), Failure::Rejected);
+    }
+
+    #[test]
+    fn backoff_doubles_is_capped_and_jitter_stays_within_half_to_full() {
+        let base = Duration::from_millis(200);
+        let max = Duration::from_secs(2);
+        assert_eq!(backoff_delay(base, max, 0, 0.0), Duration::from_millis(100));
+        assert_eq!(backoff_delay(base, max, 1, 0.0), Duration::from_millis(200));
+        let d = backoff_delay(base, max, 3, 0.999_999);
+        assert!(
+            d > Duration::from_millis(1599) && d <= Duration::from_millis(1600),
+            "{d:?}"
+        );
+        for attempt in [4, 10, 31, 32, u32::MAX] {
+            for jitter in [0.0, 0.5, 0.999_999, 1.0, -3.0, f64::NAN] {
+                let d = backoff_delay(base, max, attempt, jitter);
+                assert!(
+                    d >= max / 2 && d <= max,
+                    "attempt {attempt} jitter {jitter}: {d:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn expiry_relists_at_once_even_after_a_long_outage() {
+        let policy = RetryPolicy::default();
+        let mut r = RetryState::default();
+        let t0 = std::time::Instant::now();
+        for i in 0..50 {
+            let d = r.on_failure(
+                &policy,
+                Failure::Unavailable,
+                t0 + Duration::from_millis(i * 300),
+                0.7,
+            );
+            assert!(!d.relist);
+            assert!(d.delay <= policy.unavailable_max);
+        }
+        let d = r.on_failure(&policy, Failure::Expired, t0 + Duration::from_secs(16), 0.7);
+        assert_eq!(
+            d,
+            Decision {
+                relist: true,
+                delay: Duration::ZERO
+            }
+        );
+        // The relist expires again before completing: wait a little, then
+        // relist again; never a tight loop.
+        let d = r.on_failure(&policy, Failure::Expired, t0 + Duration::from_secs(17), 0.0);
+        assert!(d.relist && d.delay >= policy.base / 2, "{d:?}");
+        // A completed list resets everything.
+        r.on_synced();
+        let d = r.on_failure(&policy, Failure::Expired, t0 + Duration::from_secs(18), 0.0);
+        assert_eq!(d.delay, Duration::ZERO);
+    }
+
+    #[test]
+    fn refusals_back_off_longer_than_an_unreachable_server() {
+        let policy = RetryPolicy::default();
+        let mut r = RetryState::default();
+        let t0 = std::time::Instant::now();
+        let mut last = Duration::ZERO;
+        for i in 0..20 {
+            last = r
+                .on_failure(&policy, Failure::Rejected, t0 + Duration::from_secs(i), 0.0)
+                .delay;
+        }
+        assert_eq!(last, policy.rejected_max / 2);
+        // Refusals do not lengthen the wait for an unreachable server.
+        let d = r.on_failure(
+            &policy,
+            Failure::Unavailable,
+            t0 + Duration::from_secs(21),
+            0.0,
+        );
+        assert_eq!(d.delay, policy.base / 2);
+        // Progress resets the counts; so does a quiet period.
+        r.on_progress();
+        let d = r.on_failure(
+            &policy,
+            Failure::Rejected,
+            t0 + Duration::from_secs(22),
+            0.0,
+        );
+        assert_eq!(d.delay, policy.base / 2);
+        r.on_failure(
+            &policy,
+            Failure::Unavailable,
+            t0 + Duration::from_secs(23),
+            0.0,
+        );
+        let d = r.on_failure(
+            &policy,
+            Failure::Unavailable,
+            t0 + Duration::from_secs(23 + 61),
+            0.0,
+        );
+        assert_eq!(d.delay, policy.base / 2);
+    }
+
+    /// The API server is unreachable for 15 s and then answers: whatever
+    /// the jitter, the next attempt comes within the cap of its return.
+    #[test]
+    fn an_outage_ends_in_a_retry_within_the_cap() {
+        let policy = RetryPolicy::default();
+        let t0 = std::time::Instant::now();
+        let back = Duration::from_secs(15);
+        for seed in 0..200u64 {
+            let mut r = RetryState::default();
+            let mut now = Duration::ZERO;
+            let mut x = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            while now < back {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let jitter = (x >> 11) as f64 / (1u64 << 53) as f64;
+                now += r
+                    .on_failure(&policy, Failure::Unavailable, t0 + now, jitter)
+                    .delay;
+            }
+            assert!(
+                now - back <= policy.unavailable_max,
+                "seed {seed}: {:?}",
+                now - back
+            );
+        }
+    }
+
+    #[test]
+    fn an_unanswered_attempt_is_abandoned_after_a_doubling_timeout() {
+        let policy = RetryPolicy::default();
+        let mut r = RetryState::default();
+        let t0 = std::time::Instant::now();
+        assert_eq!(r.stall_timeout(&policy), Duration::from_secs(2));
+        let d = r.on_stall(&policy, t0);
+        assert_eq!(
+            d,
+            Decision {
+                relist: true,
+                delay: Duration::ZERO
+            }
+        );
+        assert_eq!(r.stall_timeout(&policy), Duration::from_secs(4));
+        // A list slower than the timeout gets more time each round, so it
+        // completes in the end instead of being abandoned forever.
+        for i in 0..40 {
+            r.on_stall(&policy, t0 + Duration::from_secs(i));
+        }
+        assert_eq!(r.stall_timeout(&policy), policy.stall_max);
+        r.on_progress();
+        assert_eq!(r.stall_timeout(&policy), policy.stall_base);
+    }
+
+    #[test]
+    fn jitter_is_in_range_and_varies() {
+        let xs: Vec<f64> = (0..64).map(|_| jitter()).collect();
+        assert!(xs.iter().all(|x| (0.0..1.0).contains(x)));
+        let distinct: BTreeSet<u64> = xs.iter().map(|x| x.to_bits()).collect();
+        assert!(distinct.len() > 32, "{distinct:?}");
+    }
+
+    #[test]
+    fn stream_status_counts_each_stream_in_one_state() {
+        let kind = "test.invalid/v1/StatusProbe";
+        let get = |state: WatchState| {
+            metrics::global()
+                .get(
+                    "wasmop_watch_streams",
+                    &[("kind", kind), ("state", state.label())],
+                )
+                .unwrap_or(-1.0)
+        };
+        let mut a = StreamStatus::new(kind);
+        let b = StreamStatus::new(kind);
+        assert_eq!(get(WatchState::Relisting), 2.0);
+        assert_eq!(get(WatchState::Synced), 0.0);
+        assert_eq!(get(WatchState::BackingOff), 0.0);
+        a.set(WatchState::BackingOff);
+        a.set(WatchState::BackingOff);
+        assert_eq!(get(WatchState::Relisting), 1.0);
+        assert_eq!(get(WatchState::BackingOff), 1.0);
+        drop(b);
+        a.set(WatchState::Synced);
+        assert_eq!(get(WatchState::Relisting), 0.0);
+        assert_eq!(get(WatchState::Synced), 1.0);
+        drop(a);
+        for s in WatchState::ALL {
+            assert_eq!(get(s), 0.0, "{s:?}");
+        }
     }
 }

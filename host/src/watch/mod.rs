@@ -2,6 +2,7 @@
 //! snapshot and routing need ([`cache`]), and label selectors ([`selector`]).
 
 pub mod cache;
+pub mod retry;
 pub mod selector;
 
 pub use cache::{Cache, Change, KindCache, KindKey, WatchSpec};

@@ -1,0 +1,84 @@
+//! What validation knows about objects that already exist: [`ExistingObject`]
+//! (UID, controller, owner label, resourceVersion) and the [`ExistingLookup`]
+//! seam that answers for them — the snapshot's source offline, the cache
+//! backed by API reads live (`controller::truth`).
+
+use serde_json::Value;
+
+use crate::object;
+use crate::plugin::manifest::{KindRef, Ownership};
+use crate::reconcile::validate::OWNER_UID_LABEL;
+
+/// What the validator needs to know about an object that already exists.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExistingObject {
+    /// Its `metadata.uid`.
+    pub uid: String,
+    /// The UID of its controller ownerReference, if it has one.
+    pub controller_uid: Option<String>,
+    /// The value of its `wasmop.dev/owner-uid` label, if it has one.
+    pub owner_label: Option<String>,
+    /// Its `metadata.resourceVersion`: the version the plan was judged at,
+    /// which the write then carries as its precondition.
+    pub resource_version: String,
+}
+
+impl ExistingObject {
+    /// What an object as JSON says about its control.
+    pub fn of(obj: &Value) -> Self {
+        ExistingObject {
+            uid: object::uid(obj).to_owned(),
+            controller_uid: object::controller_uid(obj).map(str::to_owned),
+            owner_label: object::labels(obj).remove(OWNER_UID_LABEL),
+            resource_version: object::resource_version(obj).to_owned(),
+        }
+    }
+
+    /// True when neither an ownerReference controller nor a wasmop owner
+    /// label claims the object.
+    pub fn is_orphan(&self) -> bool {
+        self.controller_uid.is_none() && self.owner_label.is_none()
+    }
+
+    /// True when `primary_uid` controls the object under `ownership`: the
+    /// controller ownerReference for [`Ownership::OwnerReference`], the owner
+    /// label (and no other controller) for [`Ownership::OwnerLabel`].
+    pub fn is_controlled_by(&self, primary_uid: &str, ownership: &Ownership) -> bool {
+        match ownership {
+            Ownership::OwnerReference => self.controller_uid.as_deref() == Some(primary_uid),
+            Ownership::OwnerLabel { .. } => {
+                self.owner_label.as_deref() == Some(primary_uid)
+                    && self
+                        .controller_uid
+                        .as_deref()
+                        .is_none_or(|c| c == primary_uid)
+            }
+        }
+    }
+}
+
+/// Answers "does this object exist, and who controls it" for [`validate`].
+///
+/// Implemented for every [`crate::ObjectSource`], so the offline CLI's
+/// `MemorySource` and the live watch cache both answer it.
+pub trait ExistingLookup {
+    /// The object of `kind` at `namespace`/`name`, if it exists.
+    fn existing(
+        &self,
+        kind: &KindRef,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Option<ExistingObject>;
+}
+
+impl<S: crate::reconcile::snapshot::ObjectSource + ?Sized> ExistingLookup for S {
+    fn existing(
+        &self,
+        kind: &KindRef,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Option<ExistingObject> {
+        let found = self.get(kind, namespace, name)?;
+        Some(ExistingObject::of(&found))
+    }
+}

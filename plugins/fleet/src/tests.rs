@@ -1,0 +1,774 @@
+//! Unit tests of the reconcile over hand-built snapshots.
+
+use serde_json::{Value, json};
+use wasmop_sdk::Plan;
+use wasmop_sdk::hash::stable_hash;
+use wasmop_sdk::testing::{SnapshotBuilder, objects_from_yaml, run};
+
+use crate::api::{Fleet, fixed_config, tuning};
+use crate::names::*;
+use crate::reconcile::workload_settled;
+use crate::render;
+use crate::reservation::{self, Binding};
+use crate::{
+    CLAIMS_READ, FLEET_CONTROLLER, FleetPlugin, PODS_READ, RESERVATIONS_READ, SERVICE_ACCOUNT_READ,
+    STORAGE_CLASS_READ,
+};
+
+const UID: &str = "00000000-0000-0000-0000-0000000000f1";
+const NOW: &str = "2026-01-01T00:10:00Z";
+const IMAGE: &str = "ghcr.io/ewhauser/celld@sha256:1c0d854cd2af39fa439f163d5b88a19c7bccefd25fe35e2c0e1f43b3d886f424";
+
+fn bucket_fleet() -> Value {
+    json!({
+        "apiVersion": "celld.eric.dev/v1alpha1",
+        "kind": "CelldFleet",
+        "metadata": {"name": "f", "namespace": "ns", "uid": UID, "generation": 1,
+                     "resourceVersion": "10"},
+        "spec": {
+            "profile": "Bucket",
+            "bucketWorkload": "Deployment",
+            "replicas": 3,
+            "runtimeImage": IMAGE,
+            "serviceAccountName": "runtime",
+            "storage": {"bucket": "b1", "region": "us-east-1", "sizeGiB": 10},
+            "placement": {"azCount": 1, "zones": ["us-east-1a"], "mode": "Relaxed"},
+        }
+    })
+}
+
+fn persistent_fleet() -> Value {
+    let mut f = bucket_fleet();
+    f["spec"]["profile"] = json!("PersistentFleet");
+    f["spec"]["storage"]["storageClassName"] = json!("standard");
+    f
+}
+
+fn typed(primary: &Value) -> Fleet {
+    serde_json::from_value(primary.clone()).unwrap()
+}
+
+fn reservation_of(primary: &Value) -> Value {
+    let mut r = reservation::reservation(&typed(primary), primary);
+    r["metadata"]["uid"] = json!("r-uid");
+    r["metadata"]["resourceVersion"] = json!("1");
+    r
+}
+
+fn sa() -> Value {
+    json!({"apiVersion": "v1", "kind": "ServiceAccount",
+           "metadata": {"name": "runtime", "namespace": "ns"}})
+}
+
+fn with_identity(mut o: Value, uid: &str) -> Value {
+    o["metadata"]["uid"] = json!(uid);
+    o["metadata"]["resourceVersion"] = json!("5");
+    o["metadata"]["generation"] = json!(1);
+    o["metadata"]["labels"] = json!({ FLEET_UID_LABEL: UID });
+    o
+}
+
+/// The workload as the API server would show it once settled at `replicas`.
+fn settled_workload(primary: &Value, replicas: i32) -> Value {
+    let fleet = typed(primary);
+    let mut w = with_identity(
+        render::workload(&fleet, &render::fixed_hash(primary), replicas),
+        "w-uid",
+    );
+    w["status"] = json!({"observedGeneration": 1, "replicas": replicas,
+                         "updatedReplicas": replicas, "readyReplicas": replicas});
+    w
+}
+
+fn infrastructure(primary: &Value) -> Vec<Value> {
+    let fleet = typed(primary);
+    let settings = crate::settings::Settings::default();
+    [
+        render::application_service(&fleet),
+        render::peers_service_object(&fleet),
+        render::network_policy(&fleet, &settings),
+        render::disruption_budget(&fleet),
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, o)| with_identity(o, &format!("infra-{i}")))
+    .collect()
+}
+
+fn pod(name: &str, ready: bool) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": "ns", "uid": format!("pod-{name}"),
+                        "resourceVersion": "7", "labels": { FLEET_UID_LABEL: UID },
+                        "creationTimestamp": "2026-01-01T00:00:00Z"},
+           "status": {"phase": "Running", "conditions": [
+               {"type": "Ready", "status": if ready { "True" } else { "False" },
+                "lastTransitionTime": "2026-01-01T00:01:00Z"}]}})
+}
+
+fn claim(name: &str, phase: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+           "metadata": {"name": name, "namespace": "ns", "uid": format!("pvc-{name}"),
+                        "resourceVersion": "8", "labels": { FLEET_UID_LABEL: UID }},
+           "status": {"phase": phase}})
+}
+
+struct World {
+    primary: Value,
+    owned: Vec<Value>,
+    pods: Vec<Value>,
+    claims: Vec<Value>,
+    reservations: Vec<Value>,
+    service_account: bool,
+    storage_class: bool,
+    deleting: bool,
+    settings: Value,
+}
+
+impl World {
+    fn new(primary: Value) -> Self {
+        World {
+            primary,
+            owned: Vec::new(),
+            pods: Vec::new(),
+            claims: Vec::new(),
+            reservations: Vec::new(),
+            service_account: true,
+            storage_class: true,
+            deleting: false,
+            settings: json!({}),
+        }
+    }
+
+    /// A fleet that reserved its bucket, has its infrastructure and a
+    /// workload settled at `replicas` with that many ready Pods.
+    fn running(primary: Value, replicas: i32) -> Self {
+        let mut w = World::new(primary.clone());
+        w.reservations.push(reservation_of(&primary));
+        w.owned.extend(infrastructure(&primary));
+        w.owned.push(settled_workload(&primary, replicas));
+        let stateful = typed(&primary).spec.stateful();
+        for i in 0..replicas {
+            let name = if stateful {
+                format!("f-{i}")
+            } else {
+                format!("f-abc-{i}")
+            };
+            w.pods.push(pod(&name, true));
+        }
+        w
+    }
+
+    fn plan(&self) -> Plan {
+        let mut b = SnapshotBuilder::new(FLEET_CONTROLLER)
+            .primary(&self.primary)
+            .now(NOW)
+            .deleting(self.deleting)
+            .settings(&self.settings);
+        for o in &self.owned {
+            b = b.owned(o);
+        }
+        for p in &self.pods {
+            b = b.related(PODS_READ, p);
+        }
+        for c in &self.claims {
+            b = b.related(CLAIMS_READ, c);
+        }
+        for r in &self.reservations {
+            b = b.related(RESERVATIONS_READ, r);
+        }
+        if self.service_account {
+            b = b.related(SERVICE_ACCOUNT_READ, sa());
+        }
+        if self.storage_class {
+            b = b.related(
+                STORAGE_CLASS_READ,
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                       "metadata": {"name": "standard"}}),
+            );
+        }
+        run::<FleetPlugin>(&b.build()).unwrap()
+    }
+}
+
+fn condition<'p>(plan: &'p Plan, type_: &str) -> &'p Value {
+    plan.status.as_ref().unwrap()["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition"))
+}
+
+fn applied<'p>(plan: &'p Plan, kind: &str) -> Vec<&'p Value> {
+    plan.apply
+        .iter()
+        .map(|a| &a.object)
+        .filter(|o| o["kind"] == kind)
+        .collect()
+}
+
+fn workload_of(plan: &Plan) -> Option<&Value> {
+    plan.apply
+        .iter()
+        .map(|a| &a.object)
+        .find(|o| o["kind"] == "Deployment" || o["kind"] == "StatefulSet")
+}
+
+fn env_names(workload: &Value) -> Vec<String> {
+    workload["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn env_of<'w>(workload: &'w Value, name: &str) -> &'w Value {
+    workload["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == name)
+        .unwrap_or_else(|| panic!("no env {name}"))
+}
+
+#[test]
+fn a_new_fleet_reserves_its_bucket_first_and_alone() {
+    let plan = World::new(bucket_fleet()).plan();
+    assert_eq!(plan.apply.len(), 1, "{:#?}", plan.apply);
+    let r = &plan.apply[0];
+    assert_eq!(r.object["kind"], "CelldStorageReservation");
+    assert_eq!(r.precondition, Some(wasmop_sdk::Precondition::Absent));
+    assert_eq!(r.object["metadata"]["name"], reservation_name("b1"));
+    assert_eq!(r.object["spec"]["fleetUID"], UID);
+    assert_eq!(r.object["spec"]["initialReplicas"], 3);
+    assert!(r.object["metadata"].get("ownerReferences").is_none());
+    assert_eq!(condition(&plan, "Provisioned")["status"], "False");
+    assert_eq!(condition(&plan, "Blocked")["status"], "False");
+}
+
+#[test]
+fn bucket_profile_objects() {
+    let primary = bucket_fleet();
+    let mut w = World::new(primary.clone());
+    w.reservations.push(reservation_of(&primary));
+    let plan = w.plan();
+    let d = workload_of(&plan).unwrap();
+    assert_eq!(d["kind"], "Deployment");
+    assert_eq!(d["spec"]["replicas"], 3);
+    assert_eq!(
+        d["spec"]["strategy"],
+        json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}})
+    );
+    assert_eq!(d["spec"]["selector"]["matchLabels"][FLEET_UID_LABEL], UID);
+    assert_eq!(
+        d["spec"]["template"]["metadata"]["labels"][FLEET_UID_LABEL],
+        UID
+    );
+    let pod = &d["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "runtime");
+    assert_eq!(pod["securityContext"]["runAsUser"], 10001);
+    assert_eq!(pod["volumes"][0]["emptyDir"]["sizeLimit"], "10Gi");
+    assert_eq!(env_of(d, "CELLD_DURABILITY")["value"], "bucket");
+    assert_eq!(env_of(d, "CELLD_BUCKET")["value"], "s3://b1");
+    assert_eq!(env_of(d, "CELLD_ADVERTISE")["value"], "$(POD_IP):8081");
+    assert_eq!(
+        env_of(d, "CELLD_NODE")["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.uid"
+    );
+    assert_eq!(env_of(d, "CELLD_SHUTDOWN_TOTAL_MS")["value"], "20000");
+    assert_eq!(pod["terminationGracePeriodSeconds"], 30);
+
+    let services = applied(&plan, "Service");
+    assert_eq!(services.len(), 2);
+    assert_eq!(services[0]["metadata"]["name"], "f");
+    assert_eq!(services[0]["spec"]["ports"][0]["port"], 8080);
+    assert_eq!(services[1]["metadata"]["name"], "f-peers");
+    assert_eq!(services[1]["spec"]["clusterIP"], "None");
+    assert_eq!(services[1]["spec"]["publishNotReadyAddresses"], true);
+    assert_eq!(services[1]["spec"]["ports"][0]["port"], 8081);
+    let np = applied(&plan, "NetworkPolicy")[0];
+    assert_eq!(np["spec"]["ingress"][0]["ports"][0]["port"], 8081);
+    assert_eq!(
+        np["spec"]["ingress"][0]["from"][1]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "wasmop"
+    );
+    assert_eq!(
+        np["spec"]["ingress"][1]["from"][0]["podSelector"]["matchLabels"][CLIENT_OF_LABEL],
+        "f"
+    );
+    assert_eq!(
+        np["spec"]["egress"][2],
+        json!({"ports": [{"protocol": "TCP", "port": 443}]})
+    );
+    let pdb = applied(&plan, "PodDisruptionBudget")[0];
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    for a in &plan.apply {
+        assert!(a.object["metadata"].get("ownerReferences").is_none());
+    }
+    assert_eq!(
+        plan.status.as_ref().unwrap()["labelSelector"],
+        format!("{FLEET_UID_LABEL}={UID}")
+    );
+}
+
+#[test]
+fn ordered_bucket_is_a_statefulset_without_claims() {
+    let mut primary = bucket_fleet();
+    primary["spec"]["bucketWorkload"] = json!("Ordered");
+    let mut w = World::new(primary.clone());
+    w.reservations.push(reservation_of(&primary));
+    let s = workload_of(&w.plan()).unwrap().clone();
+    assert_eq!(s["kind"], "StatefulSet");
+    assert_eq!(s["spec"]["serviceName"], "f-peers");
+    assert_eq!(s["spec"]["podManagementPolicy"], "Parallel");
+    assert!(s["spec"].get("volumeClaimTemplates").is_none());
+    assert_eq!(env_of(&s, "CELLD_DURABILITY")["value"], "bucket");
+}
+
+#[test]
+fn persistent_fleet_profile() {
+    let primary = persistent_fleet();
+    let mut w = World::new(primary.clone());
+    w.reservations.push(reservation_of(&primary));
+    let s = workload_of(&w.plan()).unwrap().clone();
+    assert_eq!(s["kind"], "StatefulSet");
+    assert_eq!(
+        s["spec"]["persistentVolumeClaimRetentionPolicy"],
+        json!({"whenDeleted": "Retain", "whenScaled": "Retain"})
+    );
+    let t = &s["spec"]["volumeClaimTemplates"][0];
+    assert_eq!(t["metadata"]["name"], "data");
+    assert_eq!(
+        t["metadata"]["annotations"][STORAGE_RESERVATION_ANNOTATION],
+        reservation_name("b1")
+    );
+    assert_eq!(t["metadata"]["labels"][FLEET_UID_LABEL], UID);
+    assert_eq!(
+        t["metadata"]["labels"]["wasmop.dev/owner-uid"], UID,
+        "claims are the fleet's"
+    );
+    assert_eq!(t["spec"]["storageClassName"], "standard");
+    assert!(s["spec"]["template"]["spec"].get("volumes").is_none());
+    assert_eq!(env_of(&s, "CELLD_DURABILITY")["value"], "fleet");
+    assert_eq!(
+        env_of(&s, "CELLD_NODE")["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.name"
+    );
+    assert_eq!(
+        env_of(&s, "CELLD_ADVERTISE")["value"],
+        "$(CELLD_NODE).f-peers.ns.svc:8081"
+    );
+}
+
+#[test]
+fn settled_fleet_is_provisioned_and_ready() {
+    let plan = World::running(bucket_fleet(), 3).plan();
+    assert_eq!(condition(&plan, "Provisioned")["status"], "True");
+    assert_eq!(condition(&plan, "Provisioned")["observedGeneration"], 1);
+    assert_eq!(condition(&plan, "Ready")["status"], "True");
+    assert_eq!(condition(&plan, "Progressing")["status"], "False");
+    assert_eq!(condition(&plan, "InfrastructureReady")["status"], "True");
+    assert_eq!(condition(&plan, "MaintenancePaused")["status"], "False");
+    assert_eq!(condition(&plan, "Deleting")["status"], "False");
+    let status = plan.status.as_ref().unwrap();
+    assert_eq!(status["replicas"], 3);
+    assert_eq!(status["readyReplicas"], 3);
+    assert!(plan.requeue_after_ms.is_none());
+    assert!(plan.delete.is_empty());
+}
+
+#[test]
+fn scale_out_is_immediate_and_scale_in_one_at_a_time() {
+    let mut primary = bucket_fleet();
+    primary["spec"]["replicas"] = json!(5);
+    let w = World::running(primary.clone(), 3);
+    assert_eq!(workload_of(&w.plan()).unwrap()["spec"]["replicas"], 5);
+
+    primary["spec"]["replicas"] = json!(1);
+    primary["spec"]["placement"]["azCount"] = json!(1);
+    let w = World::running(primary.clone(), 3);
+    let plan = w.plan();
+    assert_eq!(
+        workload_of(&plan).unwrap()["spec"]["replicas"],
+        2,
+        "one member at a time"
+    );
+    assert_eq!(condition(&plan, "Progressing")["reason"], "ScalingIn");
+    assert_eq!(condition(&plan, "Provisioned")["status"], "False");
+
+    // Not settled yet (a member still terminating): hold at the live count.
+    let mut w = World::running(primary, 2);
+    w.pods[0]["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:09:00Z");
+    assert_eq!(workload_of(&w.plan()).unwrap()["spec"]["replicas"], 2);
+}
+
+#[test]
+fn restart_token_and_env_roll_the_template() {
+    let primary = bucket_fleet();
+    let mut changed = primary.clone();
+    changed["metadata"]["generation"] = json!(2);
+    changed["spec"]["maintenance"] = json!({"restartToken": "r1"});
+    let mut w = World::running(primary.clone(), 3);
+    w.primary = changed.clone();
+    let plan = w.plan();
+    let d = workload_of(&plan).unwrap();
+    assert_eq!(
+        d["spec"]["template"]["metadata"]["annotations"][RESTART_TOKEN_ANNOTATION],
+        "r1"
+    );
+    assert_eq!(d["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"], 1);
+    assert_eq!(condition(&plan, "Progressing")["reason"], "RollingUpdate");
+    assert_eq!(condition(&plan, "Provisioned")["status"], "False");
+    assert_eq!(condition(&plan, "Provisioned")["observedGeneration"], 2);
+
+    changed["spec"]["env"] = json!([{"name": "CELLD_LOG", "value": "debug"},
+                                   {"name": "CELLD_API_TOKEN", "secretKeyRef": {"name": "auth", "key": "token"}}]);
+    w.primary = changed;
+    let plan = w.plan();
+    let d = workload_of(&plan).unwrap();
+    assert!(env_names(d).contains(&"CELLD_LOG".to_owned()));
+    assert_eq!(
+        env_of(d, "CELLD_API_TOKEN")["valueFrom"]["secretKeyRef"],
+        json!({"name": "auth", "key": "token"})
+    );
+    assert!(env_of(d, "CELLD_API_TOKEN").get("value").is_none());
+    // The env change still verifies against the reservation (tuning record).
+    assert_eq!(condition(&plan, "Blocked")["status"], "False");
+}
+
+#[test]
+fn paused_holds_workload_changes() {
+    let primary = bucket_fleet();
+    let mut changed = primary.clone();
+    changed["spec"]["maintenance"] = json!({"paused": true, "restartToken": "r2"});
+    changed["spec"]["replicas"] = json!(4);
+    let mut w = World::running(primary, 3);
+    w.primary = changed;
+    let plan = w.plan();
+    assert!(
+        workload_of(&plan).is_none(),
+        "no workload change while paused"
+    );
+    assert_eq!(
+        applied(&plan, "Service").len(),
+        2,
+        "infrastructure is still kept"
+    );
+    assert_eq!(condition(&plan, "MaintenancePaused")["status"], "True");
+    assert_eq!(
+        condition(&plan, "Provisioned")["reason"],
+        "MaintenancePaused"
+    );
+    assert_eq!(condition(&plan, "Progressing")["status"], "False");
+}
+
+#[test]
+fn reserved_env_is_refused_and_nothing_changes() {
+    for name in [
+        "CELLD_REEXEC_MODE",
+        "CELLD_STRICT_X",
+        "CELLD_EXPORT_SINK",
+        "CELLD_OTEL",
+        "CELLD_BUCKET",
+    ] {
+        let mut primary = bucket_fleet();
+        primary["spec"]["env"] = json!([{"name": name, "value": "x"}]);
+        let plan = World::running(primary, 3).plan();
+        assert!(plan.apply.is_empty(), "{name}: {:#?}", plan.apply);
+        assert!(plan.delete.is_empty());
+        let b = condition(&plan, "Blocked");
+        assert_eq!(b["status"], "True");
+        assert_eq!(b["reason"], "InvalidConfiguration");
+        assert!(b["message"].as_str().unwrap().contains(name));
+        assert_eq!(plan.events.len(), 1);
+        assert!(plan.status.as_ref().unwrap()["blockedSince"].is_string());
+    }
+    let mut primary = bucket_fleet();
+    primary["spec"]["env"] = json!(
+        (0..33)
+            .map(|i| json!({"name": format!("CELLD_X{i}"), "value": "v"}))
+            .collect::<Vec<_>>()
+    );
+    let plan = World::running(primary, 3).plan();
+    assert!(
+        condition(&plan, "Blocked")["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most 32")
+    );
+}
+
+#[test]
+fn a_fixed_field_changed_around_admission_is_refused() {
+    let primary = bucket_fleet();
+    let mut w = World::running(primary.clone(), 3);
+    let mut changed = primary.clone();
+    changed["spec"]["placement"]["zones"] = json!(["us-east-1b"]);
+    w.primary = changed;
+    let plan = w.plan();
+    assert!(plan.apply.is_empty());
+    assert_eq!(
+        condition(&plan, "Blocked")["reason"],
+        "InvalidConfiguration"
+    );
+
+    let mut changed = primary;
+    changed["spec"]["bucketWorkload"] = json!("Ordered");
+    w.primary = changed;
+    let plan = w.plan();
+    assert!(plan.apply.is_empty());
+    assert!(
+        condition(&plan, "Blocked")["message"]
+            .as_str()
+            .unwrap()
+            .contains("never converted")
+    );
+}
+
+#[test]
+fn same_name_fleet_recreated_gets_storage_scope_conflict() {
+    let old = bucket_fleet();
+    let mut new = old.clone();
+    new["metadata"]["uid"] = json!("00000000-0000-0000-0000-0000000000f2");
+    let mut w = World::new(new);
+    w.reservations.push(reservation_of(&old));
+    let plan = w.plan();
+    assert!(
+        plan.apply.is_empty(),
+        "nothing is created: {:#?}",
+        plan.apply
+    );
+    let b = condition(&plan, "Blocked");
+    assert_eq!(b["reason"], "StorageScopeConflict");
+    assert!(b["message"].as_str().unwrap().contains(UID));
+}
+
+#[test]
+fn tuning_record_is_trusted_only_when_it_reproduces_the_hash() {
+    let primary = bucket_fleet();
+    let fleet = typed(&primary);
+    let mut r = reservation_of(&primary);
+    assert_eq!(
+        reservation::binding(&fleet, &primary, Some(&r)),
+        Binding::Bound { record: None }
+    );
+
+    // A changed tuning verifies through the record.
+    let mut tuned = primary.clone();
+    tuned["spec"]["execution"] = json!({"memoryLimit": "2Gi"});
+    assert_eq!(
+        reservation::binding(&typed(&tuned), &tuned, Some(&r)),
+        Binding::Bound { record: None }
+    );
+
+    // A forged record does not: the current tuning differs too -> conflict.
+    r["metadata"]["annotations"][RESERVED_TUNING_ANNOTATION] =
+        json!(serde_json::to_string(&tuning(&tuned)).unwrap());
+    assert!(matches!(
+        reservation::binding(&typed(&tuned), &tuned, Some(&r)),
+        Binding::Conflict { .. }
+    ));
+
+    // No record, current tuning equal to creation: verified, and the record is written.
+    r["metadata"]["annotations"] = json!({});
+    match reservation::binding(&fleet, &primary, Some(&r)) {
+        Binding::Bound { record: Some(o) } => {
+            let text = o["metadata"]["annotations"][RESERVED_TUNING_ANNOTATION]
+                .as_str()
+                .unwrap();
+            let parsed: Value = serde_json::from_str(text).unwrap();
+            assert_eq!(parsed, tuning(&primary));
+            assert_eq!(o["spec"], r["spec"]);
+        }
+        other => panic!("{other:?}"),
+    }
+    let _ = stable_hash(&fixed_config(&primary));
+}
+
+#[test]
+fn blockers_for_missing_service_account_and_storage_class() {
+    let mut w = World::new(bucket_fleet());
+    w.service_account = false;
+    let plan = w.plan();
+    assert_eq!(
+        condition(&plan, "Blocked")["reason"],
+        "ServiceAccountMissing"
+    );
+    assert!(plan.apply.is_empty());
+    let mut w = World::new(persistent_fleet());
+    w.storage_class = false;
+    assert_eq!(
+        condition(&w.plan(), "Blocked")["reason"],
+        "StorageClassMissing"
+    );
+    let mut primary = bucket_fleet();
+    primary["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("runtimeImage");
+    let plan = World::new(primary).plan();
+    assert!(
+        condition(&plan, "Blocked")["message"]
+            .as_str()
+            .unwrap()
+            .contains("no default compatible pin")
+    );
+}
+
+#[test]
+fn a_blocker_already_reported_is_not_evented_again() {
+    let mut w = World::new(bucket_fleet());
+    w.service_account = false;
+    let first = w.plan();
+    assert_eq!(first.events.len(), 1);
+    w.primary["status"] = first.status.clone().unwrap();
+    let second = w.plan();
+    assert!(second.events.is_empty());
+    assert_eq!(
+        second.status.as_ref().unwrap()["blockedSince"],
+        first.status.as_ref().unwrap()["blockedSince"]
+    );
+}
+
+#[test]
+fn lost_claim_member_is_replaced() {
+    let primary = persistent_fleet();
+    let mut w = World::running(primary, 3);
+    w.claims = vec![
+        claim("data-f-0", "Bound"),
+        claim("data-f-1", "Lost"),
+        claim("data-f-2", "Bound"),
+    ];
+    let plan = w.plan();
+    let deleted: Vec<&str> = plan.delete.iter().map(|d| d.target.name.as_str()).collect();
+    assert_eq!(
+        deleted,
+        ["data-f-1"],
+        "the claim only: the Pod is the StatefulSet's"
+    );
+    assert_eq!(plan.delete[0].uid, "pvc-data-f-1");
+    assert_eq!(plan.events[0].reason, "MemberReplaced");
+    assert_eq!(condition(&plan, "Progressing")["reason"], "ReplacingMember");
+}
+
+#[test]
+fn the_one_member_down_is_replaced_after_the_delay() {
+    let primary = persistent_fleet();
+    let mut w = World::running(primary, 3);
+    w.claims = vec![
+        claim("data-f-0", "Bound"),
+        claim("data-f-1", "Bound"),
+        claim("data-f-2", "Bound"),
+    ];
+    w.pods[2] = pod("f-2", false); // not ready since 00:01, now 00:10
+    w.settings = json!({"memberReplacementDelaySeconds": 600});
+    let plan = w.plan();
+    assert!(plan.delete.is_empty());
+    assert_eq!(plan.requeue_after_ms, Some(5_000));
+    w.settings = json!({"memberReplacementDelaySeconds": 300});
+    let plan = w.plan();
+    let deleted: Vec<&str> = plan.delete.iter().map(|d| d.target.name.as_str()).collect();
+    assert_eq!(deleted, ["data-f-2"]);
+    // Two members down: nobody is replaced.
+    w.pods[1] = pod("f-1", false);
+    assert!(w.plan().delete.is_empty());
+}
+
+#[test]
+fn deletion_removes_compute_then_claims_and_keeps_the_reservation() {
+    let primary = persistent_fleet();
+    let mut w = World::running(primary, 2);
+    w.claims = vec![claim("data-f-0", "Bound"), claim("data-f-1", "Bound")];
+    w.deleting = true;
+    let plan = w.plan();
+    let kinds: Vec<&str> = plan.delete.iter().map(|d| d.target.kind.as_str()).collect();
+    assert_eq!(kinds, ["StatefulSet"]);
+    assert!(!plan.cleanup_complete);
+    assert_eq!(condition(&plan, "Deleting")["reason"], "RemovingCompute");
+
+    w.owned.retain(|o| o["kind"] != "StatefulSet");
+    let plan = w.plan();
+    assert!(
+        plan.delete.is_empty(),
+        "claims wait for the members to stop"
+    );
+
+    w.pods.clear();
+    let plan = w.plan();
+    let kinds: Vec<&str> = plan.delete.iter().map(|d| d.target.kind.as_str()).collect();
+    assert_eq!(
+        kinds
+            .iter()
+            .filter(|k| **k == "PersistentVolumeClaim")
+            .count(),
+        2
+    );
+    assert!(!kinds.contains(&"CelldStorageReservation"));
+    assert!(!plan.cleanup_complete);
+
+    w.claims.clear();
+    w.owned.clear();
+    let plan = w.plan();
+    assert!(plan.delete.is_empty());
+    assert!(plan.cleanup_complete);
+    assert!(plan.apply.is_empty());
+}
+
+#[test]
+fn telemetry_and_export_environment() {
+    let mut primary = bucket_fleet();
+    primary["spec"]["telemetry"] = json!({
+        "collectorURL": "http://otel-collector.fleets.svc:4318",
+        "egress": {"podLabels": {"app": "otel-collector"}},
+        "sampler": "parentbased_traceidratio", "samplerArg": "0.1",
+        "headersSecretKeyRef": {"name": "otel-auth", "key": "headers"}});
+    primary["spec"]["export"] = json!({
+        "sink": "Kafka", "classes": ["Cart", "Order"],
+        "kafka": {"brokers": ["k-0:9092", "k-1:9093"], "topic": "t",
+                  "propertiesSecretKeyRef": {"name": "kc", "key": "kafka.properties"},
+                  "egress": {"podLabels": {"app": "kafka"}, "namespace": "kafka"}}});
+    let mut w = World::new(primary.clone());
+    w.reservations.push(reservation_of(&primary));
+    let plan = w.plan();
+    let d = workload_of(&plan).unwrap();
+    assert_eq!(
+        env_of(d, "CELLD_OTEL")["value"],
+        "http://otel-collector.fleets.svc:4318"
+    );
+    assert_eq!(
+        env_of(d, "OTEL_RESOURCE_ATTRIBUTES")["value"],
+        "k8s.namespace.name=ns,k8s.pod.name=$(POD_NAME),celld.fleet.name=f"
+    );
+    assert_eq!(
+        env_of(d, "OTEL_EXPORTER_OTLP_HEADERS")["valueFrom"]["secretKeyRef"]["name"],
+        "otel-auth"
+    );
+    assert_eq!(env_of(d, "CELLD_EXPORT")["value"], "1");
+    assert_eq!(env_of(d, "CELLD_EXPORT_CLASSES")["value"], "Cart,Order");
+    assert_eq!(
+        env_of(d, "CELLD_EXPORT_KAFKA_PROPERTIES")["value"],
+        "/etc/celld/export/kafka.properties"
+    );
+    assert!(!env_names(d).contains(&"CELLD_OTEL_SINK".to_owned()));
+    let np = applied(&plan, "NetworkPolicy")[0];
+    let egress = np["spec"]["egress"].as_array().unwrap();
+    assert_eq!(egress[4]["ports"][0]["port"], 4318);
+    assert_eq!(egress[5]["ports"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn workload_settled_needs_every_replica_updated_and_ready() {
+    let primary = bucket_fleet();
+    let mut w = settled_workload(&primary, 3);
+    assert!(workload_settled(&w));
+    w["status"]["updatedReplicas"] = json!(2);
+    assert!(!workload_settled(&w));
+}
+
+#[test]
+fn upstream_sample_shapes_parse() {
+    let docs = objects_from_yaml(include_str!("../tests/golden/bucket-first-workload.yaml"));
+    let fleet = docs.iter().find(|d| d["kind"] == "CelldFleet").unwrap();
+    let _: Fleet = serde_json::from_value(fleet.clone()).unwrap();
+}

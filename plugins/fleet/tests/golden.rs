@@ -1,0 +1,51 @@
+//! Golden plans: the built `fleet.wasm` run by the real host over the
+//! fixtures in `tests/golden/`, compared with the checked-in `*.plan.json`.
+//! `WASMOP_BLESS=1` rewrites the expectations (read them before
+//! committing).
+//!
+//! The component is `$WASMOP_PLUGIN_DIR/fleet.wasm`, by default
+//! `<repo>/target/plugins/fleet.wasm`; build it with
+//! `bash tests/build-plugins.sh`.
+
+#![cfg(not(target_arch = "wasm32"))]
+
+use std::path::{Path, PathBuf};
+
+/// One fixture per profile and per mutation.
+const FIXTURES: [&str; 20] = [
+    "bucket-first-workload",
+    "bucket-reserve",
+    "bucket-settled",
+    "deletion-claims",
+    "deletion-complete",
+    "deletion-compute",
+    "mutation-env",
+    "mutation-fixed-field",
+    "mutation-layout",
+    "mutation-paused",
+    "mutation-reserved-env",
+    "mutation-restart-token",
+    "mutation-scale-in",
+    "mutation-scale-out",
+    "mutation-telemetry-export",
+    "ordered-first-workload",
+    "persistent-first-workload",
+    "persistent-lost-claim",
+    "persistent-member-down",
+    "recreated-same-name",
+];
+
+fn golden_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
+}
+
+#[test]
+fn golden_plans_match_the_component() {
+    let report = wasmop::reconcile::golden::check_plugin("fleet", &golden_dir())
+        .unwrap_or_else(|e| panic!("{}", e.chain()));
+    assert_eq!(
+        report.fixture_names(),
+        FIXTURES,
+        "every fixture the issue asks for was checked"
+    );
+}
