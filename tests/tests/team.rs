@@ -36,9 +36,8 @@ fn logs() -> &'static Arc<Mutex<Vec<u8>>> {
         // Installed before the harness's own subscriber (which then
         // yields): every test of this file calls `logs()` first.
         let _ = tracing_subscriber::fmt()
-            // The operator's default level. (At debug the host prints whole
-            // plans, Secret data included: see the plugin's README.)
-            .with_env_filter(tracing_subscriber::EnvFilter::new("wasmop=info"))
+            // Everything the host logs, debug included.
+            .with_env_filter(tracing_subscriber::EnvFilter::new("wasmop=debug"))
             .with_ansi(false)
             .with_writer(move || Tee(sink.clone()))
             .try_init();
