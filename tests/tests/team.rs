@@ -1040,3 +1040,106 @@ async fn consent_matrix_live_revocation_and_the_credentials_mirror() -> Result<(
     assert_eq!(kind, "Warning");
     Ok(())
 }
+
+#[tokio::test]
+async fn a_zalando_cluster_ref_waits_for_the_cluster_and_wires_its_secret() -> Result<()> {
+    let env = env("team-zalando", |_| {}).await?;
+    let gvk = GroupVersionKind::gvk("acid.zalan.do", "v1", "postgresql");
+    let clusters: Api<DynamicObject> = Api::namespaced_with(
+        env.ns.client.clone(),
+        &env.ns.name,
+        &ApiResource::from_gvk_with_plural(&gvk, "postgresqls"),
+    );
+    create(
+        &env.k.servers,
+        "TerdutServer",
+        "terdut",
+        json!({"networking": {"apiURL": env.standin.url()},
+               "database": {"postgresClusterRef": {"name": "terdut-pg"}}}),
+    )
+    .await?;
+    wait_condition(
+        &env.k.servers,
+        "terdut",
+        "DatabaseReady",
+        "False",
+        Some("PostgresClusterNotFound"),
+    )
+    .await?;
+
+    // The test plays the Zalando operator: the cluster, its status, its
+    // credentials Secret.
+    let cluster: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "acid.zalan.do/v1", "kind": "postgresql", "metadata": {"name": "terdut-pg"},
+        "spec": {"teamId": "terdut", "numberOfInstances": 1, "volume": {"size": "1Gi"},
+                 "postgresql": {"version": "17"},
+                 "users": {"terdut_app": []}, "databases": {"terdut": "terdut_app"}}}))?;
+    clusters.create(&PostParams::default(), &cluster).await?;
+    wait_condition(
+        &env.k.servers,
+        "terdut",
+        "DatabaseReady",
+        "False",
+        Some("PostgresClusterNotRunning"),
+    )
+    .await?;
+    clusters
+        .patch_status(
+            "terdut-pg",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"PostgresClusterStatus": "Running"}})),
+        )
+        .await?;
+    wait_condition(
+        &env.k.servers,
+        "terdut",
+        "DatabaseReady",
+        "False",
+        Some("CredentialsSecretMissing"),
+    )
+    .await?;
+    let secret_name = "terdut-app.terdut-pg.credentials.postgresql.acid.zalan.do";
+    let s: Secret = serde_json::from_value(json!({"metadata": {"name": secret_name},
+        "stringData": {"username": "terdut_app", "password": "pw"}}))?;
+    env.ns
+        .api::<Secret>()
+        .create(&PostParams::default(), &s)
+        .await?;
+    wait_condition(&env.k.servers, "terdut", "DatabaseReady", "True", None).await?;
+    wait_condition(&env.k.servers, "terdut", "Ready", "True", None).await?;
+
+    let d = env
+        .ns
+        .api::<k8s_openapi::api::apps::v1::Deployment>()
+        .get("terdut")
+        .await?;
+    let env_vars = d
+        .spec
+        .and_then(|s| s.template.spec)
+        .map(|p| p.containers[0].env.clone().unwrap_or_default())
+        .unwrap_or_default();
+    let dsn = env_vars
+        .iter()
+        .find(|e| e.name == "TERDUT_DATABASE_DSN")
+        .and_then(|e| e.value.clone());
+    assert_eq!(
+        dsn.as_deref(),
+        Some(
+            format!(
+                "postgres://terdut_app@terdut-pg.{}.svc:5432/terdut?sslmode=require",
+                env.ns.name
+            )
+            .as_str()
+        )
+    );
+    let pw = env_vars
+        .iter()
+        .find(|e| e.name == "PGPASSWORD")
+        .and_then(|e| e.value_from.clone())
+        .and_then(|v| v.secret_key_ref);
+    assert_eq!(
+        pw.map(|r| (r.name, r.key)),
+        Some((secret_name.to_owned(), "password".to_owned()))
+    );
+    Ok(())
+}
