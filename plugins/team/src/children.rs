@@ -1,0 +1,882 @@
+//! The team's children: `TerdutEscalationRule`, `TerdutDeadmanSwitch`,
+//! `TerdutAlertSource`. Each names a TerdutTeam in its own namespace by
+//! `spec.teamRef.name` and resolves it on every reconcile (§5, "owner
+//! chain for status resolution"): the team's `status.teamID`,
+//! `status.apiURL` and `status.credentialsSecretRef`. Until the team has
+//! them (or while the team is not permitted on its server) the child is
+//! `Ready=False/WaitingForTeam` and sends nothing.
+//!
+//! Strategies per resource (§5):
+//! - escalation policy: `GET` the whole policy, `PUT` the whole desired one
+//!   when they differ; on delete, `PUT` the empty policy.
+//! - dead man's switch: `POST`; any change other than the name (diffed
+//!   against `status.applied`, not the server) deletes and recreates it;
+//!   the server has no rename, so a name change is reported, not applied.
+//! - alert source: `POST` returns the webhook URL and key once; they go into
+//!   the owner-referenced Secret `<name>-terdut-webhook` and nowhere else.
+//!   A kind change deletes and recreates the integration, which rotates the
+//!   key: a Warning Event says so. A rename needs `PATCH`, which the host's
+//!   HTTP capability does not offer yet: reported as `Synced=False`.
+//!
+//! A create that answers 409 (a lost earlier create) adopts the same-named
+//! object found by name; an alert source adopted without its Secret is
+//! recreated, since its key cannot be read back. Deletes run from the
+//! finalizer; a failed one keeps it, with `Degraded=True` and a Warning.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use wasmop_sdk::{HttpMethod, Observation, Plan, ReconcileError, Snapshot};
+
+use crate::api::{
+    API_KEY, Conditions, Endpoint, SecretKey, Settings, body_of, describe, find_secret,
+};
+use crate::server::encode;
+
+/// Read id: the TerdutTeam named by `spec.teamRef.name`.
+pub const READ_TEAM: &str = "team";
+/// Read id: Secrets in the child's namespace.
+pub const READ_SECRETS: &str = "secrets";
+
+#[derive(Clone, Debug, Default, Deserialize)]
+struct TeamRef {
+    #[serde(default)]
+    name: String,
+}
+
+/// The parent team, resolved.
+#[derive(Clone, Debug)]
+struct Parent {
+    team_id: u64,
+    ep: Endpoint,
+}
+
+/// The parent, or why the child waits.
+fn parent(snapshot: &Snapshot) -> Result<Parent, String> {
+    let team_ref: TeamRef =
+        serde_json::from_value(snapshot.primary["spec"]["teamRef"].clone()).unwrap_or_default();
+    let namespace = snapshot.primary_namespace().unwrap_or_default();
+    let Some(team) = snapshot.related(READ_TEAM).next() else {
+        return Err(format!(
+            "TerdutTeam {:?} does not exist in namespace {namespace}",
+            team_ref.name
+        ));
+    };
+    let st = &team["status"];
+    let reason = st["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+        .and_then(|c| c["reason"].as_str())
+        .unwrap_or_default();
+    if reason == "RefNotPermitted" {
+        return Err(format!(
+            "TerdutTeam {} is not permitted on its server",
+            team_ref.name
+        ));
+    }
+    let (Some(team_id), Some(url), Some(secret)) = (
+        st["teamID"].as_u64(),
+        st["apiURL"].as_str(),
+        st["credentialsSecretRef"]["name"].as_str(),
+    ) else {
+        return Err(format!(
+            "TerdutTeam {} has no team ID on the server yet",
+            team_ref.name
+        ));
+    };
+    if find_secret(snapshot, READ_SECRETS, namespace, secret).is_none() {
+        return Err(format!(
+            "the credentials Secret {secret} of TerdutTeam {} is not there yet",
+            team_ref.name
+        ));
+    }
+    let ep = Endpoint::new(url, Some(SecretKey::new(secret, API_KEY)))
+        .map_err(|e| format!("TerdutTeam {} status.apiURL: {e}", team_ref.name))?;
+    Ok(Parent { team_id, ep })
+}
+
+/// A response meaning "deleted" (2xx) or "not there" (404).
+fn gone(o: &Observation) -> bool {
+    o.is_success() || (o.error.is_none() && o.status == Some(404))
+}
+
+/// Common shape of the end of a reconcile.
+fn finish(
+    plan: Plan,
+    mut status: Value,
+    conds: &Conditions,
+    requeue: Duration,
+) -> Result<Plan, ReconcileError> {
+    status["conditions"] = conds.to_json();
+    Ok(plan.status(status).requeue_after(requeue))
+}
+
+fn old_status(snapshot: &Snapshot) -> Value {
+    snapshot.primary["status"]
+        .as_object()
+        .cloned()
+        .map_or_else(|| json!({}), Value::Object)
+}
+
+/// A child whose parent cannot be resolved: waiting, or (deleting)
+/// released — its server-side rows go with the team.
+fn waiting(snapshot: &Snapshot, why: &str, settings: &Settings) -> Result<Plan, ReconcileError> {
+    if snapshot.deleting {
+        return Ok(Plan::new().cleanup_complete());
+    }
+    let mut conds = Conditions::of(snapshot)?;
+    conds.set("Ready", false, "WaitingForTeam", why);
+    conds.set("Synced", false, "WaitingForTeam", why);
+    finish(Plan::new(), old_status(snapshot), &conds, settings.retry)
+}
+
+/// One request of the finalizer: `method path` with an optional body.
+struct Call {
+    id: String,
+    method: HttpMethod,
+    path: String,
+    body: Option<Value>,
+}
+
+/// The finalizer's delete: the call until it answers 2xx or 404.
+fn delete_step(
+    snapshot: &Snapshot,
+    conds: &mut Conditions,
+    status: Value,
+    ep: &Endpoint,
+    call: Call,
+    settings: &Settings,
+) -> Result<Plan, ReconcileError> {
+    let mut plan = Plan::new();
+    match snapshot.observation(&call.id) {
+        Some(o) if gone(o) => return Ok(plan.cleanup_complete()),
+        Some(o) => {
+            let was = conds.reason("Degraded").map(str::to_owned);
+            let message = format!(
+                "{} {}: {}; the finalizer stays until it succeeds",
+                method_name(call.method),
+                call.path,
+                describe(o)
+            );
+            conds.set("Degraded", true, "DeleteFailed", &message);
+            if was.as_deref() != Some("DeleteFailed") {
+                plan = plan.warning("DeleteFailed", message);
+            }
+        }
+        None => {}
+    }
+    plan = plan.http(ep.request(&call.id, call.method, &call.path, call.body));
+    finish(plan, status, conds, settings.retry)
+}
+
+fn method_name(m: HttpMethod) -> &'static str {
+    match m {
+        HttpMethod::Get => "GET",
+        HttpMethod::Post => "POST",
+        HttpMethod::Put => "PUT",
+        HttpMethod::Delete => "DELETE",
+    }
+}
+
+// ---------------------------------------------------------------------------
+// TerdutEscalationRule
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RuleSpec {
+    #[serde(default)]
+    repeat_count: u64,
+    #[serde(default)]
+    fallback_topic: String,
+    #[serde(default)]
+    levels: Vec<Level>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+struct Level {
+    #[serde(default)]
+    timeout: String,
+    #[serde(default)]
+    targets: Vec<Target>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+struct Target {
+    #[serde(default)]
+    kind: String,
+    #[serde(default)]
+    username: Option<String>,
+}
+
+/// The policy as the server stores it, with usernames resolved by `users`.
+///
+/// # Errors
+/// The usernames `users` does not know.
+pub fn desired_policy(spec: &Value, users: &BTreeMap<String, u64>) -> Result<Value, Vec<String>> {
+    let spec: RuleSpec = serde_json::from_value(spec.clone()).unwrap_or_default();
+    let mut unknown = Vec::new();
+    let levels: Vec<Value> = spec
+        .levels
+        .iter()
+        .map(|l| {
+            let targets: Vec<Value> = l
+                .targets
+                .iter()
+                .map(|t| match (t.kind.as_str(), &t.username) {
+                    ("user", Some(u)) => match users.get(u) {
+                        Some(id) => json!({"kind": "user", "user_id": id}),
+                        None => {
+                            unknown.push(u.clone());
+                            Value::Null
+                        }
+                    },
+                    _ => json!({"kind": "oncall"}),
+                })
+                .collect();
+            json!({"timeout": l.timeout, "targets": targets})
+        })
+        .collect();
+    if unknown.is_empty() {
+        Ok(
+            json!({"repeat_count": spec.repeat_count, "fallback_topic": spec.fallback_topic, "levels": levels}),
+        )
+    } else {
+        Err(unknown)
+    }
+}
+
+/// Reconciles one TerdutEscalationRule.
+///
+/// # Errors
+/// Only for a snapshot that does not parse.
+pub fn reconcile_escalation(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
+    let settings = Settings::of(snapshot);
+    let p = match parent(snapshot) {
+        Ok(p) => p,
+        Err(why) => return waiting(snapshot, &why, &settings),
+    };
+    let tid = p.team_id;
+    let path = format!("/api/teams/{tid}/escalation");
+    let mut conds = Conditions::of(snapshot)?;
+    let mut status = old_status(snapshot);
+    status["teamID"] = json!(tid);
+    if snapshot.deleting {
+        let empty = json!({"repeat_count": 0, "fallback_topic": "", "levels": []});
+        return delete_step(
+            snapshot,
+            &mut conds,
+            status,
+            &p.ep,
+            Call {
+                id: format!("clear.{tid}"),
+                method: HttpMethod::Put,
+                path: path.clone(),
+                body: Some(empty),
+            },
+            &settings,
+        );
+    }
+    conds.remove("Degraded");
+    let mut plan = Plan::new();
+    let needs_users = snapshot.primary["spec"]["levels"]
+        .as_array()
+        .is_some_and(|ls| {
+            ls.iter().any(|l| {
+                l["targets"]
+                    .as_array()
+                    .is_some_and(|ts| ts.iter().any(|t| t["kind"] == "user"))
+            })
+        });
+    let users: BTreeMap<String, u64> = if needs_users {
+        plan = plan.http(p.ep.get("users", "/api/users"));
+        match snapshot.observation("users").and_then(body_of) {
+            Some(list) => list
+                .as_array()
+                .map(|l| {
+                    l.iter()
+                        .filter_map(|u| {
+                            Some((u["username"].as_str()?.to_owned(), u["id"].as_u64()?))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            None => {
+                conds.set(
+                    "Synced",
+                    false,
+                    "ResolvingUsers",
+                    "reading the server's users to resolve usernames",
+                );
+                conds.set(
+                    "Ready",
+                    false,
+                    "ResolvingUsers",
+                    "reading the server's users to resolve usernames",
+                );
+                return finish(plan, status, &conds, settings.retry);
+            }
+        }
+    } else {
+        BTreeMap::new()
+    };
+    let desired = match desired_policy(&snapshot.primary["spec"], &users) {
+        Ok(d) => d,
+        Err(unknown) => {
+            let m = format!("no user named {} on the server", unknown.join(", "));
+            conds.set("Synced", false, "UnknownUser", &m);
+            conds.set("Ready", false, "UnknownUser", &m);
+            return finish(plan, status, &conds, settings.retry);
+        }
+    };
+    let get_id = format!("get.{tid}");
+    let put_id = format!("put.{tid}");
+    plan = plan.http(p.ep.get(&get_id, &path));
+    let current = [&get_id, &put_id]
+        .iter()
+        .filter_map(|id| snapshot.observation(id))
+        .filter_map(|o| body_of(o).map(|b| (o.age_ms, b)))
+        .min_by_key(|(age, _)| *age)
+        .map(|(_, b)| b);
+    match current {
+        None => {
+            let why = snapshot.observation(&get_id).map_or_else(
+                || "reading the policy".to_owned(),
+                |o| format!("GET {path}: {}", describe(o)),
+            );
+            conds.set("Synced", false, "Syncing", &why);
+            conds.set("Ready", false, "Syncing", &why);
+            finish(plan, status, &conds, settings.retry)
+        }
+        Some(c) if c == desired => {
+            conds.set(
+                "Synced",
+                true,
+                "Synced",
+                &format!("the escalation policy of team {tid} matches the spec"),
+            );
+            conds.set(
+                "Ready",
+                true,
+                "Synced",
+                &format!("the escalation policy of team {tid} matches the spec"),
+            );
+            finish(plan, status, &conds, settings.resync)
+        }
+        Some(_) => {
+            plan = plan.http(p.ep.request(&put_id, HttpMethod::Put, &path, Some(desired)));
+            let why = match snapshot.observation(&put_id) {
+                Some(o) if !o.is_success() => format!("PUT {path}: {}", describe(o)),
+                _ => "writing the whole policy".to_owned(),
+            };
+            conds.set("Synced", false, "Syncing", &why);
+            conds.set("Ready", false, "Syncing", &why);
+            finish(plan, status, &conds, settings.retry)
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// TerdutDeadmanSwitch
+
+const SWITCH_FIELDS: [&str; 3] = ["matcher", "timeout", "severity"];
+
+fn switch_spec(spec: &Value) -> Value {
+    json!({"name": spec["name"].as_str().unwrap_or_default(),
+           "matcher": spec["matcher"].as_str().unwrap_or_default(),
+           "timeout": spec["timeout"].as_str().unwrap_or_default(),
+           "severity": spec["severity"].as_str().unwrap_or_default()})
+}
+
+/// Reconciles one TerdutDeadmanSwitch.
+///
+/// # Errors
+/// Only for a snapshot that does not parse.
+pub fn reconcile_deadman(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
+    let settings = Settings::of(snapshot);
+    let p = match parent(snapshot) {
+        Ok(p) => p,
+        Err(why) => return waiting(snapshot, &why, &settings),
+    };
+    let tid = p.team_id;
+    let base = format!("/api/teams/{tid}/deadman-switches");
+    let mut conds = Conditions::of(snapshot)?;
+    let mut status = old_status(snapshot);
+    let old = snapshot.primary["status"].clone();
+    let switch_id = old["switchID"]
+        .as_u64()
+        .filter(|_| old["teamID"].as_u64() == Some(tid));
+    let attempt = old["attempt"].as_u64().unwrap_or(0);
+    status["teamID"] = json!(tid);
+    let mut plan = Plan::new();
+
+    if snapshot.deleting {
+        return match switch_id {
+            None => Ok(plan.cleanup_complete()),
+            Some(sid) => delete_step(
+                snapshot,
+                &mut conds,
+                status,
+                &p.ep,
+                Call {
+                    id: format!("delete.{sid}"),
+                    method: HttpMethod::Delete,
+                    path: format!("{base}/{sid}"),
+                    body: None,
+                },
+                &settings,
+            ),
+        };
+    }
+    conds.remove("Degraded");
+    let want = switch_spec(&snapshot.primary["spec"]);
+    let Some(sid) = switch_id else {
+        let create_id = format!("create.{tid}.{attempt}");
+        let lookup_id = format!("lookup.{tid}.{attempt}");
+        let adopted = snapshot
+            .observation(&create_id)
+            .and_then(body_of)
+            .filter(|b| b["id"].is_u64())
+            .map(|b| (b, false))
+            .or_else(|| {
+                let list = body_of(snapshot.observation(&lookup_id)?)?;
+                Some((
+                    list.as_array()?
+                        .iter()
+                        .find(|s| s["name"] == want["name"])?
+                        .clone(),
+                    true,
+                ))
+            });
+        if let Some((sw, was_lookup)) = adopted {
+            let sid = sw["id"].as_u64().unwrap_or_default();
+            status["switchID"] = json!(sid);
+            status["applied"] = switch_spec(&sw);
+            plan = if was_lookup {
+                plan.event(
+                    "SwitchAdopted",
+                    format!("adopted the existing dead man's switch {sid}"),
+                )
+            } else {
+                plan.event("SwitchCreated", format!("created dead man's switch {sid}"))
+            };
+            conds.set(
+                "Synced",
+                true,
+                "Synced",
+                &format!("dead man's switch {sid} was created"),
+            );
+            conds.set(
+                "Ready",
+                true,
+                "Synced",
+                &format!("dead man's switch {sid} was created"),
+            );
+            return finish(plan, status, &conds, Duration::from_millis(100));
+        }
+        let (reason, why) = match snapshot.observation(&create_id) {
+            Some(o) if o.error.is_none() && o.status == Some(409) => {
+                plan = plan.http(p.ep.get(
+                    &lookup_id,
+                    &format!(
+                        "{base}?name={}",
+                        encode(want["name"].as_str().unwrap_or_default())
+                    ),
+                ));
+                (
+                    "Adopting",
+                    "a switch of that name exists; adopting it".to_owned(),
+                )
+            }
+            other => {
+                plan = plan.http(p.ep.request(
+                    &create_id,
+                    HttpMethod::Post,
+                    &base,
+                    Some(want.clone()),
+                ));
+                match other {
+                    Some(o) => ("CreateFailed", format!("POST {base}: {}", describe(o))),
+                    None => ("Creating", "creating the switch".to_owned()),
+                }
+            }
+        };
+        conds.set("Synced", false, reason, &why);
+        conds.set("Ready", false, reason, &why);
+        return finish(plan, status, &conds, settings.retry);
+    };
+    let applied = &old["applied"];
+    let changed: Vec<&str> = SWITCH_FIELDS
+        .iter()
+        .copied()
+        .filter(|f| applied[*f] != want[*f])
+        .collect();
+    if !changed.is_empty() {
+        // No update verb: delete, then create anew (a new attempt).
+        let delete_id = format!("delete.{sid}");
+        if let Some(o) = snapshot.observation(&delete_id).filter(|o| gone(o)) {
+            let _ = o;
+            status["switchID"] = Value::Null;
+            status["applied"] = Value::Null;
+            status["attempt"] = json!(attempt + 1);
+            plan = plan.event(
+                "SwitchRecreating",
+                format!(
+                    "deleted dead man's switch {sid} to recreate it with the new {}",
+                    changed.join(", ")
+                ),
+            );
+            conds.set("Synced", false, "Recreating", "creating the switch anew");
+            conds.set("Ready", false, "Recreating", "creating the switch anew");
+            return finish(plan, status, &conds, Duration::from_millis(100));
+        }
+        plan = plan.http(p.ep.request(
+            &delete_id,
+            HttpMethod::Delete,
+            &format!("{base}/{sid}"),
+            None,
+        ));
+        let why = match snapshot.observation(&delete_id) {
+            Some(o) => format!("DELETE {base}/{sid}: {}", describe(o)),
+            None => format!(
+                "{} changed: deleting switch {sid} to recreate it",
+                changed.join(", ")
+            ),
+        };
+        conds.set("Synced", false, "Recreating", &why);
+        conds.set("Ready", false, "Recreating", &why);
+        return finish(plan, status, &conds, settings.retry);
+    }
+    if applied["name"] != want["name"] {
+        let m = format!(
+            "terdut-server cannot rename a dead man's switch; it stays {} (recreate the object to rename it)",
+            applied["name"]
+        );
+        conds.set("Synced", false, "NameImmutable", &m);
+        conds.set(
+            "Ready",
+            true,
+            "Synced",
+            &format!("dead man's switch {sid} is active"),
+        );
+        return finish(plan, status, &conds, settings.resync);
+    }
+    conds.set(
+        "Synced",
+        true,
+        "Synced",
+        &format!("dead man's switch {sid} matches the spec"),
+    );
+    conds.set(
+        "Ready",
+        true,
+        "Synced",
+        &format!("dead man's switch {sid} matches the spec"),
+    );
+    finish(plan, status, &conds, settings.resync)
+}
+
+// ---------------------------------------------------------------------------
+// TerdutAlertSource
+
+/// `<name>-terdut-webhook`: the Secret holding an alert source's url and key.
+pub fn webhook_secret_name(source: &str) -> String {
+    format!("{source}-terdut-webhook")
+}
+
+/// Reconciles one TerdutAlertSource.
+///
+/// # Errors
+/// Only for a snapshot that does not parse.
+pub fn reconcile_alert_source(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
+    let settings = Settings::of(snapshot);
+    let p = match parent(snapshot) {
+        Ok(p) => p,
+        Err(why) => return waiting(snapshot, &why, &settings),
+    };
+    let tid = p.team_id;
+    let name = snapshot.primary_name().to_owned();
+    let namespace = snapshot.primary_namespace().unwrap_or_default().to_owned();
+    let base = format!("/api/teams/{tid}/integrations");
+    let secret_name = webhook_secret_name(&name);
+    let mut conds = Conditions::of(snapshot)?;
+    let mut status = old_status(snapshot);
+    let old = snapshot.primary["status"].clone();
+    let iid = old["integrationID"]
+        .as_u64()
+        .filter(|_| old["teamID"].as_u64() == Some(tid));
+    let attempt = old["attempt"].as_u64().unwrap_or(0);
+    status["teamID"] = json!(tid);
+    let mut plan = Plan::new();
+
+    if snapshot.deleting {
+        return match iid {
+            None => Ok(plan.cleanup_complete()),
+            Some(iid) => delete_step(
+                snapshot,
+                &mut conds,
+                status,
+                &p.ep,
+                Call {
+                    id: format!("delete.{iid}"),
+                    method: HttpMethod::Delete,
+                    path: format!("{base}/{iid}"),
+                    body: None,
+                },
+                &settings,
+            ),
+        };
+    }
+    conds.remove("Degraded");
+    let want = json!({"name": snapshot.primary["spec"]["name"].as_str().filter(|n| !n.is_empty()).unwrap_or(&name),
+                      "kind": snapshot.primary["spec"]["kind"].as_str().unwrap_or("alertmanager")});
+    let have_secret = snapshot
+        .owned
+        .iter()
+        .any(|o| o["kind"] == "Secret" && o["metadata"]["name"] == secret_name.as_str());
+    let Some(iid) = iid else {
+        let create_id = format!("create.{tid}.{attempt}");
+        let lookup_id = format!("lookup.{tid}.{attempt}");
+        let created = snapshot.observation(&create_id);
+        if let Some(body) = created
+            .and_then(body_of)
+            .filter(|b| b["id"].is_u64() && b["key"].is_string())
+        {
+            let new_id = body["id"].as_u64().unwrap_or_default();
+            let key = body["key"].as_str().unwrap_or_default();
+            let url = body["url"].as_str().unwrap_or_default();
+            plan = plan.apply(crate::api::secret(
+                &secret_name,
+                &namespace,
+                json!({"terdut.ryuvia.com/alert-source": name}),
+                &[("url", url), ("key", key)],
+            ));
+            status["integrationID"] = json!(new_id);
+            status["applied"] = json!({"name": body["name"], "kind": body["kind"]});
+            status["webhookURLSecretRef"] = json!({"name": secret_name});
+            status["rotating"] = Value::Null;
+            plan = if old["rotating"].as_bool() == Some(true) {
+                plan.warning(
+                    "WebhookKeyRotated",
+                    format!("integration recreated as {new_id}: the webhook URL and key changed; senders must use the new ones in Secret {secret_name}"),
+                )
+            } else {
+                plan.event(
+                    "IntegrationCreated",
+                    format!(
+                        "created integration {new_id}; its URL and key are in Secret {secret_name}"
+                    ),
+                )
+            };
+            conds.set(
+                "Synced",
+                true,
+                "Synced",
+                &format!("integration {new_id} was created"),
+            );
+            conds.set(
+                "Ready",
+                true,
+                "Synced",
+                &format!("integration {new_id} was created"),
+            );
+            return finish(plan, status, &conds, Duration::from_millis(100));
+        }
+        let (reason, why) = match created {
+            Some(o) if o.error.is_none() && o.status == Some(409) => {
+                let found = snapshot
+                    .observation(&lookup_id)
+                    .and_then(body_of)
+                    .and_then(|l| {
+                        l.as_array()?
+                            .iter()
+                            .find(|i| i["name"] == want["name"])
+                            .cloned()
+                    });
+                match found {
+                    Some(i) if have_secret => {
+                        let found_id = i["id"].as_u64().unwrap_or_default();
+                        status["integrationID"] = json!(found_id);
+                        status["applied"] = json!({"name": i["name"], "kind": i["kind"]});
+                        status["webhookURLSecretRef"] = json!({"name": secret_name});
+                        plan = plan.event("IntegrationAdopted", format!("adopted the existing integration {found_id}; its key is in Secret {secret_name} already"));
+                        conds.set(
+                            "Synced",
+                            true,
+                            "Synced",
+                            &format!("integration {found_id} adopted"),
+                        );
+                        conds.set(
+                            "Ready",
+                            true,
+                            "Synced",
+                            &format!("integration {found_id} adopted"),
+                        );
+                        return finish(plan, status, &conds, Duration::from_millis(100));
+                    }
+                    Some(i) => {
+                        // Its key was shown once, to a create whose answer
+                        // was lost: only a new integration has a usable key.
+                        let found_id = i["id"].as_u64().unwrap_or_default();
+                        let delete_id = format!("delete.{found_id}");
+                        if snapshot.observation(&delete_id).is_some_and(gone) {
+                            status["attempt"] = json!(attempt + 1);
+                            status["rotating"] = json!(true);
+                            conds.set(
+                                "Synced",
+                                false,
+                                "Recreating",
+                                "recreating the integration to get a key",
+                            );
+                            conds.set(
+                                "Ready",
+                                false,
+                                "Recreating",
+                                "recreating the integration to get a key",
+                            );
+                            return finish(plan, status, &conds, Duration::from_millis(100));
+                        }
+                        plan = plan.http(p.ep.request(
+                            &delete_id,
+                            HttpMethod::Delete,
+                            &format!("{base}/{found_id}"),
+                            None,
+                        ));
+                        (
+                            "Recreating",
+                            format!(
+                                "integration {found_id} exists but its key is unknown: deleting it to create it anew"
+                            ),
+                        )
+                    }
+                    None => {
+                        plan = plan.http(p.ep.get(
+                            &lookup_id,
+                            &format!(
+                                "{base}?name={}",
+                                encode(want["name"].as_str().unwrap_or_default())
+                            ),
+                        ));
+                        (
+                            "Adopting",
+                            "an integration of that name exists; looking it up".to_owned(),
+                        )
+                    }
+                }
+            }
+            other => {
+                plan = plan.http(p.ep.request(
+                    &create_id,
+                    HttpMethod::Post,
+                    &base,
+                    Some(want.clone()),
+                ));
+                match other {
+                    Some(o) => ("CreateFailed", format!("POST {base}: {}", describe(o))),
+                    None => ("Creating", "creating the integration".to_owned()),
+                }
+            }
+        };
+        conds.set("Synced", false, reason, &why);
+        conds.set("Ready", false, reason, &why);
+        return finish(plan, status, &conds, settings.retry);
+    };
+    let applied = &old["applied"];
+    if applied["kind"] != want["kind"] {
+        let delete_id = format!("delete.{iid}");
+        if snapshot.observation(&delete_id).is_some_and(gone) {
+            status["integrationID"] = Value::Null;
+            status["applied"] = Value::Null;
+            status["attempt"] = json!(attempt + 1);
+            status["rotating"] = json!(true);
+            conds.set(
+                "Synced",
+                false,
+                "Recreating",
+                "creating the integration anew with the new kind",
+            );
+            conds.set(
+                "Ready",
+                false,
+                "Recreating",
+                "creating the integration anew with the new kind",
+            );
+            return finish(plan, status, &conds, Duration::from_millis(100));
+        }
+        plan = plan.http(p.ep.request(
+            &delete_id,
+            HttpMethod::Delete,
+            &format!("{base}/{iid}"),
+            None,
+        ));
+        let why = match snapshot.observation(&delete_id) {
+            Some(o) => format!("DELETE {base}/{iid}: {}", describe(o)),
+            None => format!(
+                "kind changed from {} to {}: recreating integration {iid}, which rotates its key",
+                applied["kind"], want["kind"]
+            ),
+        };
+        conds.set("Synced", false, "Recreating", &why);
+        conds.set("Ready", false, "Recreating", &why);
+        return finish(plan, status, &conds, settings.retry);
+    }
+    if !have_secret {
+        let m = format!(
+            "Secret {secret_name} is gone; the key cannot be read back from the server (change the kind to rotate it)"
+        );
+        conds.set("Ready", false, "WebhookSecretMissing", &m);
+    }
+    if applied["name"] != want["name"] {
+        let m = format!(
+            "renaming integration {iid} to {} needs PATCH, which the operator's HTTP capability does not offer; it keeps the name {}",
+            want["name"], applied["name"]
+        );
+        conds.set("Synced", false, "RenameUnsupported", &m);
+        if have_secret {
+            conds.set(
+                "Ready",
+                true,
+                "Synced",
+                &format!("integration {iid} is active"),
+            );
+        }
+        return finish(plan, status, &conds, settings.resync);
+    }
+    conds.set(
+        "Synced",
+        true,
+        "Synced",
+        &format!("integration {iid} matches the spec"),
+    );
+    if have_secret {
+        conds.set(
+            "Ready",
+            true,
+            "Synced",
+            &format!("integration {iid} matches the spec"),
+        );
+    }
+    finish(plan, status, &conds, settings.resync)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_resolves_usernames() {
+        let spec = json!({"repeatCount": 2, "fallbackTopic": "t", "levels": [
+            {"timeout": "5m", "targets": [{"kind": "oncall"}, {"kind": "user", "username": "alice"}]}]});
+        let users: BTreeMap<String, u64> = [("alice".to_owned(), 7)].into();
+        assert_eq!(
+            desired_policy(&spec, &users).unwrap(),
+            json!({"repeat_count": 2, "fallback_topic": "t", "levels": [
+                {"timeout": "5m", "targets": [{"kind": "oncall"}, {"kind": "user", "user_id": 7}]}]})
+        );
+        assert_eq!(
+            desired_policy(&spec, &BTreeMap::new()).unwrap_err(),
+            ["alice"]
+        );
+    }
+}

@@ -1,0 +1,901 @@
+//! Scenario tests of the five controllers over native snapshots.
+
+use super::*;
+use serde_json::json;
+use wasmop_sdk::testing::{SnapshotBuilder, run};
+use wasmop_sdk::{HttpMethod, Observation};
+
+const SERVER_YAML: &str = "
+apiVersion: terdut.ryuvia.com/v1alpha1
+kind: TerdutServer
+metadata: {name: terdut, namespace: oncall, uid: u-server, generation: 1}
+spec:
+  image: {repository: example/terdut-server, tag: v0.9.3}
+  networking: {servicePort: 8080, apiURL: 'http://127.0.0.1:4000'}
+  database:
+    dsn: postgres://terdut@db:5432/terdut
+    passwordSecretRef: {name: db, key: password}
+  allowedTeams: {namespaces: {from: Selector, selector: {matchLabels: {terdut: allowed}}}}
+";
+
+const DB_SECRET: &str = "
+apiVersion: v1
+kind: Secret
+metadata: {name: db, namespace: oncall, uid: u-db, resourceVersion: '7'}
+data: {password: cHc=}
+";
+
+const CREDS: &str = "
+apiVersion: v1
+kind: Secret
+metadata: {name: terdut-operator-credentials, namespace: oncall, uid: u-creds, resourceVersion: '3'}
+data: {api-key: a2V5, url: eA==}
+";
+
+fn obs(id: &str, status: Option<u16>, body: serde_json::Value, age_ms: u64) -> Observation {
+    Observation {
+        id: id.into(),
+        status,
+        body: if body.is_null() {
+            String::new()
+        } else {
+            body.to_string()
+        },
+        error: if status.is_none() {
+            Some("cannot connect".into())
+        } else {
+            None
+        },
+        observed_at: "2025-01-01T00:00:00Z".into(),
+        age_ms,
+    }
+}
+
+fn one(yaml: &str) -> serde_json::Value {
+    wasmop_sdk::testing::objects_from_yaml(yaml).remove(0)
+}
+
+fn server() -> SnapshotBuilder {
+    SnapshotBuilder::from_yaml(SERVER, SERVER_YAML).related(server::READ_SECRETS, one(DB_SECRET))
+}
+
+fn condition<'a>(plan: &'a Plan, type_: &str) -> &'a serde_json::Value {
+    plan.status
+        .as_ref()
+        .and_then(|s| s["conditions"].as_array())
+        .and_then(|c| c.iter().find(|c| c["type"] == type_))
+        .unwrap_or(&serde_json::Value::Null)
+}
+
+fn ids(plan: &Plan) -> Vec<(&str, HttpMethod, &str)> {
+    plan.http_requests
+        .iter()
+        .map(|r| (r.id.as_str(), r.method, r.path.as_str()))
+        .collect()
+}
+
+#[test]
+fn manifest_declares_five_controllers_with_their_reads_and_finalizers() {
+    let m = TeamPlugin::manifest();
+    let names: Vec<&str> = m.controllers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, [SERVER, TEAM, ESCALATION, DEADMAN, ALERT_SOURCE]);
+    for c in &m.controllers {
+        assert_eq!(c.primary.group, "terdut.ryuvia.com");
+        assert!(c.finalizer.is_some(), "{}", c.name);
+    }
+    let team = &m.controllers[1];
+    let reads: Vec<&str> = team.reads.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(reads, ["server", "namespace", "secrets"]);
+    assert_eq!(
+        team.reads[0].selector,
+        Selector::field_in("spec.serverRef.name", "spec.serverRef.namespace")
+    );
+    assert!(team.owns.is_empty(), "a team writes nothing in Kubernetes");
+}
+
+#[test]
+fn server_first_pass_renders_workloads_and_asks_for_the_version() {
+    let plan = run::<TeamPlugin>(&server().build()).unwrap();
+    let kinds: Vec<&str> = plan
+        .apply
+        .iter()
+        .map(|a| a.object["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["Deployment", "Service"]);
+    let d = &plan.apply[0].object;
+    assert_eq!(d["spec"]["replicas"], 1);
+    let env = &d["spec"]["template"]["spec"]["containers"][0]["env"];
+    assert_eq!(
+        env[0],
+        json!({"name": "TERDUT_DATABASE_DSN", "value": "postgres://terdut@db:5432/terdut"})
+    );
+    assert_eq!(
+        env[1]["valueFrom"]["secretKeyRef"],
+        json!({"name": "db", "key": "password"})
+    );
+    assert_eq!(ids(&plan), [("version", HttpMethod::Get, "/api/version")]);
+    assert!(
+        plan.http_requests[0].secret_headers.is_empty(),
+        "version is unauthenticated"
+    );
+    assert_eq!(condition(&plan, "Bootstrapped")["status"], "Unknown");
+    assert_eq!(condition(&plan, "DatabaseReady")["status"], "True");
+    assert_eq!(condition(&plan, "Ready")["status"], "False");
+}
+
+#[test]
+fn server_bootstraps_an_empty_install_and_stores_the_key_only_in_its_secret() {
+    let empty = obs(
+        "version",
+        Some(200),
+        json!({"version": "1", "capabilities": ["teams"], "bootstrapped": false}),
+        5,
+    );
+    let plan = run::<TeamPlugin>(&server().observation(empty.clone()).build()).unwrap();
+    assert!(ids(&plan).contains(&("bootstrap", HttpMethod::Post, "/api/bootstrap")));
+
+    let done = obs(
+        "bootstrap",
+        Some(201),
+        json!({"user": {"id": 1}, "key": "tdk_CANARY"}),
+        1,
+    );
+    let plan = run::<TeamPlugin>(&server().observation(empty).observation(done).build()).unwrap();
+    let secret = plan
+        .apply
+        .iter()
+        .find(|a| a.object["kind"] == "Secret")
+        .expect("credentials Secret");
+    assert_eq!(
+        secret.object["metadata"]["name"],
+        "terdut-operator-credentials"
+    );
+    assert_eq!(secret.object["data"]["api-key"], api::base64(b"tdk_CANARY"));
+    assert!(
+        !ids(&plan).iter().any(|(id, ..)| *id == "bootstrap"),
+        "single shot"
+    );
+    let everything_but_applies = json!([plan.status, plan.events]).to_string();
+    assert!(
+        !everything_but_applies.contains("CANARY"),
+        "{everything_but_applies}"
+    );
+    assert!(!everything_but_applies.contains(&api::base64(b"tdk_CANARY")));
+    assert_eq!(condition(&plan, "Bootstrapped")["status"], "True");
+}
+
+#[test]
+fn a_403_means_bootstrapped_elsewhere_reported_not_failed() {
+    let empty = obs(
+        "version",
+        Some(200),
+        json!({"capabilities": [], "bootstrapped": false}),
+        5,
+    );
+    let lost = obs(
+        "bootstrap",
+        Some(403),
+        json!({"error": "already bootstrapped"}),
+        1,
+    );
+    let plan = run::<TeamPlugin>(&server().observation(empty).observation(lost).build()).unwrap();
+    let c = condition(&plan, "Bootstrapped");
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("False"), Some("BootstrappedElsewhere"))
+    );
+    assert!(
+        plan.http_requests
+            .iter()
+            .all(|r| r.method == HttpMethod::Get),
+        "no second POST"
+    );
+    assert_eq!(plan.events[0].reason, "BootstrappedElsewhere");
+
+    // An install the version endpoint reports as bootstrapped is never POSTed to.
+    let taken = obs(
+        "version",
+        Some(200),
+        json!({"capabilities": [], "bootstrapped": true}),
+        5,
+    );
+    let plan = run::<TeamPlugin>(&server().observation(taken).build()).unwrap();
+    assert_eq!(ids(&plan), [("version", HttpMethod::Get, "/api/version")]);
+    assert_eq!(
+        condition(&plan, "Bootstrapped")["reason"],
+        "BootstrappedElsewhere"
+    );
+}
+
+#[test]
+fn with_an_admin_key_the_operator_creates_its_own_service_account() {
+    let mut spec = wasmop_sdk::testing::objects_from_yaml(SERVER_YAML).remove(0);
+    spec["spec"]["bootstrap"] = json!({"adminKeySecretRef": {"name": "chart-admin", "key": "key"}});
+    let base = || {
+        SnapshotBuilder::new(SERVER)
+            .primary(spec.clone())
+            .related(server::READ_SECRETS, one(DB_SECRET))
+            .related(
+                server::READ_SECRETS,
+                json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "chart-admin", "namespace": "oncall"}, "data": {"key": "eA=="}}),
+            )
+            .observation(obs("version", Some(200), json!({"bootstrapped": true}), 9))
+    };
+    let plan = run::<TeamPlugin>(&base().build()).unwrap();
+    let create = plan
+        .http_requests
+        .iter()
+        .find(|r| r.id == "operator-sa.create")
+        .unwrap();
+    assert_eq!(
+        (create.method, create.path.as_str()),
+        (HttpMethod::Post, "/api/service-accounts")
+    );
+    assert_eq!(create.secret_headers[0].secret, "chart-admin");
+    assert_eq!(create.secret_headers[0].key, "key");
+
+    // 409: look it up, then add a key.
+    let conflict = obs(
+        "operator-sa.create",
+        Some(409),
+        json!({"error": "exists"}),
+        3,
+    );
+    let plan = run::<TeamPlugin>(&base().observation(conflict.clone()).build()).unwrap();
+    assert!(ids(&plan).contains(&(
+        "operator-sa.lookup",
+        HttpMethod::Get,
+        "/api/service-accounts?name=wasmop.oncall.terdut"
+    )));
+    let found = obs(
+        "operator-sa.lookup",
+        Some(200),
+        json!([{"id": 12, "name": "wasmop.oncall.terdut"}]),
+        2,
+    );
+    let plan = run::<TeamPlugin>(
+        &base()
+            .observation(conflict.clone())
+            .observation(found.clone())
+            .build(),
+    )
+    .unwrap();
+    assert!(ids(&plan).contains(&(
+        "operator-sa.key",
+        HttpMethod::Post,
+        "/api/service-accounts/12/keys"
+    )));
+    let key = obs("operator-sa.key", Some(201), json!({"key": "tdk_x"}), 1);
+    let plan = run::<TeamPlugin>(
+        &base()
+            .observation(conflict)
+            .observation(found)
+            .observation(key)
+            .build(),
+    )
+    .unwrap();
+    assert!(
+        plan.apply
+            .iter()
+            .any(|a| a.object["metadata"]["name"] == "terdut-operator-credentials")
+    );
+    assert_eq!(
+        condition(&plan, "Bootstrapped")["reason"],
+        "ServiceAccountCreated"
+    );
+}
+
+fn team_obj(ns: &str, name: &str, server_ns: Option<&str>) -> serde_json::Value {
+    json!({"apiVersion": "terdut.ryuvia.com/v1alpha1", "kind": "TerdutTeam",
+           "metadata": {"name": name, "namespace": ns},
+           "spec": {"serverRef": {"name": "terdut", "namespace": server_ns}}})
+}
+
+fn namespace(name: &str, labels: serde_json::Value) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
+}
+
+#[test]
+fn the_mirror_goes_only_into_consenting_namespaces_that_reference_the_server() {
+    let stale = json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "terdut.oncall-terdut-credentials", "namespace": "gone", "uid": "u-stale", "resourceVersion": "4",
+                     "labels": {"terdut.ryuvia.com/credentials": "mirror"}}});
+    let snapshot = server()
+        .owned(one(CREDS))
+        .owned(stale)
+        .related(server::READ_TEAMS, team_obj("team-a", "a", Some("oncall")))
+        .related(server::READ_TEAMS, team_obj("team-a", "a2", Some("oncall")))
+        .related(server::READ_TEAMS, team_obj("team-b", "b", Some("oncall")))
+        .related(server::READ_TEAMS, team_obj("oncall", "local", None))
+        .related(server::READ_TEAMS, team_obj("team-c", "other-server", None))
+        .related(
+            server::READ_NAMESPACES,
+            namespace("team-a", json!({"terdut": "allowed"})),
+        )
+        .related(server::READ_NAMESPACES, namespace("team-b", json!({})))
+        .observation(obs(
+            "version",
+            Some(200),
+            json!({"capabilities": ["teams"], "bootstrapped": true}),
+            1,
+        ))
+        .build();
+    let plan = run::<TeamPlugin>(&snapshot).unwrap();
+    let mirrors: Vec<(&str, &str)> = plan
+        .apply
+        .iter()
+        .filter(|a| a.object["kind"] == "Secret")
+        .map(|a| {
+            (
+                a.object["metadata"]["namespace"].as_str().unwrap(),
+                a.object["metadata"]["name"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        mirrors,
+        [("team-a", "terdut.oncall-terdut-credentials")],
+        "one per namespace, consenting only"
+    );
+    let m = &plan
+        .apply
+        .iter()
+        .find(|a| a.object["kind"] == "Secret")
+        .unwrap()
+        .object;
+    assert_eq!(m["data"]["api-key"], "a2V5", "the operator's key, copied");
+    assert_eq!(plan.delete.len(), 1);
+    assert_eq!(plan.delete[0].target.namespace, "gone");
+    assert_eq!(
+        plan.status.as_ref().unwrap()["teamCredentials"],
+        json!([{"namespace": "team-a", "secret": "terdut.oncall-terdut-credentials", "kind": "mirror"}])
+    );
+}
+
+#[test]
+fn with_team_scoped_accounts_each_admitted_team_gets_its_own_key() {
+    let snapshot = server()
+        .owned(one(CREDS))
+        .related(server::READ_TEAMS, team_obj("team-a", "a", Some("oncall")))
+        .related(
+            server::READ_NAMESPACES,
+            namespace("team-a", json!({"terdut": "allowed"})),
+        )
+        .observation(obs(
+            "version",
+            Some(200),
+            json!({"capabilities": ["teams", "team-service-accounts"], "bootstrapped": true}),
+            1,
+        ))
+        .observation(obs(
+            "team-sa.team-a.a.create",
+            Some(201),
+            json!({"id": 4, "key": "tdk_team"}),
+            1,
+        ))
+        .build();
+    let plan = run::<TeamPlugin>(&snapshot).unwrap();
+    let secrets: Vec<&serde_json::Value> = plan
+        .apply
+        .iter()
+        .map(|a| &a.object)
+        .filter(|o| o["kind"] == "Secret")
+        .collect();
+    assert_eq!(secrets.len(), 1, "no mirror");
+    assert_eq!(secrets[0]["metadata"]["name"], "a-terdut-team-credentials");
+    assert_eq!(secrets[0]["data"]["api-key"], api::base64(b"tdk_team"));
+}
+
+#[test]
+fn a_deleted_server_removes_what_it_handed_out_before_its_finalizer_goes() {
+    let mirror = json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "terdut.oncall-terdut-credentials", "namespace": "team-a", "uid": "u-m", "resourceVersion": "4",
+                     "labels": {"terdut.ryuvia.com/credentials": "mirror"}}});
+    let plan = run::<TeamPlugin>(
+        &server()
+            .owned(one(CREDS))
+            .owned(mirror)
+            .deleting(true)
+            .build(),
+    )
+    .unwrap();
+    assert_eq!(
+        plan.delete.len(),
+        2,
+        "the mirror and the credentials: all label-owned"
+    );
+    assert!(!plan.cleanup_complete);
+    let plan = run::<TeamPlugin>(&server().deleting(true).build()).unwrap();
+    assert!(plan.cleanup_complete);
+}
+
+#[test]
+fn zalando_cluster_ref_waits_for_the_cluster_and_its_secret() {
+    let mut s = wasmop_sdk::testing::objects_from_yaml(SERVER_YAML).remove(0);
+    s["spec"]["database"] = json!({"postgresClusterRef": {"name": "pg"}});
+    let plan = run::<TeamPlugin>(&SnapshotBuilder::new(SERVER).primary(s.clone()).build()).unwrap();
+    assert_eq!(
+        condition(&plan, "DatabaseReady")["reason"],
+        "PostgresClusterNotFound"
+    );
+    assert!(plan.apply.is_empty(), "no Deployment without a database");
+    let pg = json!({"apiVersion": "acid.zalan.do/v1", "kind": "postgresql", "metadata": {"name": "pg", "namespace": "oncall"},
+                    "spec": {"users": {"terdut": []}, "databases": {"terdut": "terdut"}},
+                    "status": {"PostgresClusterStatus": "Running"}});
+    let plan = run::<TeamPlugin>(
+        &SnapshotBuilder::new(SERVER)
+            .primary(s.clone())
+            .related(server::READ_POSTGRES, pg.clone())
+            .build(),
+    )
+    .unwrap();
+    assert_eq!(
+        condition(&plan, "DatabaseReady")["reason"],
+        "CredentialsSecretMissing"
+    );
+    let creds = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "terdut.pg.credentials.postgresql.acid.zalan.do", "namespace": "oncall"},
+                       "data": {"username": "dA==", "password": "cA=="}});
+    let plan = run::<TeamPlugin>(
+        &SnapshotBuilder::new(SERVER)
+            .primary(s)
+            .related(server::READ_POSTGRES, pg)
+            .related(server::READ_SECRETS, creds)
+            .build(),
+    )
+    .unwrap();
+    assert_eq!(condition(&plan, "DatabaseReady")["status"], "True");
+    let env = &plan.apply[0].object["spec"]["template"]["spec"]["containers"][0]["env"];
+    assert_eq!(
+        env[0]["value"],
+        "postgres://terdut@pg.oncall.svc:5432/terdut?sslmode=require"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// TerdutTeam
+
+fn server_ready(allowed: serde_json::Value) -> serde_json::Value {
+    json!({"apiVersion": "terdut.ryuvia.com/v1alpha1", "kind": "TerdutServer",
+           "metadata": {"name": "terdut", "namespace": "oncall"},
+           "spec": {"allowedTeams": {"namespaces": allowed}},
+           "status": {"apiURL": "http://127.0.0.1:4000", "capabilities": ["teams"],
+                      "operatorCredentialsSecretRef": {"name": "terdut-operator-credentials"}}})
+}
+
+fn team(status: serde_json::Value) -> SnapshotBuilder {
+    SnapshotBuilder::new(TEAM)
+        .primary(json!({"apiVersion": "terdut.ryuvia.com/v1alpha1", "kind": "TerdutTeam",
+            "metadata": {"name": "platform", "namespace": "team-a", "uid": "u-team", "generation": 2},
+            "spec": {"serverRef": {"name": "terdut", "namespace": "oncall"}, "displayName": "Platform",
+                     "oidc": {"memberGroup": "m", "ownerGroup": "o"}},
+            "status": status}))
+        .related(team::READ_SERVER, server_ready(json!({"from": "All"})))
+        .related(team::READ_NAMESPACE, namespace("team-a", json!({})))
+        .related(
+            team::READ_SECRETS,
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "terdut.oncall-terdut-credentials", "namespace": "team-a"}, "data": {"api-key": "eA=="}}),
+        )
+}
+
+#[test]
+fn a_revoked_team_sends_nothing_and_deletes_nothing() {
+    let snapshot = team(json!({"teamID": 42}))
+        .related(team::READ_SERVER, json!(null))
+        .build();
+    // Replace the server with one that no longer admits team-a.
+    let mut snapshot = snapshot;
+    snapshot.related.retain(|r| r.read != team::READ_SERVER);
+    snapshot.related.push(wasmop_sdk::RelatedObject {
+        read: team::READ_SERVER.into(),
+        object: server_ready(json!({"from": "Same"})),
+    });
+    let plan = run::<TeamPlugin>(&snapshot).unwrap();
+    assert!(plan.http_requests.is_empty());
+    let c = condition(&plan, "Ready");
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("False"), Some("RefNotPermitted"))
+    );
+    assert_eq!(plan.status.as_ref().unwrap()["teamID"], 42, "kept");
+
+    snapshot.deleting = true;
+    let plan = run::<TeamPlugin>(&snapshot).unwrap();
+    assert!(plan.http_requests.is_empty(), "no DELETE on revocation");
+    assert!(plan.cleanup_complete);
+    assert_eq!(plan.events[0].reason, "TeamLeftOnServer");
+}
+
+#[test]
+fn a_new_team_is_created_and_a_409_adopts_by_name() {
+    let plan = run::<TeamPlugin>(&team(json!({})).build()).unwrap();
+    assert_eq!(ids(&plan), [("create.0", HttpMethod::Post, "/api/teams")]);
+    let r = &plan.http_requests[0];
+    assert_eq!(
+        r.secret_headers[0].secret,
+        "terdut.oncall-terdut-credentials"
+    );
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&r.body).unwrap()["name"],
+        "Platform"
+    );
+
+    let conflict = obs("create.0", Some(409), json!({"error": "team exists"}), 2);
+    let plan = run::<TeamPlugin>(&team(json!({})).observation(conflict.clone()).build()).unwrap();
+    assert_eq!(
+        ids(&plan),
+        [("lookup.0", HttpMethod::Get, "/api/teams?name=Platform")]
+    );
+    let found = obs(
+        "lookup.0",
+        Some(200),
+        json!([{"id": 42, "name": "Platform", "member_group": "", "owner_group": ""}]),
+        1,
+    );
+    let plan = run::<TeamPlugin>(
+        &team(json!({}))
+            .observation(conflict)
+            .observation(found)
+            .build(),
+    )
+    .unwrap();
+    assert_eq!(plan.status.as_ref().unwrap()["teamID"], 42);
+    assert_eq!(plan.events[0].reason, "TeamAdopted");
+    assert!(plan.http_requests.is_empty());
+}
+
+#[test]
+fn drift_on_the_server_is_put_back() {
+    let status = json!({"teamID": 42});
+    let drifted = obs(
+        "get",
+        Some(200),
+        json!({"id": 42, "name": "Renamed", "member_group": "m", "owner_group": "x"}),
+        1,
+    );
+    let plan =
+        run::<TeamPlugin>(&team(status.clone()).observation(drifted.clone()).build()).unwrap();
+    assert_eq!(
+        ids(&plan),
+        [
+            ("get", HttpMethod::Get, "/api/teams/42"),
+            ("rename", HttpMethod::Put, "/api/teams/42"),
+            ("oidc", HttpMethod::Put, "/api/teams/42/oidc-groups"),
+        ]
+    );
+    assert_eq!(condition(&plan, "Ready")["reason"], "Syncing");
+    // The newer PUT answers win over the older GET.
+    let renamed = obs(
+        "rename",
+        Some(200),
+        json!({"id": 42, "name": "Platform", "member_group": "m", "owner_group": "x"}),
+        0,
+    );
+    let grouped = obs(
+        "oidc",
+        Some(200),
+        json!({"id": 42, "name": "Platform", "member_group": "m", "owner_group": "o"}),
+        0,
+    );
+    let plan = run::<TeamPlugin>(
+        &team(status)
+            .observation(drifted)
+            .observation(renamed)
+            .observation(grouped)
+            .build(),
+    )
+    .unwrap();
+    assert_eq!(ids(&plan), [("get", HttpMethod::Get, "/api/teams/42")]);
+    assert_eq!(condition(&plan, "Ready")["status"], "True");
+    assert_eq!(plan.requeue_after_ms, Some(300_000), "periodic resync");
+}
+
+#[test]
+fn a_failed_delete_keeps_the_finalizer_with_degraded() {
+    let plan = run::<TeamPlugin>(&team(json!({"teamID": 42})).deleting(true).build()).unwrap();
+    assert_eq!(
+        ids(&plan),
+        [("delete", HttpMethod::Delete, "/api/teams/42")]
+    );
+    assert!(!plan.cleanup_complete);
+    let failed = obs("delete", None, json!(null), 1);
+    let plan = run::<TeamPlugin>(
+        &team(json!({"teamID": 42}))
+            .deleting(true)
+            .observation(failed)
+            .build(),
+    )
+    .unwrap();
+    assert!(!plan.cleanup_complete);
+    assert_eq!(condition(&plan, "Degraded")["status"], "True");
+    assert_eq!(plan.events[0].reason, "DeleteFailed");
+    assert_eq!(plan.http_requests.len(), 1, "tries again");
+    let done = obs("delete", Some(204), json!(null), 1);
+    let plan = run::<TeamPlugin>(
+        &team(json!({"teamID": 42}))
+            .deleting(true)
+            .observation(done)
+            .build(),
+    )
+    .unwrap();
+    assert!(plan.cleanup_complete);
+}
+
+// ---------------------------------------------------------------------------
+// Children
+
+fn parent_team(team_id: Option<u64>) -> serde_json::Value {
+    json!({"apiVersion": "terdut.ryuvia.com/v1alpha1", "kind": "TerdutTeam",
+           "metadata": {"name": "platform", "namespace": "team-a"},
+           "status": {"teamID": team_id, "apiURL": "http://127.0.0.1:4000",
+                      "credentialsSecretRef": {"name": "terdut.oncall-terdut-credentials"},
+                      "conditions": [{"type": "Ready", "status": "True", "reason": "Synced"}]}})
+}
+
+fn child_of(
+    controller: &str,
+    kind: &str,
+    spec: serde_json::Value,
+    status: serde_json::Value,
+    team_id: Option<u64>,
+) -> SnapshotBuilder {
+    SnapshotBuilder::new(controller)
+        .primary(json!({"apiVersion": "terdut.ryuvia.com/v1alpha1", "kind": kind,
+            "metadata": {"name": "c", "namespace": "team-a", "uid": "u-c", "generation": 3},
+            "spec": spec, "status": status}))
+        .related(children::READ_TEAM, parent_team(team_id))
+        .related(
+            children::READ_SECRETS,
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "terdut.oncall-terdut-credentials", "namespace": "team-a"}, "data": {"api-key": "eA=="}}),
+        )
+}
+
+#[test]
+fn children_wait_for_the_team_id() {
+    let plan = run::<TeamPlugin>(
+        &child_of(
+            DEADMAN,
+            "TerdutDeadmanSwitch",
+            json!({"teamRef": {"name": "platform"}}),
+            json!({}),
+            None,
+        )
+        .build(),
+    )
+    .unwrap();
+    assert_eq!(condition(&plan, "Ready")["reason"], "WaitingForTeam");
+    assert_eq!(condition(&plan, "Synced")["reason"], "WaitingForTeam");
+    assert!(plan.http_requests.is_empty());
+}
+
+#[test]
+fn the_escalation_policy_is_put_whole_on_drift() {
+    let spec = json!({"teamRef": {"name": "platform"}, "repeatCount": 1, "levels": [{"timeout": "5m", "targets": [{"kind": "oncall"}]}]});
+    let b = || {
+        child_of(
+            ESCALATION,
+            "TerdutEscalationRule",
+            spec.clone(),
+            json!({}),
+            Some(42),
+        )
+    };
+    let plan = run::<TeamPlugin>(&b().build()).unwrap();
+    assert_eq!(
+        ids(&plan),
+        [("get.42", HttpMethod::Get, "/api/teams/42/escalation")]
+    );
+    let empty = obs(
+        "get.42",
+        Some(200),
+        json!({"repeat_count": 0, "fallback_topic": "", "levels": []}),
+        1,
+    );
+    let plan = run::<TeamPlugin>(&b().observation(empty.clone()).build()).unwrap();
+    let put = plan
+        .http_requests
+        .iter()
+        .find(|r| r.id == "put.42")
+        .unwrap();
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&put.body).unwrap(),
+        json!({"repeat_count": 1, "fallback_topic": "", "levels": [{"timeout": "5m", "targets": [{"kind": "oncall"}]}]})
+    );
+    let stored = obs(
+        "put.42",
+        Some(200),
+        serde_json::from_str(&put.body).unwrap(),
+        0,
+    );
+    let plan = run::<TeamPlugin>(&b().observation(empty).observation(stored).build()).unwrap();
+    assert_eq!(condition(&plan, "Synced")["status"], "True");
+    assert_eq!(plan.http_requests.len(), 1, "only the GET");
+}
+
+#[test]
+fn a_deadman_switch_is_recreated_on_a_diff_other_than_name() {
+    let spec = json!({"teamRef": {"name": "platform"}, "name": "w", "matcher": "a=b", "timeout": "30m", "severity": "critical"});
+    let status = json!({"teamID": 42, "switchID": 7, "applied": {"name": "w", "matcher": "a=b", "timeout": "15m", "severity": "critical"}});
+    let b = || {
+        child_of(
+            DEADMAN,
+            "TerdutDeadmanSwitch",
+            spec.clone(),
+            status.clone(),
+            Some(42),
+        )
+    };
+    let plan = run::<TeamPlugin>(&b().build()).unwrap();
+    assert_eq!(
+        ids(&plan),
+        [(
+            "delete.7",
+            HttpMethod::Delete,
+            "/api/teams/42/deadman-switches/7"
+        )]
+    );
+    let plan = run::<TeamPlugin>(
+        &b().observation(obs("delete.7", Some(204), json!(null), 0))
+            .build(),
+    )
+    .unwrap();
+    let st = plan.status.as_ref().unwrap();
+    assert_eq!(
+        (st["switchID"].clone(), st["attempt"].clone()),
+        (json!(null), json!(1))
+    );
+    // A name-only diff is reported, not applied.
+    let renamed = json!({"teamRef": {"name": "platform"}, "name": "w2", "matcher": "a=b", "timeout": "15m", "severity": "critical"});
+    let plan = run::<TeamPlugin>(
+        &child_of(
+            DEADMAN,
+            "TerdutDeadmanSwitch",
+            renamed,
+            status.clone(),
+            Some(42),
+        )
+        .build(),
+    )
+    .unwrap();
+    assert!(plan.http_requests.is_empty());
+    assert_eq!(condition(&plan, "Synced")["reason"], "NameImmutable");
+}
+
+#[test]
+fn an_alert_source_key_goes_to_its_secret_and_a_kind_change_rotates_it_with_a_warning() {
+    let spec = json!({"teamRef": {"name": "platform"}, "name": "am", "kind": "alertmanager"});
+    let created = obs(
+        "create.42.0",
+        Some(201),
+        json!({"id": 3, "name": "am", "kind": "alertmanager", "url": "http://x/api/ingest/3", "key": "tdk_CANARY"}),
+        0,
+    );
+    let plan = run::<TeamPlugin>(
+        &child_of(
+            ALERT_SOURCE,
+            "TerdutAlertSource",
+            spec.clone(),
+            json!({}),
+            Some(42),
+        )
+        .observation(created)
+        .build(),
+    )
+    .unwrap();
+    let secret = &plan.apply[0].object;
+    assert_eq!(secret["metadata"]["name"], "c-terdut-webhook");
+    assert_eq!(secret["data"]["key"], api::base64(b"tdk_CANARY"));
+    let rest = json!([plan.status, plan.events]).to_string();
+    assert!(
+        !rest.contains("CANARY") && !rest.contains(&api::base64(b"tdk_CANARY")),
+        "{rest}"
+    );
+    assert_eq!(
+        plan.status.as_ref().unwrap()["webhookURLSecretRef"],
+        json!({"name": "c-terdut-webhook"})
+    );
+
+    let grafana = json!({"teamRef": {"name": "platform"}, "name": "am", "kind": "grafana"});
+    let status = json!({"teamID": 42, "integrationID": 3, "applied": {"name": "am", "kind": "alertmanager"}});
+    let plan = run::<TeamPlugin>(
+        &child_of(
+            ALERT_SOURCE,
+            "TerdutAlertSource",
+            grafana.clone(),
+            status.clone(),
+            Some(42),
+        )
+        .build(),
+    )
+    .unwrap();
+    assert_eq!(
+        ids(&plan),
+        [(
+            "delete.3",
+            HttpMethod::Delete,
+            "/api/teams/42/integrations/3"
+        )]
+    );
+    let plan = run::<TeamPlugin>(
+        &child_of(
+            ALERT_SOURCE,
+            "TerdutAlertSource",
+            grafana.clone(),
+            status,
+            Some(42),
+        )
+        .observation(obs("delete.3", Some(204), json!(null), 0))
+        .build(),
+    )
+    .unwrap();
+    let st = plan.status.clone().unwrap();
+    assert_eq!(
+        (st["rotating"].clone(), st["attempt"].clone()),
+        (json!(true), json!(1))
+    );
+    let recreated = obs(
+        "create.42.1",
+        Some(201),
+        json!({"id": 9, "name": "am", "kind": "grafana", "url": "u", "key": "k2"}),
+        0,
+    );
+    let plan = run::<TeamPlugin>(
+        &child_of(ALERT_SOURCE, "TerdutAlertSource", grafana, st, Some(42))
+            .observation(recreated)
+            .build(),
+    )
+    .unwrap();
+    assert_eq!(plan.events[0].event_type, wasmop_sdk::EventType::Warning);
+    assert_eq!(plan.events[0].reason, "WebhookKeyRotated");
+    assert_eq!(plan.apply[0].object["data"]["key"], api::base64(b"k2"));
+}
+
+#[test]
+fn a_create_in_flight_is_not_listed_again() {
+    let empty = obs(
+        "version",
+        Some(200),
+        json!({"capabilities": [], "bootstrapped": false}),
+        5,
+    );
+    let plan = run::<TeamPlugin>(&server().observation(empty.clone()).build()).unwrap();
+    assert!(ids(&plan).iter().any(|(id, ..)| *id == "bootstrap"));
+    let pending = plan.status.as_ref().unwrap()["pending"].clone();
+    assert_eq!(pending, json!({"bootstrap": "2025-01-01T00:00:00Z"}));
+
+    // Five seconds later, no answer yet: not sent again.
+    let mut primary = wasmop_sdk::testing::objects_from_yaml(SERVER_YAML).remove(0);
+    primary["status"] = json!({"pending": pending});
+    let later = || {
+        SnapshotBuilder::new(SERVER)
+            .primary(primary.clone())
+            .related(server::READ_SECRETS, one(DB_SECRET))
+            .observation(empty.clone())
+            .now("2025-01-01T00:00:05Z")
+    };
+    let plan = run::<TeamPlugin>(&later().build()).unwrap();
+    assert!(
+        !ids(&plan).iter().any(|(id, ..)| *id == "bootstrap"),
+        "in flight"
+    );
+    assert_eq!(
+        plan.status.as_ref().unwrap()["pending"]["bootstrap"],
+        "2025-01-01T00:00:00Z"
+    );
+    // An answer newer than the send ends it (and is used).
+    let mut answered = obs("bootstrap", Some(201), json!({"key": "k"}), 0);
+    answered.observed_at = "2025-01-01T00:00:01Z".into();
+    let plan = run::<TeamPlugin>(&later().observation(answered).build()).unwrap();
+    assert!(plan.status.as_ref().unwrap().get("pending").is_none());
+    assert!(plan.apply.iter().any(|a| a.object["kind"] == "Secret"));
+    // Without an answer for 30 s it may go again.
+    let plan = run::<TeamPlugin>(&later().now("2025-01-01T00:00:31Z").build()).unwrap();
+    assert!(ids(&plan).iter().any(|(id, ..)| *id == "bootstrap"));
+}
+
+#[test]
+fn unknown_controller_is_internal() {
+    assert!(matches!(
+        run::<TeamPlugin>(&SnapshotBuilder::new("nope").build()),
+        Err(ReconcileError::Internal(_))
+    ));
+}
