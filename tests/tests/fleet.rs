@@ -33,7 +33,9 @@ use wasmop_tests::operator::{RunningOperator, load_plugin};
 use wasmop_tests::{FIELD_MANAGER, TestNamespace, apply_project_crds, repo_root, wait_for};
 
 /// Rollouts go through the scheduler, kwok and the controller-manager.
-const DEADLINE: Duration = Duration::from_secs(120);
+/// Generous: a PersistentFleet's members come up one at a time (each Pod
+/// waits for its claim to bind), and CI runs on two loaded cores.
+const DEADLINE: Duration = Duration::from_secs(240);
 /// Poll interval of the samplers that watch a rollout.
 const SAMPLE_EVERY: Duration = Duration::from_millis(50);
 const UID_LABEL: &str = "celld.eric.dev/fleet-uid";
@@ -874,14 +876,20 @@ async fn a_member_whose_claim_is_lost_is_replaced() -> Result<()> {
         }
     })
     .await?;
-    let events = ns.api::<Event>().list(&ListParams::default()).await?;
-    assert!(
-        events
-            .items
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("MemberReplaced")),
-        "a MemberReplaced event"
-    );
+    // Events are recorded after the plan's writes: wait for it.
+    let events = ns.api::<Event>();
+    wait_for("a MemberReplaced event", DEADLINE, || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&ListParams::default()).await?;
+            Ok(list
+                .items
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("MemberReplaced"))
+                .then_some(()))
+        }
+    })
+    .await?;
     ns.api::<Pod>()
         .delete("f-1", &DeleteParams::default())
         .await?;
