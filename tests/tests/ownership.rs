@@ -855,10 +855,12 @@ async fn leadership_lost_mid_plan_stops_the_remaining_writes() -> Result<()> {
         let flipped = flipped.clone();
         let state = Arc::downgrade(&interposer);
         interposer.before(
-            nth(
-                4,
-                request_to(Method::POST, format!("/namespaces/{}/configmaps", ns.name)),
-            ),
+            // The fourth ConfigMap write: creates are server-side applies
+            // (PATCH to the object's path) fenced against a racing create.
+            nth(4, {
+                let prefix = format!("/namespaces/{}/configmaps/", ns.name);
+                move |m: &Method, path: &str| *m == Method::PATCH && path.contains(&prefix)
+            }),
             move || async move {
                 flag.store(false, Ordering::SeqCst);
                 let sent = state.upgrade().map_or(0, |s| s.writes().len());
