@@ -1190,13 +1190,21 @@ async fn a_field_read_of_a_secret_reads_it_by_name_and_follows_it() -> Result<()
     let secret_requests: Vec<_> = interposer
         .requests()
         .into_iter()
-        .filter(|r| r.path.split('?').next().unwrap_or_default().contains("/secrets"))
+        .filter(|r| {
+            r.path
+                .split('?')
+                .next()
+                .unwrap_or_default()
+                .contains("/secrets")
+        })
         .collect();
     let broad: Vec<_> = secret_requests
         .iter()
         .filter(|r| {
             let (path, query) = r.path.split_once('?').unwrap_or((&r.path, ""));
-            r.method == Method::GET && path.ends_with("/secrets") && !query.contains("labelSelector")
+            r.method == Method::GET
+                && path.ends_with("/secrets")
+                && !query.contains("labelSelector")
         })
         .collect();
     assert!(

@@ -537,8 +537,7 @@ impl Operator {
     fn kind_is_read(&self, key: &KindKey, incoming: &[Controller]) -> bool {
         let reads = |c: &Controller| {
             kind_key(&c.primary) == *key
-                || c
-                    .reads
+                || c.reads
                     .iter()
                     .any(|r| !by_name::is_by_name(r) && kind_key(&r.kind) == *key)
         };
@@ -560,8 +559,7 @@ fn watched_kinds(c: &Controller) -> Vec<KindKey> {
         !kind.same_type(&c.primary)
             && !c.owns.iter().any(|o| o.kind.same_type(kind))
             && !c.http_targets.iter().any(|t| t.kind.same_type(kind))
-            && c
-                .reads
+            && c.reads
                 .iter()
                 .filter(|r| r.kind.same_type(kind))
                 .all(by_name::is_by_name)

@@ -63,7 +63,9 @@ pub struct SecretReads {
 
 impl std::fmt::Debug for SecretReads {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SecretReads").field("held", &self.len()).finish()
+        f.debug_struct("SecretReads")
+            .field("held", &self.len())
+            .finish()
     }
 }
 
@@ -101,7 +103,12 @@ impl SecretReads {
     /// The Secret `namespace`/`name` as the API server has it now, blocking
     /// the calling thread (call from a blocking task). On a read error, the
     /// last value read.
-    pub fn get_blocking(&self, runtime: &Handle, namespace: &str, name: &str) -> Option<Arc<Value>> {
+    pub fn get_blocking(
+        &self,
+        runtime: &Handle,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Arc<Value>> {
         let id = (namespace.to_owned(), name.to_owned());
         match runtime.block_on(self.read(namespace, name)) {
             Ok(found) => {
@@ -150,8 +157,12 @@ impl SecretReads {
                 .insert(id, now.clone());
             let before = before.flatten();
             let version = |o: &Option<Arc<Value>>| {
-                o.as_ref()
-                    .map(|o| (object::uid(o).to_owned(), object::resource_version(o).to_owned()))
+                o.as_ref().map(|o| {
+                    (
+                        object::uid(o).to_owned(),
+                        object::resource_version(o).to_owned(),
+                    )
+                })
             };
             if version(&before) != version(&now) {
                 changes.push(Change {
