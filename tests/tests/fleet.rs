@@ -833,15 +833,10 @@ async fn deletion_removes_compute_then_claims_and_a_recreated_fleet_conflicts() 
 }
 
 /// A PersistentFleet member whose claim is Lost (its volume vanished) is
-/// replaced on a fresh claim: the operator deletes the Lost claim (it stays
-/// Terminating while the member's Pod holds it); once the Pod is recreated
-/// the StatefulSet makes a fresh claim and the fleet settles again.
-///
-/// The host lets a plan delete only objects the fleet controls, and the
-/// member Pod is controlled by the StatefulSet, so the operator cannot
-/// delete it (upstream does). The test deletes the Pod itself, after
-/// checking that the operator released the claim, standing in for that
-/// missing capability.
+/// replaced on a fresh claim: the operator deletes the Lost claim and the
+/// member's Pod (a dependent kind: the fleet's StatefulSet controls it);
+/// the StatefulSet recreates the Pod with a fresh claim and the fleet
+/// settles again. The other member is left alone.
 #[tokio::test]
 async fn a_member_whose_claim_is_lost_is_replaced() -> Result<()> {
     let ns = TestNamespace::new("fleet-lost").await?;
@@ -856,6 +851,7 @@ async fn a_member_whose_claim_is_lost_is_replaced() -> Result<()> {
         .and_then(|s| s.volume_name)
         .context("bound volume")?;
     let old_pod = ns.api::<Pod>().get("f-1").await?.uid();
+    let other_pod = ns.api::<Pod>().get("f-0").await?.uid();
 
     // Lose the volume: the PV binder then marks the claim Lost.
     let pvs = Api::<PersistentVolume>::all(ns.client.clone());
@@ -890,9 +886,6 @@ async fn a_member_whose_claim_is_lost_is_replaced() -> Result<()> {
         }
     })
     .await?;
-    ns.api::<Pod>()
-        .delete("f-1", &DeleteParams::default())
-        .await?;
 
     wait_for("a fresh claim data-f-1", DEADLINE, || {
         let claims = claims.clone();
@@ -922,6 +915,11 @@ async fn a_member_whose_claim_is_lost_is_replaced() -> Result<()> {
     .await?;
     let fleet = wait_provisioned(&ns, "f").await?;
     assert_eq!(fleet.data["status"]["readyReplicas"], 2);
+    assert_eq!(
+        ns.api::<Pod>().get("f-0").await?.uid(),
+        other_pod,
+        "the healthy member was not touched"
+    );
     delete_fleet(&ns, "f").await?;
     Ok(())
 }

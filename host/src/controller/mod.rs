@@ -348,7 +348,9 @@ impl Operator {
                     managed_only: false,
                 }));
             }
-            for o in &c.owns {
+            // Dependent kinds are judged by a read of the object when it
+            // is deleted; nothing to watch for them.
+            for o in c.owns.iter().filter(|o| !o.is_dependent()) {
                 let read_elsewhere = self.kind_is_read(&kind_key(&o.kind), &manifest.controllers);
                 caches.push(self.cache.ensure(WatchSpec {
                     resource: api_resource(&o.kind),
@@ -553,11 +555,15 @@ impl Operator {
 
 /// The kinds a controller's snapshots come from through watches: its
 /// primary, owned and read kinds, and its HTTP target kinds, except Secrets
-/// that are only named by field references (read by name).
+/// that are only named by field references (read by name) and dependent
+/// kinds nothing else reads.
 fn watched_kinds(c: &Controller) -> Vec<KindKey> {
-    let only_by_name = |kind: &KindRef| {
+    let unwatched = |kind: &KindRef| {
         !kind.same_type(&c.primary)
-            && !c.owns.iter().any(|o| o.kind.same_type(kind))
+            && !c
+                .owns
+                .iter()
+                .any(|o| !o.is_dependent() && o.kind.same_type(kind))
             && !c.http_targets.iter().any(|t| t.kind.same_type(kind))
             && c.reads
                 .iter()
@@ -566,7 +572,7 @@ fn watched_kinds(c: &Controller) -> Vec<KindKey> {
     };
     c.kinds()
         .into_iter()
-        .filter(|k| !only_by_name(k))
+        .filter(|k| !unwatched(k))
         .map(kind_key)
         .collect()
 }

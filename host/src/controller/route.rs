@@ -181,6 +181,9 @@ fn owner_uid<'a>(obj: &'a Value, ownership: &Ownership) -> Option<&'a str> {
     match ownership {
         Ownership::OwnerReference => object::controller_uid(obj),
         Ownership::OwnerLabel { .. } => object::labels_get(obj, wasmop_contract::OWNER_UID_LABEL),
+        // Controlled by an owned object, not by the primary: its changes
+        // reach the primary through a read, if the controller has one.
+        Ownership::Dependent => None,
     }
 }
 

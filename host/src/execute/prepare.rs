@@ -57,6 +57,8 @@ pub fn prepare_apply(obj: &Value, primary: &Value, plugin_name: &str, owned: &Ow
                 }]),
             );
         }
+        // Validation refuses applies of dependent kinds; nothing to stamp.
+        Ownership::Dependent => {}
         Ownership::OwnerLabel { extra_label } => {
             metadata.remove("ownerReferences");
             host_labels.push((OWNER_UID_LABEL, uid));

@@ -195,6 +195,11 @@ pub fn problems(manifest: &Manifest) -> Vec<ManifestProblem> {
                     ),
                 ),
                 Ownership::OwnerReference => {}
+                Ownership::Dependent if owned.adopt => problem(
+                    format!("{path}.adopt"),
+                    format!("dependent kind {kind} cannot be adopted: plans never apply it"),
+                ),
+                Ownership::Dependent => {}
                 Ownership::OwnerLabel { extra_label } => {
                     if c.finalizer.is_none() {
                         problem(

@@ -6,7 +6,8 @@
 //!   `delete-primary`; `<plural>/status`: get, update, patch;
 //!   `<plural>/finalizers`: update (needed to set `blockOwnerDeletion`
 //!   ownerReferences to the primary).
-//! - owned kinds: get, list, watch, create, update, patch, delete.
+//! - owned kinds: get, list, watch, create, update, patch, delete;
+//!   dependent kinds (controlled by an owned object): get, delete.
 //! - read kinds and HTTP target kinds: get, list, watch; Secrets named by a
 //!   field reference only get (they are read by name, never listed).
 //! - Events (core and `events.k8s.io`): create, patch.
@@ -50,6 +51,15 @@ pub fn rules(manifest: &Manifest) -> Vec<PolicyRule> {
         );
         grant(&p.group, format!("{}/finalizers", p.plural), &["update"]);
         for owned in &c.owns {
+            if owned.is_dependent() {
+                // Read when judged, deleted; never created or changed.
+                grant(
+                    &owned.kind.group,
+                    owned.kind.plural.clone(),
+                    &["get", "delete"],
+                );
+                continue;
+            }
             grant(&owned.kind.group, owned.kind.plural.clone(), READ);
             grant(&owned.kind.group, owned.kind.plural.clone(), WRITE);
         }

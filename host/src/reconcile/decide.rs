@@ -25,7 +25,7 @@ use crate::plugin::manifest::Controller;
 use crate::plugin::{CallError, LoadedPlugin};
 use crate::reconcile::snapshot::{ObjectSource, Observation, Snapshot, build_snapshot};
 use crate::reconcile::validate::{
-    ExistingLookup, Judgement, Plan, Violation, check_counts, validate,
+    ExistingLookup, Judgement, Plan, Violation, check_counts, validate_with_owned,
 };
 
 /// Why a reconcile was skipped without calling the plugin.
@@ -157,7 +157,13 @@ pub fn decide(
                     violations: too_many,
                 }
             } else {
-                match validate(&plan, controller, &primary, input.existing) {
+                match validate_with_owned(
+                    &plan,
+                    controller,
+                    &primary,
+                    input.existing,
+                    &snapshot.owned,
+                ) {
                     Ok(judgement) => Decision::Planned { plan, judgement },
                     Err(violations) => Decision::Rejected { plan, violations },
                 }

@@ -42,10 +42,13 @@ impl ExistingObject {
 
     /// True when `primary_uid` controls the object under `ownership`: the
     /// controller ownerReference for [`Ownership::OwnerReference`], the owner
-    /// label (and no other controller) for [`Ownership::OwnerLabel`].
+    /// label (and no other controller) for [`Ownership::OwnerLabel`]; never
+    /// for [`Ownership::Dependent`] (those are controlled by an owned
+    /// object, not by the primary).
     pub fn is_controlled_by(&self, primary_uid: &str, ownership: &Ownership) -> bool {
         match ownership {
             Ownership::OwnerReference => self.controller_uid.as_deref() == Some(primary_uid),
+            Ownership::Dependent => false,
             Ownership::OwnerLabel { .. } => {
                 self.owner_label.as_deref() == Some(primary_uid)
                     && self

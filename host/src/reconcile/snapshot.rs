@@ -121,7 +121,7 @@ pub fn build_snapshot(
 ) -> Snapshot {
     let uid = object::uid(&primary).to_owned();
     let mut owned = Vec::new();
-    for kind in &controller.owns {
+    for kind in controller.owns.iter().filter(|k| !k.is_dependent()) {
         owned.extend(
             source
                 .owned_by(&kind.kind, &uid)

@@ -25,6 +25,7 @@
 //! with any [`Violation`] must write nothing.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use serde::Serialize;
 use serde_json::Value;
@@ -245,7 +246,29 @@ pub fn validate(
     primary: &Value,
     existing: &dyn ExistingLookup,
 ) -> Result<Judgement, Vec<Violation>> {
+    validate_with_owned(plan, controller, primary, existing, &[])
+}
+
+/// [`validate`], knowing the objects of the primary's snapshot `owned` list:
+/// a delete of a [`dependent`](wasmop_contract::Ownership::Dependent) kind is
+/// allowed only for an object one of them controls.
+///
+/// # Errors
+///
+/// As [`validate`].
+pub fn validate_with_owned(
+    plan: &Plan,
+    controller: &Controller,
+    primary: &Value,
+    existing: &dyn ExistingLookup,
+    owned: &[Arc<Value>],
+) -> Result<Judgement, Vec<Violation>> {
     let mut v = Validator {
+        owned_uids: owned
+            .iter()
+            .map(|o| object::uid(o))
+            .filter(|u| !u.is_empty())
+            .collect(),
         controller,
         primary_uid: object::uid(primary),
         primary_namespace: if controller.primary.namespaced {
@@ -329,6 +352,8 @@ struct Validator<'a> {
     primary_uid: &'a str,
     primary_namespace: Option<&'a str>,
     existing: &'a dyn ExistingLookup,
+    /// UIDs of the objects this primary controls (its snapshot's `owned`).
+    owned_uids: BTreeSet<&'a str>,
     seen: BTreeSet<(String, String, String, String)>,
     out: Vec<Violation>,
     judgement: Judgement,
@@ -496,6 +521,18 @@ impl<'a> Validator<'a> {
         let Some(owned) = self.target(api_version, kind, namespace, name, "object") else {
             return ApplyJudgement::default();
         };
+        if owned.is_dependent() {
+            self.push(
+                Rule::KindNotOwned,
+                desc,
+                format!(
+                    "{} is a dependent kind of controller {}: a plan may delete objects that its \
+                     owned objects control, never apply one",
+                    owned.kind, self.controller.name
+                ),
+            );
+            return ApplyJudgement::default();
+        }
         let Some(found) = self.existing.existing(&owned.kind, namespace, name) else {
             return ApplyJudgement::default();
         };
@@ -550,6 +587,36 @@ impl<'a> Validator<'a> {
                 desc,
                 "the object to delete does not exist".to_owned(),
             ),
+            Some(found) if owned.is_dependent() => {
+                let by_owned = found
+                    .controller_uid
+                    .as_deref()
+                    .is_some_and(|c| self.owned_uids.contains(c));
+                if !by_owned {
+                    self.push(
+                        Rule::NotControlledByPrimary,
+                        desc.clone(),
+                        match &found.controller_uid {
+                            Some(c) => format!(
+                                "the object to delete is controlled by uid {c}, which is not an \
+                                 object this primary owns"
+                            ),
+                            None => "the object to delete has no controller; only objects this \
+                                     primary's owned objects control may be deleted"
+                                .to_owned(),
+                        },
+                    );
+                } else if found.uid != op.uid {
+                    self.push(
+                        Rule::UidMismatch,
+                        desc,
+                        format!(
+                            "the delete names uid {:?} but the object has uid {:?}",
+                            op.uid, found.uid
+                        ),
+                    );
+                }
+            }
             Some(found) if !found.is_controlled_by(self.primary_uid, &owned.ownership) => self
                 .push(
                     Rule::NotControlledByPrimary,
@@ -747,6 +814,7 @@ fn ownership_name(ownership: &Ownership) -> &'static str {
     match ownership {
         Ownership::OwnerReference => "owner-reference",
         Ownership::OwnerLabel { .. } => "owner-label",
+        Ownership::Dependent => "dependent",
     }
 }
 
@@ -1422,5 +1490,71 @@ mod tests {
         let rv: Precondition =
             serde_json::from_value(json!({"resourceVersion": "12"})).expect("parses");
         assert_eq!(rv, Precondition::ResourceVersion("12".into()));
+    }
+
+    #[test]
+    fn dependents_are_deleted_only_when_an_owned_object_controls_them() {
+        // The Pods of a StatefulSet the primary owns.
+        let mut c = controller();
+        c.owns.push(OwnedKind::dependent(KindRef::namespaced(
+            "", "v1", "Pod", "pods",
+        )));
+        let owned_set = Arc::new(json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": "s", "namespace": "ns", "uid": "u-set"}}));
+        let pod = |controller: Option<&str>| {
+            World::default().with("Pod", "ns", "s-0", "u-pod", controller)
+        };
+        let delete_pod = |uid: &str| Plan {
+            delete: vec![DeleteOp {
+                target: ObjectRef {
+                    api_version: "v1".into(),
+                    kind: "Pod".into(),
+                    namespace: "ns".into(),
+                    name: "s-0".into(),
+                },
+                uid: uid.into(),
+                resource_version: "1".into(),
+            }],
+            ..Plan::default()
+        };
+        let owned = [owned_set];
+        let check = |plan: &Plan, world: &World| {
+            validate_with_owned(plan, &c, &primary(), world, &owned)
+                .err()
+                .unwrap_or_default()
+                .iter()
+                .map(|v| v.rule.as_str())
+                .collect::<Vec<_>>()
+        };
+        assert!(check(&delete_pod("u-pod"), &pod(Some("u-set"))).is_empty());
+        // Controlled by something the primary does not own, by the primary
+        // itself, or by nothing: refused.
+        assert_eq!(
+            check(&delete_pod("u-pod"), &pod(Some("u-other"))),
+            ["NotControlledByPrimary"]
+        );
+        assert_eq!(
+            check(&delete_pod("u-pod"), &pod(Some(PRIMARY_UID))),
+            ["NotControlledByPrimary"]
+        );
+        assert_eq!(
+            check(&delete_pod("u-pod"), &pod(None)),
+            ["NotControlledByPrimary"]
+        );
+        // Without the owned object in the snapshot, nothing vouches for it.
+        assert!(validate(&delete_pod("u-pod"), &c, &primary(), &pod(Some("u-set"))).is_err());
+        // The uid precondition still holds; a missing Pod is reported.
+        assert_eq!(
+            check(&delete_pod("u-old"), &pod(Some("u-set"))),
+            ["UidMismatch"]
+        );
+        assert_eq!(
+            check(&delete_pod("u-pod"), &World::default()),
+            ["DeleteTargetMissing"]
+        );
+        // A plan never applies a dependent.
+        let apply_pod = apply(vec![json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "s-9", "namespace": "ns"}})]);
+        assert_eq!(check(&apply_pod, &World::default()), ["KindNotOwned"]);
     }
 }

@@ -74,6 +74,9 @@ impl Plugin for FleetPlugin {
                     Some(FLEET_UID_LABEL),
                 )
                 .owns_by_label(api::reservation_kind(), Some(FLEET_UID_LABEL))
+                // Member replacement deletes a member Pod; the StatefulSet
+                // (owned above) controls it, so it is a dependent kind.
+                .deletes_dependents(KindRef::of::<Pod>())
                 .finalizer(names::FINALIZER)
                 .reads(Read::new(
                     PODS_READ,

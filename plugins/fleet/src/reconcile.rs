@@ -429,19 +429,24 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
             Replacement::None => {}
             Replacement::Later(after) => requeue = Some(after),
             Replacement::Now { pod, claim, why } => {
-                // Only the claim: the member's Pod is controlled by the
-                // StatefulSet, and the host lets a plan delete only objects
-                // the fleet itself controls. The claim stays Terminating
-                // while the Pod holds it; the StatefulSet makes a fresh one
-                // when the Pod is recreated.
+                // The claim, then the member's Pod (a dependent: the
+                // StatefulSet the fleet owns controls it). The claim stays
+                // Terminating while the Pod holds it; the StatefulSet
+                // recreates the Pod and makes a fresh claim for it.
                 plan = plan.delete_owned(claim)?;
-                let pod_name = pod.map_or("", |p| p["metadata"]["name"].as_str().unwrap_or(""));
-                plan = plan.event(
-                    "MemberReplaced",
-                    format!(
-                        "{why}; claim deleted, member Pod {pod_name} takes a fresh claim when it is recreated"
-                    ),
-                );
+                let message = match pod {
+                    Some(p) => {
+                        plan = plan.delete_owned(p)?;
+                        let pod_name = p["metadata"]["name"].as_str().unwrap_or("");
+                        format!(
+                            "{why}; claim and member Pod {pod_name} deleted, the Pod is recreated on a fresh claim"
+                        )
+                    }
+                    None => {
+                        format!("{why}; claim deleted, the member is recreated on a fresh claim")
+                    }
+                };
+                plan = plan.event("MemberReplaced", message);
                 progress = Some((
                     "ReplacingMember",
                     "a member is being replaced on a fresh claim".into(),

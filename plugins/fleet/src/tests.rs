@@ -644,10 +644,11 @@ fn lost_claim_member_is_replaced() {
     let deleted: Vec<&str> = plan.delete.iter().map(|d| d.target.name.as_str()).collect();
     assert_eq!(
         deleted,
-        ["data-f-1"],
-        "the claim only: the Pod is the StatefulSet's"
+        ["data-f-1", "f-1"],
+        "the claim, then its member Pod (a dependent of the StatefulSet)"
     );
     assert_eq!(plan.delete[0].uid, "pvc-data-f-1");
+    assert_eq!(plan.delete[1].target.kind, "Pod");
     assert_eq!(plan.events[0].reason, "MemberReplaced");
     assert_eq!(condition(&plan, "Progressing")["reason"], "ReplacingMember");
 }
@@ -669,7 +670,7 @@ fn the_one_member_down_is_replaced_after_the_delay() {
     w.settings = json!({"memberReplacementDelaySeconds": 300});
     let plan = w.plan();
     let deleted: Vec<&str> = plan.delete.iter().map(|d| d.target.name.as_str()).collect();
-    assert_eq!(deleted, ["data-f-2"]);
+    assert_eq!(deleted, ["data-f-2", "f-2"]);
     // Two members down: nobody is replaced.
     w.pods[1] = pod("f-1", false);
     assert!(w.plan().delete.is_empty());

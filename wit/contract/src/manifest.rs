@@ -222,7 +222,8 @@ pub struct HttpTarget {
 /// How the host marks, recognises and cleans up the objects of an owned
 /// kind.
 ///
-/// JSON: `"ownerReference"` or `{"ownerLabel":{"extraLabel":null|"key"}}`.
+/// JSON: `"ownerReference"`, `{"ownerLabel":{"extraLabel":null|"key"}}` or
+/// `"dependent"`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Ownership {
@@ -246,6 +247,13 @@ pub enum Ownership {
         #[serde(default)]
         extra_label: Option<String>,
     },
+    /// Objects another object of this primary controls: a Pod whose
+    /// controller ownerReference is a StatefulSet the primary owns. The plan
+    /// may delete such an object (replacing a member), never apply one; it
+    /// is judged by its controller ownerReference naming an object in the
+    /// primary's `owned` snapshot list. The host neither watches the kind
+    /// for it nor lists these objects in `owned`; read them to see them.
+    Dependent,
 }
 
 /// A kind a controller may create, update and delete.
@@ -295,6 +303,21 @@ impl OwnedKind {
         self
     }
 
+    /// A kind whose objects the primary's owned objects control (see
+    /// [`Ownership::Dependent`]): deletable, never applied.
+    pub fn dependent(kind: KindRef) -> Self {
+        OwnedKind {
+            kind,
+            ownership: Ownership::Dependent,
+            adopt: false,
+        }
+    }
+
+    /// True for [`Ownership::Dependent`].
+    pub fn is_dependent(&self) -> bool {
+        matches!(self.ownership, Ownership::Dependent)
+    }
+
     /// Lets the host adopt orphans of this kind (see [`OwnedKind::adopt`]).
     pub fn adopt_orphans(mut self) -> Self {
         self.adopt = true;
@@ -310,7 +333,7 @@ impl OwnedKind {
     pub fn extra_label_key(&self) -> Option<&str> {
         match &self.ownership {
             Ownership::OwnerLabel { extra_label } => extra_label.as_deref(),
-            Ownership::OwnerReference => None,
+            Ownership::OwnerReference | Ownership::Dependent => None,
         }
     }
 }
@@ -381,6 +404,12 @@ impl Controller {
             Some(key) => owned.extra_label(key),
             None => owned,
         })
+    }
+
+    /// Lets plans delete objects of `kind` that an object this primary owns
+    /// controls (the Pods of its StatefulSet); see [`Ownership::Dependent`].
+    pub fn deletes_dependents(self, kind: KindRef) -> Self {
+        self.owns_kind(OwnedKind::dependent(kind))
     }
 
     /// Adds an owned kind in its general form.
