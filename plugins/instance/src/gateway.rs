@@ -25,7 +25,8 @@ use wasmop_sdk::k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptio
 use wasmop_sdk::k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::envoy::{
-    CLIENT_CA_DIR, CLIENT_CRL_DIR, ClientListener, ENGINE_CA_DIR, ENGINE_CRL_DIR, EnvoyInputs, SERVING_DIR, bootstrap,
+    CLIENT_CA_DIR, CLIENT_CRL_DIR, ClientListener, ENGINE_CA_DIR, ENGINE_CRL_DIR, EnvoyInputs,
+    SERVING_DIR, bootstrap,
 };
 use crate::gateway_tls::Listener;
 use crate::names::{
@@ -110,7 +111,10 @@ fn run(ctx: &Context<'_>) -> Result<Outcome, Failure> {
     if security.reencrypt {
         secrets.push(("engine-ca", names.engine_ca_bundle(), ENGINE_CA_DIR));
     }
-    let upstream_crl = security.upstream_crl.as_ref().filter(|_| security.reencrypt);
+    let upstream_crl = security
+        .upstream_crl
+        .as_ref()
+        .filter(|_| security.reencrypt);
     if let Some(crl) = upstream_crl {
         secrets.push(("engine-crl", crl.secret.clone(), ENGINE_CRL_DIR));
         versions.push(crl.version.clone());

@@ -19,8 +19,8 @@
 use serde_json::{Value, json};
 
 use crate::certs::{self, Usage};
-use crate::engine_tls::{CRL_KEY, Crl, crl_of};
 use crate::duration;
+use crate::engine_tls::{CRL_KEY, Crl, crl_of};
 use crate::names::{CLIENT_LISTENER_ANNOTATION, Component};
 use crate::pem;
 use crate::step::{Context, Desired, Failure, Health, Outcome};

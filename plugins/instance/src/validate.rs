@@ -76,9 +76,7 @@ pub fn auth(spec: &AuthSpec) -> Vec<String> {
         if let Some(v) = value.as_deref().filter(|v| !v.is_empty())
             && duration::seconds(v).is_none()
         {
-            out.push(format!(
-                "spec.auth.local.{field} {v:?} is not a duration"
-            ));
+            out.push(format!("spec.auth.local.{field} {v:?} is not a duration"));
         }
     }
     match local.signing_keys.as_ref() {
@@ -126,8 +124,7 @@ pub fn auth(spec: &AuthSpec) -> Vec<String> {
             let set = |t: &Option<String>| t.as_deref().is_some_and(|t| !t.is_empty());
             if set(&keys.rotation_interval) != set(&keys.retain_duration) {
                 out.push(
-                    "rotationInterval and retainDuration are set together or not at all"
-                        .to_owned(),
+                    "rotationInterval and retainDuration are set together or not at all".to_owned(),
                 );
             }
             let max_token_age = local
@@ -226,7 +223,9 @@ fn cert_manager(path: &str, cm: &CertManagerSpec, out: &mut Vec<String>) {
         "RSA" => &[2048, 4096, 8192],
         "ECDSA" => &[256, 384, 521],
         other => {
-            out.push(format!("{path}.algorithm {other:?} is neither RSA nor ECDSA"));
+            out.push(format!(
+                "{path}.algorithm {other:?} is neither RSA nor ECDSA"
+            ));
             &[]
         }
     };
@@ -360,13 +359,51 @@ mod tests {
     }
 
     #[test]
+    fn upstreams_auth_and_tls_example_passes_every_rule() {
+        let spec: crate::spec::InstanceSpec = serde_json::from_value(json!({
+            "metadata": {}, "gateway": {"replicas": 2},
+            "auth": {"enabled": true, "preferredAuthorizationServer": "okta",
+                "local": {"passwordLogin": "admin_only",
+                    "admin": {"name": "firebolt",
+                              "password": {"name": "firebolt-admin-credentials", "key": "password"}},
+                    "signingAlgorithm": "ES384",
+                    "signingKeys": {"certManager": {"issuerRef": {"name": "internal-ca", "kind": "ClusterIssuer"},
+                                                    "algorithm": "ECDSA", "size": 384},
+                                    "rotationInterval": "720h", "retainDuration": "24h"}},
+                "oidc": {"providers": [{"name": "okta", "title": "Okta",
+                    "discoveryURL": "https://company.okta.com/oauth2/default/.well-known/openid-configuration",
+                    "usernameMapping": "{{ iss }}|{{ sub }}",
+                    "jitProvisioning": {"enabled": true, "defaultRoles": ["public"]}}]}},
+            "tls": {"engine": {"enabled": true,
+                               "certManager": {"issuerRef": {"name": "internal-ca", "kind": "ClusterIssuer"}}},
+                    "gateway": {"enabled": true,
+                                "certManager": {"issuerRef": {"name": "internal-ca", "kind": "ClusterIssuer"}},
+                                "dnsNames": ["firebolt.example.com"]}},
+        }))
+        .unwrap();
+        assert_eq!(auth(&spec.auth), Vec::<String>::new());
+        assert_eq!(
+            tls(ListenerKind::Engine, &spec.tls.engine),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            tls(ListenerKind::Gateway, &spec.tls.gateway),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
     fn tls_listeners_take_exactly_one_source_and_crls_need_a_client_ca() {
         let l = |v: Value| -> TlsListener { serde_json::from_value(v).unwrap() };
         let cm = json!({"issuerRef": {"name": "ca"}});
-        assert!(tls(ListenerKind::Engine, &l(json!({"enabled": true, "certManager": cm}))).is_empty());
         assert!(
-            tls(ListenerKind::Engine, &l(json!({"enabled": true})))[0].contains("exactly one")
+            tls(
+                ListenerKind::Engine,
+                &l(json!({"enabled": true, "certManager": cm}))
+            )
+            .is_empty()
         );
+        assert!(tls(ListenerKind::Engine, &l(json!({"enabled": true})))[0].contains("exactly one"));
         assert!(
             tls(
                 ListenerKind::Gateway,
@@ -384,8 +421,10 @@ mod tests {
         let crl = l(json!({"enabled": true, "certManager": cm, "crlSecretRef": {"name": "r"}}));
         assert!(tls(ListenerKind::Gateway, &crl)[0].contains("needs clientCASecretRef"));
         assert!(tls(ListenerKind::Engine, &crl).is_empty());
-        let bad = l(json!({"enabled": true, "certManager": {"issuerRef": {"name": "ca"},
-                          "duration": "1h", "renewBefore": "2h", "size": 300}}));
+        let bad = l(
+            json!({"enabled": true, "certManager": {"issuerRef": {"name": "ca"},
+                          "duration": "1h", "renewBefore": "2h", "size": 300}}),
+        );
         let p = tls(ListenerKind::Gateway, &bad);
         assert_eq!(p.len(), 2, "{p:?}");
     }

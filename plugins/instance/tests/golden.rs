@@ -173,7 +173,10 @@ fn the_new_security_transitions_say_what_their_fixtures_promise() {
     let keys = status["auth"]["signingKeys"].as_array().unwrap();
     assert_eq!(keys.len(), 2);
     assert_eq!(keys[1]["phase"], "ValidationOnly");
-    assert_eq!((keys[1]["algorithm"].clone(), keys[1]["size"].clone()), ("ECDSA".into(), 384.into()));
+    assert_eq!(
+        (keys[1]["algorithm"].clone(), keys[1]["size"].clone()),
+        ("ECDSA".into(), 384.into())
+    );
     let old = applied(&objects, "Certificate", "production-auth-signing-1").unwrap();
     assert_eq!(old["spec"]["privateKey"]["size"], 256);
     let new = applied(&objects, "Certificate", "production-auth-signing-2").unwrap();
@@ -197,7 +200,10 @@ fn the_new_security_transitions_say_what_their_fixtures_promise() {
     // An invalid auth spec fails AuthReady only.
     let (status, _, objects) = plan_parts("auth-spec-invalid");
     let c = condition(&status, "AuthReady");
-    assert_eq!((c["status"].as_str(), c["reason"].as_str()), (Some("False"), Some("AuthSpecInvalid")));
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("False"), Some("AuthSpecInvalid"))
+    );
     assert!(c["message"].as_str().unwrap().contains("RS256"));
     assert_eq!(condition(&status, "Ready")["status"], "True");
     assert!(status["auth"]["authHash"].is_null());
@@ -233,13 +239,25 @@ fn the_new_security_transitions_say_what_their_fixtures_promise() {
         ("gateway-tls-crl-without-client-ca", "TLSSpecInvalid"),
     ] {
         let (status, _, objects) = plan_parts(fixture);
-        assert_eq!(condition(&status, "GatewayTLSReady")["reason"], reason, "{fixture}");
+        assert_eq!(
+            condition(&status, "GatewayTLSReady")["reason"],
+            reason,
+            "{fixture}"
+        );
         assert!(status["gatewayTLS"].is_null(), "{fixture}");
         let listeners = envoy(&objects)["static_resources"]["listeners"].clone();
         assert!(
-            listeners.as_array().unwrap().iter().all(|l| l["name"] != "queries"),
+            listeners
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|l| l["name"] != "queries"),
             "{fixture}: the client listener is omitted"
         );
-        assert_eq!(condition(&status, "MetadataReady")["status"], "True", "{fixture}");
+        assert_eq!(
+            condition(&status, "MetadataReady")["status"],
+            "True",
+            "{fixture}"
+        );
     }
 }
