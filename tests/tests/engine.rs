@@ -598,18 +598,16 @@ async fn engine_waits_for_its_instance_then_proceeds_at_once() -> Result<()> {
             .is_none()
     );
 
-    // The instance comes up; the moment it passes the gate is when it is
-    // past provisioning with an id and a metadata endpoint.
+    // The instance comes up; the moment it passes the gate is when it has
+    // an id and a metadata endpoint (never its phase or Ready: under
+    // engine TLS those wait for the engines).
     create_instance(&ns).await?;
     let instances = instances(&ns);
     let ready_at = wait_for("the instance to pass the engine's gate", DEADLINE, || {
         let instances = instances.clone();
         async move {
             let i = instances.get("fb").await?;
-            let phase = i.data["status"]["phase"].as_str().unwrap_or_default();
-            let passes = !phase.is_empty()
-                && phase != "Provisioning"
-                && i.data["spec"]["id"].as_str().is_some_and(|s| !s.is_empty())
+            let passes = i.data["spec"]["id"].as_str().is_some_and(|s| !s.is_empty())
                 && i.data["status"]["metadataEndpoint"]
                     .as_str()
                     .is_some_and(|s| !s.is_empty());

@@ -255,8 +255,10 @@ fn auth_spec(rotation: bool) -> Value {
         keys["rotationInterval"] = json!("2s");
         keys["retainDuration"] = json!("2s");
     }
+    // A retain window must cover maxTokenAge; the test's windows are short.
     json!({"enabled": true, "local": {
         "admin": {"password": {"name": "firebolt-admin", "key": "password"}},
+        "maxTokenAge": "1s",
         "signingKeys": keys}})
 }
 
@@ -768,6 +770,111 @@ async fn a_rotation_parked_on_a_lagging_engine_is_reported_then_completes() -> R
         }
     })
     .await?;
+    issuer.finish().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_re_issued_engine_certificate_rolls_a_generation_and_the_old_ca_drops_out() -> Result<()>
+{
+    let ns = TestNamespace::new("sec-renew").await?;
+    let _op = start(&ns, true).await?;
+    let pki = Pki::generate("renew")?;
+    let issuer = Issuer::start(ns.client.clone(), &ns.name, &pki);
+    instances(&ns)
+        .create(
+            &PostParams::default(),
+            &object(
+                "FireboltInstance",
+                "fb",
+                json!({"metadata": {}, "gateway": {"replicas": 1},
+                       "tls": {"engine": {"enabled": true,
+                               "certManager": {"issuerRef": {"name": "internal-ca"}}}}}),
+            )?,
+        )
+        .await?;
+    engines(&ns)
+        .create(
+            &PostParams::default(),
+            &object("FireboltEngine", "a", engine_spec(None))?,
+        )
+        .await?;
+    let engine = wait_engine(&ns, "a", |e| {
+        e.data["status"]["observedEngineServingCertFP"].is_string()
+    })
+    .await?;
+    let g = engine.data["status"]["activeGeneration"]
+        .as_i64()
+        .context("activeGeneration")?;
+    assert_eq!(engine.data["status"]["observedEngineServingCertGen"], g);
+    let fp = engine.data["status"]["observedEngineServingCertFP"].clone();
+    wait_instance(&ns, "re-encrypting, one CA trusted", |fb| {
+        fb.data["status"]["engineTLS"]["reencrypting"] == true
+            && fb.data["status"]["rolledEngineTrustCAs"]
+                .as_array()
+                .is_some_and(|a| a.len() == 1)
+    })
+    .await?;
+
+    // "cert-manager" re-issues generation g's certificate in place, under
+    // a CA that rotated behind the issuer.
+    let renewed = Pki::generate("renewed")?;
+    let secrets: Api<Secret> = ns.api();
+    secrets
+        .patch(
+            &format!("a-g{g}-engine-tls"),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {
+                "tls.crt": STANDARD.encode(&renewed.cert),
+                "tls.key": STANDARD.encode(&renewed.key),
+                "ca.crt": STANDARD.encode(&renewed.ca),
+            }})),
+        )
+        .await?;
+    let rolled = wait_engine(&ns, "a", |e| {
+        e.data["status"]["activeGeneration"].as_i64() > Some(g)
+            && e.data["status"]["drainingGeneration"].is_null()
+    })
+    .await?;
+    let g2 = rolled.data["status"]["activeGeneration"]
+        .as_i64()
+        .context("activeGeneration")?;
+    assert_eq!(rolled.data["status"]["observedEngineServingCertGen"], g2);
+    assert_eq!(
+        rolled.data["status"]["observedEngineServingCertFP"], fp,
+        "the new generation's certificate comes from the issuer again"
+    );
+    // The old generation is gone, and with it the rotated CA: the bundle
+    // is rebuilt from live generations only.
+    wait_for("the old generation's TLS Secret deleted", DEADLINE, || {
+        let secrets = secrets.clone();
+        let name = format!("a-g{g}-engine-tls");
+        async move { Ok(secrets.get_opt(&name).await?.is_none().then_some(())) }
+    })
+    .await?;
+    let fb = wait_instance(&ns, "one CA trusted again", |fb| {
+        fb.data["status"]["rolledEngineTrustCAs"]
+            .as_array()
+            .is_some_and(|a| a.len() == 1)
+            && reason_is(fb, "EngineTLSReady", "True", "Ready")
+    })
+    .await?;
+    let bundle = secrets.get("fb-engine-ca-bundle").await?;
+    let annotation = bundle
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .remove("firebolt.io/engine-trust-cas")
+        .unwrap_or_default();
+    assert_eq!(
+        annotation.split(',').count(),
+        1,
+        "only the live generation's CA: {annotation}"
+    );
+    assert_eq!(
+        fb.data["status"]["rolledEngineTrustCAs"][0].as_str(),
+        Some(annotation.as_str())
+    );
     issuer.finish().await?;
     Ok(())
 }

@@ -259,6 +259,7 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
     let mut new_status = status_object(&snapshot.primary);
     if phase == phase::STABLE || phase == phase::STOPPED {
         observe_hashes(&mut new_status, snapshot, &names, active);
+        observe_serving_cert(&mut new_status, snapshot, &names, active);
     }
     new_status.insert("phase".into(), json!(phase));
     new_status.insert("currentGeneration".into(), json!(current));
@@ -321,6 +322,61 @@ fn observe_hashes(
             status.insert(field.into(), json!(value));
         }
     }
+}
+
+/// `status.observedEngineServingCertFP` (SHA-256 of the `tls.crt` the
+/// stable generation serves) and `status.observedEngineServingCertGen`
+/// (that generation); both removed while the generation serves no TLS.
+fn observe_serving_cert(
+    status: &mut Map<String, Value>,
+    snapshot: &Snapshot,
+    names: &Names,
+    active: i64,
+) {
+    match serving_cert_fingerprint(snapshot, names, active) {
+        Some(fp) => {
+            status.insert(SERVING_CERT_FP.into(), json!(fp));
+            status.insert(SERVING_CERT_GEN.into(), json!(active));
+        }
+        None => {
+            status.remove(SERVING_CERT_FP);
+            status.remove(SERVING_CERT_GEN);
+        }
+    }
+}
+
+const SERVING_CERT_FP: &str = "observedEngineServingCertFP";
+const SERVING_CERT_GEN: &str = "observedEngineServingCertGen";
+
+/// Fingerprint of the leaf in generation `g`'s TLS Secret, once issued.
+fn serving_cert_fingerprint(snapshot: &Snapshot, names: &Names, g: i64) -> Option<String> {
+    snapshot
+        .owned_named("Secret", &names.tls(g))
+        .filter(|s| crate::security::issued(s, &TLS_KEYS))
+        .and_then(|s| crate::security::cert_fingerprint(s, "tls.crt"))
+}
+
+/// Why generation `g` must be replaced because its serving certificate
+/// was re-issued in place (cert-manager renewed it: a new key under
+/// `rotationPolicy: Always`): running pods keep serving the stale leaf
+/// until they restart, so a fresh generation rolls, cutting over through
+/// the trust-bundle gate like any other. Only a certificate recorded for
+/// this very generation counts: every new generation has its own
+/// certificate, so a different fingerprint across generations is normal.
+fn reissued(snapshot: &Snapshot, names: &Names, g: i64) -> Option<String> {
+    let status = &snapshot.primary["status"];
+    let recorded = status[SERVING_CERT_FP].as_str().filter(|f| !f.is_empty())?;
+    if status[SERVING_CERT_GEN].as_i64() != Some(g) {
+        return None;
+    }
+    let now = serving_cert_fingerprint(snapshot, names, g)?;
+    (now != recorded).then(|| {
+        format!(
+            "the serving certificate of generation {g} was re-issued ({} -> {})",
+            &recorded[..recorded.len().min(12)],
+            &now[..now.len().min(12)]
+        )
+    })
 }
 
 /// The plan of an engine the gate (or a missing class) holds: status only.
@@ -655,6 +711,7 @@ fn steady(
         }
         Some(_) => None,
     };
+    let drift = drift.or_else(|| reissued(snapshot, names, g));
     if let Some(why) = drift {
         return Ok(Step {
             plan: Plan::new().event(

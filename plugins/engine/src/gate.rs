@@ -1,14 +1,16 @@
 //! The instance gate: what an engine needs from its FireboltInstance
 //! before it may render anything that references instance data.
 //!
-//! The instance (same namespace, `spec.instanceRef`) must exist, must not
-//! be provisioning any more, must have `spec.id`, and must publish
-//! `status.metadataEndpoint` (unless the engine sets
-//! `spec.metadataEndpointOverride`). When the instance asks for auth or
-//! engine TLS, it must also have provisioned them (`status.auth.authHash`,
-//! `status.engineTLS`; see [`crate::security`]) — never its `Ready`
-//! condition. Only the creating, stable and stopped phases consult the
-//! gate.
+//! The instance (same namespace, `spec.instanceRef`) must exist, must have
+//! `spec.id`, and must publish `status.metadataEndpoint` (unless the
+//! engine sets `spec.metadataEndpointOverride`). When the instance asks
+//! for auth or engine TLS, it must also have provisioned them
+//! (`status.auth.authHash`, `status.engineTLS`; see [`crate::security`]).
+//! Never its `Ready` condition nor its phase (which follows `Ready`):
+//! `EngineTLSReady` is part of `Ready` and turns true only once every
+//! engine serves TLS, so an engine waiting for `Ready` would never roll
+//! and the instance would never become ready. Only the creating, stable
+//! and stopped phases consult the gate.
 
 use serde_json::Value;
 
@@ -37,10 +39,6 @@ pub fn check(
     let id = text("/spec/id");
     if id.is_empty() {
         return Err(format!("FireboltInstance {name} has no spec.id yet"));
-    }
-    let phase = text("/status/phase");
-    if phase.is_empty() || phase == "Provisioning" {
-        return Err(format!("FireboltInstance {name} is still provisioning"));
     }
     let metadata_endpoint = match metadata_override.filter(|o| !o.is_empty()) {
         Some(o) => o.to_owned(),
@@ -82,12 +80,10 @@ mod tests {
                 .unwrap_err()
                 .contains("spec.id")
         );
+        // The phase follows Ready (which waits for engines under engine
+        // TLS): a provisioning instance with an endpoint lets engines on.
         let provisioning = instance("Provisioning", Some("m:7000"), "01J");
-        assert!(
-            check("fb", Some(&provisioning), None)
-                .unwrap_err()
-                .contains("provisioning")
-        );
+        assert!(check("fb", Some(&provisioning), None).is_ok());
         let no_endpoint = instance("Degraded", None, "01J");
         assert!(
             check("fb", Some(&no_endpoint), None)

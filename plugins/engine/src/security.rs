@@ -288,6 +288,12 @@ fn secret_bytes(secret: &Value, key: &str) -> Option<Vec<u8>> {
     STANDARD.decode(t).ok().filter(|b| !b.is_empty())
 }
 
+/// SHA-256 fingerprint (hex, of the DER) of the first certificate in a
+/// Secret's `key`.
+pub fn cert_fingerprint(secret: &Value, key: &str) -> Option<String> {
+    fingerprints(&secret_bytes(secret, key)?).into_iter().next()
+}
+
 /// SHA-256 fingerprints (hex, of the DER) of the certificates in a
 /// Secret's `ca.crt`, as the instance lists them in
 /// `status.rolledEngineTrustCAs`.
@@ -295,7 +301,12 @@ pub fn ca_fingerprints(secret: &Value) -> Vec<String> {
     let Some(pem) = secret_bytes(secret, "ca.crt") else {
         return Vec::new();
     };
-    let text = String::from_utf8_lossy(&pem);
+    fingerprints(&pem)
+}
+
+/// SHA-256 fingerprints of the certificates in PEM text.
+fn fingerprints(pem: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(pem);
     let mut out = Vec::new();
     for block in text.split("-----BEGIN CERTIFICATE-----").skip(1) {
         let Some(body) = block.split("-----END CERTIFICATE-----").next() else {
@@ -394,5 +405,10 @@ mod tests {
             ["fad3cac8b473ff0c7974841c057f6102c25265e18638c58c3bf20f19e47c79f8"]
         );
         assert!(issued(&s, &["ca.crt"]) && !issued(&s, &["tls.key"]));
+        assert_eq!(
+            cert_fingerprint(&s, "ca.crt").as_deref(),
+            Some("fad3cac8b473ff0c7974841c057f6102c25265e18638c58c3bf20f19e47c79f8")
+        );
+        assert_eq!(cert_fingerprint(&s, "tls.crt"), None);
     }
 }

@@ -303,7 +303,7 @@ fn a_missing_instance_blocks_with_a_condition_and_creates_nothing() {
         condition(&w.engine, "InstanceReady")["message"]
             .as_str()
             .unwrap()
-            .contains("provisioning")
+            .contains("metadataEndpoint")
     );
     w.instance = Some(instance(true));
     w.settle(20);
@@ -790,4 +790,36 @@ fn cleaning_deletes_the_old_generations_certificate() {
     assert!(w.engine["status"].get("observedEngineTLSHash").is_none());
     assert!(w.names("Certificate").is_empty());
     assert!(config_of(&w, 2)["engine"].get("tls").is_none());
+}
+
+#[test]
+fn a_serving_certificate_re_issued_in_place_rolls_a_new_generation() {
+    let mut w = World::new(engine(base_spec()));
+    w.issuer = Some(CA);
+    w.instance = Some(with_tls(instance(true), false, &[]));
+    w.settle(20);
+    assert_eq!(w.phase(), phase::STABLE);
+    assert_eq!(w.engine["status"]["observedEngineServingCertFP"], CA_FP);
+    assert_eq!(w.engine["status"]["observedEngineServingCertGen"], 0);
+    // Settled: nothing more happens.
+    w.settle(5);
+    assert_eq!(w.engine["status"]["currentGeneration"], 0);
+
+    // cert-manager renews generation 0's certificate in place.
+    use base64::Engine as _;
+    let other = include_str!("../../instance/src/testdata/ca-p256.crt");
+    let key = ("Secret".to_owned(), "e-g0-engine-tls".to_owned());
+    w.owned.get_mut(&key).unwrap()["data"]["tls.crt"] =
+        json!(base64::engine::general_purpose::STANDARD.encode(other));
+    w.reconcile();
+    assert_eq!(w.phase(), phase::CREATING, "a re-issued leaf rolls");
+    assert_eq!(w.engine["status"]["currentGeneration"], 1);
+    w.settle(30);
+    assert_eq!(w.phase(), phase::STABLE);
+    assert_eq!(w.names("StatefulSet"), ["e-g1"]);
+    assert_eq!(w.engine["status"]["observedEngineServingCertGen"], 1);
+    assert_eq!(
+        w.engine["status"]["observedEngineServingCertFP"], CA_FP,
+        "the new generation's own certificate, recorded without rolling again"
+    );
 }

@@ -36,7 +36,7 @@ use crate::duration;
 use crate::fleet::{self, Engine};
 use crate::names::Component;
 use crate::rotation::{self, Anchor, Key, KeyPhase, Policy, Ring};
-use crate::spec::AuthSpec;
+use crate::spec::{AuthSpec, CertManagerSpec};
 use crate::step::{Context, Failure, Health, Outcome};
 
 /// Id of the read bringing the admin password Secret.
@@ -71,7 +71,19 @@ pub fn auth_hash(spec: &AuthSpec, ring: &Ring) -> String {
 /// Runs the step.
 pub fn evaluate(ctx: &Context<'_>, engines: &[Engine], anchor: Anchor) -> AuthEval {
     let spec = &ctx.spec.auth;
+    let problems = crate::validate::auth(spec);
     if !spec.enabled {
+        if !problems.is_empty() {
+            return AuthEval {
+                result: Err(Failure::new(
+                    "AuthSpecInvalid",
+                    crate::validate::message(&problems),
+                )),
+                status: None,
+                events: Vec::new(),
+                requeue: None,
+            };
+        }
         return AuthEval {
             result: Ok(Outcome {
                 objects: Vec::new(),
@@ -96,6 +108,12 @@ pub fn evaluate(ctx: &Context<'_>, engines: &[Engine], anchor: Anchor) -> AuthEv
         events: Vec::new(),
         requeue: None,
     };
+    if !problems.is_empty() {
+        return failed(Failure::new(
+            "AuthSpecInvalid",
+            crate::validate::message(&problems),
+        ));
+    }
     let policy = match policy(spec, anchor) {
         Ok(p) => p,
         Err(why) => return failed(Failure::new("AuthSpecInvalid", why)),
@@ -115,11 +133,48 @@ pub fn evaluate(ctx: &Context<'_>, engines: &[Engine], anchor: Anchor) -> AuthEv
         .map(|k| k.cert_manager.clone())
         .unwrap_or_default();
 
-    let (mut ring, recorded) = ring_from_status(previous, ctx.now_seconds());
+    let (mut ring, recorded) = ring_from_status(previous, ctx.now_seconds(), &cm);
     ring.observe_issued(|k| {
         ctx.owned_secret_with(&k.secret_name, &certs::SERVING_KEYS)
             .is_some()
     });
+    // The identity of each key's material: a kid whose public key changed
+    // was re-keyed behind the operator's back (it only ever rotates by
+    // minting a new kid), and tokens its old key signed no longer validate.
+    let mut fingerprints: BTreeMap<String, String> = BTreeMap::new();
+    let mut events = Vec::new();
+    for k in &ring.keys {
+        let seen = ctx
+            .owned_secret_with(&k.secret_name, &certs::SERVING_KEYS)
+            .and_then(|s| crate::pem::secret_bytes(s, "tls.crt"))
+            .and_then(|crt| crate::pem::public_key_fingerprint(&crt));
+        let was = recorded
+            .get(&k.id)
+            .and_then(|r| r.get("observedPublicKeyFingerprint"))
+            .and_then(Value::as_str)
+            .filter(|f| !f.is_empty());
+        match (seen, was) {
+            (Some(now), Some(was)) if now != was => {
+                events.push((
+                    EventType::Warning,
+                    "SigningKeyReplaced".to_owned(),
+                    format!(
+                        "the key material of {} (Secret {}) changed under the same kid \
+                         (public key {was} -> {now}); tokens signed with the old key no longer validate",
+                        k.id, k.secret_name
+                    ),
+                ));
+                fingerprints.insert(k.id.clone(), now);
+            }
+            (Some(now), _) => {
+                fingerprints.insert(k.id.clone(), now);
+            }
+            (None, Some(was)) => {
+                fingerprints.insert(k.id.clone(), was.to_owned());
+            }
+            (None, None) => {}
+        }
+    }
     let lagging = |r: &Ring| {
         let want = auth_hash(spec, r);
         fleet::lagging(engines, |e| e.auth_hash != want)
@@ -130,7 +185,6 @@ pub fn evaluate(ctx: &Context<'_>, engines: &[Engine], anchor: Anchor) -> AuthEv
     let advance = rotation::step(&ring, &policy, now, &lagging, &namer);
     let ring = advance.ring;
 
-    let mut events = Vec::new();
     if let Some(step) = advance.step {
         events.push((
             EventType::Normal,
@@ -142,11 +196,20 @@ pub fn evaluate(ctx: &Context<'_>, engines: &[Engine], anchor: Anchor) -> AuthEv
     let labels = names.labels(Component::AuthSigning);
     let mut objects = Vec::new();
     for k in &ring.keys {
+        // Each key keeps the parameters it was minted with: cert-manager
+        // does not re-key a `rotationPolicy: Never` Certificate, so asking
+        // it to would wedge it; a change of parameters mints a new key.
+        let (algorithm, size) = key_params(recorded.get(&k.id), &cm);
+        let key_cm = CertManagerSpec {
+            algorithm: Some(algorithm),
+            size: Some(size),
+            ..cm.clone()
+        };
         objects.extend(certs::certificate(
             &k.secret_name,
             names.namespace(),
             &labels,
-            &cm,
+            &key_cm,
             &Usage::Signing {
                 common_name: format!("{} {}", names.instance(), k.id),
             },
@@ -158,7 +221,7 @@ pub fn evaluate(ctx: &Context<'_>, engines: &[Engine], anchor: Anchor) -> AuthEv
     let keys: Vec<Value> = ring
         .keys
         .iter()
-        .map(|k| key_status(k, recorded.get(&k.id), &cm))
+        .map(|k| key_status(k, recorded.get(&k.id), &cm, fingerprints.get(&k.id)))
         .collect();
     status.insert("signingKeys".into(), json!(keys));
     let provisioned = ring.active().is_some_and(|k| k.issued);
@@ -282,9 +345,17 @@ pub fn policy(spec: &AuthSpec, anchor: Anchor) -> Result<Policy, String> {
             "rotationInterval and retainDuration are set together or not at all".to_owned(),
         );
     }
+    // Without a rotation schedule a key is still replaced when its
+    // parameters change; its predecessor is then kept as long as a token
+    // it signed may be accepted.
+    let max_token_age = local
+        .max_token_age
+        .as_deref()
+        .and_then(duration::seconds)
+        .unwrap_or(crate::validate::DEFAULT_MAX_TOKEN_AGE_SECONDS);
     Ok(Policy {
         interval,
-        retain: retain.unwrap_or(0),
+        retain: retain.unwrap_or(max_token_age),
         anchor,
     })
 }
@@ -307,7 +378,11 @@ fn preflight(ctx: &Context<'_>, name: &str, key: &str) -> Result<(), String> {
 }
 
 /// The ring recorded in `status.auth`, and the recorded entries by kid.
-fn ring_from_status(previous: Option<&Value>, now: i64) -> (Ring, BTreeMap<String, Value>) {
+fn ring_from_status(
+    previous: Option<&Value>,
+    now: i64,
+    cm: &CertManagerSpec,
+) -> (Ring, BTreeMap<String, Value>) {
     let mut ring = Ring {
         generation: previous
             .and_then(|p| p.get("signingKeyGeneration"))
@@ -339,28 +414,50 @@ fn ring_from_status(previous: Option<&Value>, now: i64) -> (Ring, BTreeMap<Strin
             demoted_at: time("demotedAt"),
             retire_eligible_at: time("retireEligibleAt"),
             issued: e.get("issued").and_then(Value::as_bool).unwrap_or(false),
+            outdated: key_params(Some(&e), cm) != (cm.algorithm().to_owned(), cm.size()),
         });
         recorded.insert(id, e);
     }
     (ring, recorded)
 }
 
-fn key_status(k: &Key, recorded: Option<&Value>, cm: &crate::spec::CertManagerSpec) -> Value {
+/// The algorithm and size key `recorded` was minted with; a key recorded
+/// without them (or not recorded yet) takes the spec's.
+fn key_params(recorded: Option<&Value>, cm: &CertManagerSpec) -> (String, i32) {
+    let algorithm = recorded
+        .and_then(|r| r.get("algorithm"))
+        .and_then(Value::as_str)
+        .filter(|a| !a.is_empty())
+        .unwrap_or(cm.algorithm())
+        .to_owned();
+    let size = recorded
+        .and_then(|r| r.get("size"))
+        .and_then(Value::as_i64)
+        .and_then(|s| i32::try_from(s).ok())
+        .filter(|s| *s > 0)
+        .unwrap_or(cm.size());
+    (algorithm, size)
+}
+
+fn key_status(
+    k: &Key,
+    recorded: Option<&Value>,
+    cm: &CertManagerSpec,
+    fingerprint: Option<&String>,
+) -> Value {
+    let (algorithm, size) = key_params(recorded, cm);
     let mut v = json!({
         "id": k.id,
         "secretName": k.secret_name,
         "createdAt": duration::rfc3339(k.created_at),
         "phase": k.phase.as_str(),
         "issued": k.issued,
-        "algorithm": recorded
-            .and_then(|r| r.get("algorithm"))
-            .cloned()
-            .unwrap_or_else(|| json!(cm.algorithm())),
-        "size": recorded
-            .and_then(|r| r.get("size"))
-            .cloned()
-            .unwrap_or_else(|| json!(cm.size())),
+        "algorithm": algorithm,
+        "size": size,
     });
+    if let Some(f) = fingerprint {
+        v["observedPublicKeyFingerprint"] = json!(f);
+    }
     if let Some(t) = k.demoted_at {
         v["demotedAt"] = json!(duration::rfc3339(t));
     }

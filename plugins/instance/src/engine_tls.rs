@@ -64,6 +64,48 @@ pub struct EngineTlsEval {
     pub reencrypting: bool,
     /// The trust bundle (PEM) and its fingerprints, while there is one.
     pub bundle: Option<(String, Vec<String>)>,
+    /// The engine revocation list the gateway loads while re-encrypting:
+    /// the user's Secret (`spec.tls.engine.crlSecretRef`) and its
+    /// resourceVersion, once it holds `crl.pem`.
+    pub crl: Option<Crl>,
+}
+
+/// A revocation list Secret the gateway mounts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Crl {
+    /// The Secret's name.
+    pub secret: String,
+    /// Its resourceVersion (a new list rolls the gateway).
+    pub version: String,
+}
+
+/// Key of a revocation list Secret.
+pub const CRL_KEY: &str = "crl.pem";
+/// Id of the read bringing the engine revocation list Secret.
+pub const CRL_READ: &str = "engine-tls-crl";
+/// Field of the primary naming it.
+pub const CRL_FIELD: &str = "spec.tls.engine.crlSecretRef.name";
+
+/// The revocation list of read `read`, when the Secret exists and holds
+/// a non-empty `crl.pem`.
+pub fn crl_of(ctx: &Context<'_>, read: &str) -> Option<Crl> {
+    let s = ctx
+        .snapshot
+        .related(read)
+        .next()
+        .filter(|s| pem::has_keys(s, &[CRL_KEY]))?;
+    Some(Crl {
+        secret: s
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        version: s
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+    })
 }
 
 /// The hash engines report once every pod serves TLS under this spec.
@@ -88,6 +130,7 @@ pub fn evaluate(ctx: &Context<'_>, engines: &[Engine]) -> EngineTlsEval {
         .and_then(Value::as_bool)
         .unwrap_or(false);
 
+    let crl = spec.crl().and_then(|_| crl_of(ctx, CRL_READ));
     if !spec.enabled {
         let plaintext = fleet::lagging(engines, |e| !e.tls_hash.is_empty());
         if was_reencrypting && !plaintext.is_empty() {
@@ -125,6 +168,7 @@ pub fn evaluate(ctx: &Context<'_>, engines: &[Engine]) -> EngineTlsEval {
                 status: previous.cloned(),
                 reencrypting: true,
                 bundle: Some(bundle),
+                crl,
             };
         }
         return EngineTlsEval {
@@ -135,29 +179,26 @@ pub fn evaluate(ctx: &Context<'_>, engines: &[Engine]) -> EngineTlsEval {
             status: None,
             reencrypting: false,
             bundle: None,
+            crl: None,
         };
     }
 
+    let problems = crate::validate::tls(crate::validate::ListenerKind::Engine, spec);
+    if !problems.is_empty() {
+        return EngineTlsEval {
+            result: Err(Failure::new(
+                "TLSSpecInvalid",
+                crate::validate::message(&problems),
+            )),
+            status: previous.cloned(),
+            reencrypting: was_reencrypting,
+            bundle: None,
+            crl: None,
+        };
+    }
     let (secret_name, objects) = match spec.user_secret() {
         Some(name) => (name.to_owned(), Vec::new()),
-        None => {
-            if spec
-                .cert_manager
-                .as_ref()
-                .is_none_or(|cm| cm.issuer_ref.name.is_empty())
-            {
-                return EngineTlsEval {
-                    result: Err(Failure::new(
-                        "TLSSpecInvalid",
-                        "spec.tls.engine needs certManager.issuerRef or secretRef",
-                    )),
-                    status: previous.cloned(),
-                    reencrypting: was_reencrypting,
-                    bundle: None,
-                };
-            }
-            (names.engine_tls(), anchor_objects(ctx))
-        }
+        None => (names.engine_tls(), anchor_objects(ctx)),
     };
     let anchor = match spec.user_secret() {
         Some(_) => ctx
@@ -179,6 +220,7 @@ pub fn evaluate(ctx: &Context<'_>, engines: &[Engine]) -> EngineTlsEval {
             status: None,
             reencrypting: false,
             bundle: None,
+            crl: None,
         };
     }
     let hash = tls_hash(ctx, &secret_name);
@@ -197,7 +239,16 @@ pub fn evaluate(ctx: &Context<'_>, engines: &[Engine]) -> EngineTlsEval {
     let bundle = bundle(ctx, Some(&secret_name));
     let mut objects = objects;
     objects.extend(bundle_object(ctx, &bundle));
-    let health = if reencrypting {
+    let health = if let Some(name) = spec.crl().filter(|_| crl.is_none()) {
+        // Re-encryption goes on (engines stay reachable); the gateway
+        // cannot revoke until the list is there.
+        Health::waiting(
+            "CRLSecretPreflightFailed",
+            format!(
+                "Secret {name} named by spec.tls.engine.crlSecretRef does not exist or has no {CRL_KEY}"
+            ),
+        )
+    } else if reencrypting {
         Health::ready(
             "Ready",
             format!(
@@ -220,6 +271,7 @@ pub fn evaluate(ctx: &Context<'_>, engines: &[Engine]) -> EngineTlsEval {
         status: Some(status),
         reencrypting,
         bundle: Some(bundle),
+        crl,
     }
 }
 

@@ -50,6 +50,10 @@ pub const SERVING_DIR: &str = "/etc/envoy/tls";
 pub const CLIENT_CA_DIR: &str = "/etc/envoy/client-ca";
 /// Where the engine trust bundle is mounted (re-encryption).
 pub const ENGINE_CA_DIR: &str = "/etc/envoy/engine-ca";
+/// Where the client revocation list is mounted (mutual TLS).
+pub const CLIENT_CRL_DIR: &str = "/etc/envoy/client-crl";
+/// Where the engine revocation list is mounted (re-encryption).
+pub const ENGINE_CRL_DIR: &str = "/etc/envoy/engine-crl";
 
 /// What the client listener serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,6 +79,10 @@ pub struct EnvoyInputs {
     pub client: ClientListener,
     /// Re-encrypt to engines.
     pub upstream_tls: bool,
+    /// Check client certificates against the list at [`CLIENT_CRL_DIR`].
+    pub client_crl: bool,
+    /// Check engine certificates against the list at [`ENGINE_CRL_DIR`].
+    pub upstream_crl: bool,
 }
 
 /// The bootstrap configuration.
@@ -117,6 +125,10 @@ pub fn bootstrap(inputs: &EnvoyInputs) -> Value {
                 },
             },
         });
+        if inputs.upstream_crl {
+            engines["transport_socket"]["typed_config"]["common_tls_context"]["validation_context"]
+                ["crl"] = json!({"filename": format!("{ENGINE_CRL_DIR}/crl.pem")});
+        }
         engines["typed_extension_protocol_options"] = json!({
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                 "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
@@ -166,6 +178,10 @@ fn client_listener(inputs: &EnvoyInputs, dns_cache: &Value) -> Value {
         if mutual {
             common["validation_context"] =
                 json!({"trusted_ca": {"filename": format!("{CLIENT_CA_DIR}/ca.crt")}});
+            if inputs.client_crl {
+                common["validation_context"]["crl"] =
+                    json!({"filename": format!("{CLIENT_CRL_DIR}/crl.pem")});
+            }
         }
         listener["filter_chains"][0]["transport_socket"] = json!({
             "name": "envoy.transport_sockets.tls",
@@ -302,6 +318,8 @@ mod tests {
                 ClientListener::Closed
             },
             upstream_tls: false,
+            client_crl: false,
+            upstream_crl: false,
         }
     }
 
@@ -325,6 +343,8 @@ mod tests {
         let mtls = bootstrap(&EnvoyInputs {
             client: ClientListener::Mutual,
             upstream_tls: true,
+            client_crl: true,
+            upstream_crl: true,
             ..inputs(true)
         });
         let ctx = &mtls["static_resources"]["listeners"][0]["filter_chains"][0]["transport_socket"]
@@ -334,7 +354,15 @@ mod tests {
             ctx["common_tls_context"]["validation_context"]["trusted_ca"]["filename"],
             "/etc/envoy/client-ca/ca.crt"
         );
+        assert_eq!(
+            ctx["common_tls_context"]["validation_context"]["crl"]["filename"],
+            "/etc/envoy/client-crl/crl.pem"
+        );
         let up = &mtls["static_resources"]["clusters"][0]["transport_socket"]["typed_config"];
+        assert_eq!(
+            up["common_tls_context"]["validation_context"]["crl"]["filename"],
+            "/etc/envoy/engine-crl/crl.pem"
+        );
         assert_eq!(
             up["common_tls_context"]["validation_context"]["trusted_ca"]["filename"],
             "/etc/envoy/engine-ca/ca.crt"

@@ -25,7 +25,8 @@ use wasmop_sdk::k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptio
 use wasmop_sdk::k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::envoy::{
-    CLIENT_CA_DIR, ClientListener, ENGINE_CA_DIR, EnvoyInputs, SERVING_DIR, bootstrap,
+    CLIENT_CA_DIR, CLIENT_CRL_DIR, ClientListener, ENGINE_CA_DIR, ENGINE_CRL_DIR, EnvoyInputs,
+    SERVING_DIR, bootstrap,
 };
 use crate::gateway_tls::Listener;
 use crate::names::{
@@ -94,23 +95,39 @@ fn run(ctx: &Context<'_>) -> Result<Outcome, Failure> {
             version,
             client_ca,
             fingerprint,
+            crl,
         } => {
             secrets.push(("tls", secret.clone(), SERVING_DIR));
             secrets.push(("client-ca", client_ca.clone(), CLIENT_CA_DIR));
             versions.push(version.clone());
             versions.push(fingerprint.clone());
+            if let Some(crl) = crl {
+                secrets.push(("client-crl", crl.secret.clone(), CLIENT_CRL_DIR));
+                versions.push(crl.version.clone());
+            }
         }
         Listener::Plaintext | Listener::Closed => {}
     }
     if security.reencrypt {
         secrets.push(("engine-ca", names.engine_ca_bundle(), ENGINE_CA_DIR));
     }
+    let upstream_crl = security
+        .upstream_crl
+        .as_ref()
+        .filter(|_| security.reencrypt);
+    if let Some(crl) = upstream_crl {
+        secrets.push(("engine-crl", crl.secret.clone(), ENGINE_CRL_DIR));
+        versions.push(crl.version.clone());
+    }
+    let client_crl = matches!(&security.listener, Listener::Mutual { crl: Some(_), .. });
 
     let config = bootstrap(&EnvoyInputs {
         engine_authority_suffix: names.engine_authority_suffix(),
         metrics_port,
         client,
         upstream_tls: security.reencrypt,
+        client_crl,
+        upstream_crl: upstream_crl.is_some(),
     });
     let rendered = serde_json::to_string_pretty(&config)
         .map_err(|e| Failure::new("EnsureFailed", format!("cannot render envoy config: {e}")))?;

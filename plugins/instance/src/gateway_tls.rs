@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 
 use crate::certs::{self, Usage};
 use crate::duration;
+use crate::engine_tls::{CRL_KEY, Crl, crl_of};
 use crate::names::{CLIENT_LISTENER_ANNOTATION, Component};
 use crate::pem;
 use crate::step::{Context, Desired, Failure, Health, Outcome};
@@ -33,6 +34,10 @@ pub const CLIENT_CA_FIELD: &str = "spec.tls.gateway.clientCASecretRef.name";
 pub const USER_SECRET_READ: &str = "gateway-tls-secret";
 /// Field naming it.
 pub const USER_SECRET_FIELD: &str = "spec.tls.gateway.secretRef.name";
+/// Id of the read bringing the client revocation list Secret.
+pub const CRL_READ: &str = "gateway-tls-crl";
+/// Field of the primary naming it.
+pub const CRL_FIELD: &str = "spec.tls.gateway.crlSecretRef.name";
 
 /// What the gateway's client listener serves.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,6 +64,8 @@ pub enum Listener {
         client_ca: String,
         /// Fingerprint of its CA.
         fingerprint: String,
+        /// The client revocation list (`spec.tls.gateway.crlSecretRef`).
+        crl: Option<Crl>,
     },
 }
 
@@ -117,6 +124,16 @@ pub fn evaluate(ctx: &Context<'_>, observed: Option<&Value>) -> GatewayTlsEval {
         listener: Listener::Closed,
         drain_first: true,
     };
+    let problems = crate::validate::tls(crate::validate::ListenerKind::Gateway, spec);
+    if !problems.is_empty() {
+        return closed(Err(Failure::new(
+            "TLSSpecInvalid",
+            format!(
+                "{}; the client listener stays closed",
+                crate::validate::message(&problems)
+            ),
+        )));
+    }
     let (secret_name, objects, serving) = match spec.user_secret() {
         Some(name) => (
             name.to_owned(),
@@ -153,15 +170,13 @@ pub fn evaluate(ctx: &Context<'_>, observed: Option<&Value>) -> GatewayTlsEval {
             )
         }
     };
-    let pending = |why: String| {
+    let pending_for = |reason: &'static str, why: String| {
         closed(Ok(Outcome {
             objects: objects.clone(),
-            health: Health::waiting(
-                "SecretPending",
-                format!("{why}; the client listener stays closed"),
-            ),
+            health: Health::waiting(reason, format!("{why}; the client listener stays closed")),
         }))
     };
+    let pending = |why: String| pending_for("SecretPending", why);
     let Some(serving) = serving.filter(|s| pem::has_keys(s, &certs::SERVING_KEYS)) else {
         return pending(format!(
             "waiting for Secret {secret_name} to hold tls.crt and tls.key"
@@ -193,12 +208,29 @@ pub fn evaluate(ctx: &Context<'_>, observed: Option<&Value>) -> GatewayTlsEval {
                 ));
             };
             let fingerprint = pem::fingerprint(&ca);
+            let crl = match spec.crl() {
+                None => None,
+                Some(name) => match crl_of(ctx, CRL_READ) {
+                    Some(crl) => Some(crl),
+                    // Serving mutual TLS without the revocation list asked
+                    // for would accept revoked clients: stay closed.
+                    None => {
+                        return pending_for(
+                            "CRLSecretPreflightFailed",
+                            format!(
+                                "Secret {name} named by spec.tls.gateway.crlSecretRef does not exist or has no {CRL_KEY}"
+                            ),
+                        );
+                    }
+                },
+            };
             (
                 Listener::Mutual {
                     secret: secret_name.clone(),
                     version,
                     client_ca: ca_name.to_owned(),
                     fingerprint: fingerprint.clone(),
+                    crl,
                 },
                 "MutualTLS",
                 fingerprint,

@@ -43,6 +43,7 @@ pub mod settings;
 pub mod spec;
 pub mod status;
 pub mod step;
+pub mod validate;
 pub mod workload;
 
 #[cfg(test)]
@@ -103,6 +104,16 @@ impl Plugin for InstancePlugin {
                     engine_tls::USER_SECRET_READ,
                     KindRef::of::<Secret>(),
                     Selector::field(engine_tls::USER_SECRET_FIELD),
+                ))
+                .reads(Read::new(
+                    engine_tls::CRL_READ,
+                    KindRef::of::<Secret>(),
+                    Selector::field(engine_tls::CRL_FIELD),
+                ))
+                .reads(Read::new(
+                    gateway_tls::CRL_READ,
+                    KindRef::of::<Secret>(),
+                    Selector::field(gateway_tls::CRL_FIELD),
                 ))
                 .reads(Read::new(
                     engine_tls::ENGINE_SECRETS_READ,

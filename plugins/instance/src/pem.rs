@@ -53,6 +53,65 @@ pub fn fingerprint(der: &[u8]) -> String {
         .collect()
 }
 
+/// One DER element at the start of `der`: (tag, content, rest).
+fn der_element(der: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = der.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 || rest.len() < n {
+            return None;
+        }
+        let len = rest[..n]
+            .iter()
+            .fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
+        (len, &rest[n..])
+    };
+    if rest.len() < len {
+        return None;
+    }
+    Some((tag, &rest[..len], &rest[len..]))
+}
+
+/// The DER `SubjectPublicKeyInfo` of a DER X.509 certificate; `None` when
+/// the bytes are not one.
+pub fn subject_public_key_info(cert: &[u8]) -> Option<&[u8]> {
+    const SEQUENCE: u8 = 0x30;
+    let (tag, certificate, _) = der_element(cert)?;
+    if tag != SEQUENCE {
+        return None;
+    }
+    let (tag, tbs, _) = der_element(certificate)?;
+    if tag != SEQUENCE {
+        return None;
+    }
+    let mut rest = tbs;
+    // [0] version (optional), serialNumber, signature, issuer, validity,
+    // subject, then subjectPublicKeyInfo.
+    if rest.first() == Some(&0xa0) {
+        rest = der_element(rest)?.2;
+    }
+    for _ in 0..5 {
+        rest = der_element(rest)?.2;
+    }
+    let (tag, _, after) = der_element(rest)?;
+    if tag != SEQUENCE {
+        return None;
+    }
+    Some(&rest[..rest.len() - after.len()])
+}
+
+/// Hex SHA-256 of the `SubjectPublicKeyInfo` of the first certificate in
+/// PEM text (what `openssl x509 -pubkey | openssl pkey -pubin -outform DER
+/// | sha256sum` prints): the identity of a key, whatever certificate
+/// carries it.
+pub fn public_key_fingerprint(pem: &[u8]) -> Option<String> {
+    let der = certificates(pem).into_iter().next()?;
+    subject_public_key_info(&der).map(fingerprint)
+}
+
 /// PEM text of one DER certificate.
 pub fn to_pem(der: &[u8]) -> String {
     let body = STANDARD.encode(der);
@@ -104,5 +163,20 @@ mod tests {
         assert!(secret_bytes(&s, "tls.crt").is_none());
         assert!(has_keys(&s, &["ca.crt"]) && !has_keys(&s, &["ca.crt", "tls.key"]));
         assert!(certificates(b"garbage").is_empty());
+    }
+
+    #[test]
+    fn the_public_key_fingerprint_matches_openssl_and_junk_has_none() {
+        let pem = include_bytes!("testdata/ca-p384.crt");
+        assert_eq!(
+            public_key_fingerprint(pem).as_deref(),
+            Some("b43e9fccf6cebe126c1e901b294413c5b3f38e874874ae0faf1ee2b081b6da5c")
+        );
+        assert_ne!(
+            public_key_fingerprint(include_bytes!("testdata/ca-p256.crt")),
+            public_key_fingerprint(pem)
+        );
+        assert_eq!(public_key_fingerprint(b"not pem"), None);
+        assert_eq!(subject_public_key_info(&[0x30, 0x05, 0x30]), None);
     }
 }

@@ -12,7 +12,7 @@
 //! | step | due when | gate |
 //! | --- | --- | --- |
 //! | bootstrap | the ring is empty | none: nothing renders a key yet |
-//! | mint | one key, `rotationInterval` elapsed since it was created | none: the new key is validate-only |
+//! | mint | one key, `rotationInterval` elapsed since it was created, or its algorithm or size is not the spec's any more | none: the new key is validate-only |
 //! | promote | a fresh key exists | it is issued and every engine renders it |
 //! | stamp `retireEligibleAt` | a demoted key has no anchor yet | every engine renders the promotion |
 //! | retire (→ `Removing`) | `retireEligibleAt + retainDuration` elapsed | time only |
@@ -82,6 +82,12 @@ pub struct Key {
     /// Whether its Secret has been seen holding the keypair (never
     /// reverts). Only issued keys are rendered.
     pub issued: bool,
+    /// Minted with another key algorithm or size than the spec asks for
+    /// now (not recorded: the caller compares). An outdated single key is
+    /// replaced by a freshly minted one at once, through the usual gated
+    /// steps: under `rotationPolicy: Never` cert-manager would never
+    /// re-key it in place.
+    pub outdated: bool,
 }
 
 impl Key {
@@ -328,9 +334,12 @@ pub fn step(
         return advance(Some(Step::Promote), next);
     }
 
-    // mint: one key, interval elapsed.
-    if let (Some(interval), [only]) = (policy.interval, ring.keys.as_slice())
-        && now >= only.created_at.saturating_add(interval)
+    // mint: one key, interval elapsed (or its key parameters outdated).
+    if let [only] = ring.keys.as_slice()
+        && (only.outdated
+            || policy
+                .interval
+                .is_some_and(|interval| now >= only.created_at.saturating_add(interval)))
     {
         let key = mint(&mut next, now, KeyPhase::ValidationOnly, names);
         next.keys.push(key);
@@ -369,6 +378,7 @@ fn mint(ring: &mut Ring, now: i64, phase: KeyPhase, names: Namer<'_>) -> Key {
         demoted_at: None,
         retire_eligible_at: None,
         issued: false,
+        outdated: false,
     }
 }
 
@@ -530,6 +540,31 @@ mod tests {
         assert_eq!(
             step(&ring, &policy, 160, &|_: &Ring| vec!["x".into()], &names).step,
             Some(Step::Retire)
+        );
+    }
+
+    #[test]
+    fn an_outdated_key_is_replaced_without_an_interval() {
+        let policy = Policy {
+            interval: None,
+            ..POLICY
+        };
+        let mut ring = step(&Ring::default(), &policy, 0, &converged, &names).ring;
+        ring.observe_issued(|_| true);
+        ring.keys[0].outdated = true;
+        let a = step(&ring, &policy, 5, &converged, &names);
+        assert_eq!(a.step, Some(Step::Mint));
+        assert_eq!(a.ring.keys[1].id, "signing-2");
+        assert!(!a.ring.keys[1].outdated);
+        // The replacement goes through the gated steps like any rotation.
+        let mut ring = a.ring;
+        ring.observe_issued(|_| true);
+        let lagging = |_: &Ring| vec!["e".to_owned()];
+        let parked = step(&ring, &policy, 6, &lagging, &names);
+        assert_eq!(parked.pending.unwrap().0, Pending::AwaitingPromotion);
+        assert_eq!(
+            step(&ring, &policy, 6, &converged, &names).step,
+            Some(Step::Promote)
         );
     }
 

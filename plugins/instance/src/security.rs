@@ -41,6 +41,8 @@ pub struct GatewaySecurity {
     pub trust_fingerprints: Vec<String>,
     /// Content of the bundle (rolls the gateway when it changes).
     pub trust_bundle: String,
+    /// The engine revocation list, loaded while re-encrypting.
+    pub upstream_crl: Option<crate::engine_tls::Crl>,
 }
 
 /// The three security steps' decisions.
@@ -80,6 +82,7 @@ impl Security {
                 status: None,
                 reencrypting: false,
                 bundle: None,
+                crl: None,
             },
             gateway_tls: GatewayTlsEval {
                 result: off(),
@@ -94,6 +97,7 @@ impl Security {
                 reencrypt: false,
                 trust_fingerprints: Vec::new(),
                 trust_bundle: String::new(),
+                upstream_crl: None,
             },
         }
     }
@@ -131,6 +135,7 @@ pub fn evaluate(ctx: &Context<'_>) -> Security {
         reencrypt: engine_tls.reencrypting,
         trust_fingerprints,
         trust_bundle,
+        upstream_crl: engine_tls.crl.clone().filter(|_| engine_tls.reencrypting),
     };
     Security {
         auth,

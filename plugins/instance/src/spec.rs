@@ -342,12 +342,25 @@ pub struct TlsListener {
     /// Extra SANs (gateway only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dns_names: Option<Vec<String>>,
+    /// A revocation list (`crl.pem`) for the peers the gateway verifies on
+    /// this listener: engines (engine) or clients (gateway, with
+    /// `clientCASecretRef`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crl_secret_ref: Option<SecretRef>,
 }
 
 impl TlsListener {
     /// The client CA Secret's name, when mutual TLS is asked for.
     pub fn client_ca(&self) -> Option<&str> {
         self.client_ca_secret_ref
+            .as_ref()
+            .map(|r| r.name.as_str())
+            .filter(|n| !n.is_empty())
+    }
+
+    /// The revocation list Secret's name, when one is given.
+    pub fn crl(&self) -> Option<&str> {
+        self.crl_secret_ref
             .as_ref()
             .map(|r| r.name.as_str())
             .filter(|n| !n.is_empty())
