@@ -5,9 +5,12 @@
 #   3. builds every plugin and test plugin to a real .wasm component;
 #   4. checks formatting and lints;
 #   5. starts the local control plane (tests/cluster/up.sh);
-#   6. runs `cargo test --workspace` — unit tests, golden plans and the
+#   6. runs the README's demo unattended (`deploy/run-local.sh --check`:
+#      the examples' primaries must all become Ready), which cleans up after
+#      itself;
+#   7. runs `cargo test --workspace` — unit tests, golden plans and the
 #      integration tests against the control plane;
-#   7. stops the control plane, also when something failed.
+#   8. stops the control plane, also when something failed.
 # Exits non-zero on any failure.
 #
 # Environment:
@@ -53,6 +56,10 @@ cleanup() {
 trap cleanup EXIT
 KUBECONFIG="$(bash tests/cluster/up.sh)"
 export KUBECONFIG
+
+step "the README's run command, unattended (deploy/run-local.sh --check)"
+# On the fresh control plane, so its CRD handling meets CRDs just created.
+bash deploy/run-local.sh --check
 
 step "cargo test --workspace"
 test_log="$(mktemp)"
