@@ -8,7 +8,8 @@
 //! A hook registered with [`Interposer::before`] runs (and is awaited) just
 //! before the first request it matches is sent, once. Every request other
 //! than a GET is recorded with the status the API server answered
-//! ([`Interposer::writes`]).
+//! ([`Interposer::writes`]); every request, GETs (reads, lists, watches)
+//! included, in [`Interposer::requests`].
 
 use std::future::Future;
 use std::pin::Pin;
@@ -56,6 +57,7 @@ impl Recorded {
 pub struct Interposer {
     hooks: Mutex<Vec<Hook>>,
     writes: Mutex<Vec<Recorded>>,
+    all: Mutex<Vec<Recorded>>,
 }
 
 impl std::fmt::Debug for Interposer {
@@ -120,14 +122,20 @@ impl Interposer {
                     action().await;
                 }
                 let answer = inner.send(req).await;
-                if method != Method::GET {
-                    let status = answer.as_ref().map_or(0, |r| r.status().as_u16());
-                    state.writes.lock().expect("writes lock").push(Recorded {
-                        method,
-                        path,
-                        status,
-                    });
+                let status = answer.as_ref().map_or(0, |r| r.status().as_u16());
+                let recorded = Recorded {
+                    method,
+                    path,
+                    status,
+                };
+                if recorded.method != Method::GET {
+                    state
+                        .writes
+                        .lock()
+                        .expect("writes lock")
+                        .push(recorded.clone());
                 }
+                state.all.lock().expect("requests lock").push(recorded);
                 answer
             }
         });
@@ -151,6 +159,12 @@ impl Interposer {
     /// Every request other than a GET sent so far, in order.
     pub fn writes(&self) -> Vec<Recorded> {
         self.writes.lock().expect("writes lock").clone()
+    }
+
+    /// Every request sent so far, reads and watches included, in order (a
+    /// watch is recorded when its answer starts).
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.all.lock().expect("requests lock").clone()
     }
 
     /// True while a registered hook has not run yet.

@@ -226,6 +226,7 @@ pub fn test_config() -> OperatorConfig {
     OperatorConfig {
         backoff_base: Duration::from_millis(200),
         backoff_max: Duration::from_secs(5),
+        secret_poll_interval: Duration::from_millis(500),
         ..OperatorConfig::default()
     }
 }

@@ -738,7 +738,8 @@ async fn cross_namespace_owner_references_are_refused_at_load() -> Result<()> {
 /// label-filtered. Loading `referrer`, which reads ConfigMaps, needs them
 /// watched unfiltered. While that new watch has not synced, `good` keeps
 /// reconciling and must never see its ConfigMaps missing: no create of one
-/// that exists, no delete.
+/// that exists (neither a POST nor a create-fenced apply the API server
+/// refuses with 409), no delete.
 ///
 /// The window is held open: the new watch's first list is let through only
 /// once `good` has written something for a Widget changed meanwhile, or
@@ -821,11 +822,16 @@ async fn a_new_reader_of_a_kind_does_not_blind_running_controllers() -> Result<(
         }
     })
     .await?;
+    // A controller blind to its ConfigMaps would create them again: a
+    // POST, or a server-side apply fenced as "absent" that the API server
+    // answers 409 because the object exists; or delete them.
     let spurious: Vec<_> = interposer.writes()[settled..]
         .iter()
         .filter(|w| {
             w.path.contains("/configmaps")
-                && (w.method == Method::POST || w.method == Method::DELETE)
+                && (w.method == Method::POST
+                    || w.method == Method::DELETE
+                    || (w.method == Method::PATCH && w.status == 409))
         })
         .cloned()
         .collect();
@@ -1123,5 +1129,94 @@ async fn secret_values_stay_out_of_logs_events_and_conditions() -> Result<()> {
         }
     }
     unnamed.check();
+    Ok(())
+}
+
+/// A field read of a Secret reads that Secret by name: the operator never
+/// lists or watches Secrets beyond its own (label-filtered) owned ones, and
+/// still follows the named Secret as it appears, changes and goes.
+#[tokio::test]
+async fn a_field_read_of_a_secret_reads_it_by_name_and_follows_it() -> Result<()> {
+    let ns = TestNamespace::new("own-secret-read").await?;
+    let (interposer, client) = Interposer::new(ns.client.clone());
+    let _op = start_on(client, &[&ns.name], &[("mirror", json!({}))]).await?;
+    let mirrors = test_kind(&ns, "Mirror", "mirrors");
+    let secrets: Api<Secret> = ns.api();
+    let status_of = |mirrors: Api<DynamicObject>| async move {
+        let m = mirrors.get("m").await?;
+        Ok::<_, anyhow::Error>(m.data["status"].clone())
+    };
+    let wait_status = |want: Value| {
+        let mirrors = mirrors.clone();
+        async move {
+            wait_for(&format!("Mirror m status {want}"), DEFAULT_DEADLINE, || {
+                let mirrors = mirrors.clone();
+                let want = want.clone();
+                async move {
+                    let status = status_of(mirrors).await?;
+                    if status["found"] == want["found"] && status["keys"] == want["keys"] {
+                        Ok(Some(()))
+                    } else {
+                        bail!("status is {status}")
+                    }
+                }
+            })
+            .await
+        }
+    };
+
+    // Named before it exists, then created, changed and deleted.
+    create(&mirrors, "Mirror", "m", json!({"secretRef": "src"})).await?;
+    wait_status(json!({"found": false, "keys": 0})).await?;
+    let src: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "src"},
+        "stringData": {"a": "1"},
+    }))?;
+    secrets.create(&PostParams::default(), &src).await?;
+    wait_status(json!({"found": true, "keys": 1})).await?;
+    secrets
+        .patch(
+            "src",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"b": "2"}})),
+        )
+        .await?;
+    wait_status(json!({"found": true, "keys": 2})).await?;
+    let copy = secrets.get("m-mirror").await?;
+    assert_eq!(copy.data.unwrap_or_default().len(), 2, "the copy followed");
+    secrets.delete("src", &DeleteParams::default()).await?;
+    wait_status(json!({"found": false, "keys": 0})).await?;
+
+    let secret_requests: Vec<_> = interposer
+        .requests()
+        .into_iter()
+        .filter(|r| {
+            r.path
+                .split('?')
+                .next()
+                .unwrap_or_default()
+                .contains("/secrets")
+        })
+        .collect();
+    let broad: Vec<_> = secret_requests
+        .iter()
+        .filter(|r| {
+            let (path, query) = r.path.split_once('?').unwrap_or((&r.path, ""));
+            r.method == Method::GET
+                && path.ends_with("/secrets")
+                && !query.contains("labelSelector")
+        })
+        .collect();
+    assert!(
+        broad.is_empty(),
+        "Secrets were listed or watched beyond the operator's own: {broad:?}"
+    );
+    let by_name = format!("/namespaces/{}/secrets/src", ns.name);
+    assert!(
+        secret_requests
+            .iter()
+            .any(|r| r.method == Method::GET && r.path.starts_with(&format!("/api/v1{by_name}"))),
+        "the named Secret was read by name: {secret_requests:?}"
+    );
     Ok(())
 }

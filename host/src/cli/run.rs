@@ -56,6 +56,10 @@ pub struct RunArgs {
     /// How often the plugin directory is checked for changes (hot swap).
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     pub poll_interval_ms: u64,
+    /// How often Secrets that primaries name through field references are
+    /// read again (they are read by name, never listed or watched).
+    #[arg(long, value_name = "MS", default_value_t = 30_000)]
+    pub secret_poll_interval_ms: u64,
     /// Base URL (`http://host:port`) that plans may call with target
     /// `allow-list`; repeat for several.
     #[arg(long = "allow-url", value_name = "URL")]
@@ -242,6 +246,7 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
     let client = client(args.kubeconfig.as_deref()).await?;
     let mut config = OperatorConfig {
         workers: file.workers.unwrap_or(OperatorConfig::default().workers),
+        secret_poll_interval: Duration::from_millis(args.secret_poll_interval_ms.max(100)),
         ..OperatorConfig::default()
     };
     config.observe.allow_list = args.allow_urls.clone();

@@ -44,6 +44,7 @@ use crate::observe::{ObserveConfig, Observer};
 use crate::plugin::LoadedPlugin;
 use crate::plugin::manifest::{Controller, KindRef};
 use crate::reconcile::snapshot::ObjectSource;
+use crate::watch::by_name::{self, SecretReads};
 use crate::watch::cache::{Cache, Change, KindCache, KindKey, WatchSpec};
 use route::{PrimaryLookup, Route, key_of};
 
@@ -70,6 +71,9 @@ pub struct OperatorConfig {
     pub requeue_spacing: Duration,
     /// Limits and allow-list of the HTTP observations plans ask for.
     pub observe: ObserveConfig,
+    /// How often the Secrets primaries name through field references are
+    /// read again to notice changes (they are read by name, not watched).
+    pub secret_poll_interval: Duration,
 }
 
 impl Default for OperatorConfig {
@@ -82,6 +86,7 @@ impl Default for OperatorConfig {
             sync_timeout: Duration::from_secs(60),
             requeue_spacing: Duration::from_millis(5),
             observe: ObserveConfig::default(),
+            secret_poll_interval: Duration::from_secs(30),
         }
     }
 }
@@ -165,6 +170,7 @@ pub struct Operator {
     lease_until: leader::LeaseDeadline,
     tasks: Mutex<Vec<tokio::task::AbortHandle>>,
     observer: Arc<Observer>,
+    secrets: Arc<SecretReads>,
 }
 
 impl std::fmt::Debug for Operator {
@@ -188,6 +194,7 @@ impl Operator {
         let (cache, changes) = Cache::new(client.clone(), namespaces);
         let op = Arc::new(Self {
             reporter: Reporter::new(client.clone(), &config.reporter),
+            secrets: SecretReads::new(client.clone()),
             client,
             cache,
             controllers: RwLock::new(BTreeMap::new()),
@@ -243,6 +250,17 @@ impl Operator {
                 }
             })
         };
+        let secret_poller = {
+            let op = self.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(op.config.secret_poll_interval);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    op.poll_secrets().await;
+                }
+            })
+        };
         let workers: Vec<_> = (0..self.config.workers.max(1))
             .map(|_| {
                 let op = self.clone();
@@ -268,6 +286,7 @@ impl Operator {
         {
             let mut tasks = self.tasks.lock().expect("tasks lock");
             tasks.push(router.abort_handle());
+            tasks.push(secret_poller.abort_handle());
             tasks.extend(workers.iter().map(|w| w.abort_handle()));
         }
         shutdown.await;
@@ -276,6 +295,7 @@ impl Operator {
             let _ = w.await;
         }
         router.abort();
+        secret_poller.abort();
     }
 
     /// `Ok` when the cache of every kind an active controller reads has
@@ -351,7 +371,8 @@ impl Operator {
                 namespaced: c.primary.namespaced,
                 managed_only: false,
             }));
-            for r in &c.reads {
+            // Secrets named by a field are read by name, not watched.
+            for r in c.reads.iter().filter(|r| !by_name::is_by_name(r)) {
                 caches.push(self.cache.ensure(WatchSpec {
                     resource: api_resource(&r.kind),
                     namespaced: r.kind.namespaced,
@@ -374,7 +395,7 @@ impl Operator {
                 writer: Writer::new(self.client.clone(), format!("wasmop-{}", plugin.name())),
                 plugin: plugin.clone(),
                 route: Route::new(id.clone(), c.clone()),
-                kinds: c.kinds().into_iter().map(kind_key).collect(),
+                kinds: watched_kinds(c),
             }));
         }
         for c in &caches {
@@ -534,10 +555,7 @@ impl Operator {
             .values()
             .flat_map(|a| {
                 let c = &a.spec;
-                std::iter::once(kind_key(&c.primary))
-                    .chain(c.owns.iter().map(|o| kind_key(&o.kind)))
-                    .chain(c.reads.iter().map(|r| kind_key(&r.kind)))
-                    .collect::<Vec<_>>()
+                watched_kinds(c)
             })
             .collect();
         for k in self.cache.kinds() {
@@ -549,7 +567,10 @@ impl Operator {
 
     fn kind_is_read(&self, key: &KindKey, incoming: &[Controller]) -> bool {
         let reads = |c: &Controller| {
-            kind_key(&c.primary) == *key || c.reads.iter().any(|r| kind_key(&r.kind) == *key)
+            kind_key(&c.primary) == *key
+                || c.reads
+                    .iter()
+                    .any(|r| !by_name::is_by_name(r) && kind_key(&r.kind) == *key)
         };
         incoming.iter().any(reads)
             || self
@@ -561,11 +582,33 @@ impl Operator {
     }
 }
 
+/// The kinds a controller's snapshots come from through watches: its
+/// primary, owned and read kinds, and its HTTP target kinds, except Secrets
+/// that are only named by field references (read by name).
+fn watched_kinds(c: &Controller) -> Vec<KindKey> {
+    let only_by_name = |kind: &KindRef| {
+        !kind.same_type(&c.primary)
+            && !c.owns.iter().any(|o| o.kind.same_type(kind))
+            && !c.http_targets.iter().any(|t| t.kind.same_type(kind))
+            && c.reads
+                .iter()
+                .filter(|r| r.kind.same_type(kind))
+                .all(by_name::is_by_name)
+    };
+    c.kinds()
+        .into_iter()
+        .filter(|k| !only_by_name(k))
+        .map(kind_key)
+        .collect()
+}
+
 /// The live caches as the snapshot builder's object source and routing's
-/// primary lookup.
+/// primary lookup. With `secrets`, field references to Secrets are read
+/// from the API server (blocking: only from a blocking task).
 #[derive(Clone)]
 pub(crate) struct CacheSource {
     pub(crate) cache: Arc<Cache>,
+    pub(crate) secrets: Option<(Arc<SecretReads>, tokio::runtime::Handle)>,
 }
 
 impl ObjectSource for CacheSource {
@@ -588,6 +631,15 @@ impl ObjectSource for CacheSource {
             .map(|kc| kc.list(namespace))
             .unwrap_or_default()
     }
+
+    fn get_named(&self, kind: &KindRef, namespace: Option<&str>, name: &str) -> Option<Arc<Value>> {
+        match (&self.secrets, namespace) {
+            (Some((secrets, runtime)), Some(ns)) if by_name::is_secret(kind) => {
+                secrets.get_blocking(runtime, ns, name)
+            }
+            _ => self.get(kind, namespace, name),
+        }
+    }
 }
 
 impl PrimaryLookup for CacheSource {
@@ -604,6 +656,24 @@ impl PrimaryLookup for CacheSource {
 }
 
 impl Operator {
+    /// Reads again the Secrets primaries name through field references and
+    /// routes each change like a watch event.
+    async fn poll_secrets(&self) {
+        let secret = by_name::secret_key();
+        let mut referenced: Vec<by_name::SecretId> = self
+            .controllers
+            .read()
+            .expect("controllers lock")
+            .values()
+            .flat_map(|a| a.route.refs.lock().expect("refs lock").targets_of(&secret))
+            .collect();
+        referenced.sort();
+        referenced.dedup();
+        for change in self.secrets.poll(&referenced).await {
+            self.route(&change);
+        }
+    }
+
     /// Routes a cache change to the primaries it concerns.
     fn route(&self, change: &Change) {
         let actives: Vec<Arc<Active>> = self
@@ -616,6 +686,7 @@ impl Operator {
         let routes: Vec<&Route> = actives.iter().map(|a| &a.route).collect();
         let source = CacheSource {
             cache: Arc::clone(&self.cache),
+            secrets: None,
         };
         let routed = route::route(&routes, change, &source);
         for (key, uid) in routed.gone {

@@ -63,6 +63,15 @@ impl RefIndex {
         }
     }
 
+    /// `(namespace, name)` of every object of `kind` some primary names.
+    pub(crate) fn targets_of(&self, kind: &KindKey) -> Vec<(String, String)> {
+        self.by_target
+            .keys()
+            .filter(|(k, _, _)| k == kind)
+            .map(|(_, ns, name)| (ns.clone(), name.clone()))
+            .collect()
+    }
+
     pub(crate) fn referrers(&self, target: &RefTarget) -> Vec<ObjId> {
         let mut out: Vec<ObjId> = self
             .by_target

@@ -57,6 +57,7 @@ impl Operator {
         }
         let source = CacheSource {
             cache: Arc::clone(&self.cache),
+            secrets: Some((Arc::clone(&self.secrets), tokio::runtime::Handle::current())),
         };
         let truth = TruthLookup {
             cache: source.clone(),

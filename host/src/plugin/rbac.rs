@@ -7,7 +7,8 @@
 //!   `<plural>/finalizers`: update (needed to set `blockOwnerDeletion`
 //!   ownerReferences to the primary).
 //! - owned kinds: get, list, watch, create, update, patch, delete.
-//! - read kinds and HTTP target kinds: get, list, watch.
+//! - read kinds and HTTP target kinds: get, list, watch; Secrets named by a
+//!   field reference only get (they are read by name, never listed).
 //! - Events (core and `events.k8s.io`): create, patch.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -79,7 +80,13 @@ pub fn grants(manifest: &Manifest) -> Grants {
         }
         for read in &c.reads {
             let k = &read.kind;
-            grant(&k.group, k.plural.clone(), k.namespaced, READ);
+            // Secrets named by a field are read by name, never listed.
+            let verbs = if crate::watch::by_name::is_by_name(read) {
+                &["get"][..]
+            } else {
+                READ
+            };
+            grant(&k.group, k.plural.clone(), k.namespaced, verbs);
         }
         for target in &c.http_targets {
             let k = &target.kind;
@@ -182,6 +189,37 @@ mod tests {
                     .to_owned()
             ),
             "{text:?}"
+        );
+    }
+
+    #[test]
+    fn secrets_named_by_a_field_are_only_got_other_reads_listed() {
+        use crate::plugin::manifest::{FieldRef, KindRef, Read, Selector};
+        let secret = KindRef::namespaced("", "v1", "Secret", "secrets");
+        let mut m = manifest();
+        m.controllers[0].reads.push(Read {
+            id: "creds".into(),
+            kind: secret.clone(),
+            selector: Selector::Field(FieldRef {
+                name_path: "spec.secretRef".into(),
+                namespace_path: None,
+            }),
+        });
+        let text = as_text(&rules(&m));
+        assert!(
+            text.contains(&r#"[""] ["secrets"] ["get"]"#.to_owned()),
+            "{text:?}"
+        );
+        m.controllers[0].reads.push(Read {
+            id: "all".into(),
+            kind: secret,
+            selector: Selector::SameNamespace,
+        });
+        let text = as_text(&rules(&m));
+        assert!(
+            text.iter()
+                .any(|t| t.contains(r#"["secrets"]"#) && t.contains(r#""list", "watch""#)),
+            "a same-namespace read of Secrets needs list and watch: {text:?}"
         );
     }
 }

@@ -31,6 +31,11 @@ pub trait ObjectSource {
     fn get(&self, kind: &KindRef, namespace: Option<&str>, name: &str) -> Option<Arc<Value>>;
     /// Objects of `kind` in `namespace`, or in all namespaces for `None`.
     fn list(&self, kind: &KindRef, namespace: Option<&str>) -> Vec<Arc<Value>>;
+    /// The object a field reference names. The live source reads Secrets
+    /// from the API server here instead of watching them all.
+    fn get_named(&self, kind: &KindRef, namespace: Option<&str>, name: &str) -> Option<Arc<Value>> {
+        self.get(kind, namespace, name)
+    }
 }
 
 /// An object selected by a read, tagged with the read's id (WIT `related-object`).
@@ -161,7 +166,7 @@ fn select(
     match &read.selector {
         Selector::OwnedByPrimary => source.owned_by(&read.kind, object::uid(primary)),
         Selector::Field(_) => field_reference(read, controller, primary)
-            .and_then(|r| source.get(&read.kind, r.namespace.as_deref(), &r.name))
+            .and_then(|r| source.get_named(&read.kind, r.namespace.as_deref(), &r.name))
             .into_iter()
             .collect(),
         Selector::SameNamespace => match (read.kind.namespaced, primary_ns) {

@@ -1,6 +1,8 @@
 //! Watching the API: one shared watch cache per kind with the indexes the
-//! snapshot and routing need ([`cache`]), and label selectors ([`selector`]).
+//! snapshot and routing need ([`cache`]), Secrets read by name instead of
+//! watched ([`by_name`]), and label selectors ([`selector`]).
 
+pub mod by_name;
 pub mod cache;
 pub mod retry;
 pub mod selector;
