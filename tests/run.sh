@@ -7,7 +7,8 @@
 #   5. starts the local control plane (tests/cluster/up.sh);
 #   6. runs the README's demo unattended (`deploy/run-local.sh --check`:
 #      the examples' primaries must all become Ready), which cleans up after
-#      itself;
+#      itself; checks the deployment files (tests/deploy-check.sh:
+#      restricted Pod Security, RBAC drift, the Helm chart);
 #   7. runs `cargo test --workspace` — unit tests, golden plans and the
 #      integration tests against the control plane;
 #   8. stops the control plane, also when something failed.
@@ -60,6 +61,9 @@ export KUBECONFIG
 step "the README's run command, unattended (deploy/run-local.sh --check)"
 # On the fresh control plane, so its CRD handling meets CRDs just created.
 bash deploy/run-local.sh --check
+
+step "deployment files: Pod Security restricted, generated RBAC, Helm chart"
+bash tests/deploy-check.sh
 
 step "cargo test --workspace"
 test_log="$(mktemp)"
