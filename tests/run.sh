@@ -3,7 +3,8 @@
 #   1. installs what the build needs (the wasm32-wasip2 target, clippy, rustfmt);
 #   2. builds or reuses the cached control-plane binaries (tests/cluster/build.sh);
 #   3. builds every plugin and test plugin to a real .wasm component;
-#   4. checks formatting and lints;
+#   4. checks formatting and lints; scaffolds a plugin outside the
+#      workspace with `wasmop new`, builds it and checks its plan;
 #   5. starts the local control plane (tests/cluster/up.sh);
 #   6. runs the README's demo unattended (`deploy/run-local.sh --check`:
 #      the examples' primaries must all become Ready), which cleans up after
@@ -45,6 +46,9 @@ bash tests/build-plugins.sh "$WASMOP_PLUGIN_DIR"
 step "formatting and lints"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
+
+step "a plugin crate outside the workspace (wasmop new, build, wasmop plan)"
+bash tests/scaffold-check.sh
 
 step "local control plane"
 cleanup() {

@@ -4,6 +4,7 @@
 //! function `fn name(args) -> Result<ExitCode, CliError>`, dispatched in
 //! [`execute`]. Errors are [`CliError`]s that display as one line.
 
+pub mod new;
 pub mod rbac;
 pub mod run;
 
@@ -44,6 +45,9 @@ pub enum Command {
     Inspect(InspectArgs),
     /// Compute a plugin's plan offline from objects in a YAML file.
     Plan(PlanArgs),
+    /// Scaffold a plugin crate of its own (SDK as a git or path
+    /// dependency), with a golden fixture and a README.
+    New(crate::cli::new::NewArgs),
     /// Print the least-privilege RBAC (ClusterRole, or Roles per
     /// namespace) the plugins in a directory and the operator need.
     Rbac(crate::cli::rbac::RbacArgs),
@@ -179,6 +183,21 @@ pub enum CliError {
     /// The operator could not start.
     #[error(transparent)]
     Run(#[from] crate::cli::run::RunError),
+    /// A file could not be written.
+    #[error("cannot write {path}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `wasmop new` refused its arguments.
+    #[error("{reason}")]
+    Scaffold {
+        /// What is wrong.
+        reason: String,
+    },
     /// The result could not be printed.
     #[error("cannot print the result: {reason}")]
     Render {
@@ -224,6 +243,7 @@ pub fn execute(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
         Command::Inspect(args) => inspect(args),
         Command::Plan(args) => plan(args),
+        Command::New(args) => crate::cli::new::new_command(args),
         Command::Rbac(args) => crate::cli::rbac::rbac_command(args),
         Command::Run(args) => Ok(crate::cli::run::run(args)?),
     }
