@@ -11,15 +11,16 @@
 #
 # --check   run the same demo without a screen: wait until every example
 #           primary has the condition Ready=True (deadline
-#           WASMOP_DEMO_TIMEOUT seconds, default 300), check the operator
-#           serves /metrics, delete the examples again, and exit 0;
+#           WASMOP_DEMO_TIMEOUT seconds, default 300), check the operator's
+#           /metrics, /readyz and /healthz, delete the examples again, and exit 0;
 #           exit 1 with the primaries' state and the operator's log tail
 #           when the deadline passes or the operator exits. tests/run.sh
 #           runs this, so the demo is exercised on every CI run.
 #
 # Environment: WASMOP_CLUSTER_DIR and the WASMOP_*_PORT variables of
 # tests/cluster/up.sh; WASMOP_DEMO_METRICS_ADDR (default 127.0.0.1:9464;
-# --check defaults to a free port) where the operator serves /metrics;
+# --check defaults to a free port) where the operator serves /metrics,
+# /healthz and /readyz;
 # WASMOP_PLUGIN_DIR, where the plugins are built.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -186,10 +187,12 @@ if [[ $check == 1 ]]; then
   show_primaries
   addr=$(bound_addr)
   [[ -n $addr ]] || { echo "the operator did not log its metrics address"; exit 1; }
-  for path in metrics; do
+  for path in metrics readyz healthz; do
     curl -fsS "http://$addr/$path" >/dev/null || { echo "GET /$path on the operator failed"; curl -sS "http://$addr/$path"; exit 1; }
   done
-  echo "demo check passed: every example primary is Ready; /metrics answers"
+  curl -fsS "http://$addr/metrics" | grep -q '^workqueue_adds_total{name=' \
+    || { echo "/metrics has no workqueue_adds_total series"; exit 1; }
+  echo "demo check passed: every example primary is Ready; /metrics, /readyz and /healthz answer 200"
   exit 0
 fi
 
