@@ -18,7 +18,6 @@ use serde_json::Value;
 use thiserror::Error;
 
 use crate::plugin::manifest::Manifest;
-use crate::plugin::rbac;
 use crate::plugin::{CompileCache, LoadError, LoadOptions, LoadedPlugin};
 use crate::reconcile::decide::Decision;
 use crate::reconcile::offline::{self, InputError, OfflineError};
@@ -315,7 +314,7 @@ fn inspect(args: InspectArgs) -> Result<ExitCode, CliError> {
             .iter()
             .map(|c| (c.name.as_str(), c.write_namespaces.as_slice()))
             .collect(),
-        cluster_role: rbac::cluster_role(manifest),
+        cluster_role: crate::plugin::rbac::cluster_role(manifest),
     };
     print!("{}", render(&inspection, args.output)?);
     Ok(ExitCode::SUCCESS)
