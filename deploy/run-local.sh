@@ -54,8 +54,9 @@ plugins="$WASMOP_CLUSTER_DIR/demo-plugins"
 KUBECTL="$K8S_BIN/kubectl"
 
 bash tests/build-plugins.sh "$built"
-cargo build -p wasmop
-WASMOP="$CARGO_TARGET_DIR/debug/wasmop"
+# WASMOP_BIN: use this wasmop binary instead of building one.
+if [[ -z ${WASMOP_BIN:-} ]]; then cargo build -p wasmop; fi
+WASMOP="${WASMOP_BIN:-$CARGO_TARGET_DIR/debug/wasmop}"
 
 # Reuse a control plane that is already up (and leave it running after);
 # otherwise start one and stop it on exit.

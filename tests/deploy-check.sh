@@ -59,8 +59,8 @@ ok "deploy/wasmop.yaml passes Pod Security restricted with no warning"
 #    shipped plugins (plugins/*, not the SDK), and the chart holds a copy.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$WASMOP_CACHE/target}"
 built="${WASMOP_PLUGIN_DIR:-$CARGO_TARGET_DIR/plugins}"
-cargo build -q -p wasmop
-WASMOP="$CARGO_TARGET_DIR/debug/wasmop"
+if [[ -z ${WASMOP_BIN:-} ]]; then cargo build -q -p wasmop; fi
+WASMOP="${WASMOP_BIN:-$CARGO_TARGET_DIR/debug/wasmop}"
 shipped="$(mktemp -d)"
 trap '"$KUBECTL" delete namespace wasmop --wait=false >/dev/null 2>&1 || true; rm -rf "$shipped"' EXIT
 for dir in plugins/*/; do

@@ -11,8 +11,8 @@ repo="$(pwd)"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$WASMOP_CACHE/target}"
 fail() { printf '[scaffold-check] FAILED: %s\n' "$*" >&2; exit 1; }
 
-cargo build -q -p wasmop
-WASMOP="$CARGO_TARGET_DIR/debug/wasmop"
+if [[ -z ${WASMOP_BIN:-} ]]; then cargo build -q -p wasmop; fi
+WASMOP="${WASMOP_BIN:-$CARGO_TARGET_DIR/debug/wasmop}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 case "$work/" in "$repo"/*) fail "the temporary directory is inside the workspace" ;; esac
