@@ -128,7 +128,11 @@ impl Metrics {
                     cumulative += n;
                     let _ = writeln!(out, "{name}_bucket{{{body}{sep}le=\"{le}\"}} {cumulative}");
                 }
-                let _ = writeln!(out, "{name}_bucket{{{body}{sep}le=\"+Inf\"}} {}", hist.count);
+                let _ = writeln!(
+                    out,
+                    "{name}_bucket{{{body}{sep}le=\"+Inf\"}} {}",
+                    hist.count
+                );
                 let wrap = |t: String| if t.is_empty() { t } else { format!("{{{t}}}") };
                 let _ = writeln!(out, "{name}_sum{} {}", wrap(body.clone()), hist.sum);
                 let _ = writeln!(out, "{name}_count{} {}", wrap(body), hist.count);
@@ -200,9 +204,8 @@ where
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>,
-    >;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
 
     fn poll_ready(
         &mut self,
@@ -276,7 +279,9 @@ pub async fn serve(addr: SocketAddr) -> std::io::Result<tokio::task::JoinHandle<
                     .unwrap_or("");
                 let (code, body) = match path {
                     "/metrics" => (200, global().render()),
-                    "/healthz" | "/livez" => crate::health::global().healthz(std::time::Instant::now()),
+                    "/healthz" | "/livez" => {
+                        crate::health::global().healthz(std::time::Instant::now())
+                    }
                     "/readyz" => crate::health::global().readyz(),
                     _ => (404, "not found\n".to_string()),
                 };

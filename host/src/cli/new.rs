@@ -359,7 +359,10 @@ pub fn new_command(args: NewArgs) -> Result<ExitCode, CliError> {
         });
     }
     let gvk = parse_kind(&args.kind).map_err(|reason| CliError::Scaffold { reason })?;
-    let dir = args.dir.clone().unwrap_or_else(|| PathBuf::from(&args.name));
+    let dir = args
+        .dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(&args.name));
     if dir.exists()
         && std::fs::read_dir(&dir)
             .map(|mut d| d.next().is_some())

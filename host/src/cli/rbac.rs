@@ -47,7 +47,12 @@ pub struct RbacArgs {
     pub config: Option<PathBuf>,
     /// Watched namespace; repeat (or separate with commas) for several.
     /// Default: all namespaces (a ClusterRole).
-    #[arg(long = "namespace", short = 'n', value_name = "NS", value_delimiter = ',')]
+    #[arg(
+        long = "namespace",
+        short = 'n',
+        value_name = "NS",
+        value_delimiter = ','
+    )]
     pub namespaces: Vec<String>,
     /// Namespace the operator runs in (its ServiceAccount, Lease, Pod).
     #[arg(long, value_name = "NS", default_value = "wasmop")]
@@ -197,7 +202,11 @@ fn generate(args: &RbacArgs, plugins: &[PluginRbac]) -> Generated {
                 kinds.join(", "),
                 c.write_namespaces
                     .iter()
-                    .map(|n| if n == "*" { "ANY namespace" } else { n.as_str() })
+                    .map(|n| if n == "*" {
+                        "ANY namespace"
+                    } else {
+                        n.as_str()
+                    })
                     .collect::<Vec<_>>()
                     .join(", ")
             ));
@@ -227,7 +236,13 @@ fn generate(args: &RbacArgs, plugins: &[PluginRbac]) -> Generated {
                             .chain(["create", "update", "patch", "delete"])
                             .collect();
                         if !k.namespaced || ns == "*" {
-                            rbac::grant(&mut cluster, &k.group, k.plural.clone(), k.namespaced, &verbs);
+                            rbac::grant(
+                                &mut cluster,
+                                &k.group,
+                                k.plural.clone(),
+                                k.namespaced,
+                                &verbs,
+                            );
                         } else {
                             rbac::grant(
                                 roles.entry(ns.clone()).or_default(),
@@ -404,7 +419,10 @@ mod tests {
             ]
         );
         let text = render(&g).unwrap();
-        assert!(text.contains("writes configmaps outside its primary's namespace, in: audit"), "{text}");
+        assert!(
+            text.contains("writes configmaps outside its primary's namespace, in: audit"),
+            "{text}"
+        );
         // Writing anywhere cannot be confined by Roles: a ClusterRole.
         let g = generate(&args(&["a"]), &[plugin(&["*"])]);
         assert_eq!(kinds(&g)[0], "ClusterRole /wasmop");

@@ -375,7 +375,11 @@ fn leader_config(args: &RunArgs) -> Result<Option<LeaderConfig>, RunError> {
 }
 
 /// Settings and limits for the plugin file with this stem.
-pub(crate) fn load_options(file: &OperatorFile, stem: &str, cache: Option<CompileCache>) -> LoadOptions {
+pub(crate) fn load_options(
+    file: &OperatorFile,
+    stem: &str,
+    cache: Option<CompileCache>,
+) -> LoadOptions {
     let conf = file.plugins.get(stem);
     let defaults = Limits::default();
     LoadOptions {

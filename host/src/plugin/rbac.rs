@@ -72,7 +72,12 @@ pub fn grants(manifest: &Manifest) -> Grants {
             ns,
             &["get", "update", "patch"],
         );
-        grant(&p.group, format!("{}/finalizers", p.plural), ns, &["update"]);
+        grant(
+            &p.group,
+            format!("{}/finalizers", p.plural),
+            ns,
+            &["update"],
+        );
         for owned in &c.owns {
             let k = &owned.kind;
             grant(&k.group, k.plural.clone(), k.namespaced, READ);
@@ -94,13 +99,20 @@ pub fn grants(manifest: &Manifest) -> Grants {
         }
     }
     grant("", "events".to_owned(), true, &["create", "patch"]);
-    grant("events.k8s.io", "events".to_owned(), true, &["create", "patch"]);
+    grant(
+        "events.k8s.io",
+        "events".to_owned(),
+        true,
+        &["create", "patch"],
+    );
     grants
 }
 
 /// `grants` as rules: one per (group, verb set) listing its resources,
 /// deterministic in order.
-pub fn merge_rules<'a>(grants: impl IntoIterator<Item = (&'a (String, String), &'a Grant)>) -> Vec<PolicyRule> {
+pub fn merge_rules<'a>(
+    grants: impl IntoIterator<Item = (&'a (String, String), &'a Grant)>,
+) -> Vec<PolicyRule> {
     let mut merged: BTreeMap<(String, Vec<&str>), Vec<String>> = BTreeMap::new();
     for ((group, resource), grant) in grants {
         let verbs: Vec<&str> = VERB_ORDER
