@@ -264,7 +264,9 @@ now: "2026-01-01T00:00:00Z"
           "name": "example-{name}",
           "namespace": "default"
         }}
-      }}
+      }},
+      "precondition": null,
+      "force": false
     }}
   ],
   "delete": [],
