@@ -1,21 +1,52 @@
 #!/usr/bin/env bash
 # Shows wasmop working on a fresh machine with no cluster of your own:
 # builds the plugins, starts the local control plane (tests/cluster/up.sh,
-# the same scripts the tests use), installs the CRDs, runs the operator,
-# applies the examples in deploy/examples/ and shows what the operator made
-# and the primaries' conditions as they converge. Ctrl-C stops everything
-# this script started.
+# the same scripts the tests use), installs the CRDs and waits until each is
+# established, runs the operator, applies the examples in deploy/examples/
+# and shows the examples' primaries (the objects of kinds a CRD serves) with
+# their conditions as they converge, and what the operator made. Ctrl-C
+# stops everything this script started.
 #
-#   bash deploy/run-local.sh [EXAMPLE.yaml ...]
+#   bash deploy/run-local.sh [--check] [EXAMPLE.yaml ...]
+#
+# --check   run the same demo without a screen: wait until every example
+#           primary has the condition Ready=True (deadline
+#           WASMOP_DEMO_TIMEOUT seconds, default 300), check the operator's
+#           /metrics, /readyz and /healthz, delete the examples again, and exit 0;
+#           exit 1 with the primaries' state and the operator's log tail
+#           when the deadline passes or the operator exits. tests/run.sh
+#           runs this, so the demo is exercised on every CI run.
+#
+# Environment: WASMOP_CLUSTER_DIR and the WASMOP_*_PORT variables of
+# tests/cluster/up.sh; WASMOP_DEMO_METRICS_ADDR (default 127.0.0.1:9464;
+# --check defaults to a free port) where the operator serves /metrics,
+# /healthz and /readyz;
+# WASMOP_PLUGIN_DIR, where the plugins are built.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . tests/cluster/lib.sh
 
-examples=("$@")
+check=0
+examples=()
+for arg in "$@"; do
+  case $arg in
+    --check) check=1 ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) die "unknown option $arg (see --help)" ;;
+    *) [[ -f $arg ]] || die "no such example file: $arg"; examples+=("$arg") ;;
+  esac
+done
 [[ ${#examples[@]} -gt 0 ]] || examples=(deploy/examples/widgets.yaml deploy/examples/firebolt-instance.yaml)
 
+if [[ $check == 1 ]]; then
+  metrics_addr="${WASMOP_DEMO_METRICS_ADDR:-127.0.0.1:0}"
+else
+  metrics_addr="${WASMOP_DEMO_METRICS_ADDR:-127.0.0.1:9464}"
+fi
+timeout_s="${WASMOP_DEMO_TIMEOUT:-300}"
+
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$WASMOP_CACHE/target}"
-built="$CARGO_TARGET_DIR/plugins"
+built="${WASMOP_PLUGIN_DIR:-$CARGO_TARGET_DIR/plugins}"
 # The operator's plugin directory for the demo: the shipped plugins plus the
 # `good` test plugin that reconciles the example Widgets (the other test
 # plugins misbehave on purpose, or claim the same kinds).
@@ -23,8 +54,9 @@ plugins="$WASMOP_CLUSTER_DIR/demo-plugins"
 KUBECTL="$K8S_BIN/kubectl"
 
 bash tests/build-plugins.sh "$built"
-cargo build -p wasmop
-WASMOP="$CARGO_TARGET_DIR/debug/wasmop"
+# WASMOP_BIN: use this wasmop binary instead of building one.
+if [[ -z ${WASMOP_BIN:-} ]]; then cargo build -p wasmop; fi
+WASMOP="${WASMOP_BIN:-$CARGO_TARGET_DIR/debug/wasmop}"
 
 # Reuse a control plane that is already up (and leave it running after);
 # otherwise start one and stop it on exit.
@@ -37,19 +69,31 @@ bash tests/cluster/up.sh >/dev/null
 export KUBECONFIG="$WASMOP_CLUSTER_DIR/kubeconfig"
 
 op_pid=""
-stop() {
+applied=0
+log_file="$WASMOP_CLUSTER_DIR/logs/wasmop.log"
+cleanup() {
+  local status=$?
   trap - INT TERM EXIT
   echo
+  # --check leaves the cluster as it found it: the examples are deleted
+  # while the operator still runs (it removes its finalizers).
+  if [[ $check == 1 && $applied == 1 ]]; then
+    for f in "${examples[@]}"; do
+      "$KUBECTL" delete -f "$f" --ignore-not-found --wait=true --timeout=60s >/dev/null 2>&1 || echo "could not delete everything of $f"
+    done
+  fi
   if [[ -n $op_pid ]]; then
     kill "$op_pid" 2>/dev/null || true
     wait "$op_pid" 2>/dev/null || true
   fi
-  if [[ $started_cluster == 1 ]]; then bash tests/cluster/down.sh; fi
+  if [[ $started_cluster == 1 ]]; then bash tests/cluster/down.sh --keep-logs; fi
+  if [[ $check == 1 ]]; then exit "$status"; fi
   exit 0
 }
-trap stop INT TERM EXIT
+trap cleanup INT TERM EXIT
 
 mkdir -p "$plugins"
+rm -f "$plugins"/*.wasm
 cp "$built/good.wasm" "$plugins/"
 for dir in plugins/*/; do
   name="$(basename "$dir")"
@@ -57,32 +101,112 @@ for dir in plugins/*/; do
 done
 echo "plugins: $(cd "$plugins" && ls | paste -sd' ' -)"
 
-"$KUBECTL" apply --server-side -f tests/fixtures/crds/ >/dev/null
-if compgen -G "crds/*.yaml" >/dev/null; then "$KUBECTL" apply --server-side -f crds/ >/dev/null; fi
+# Applies CRD files and waits until each CRD is Established. A CRD has no
+# status at all for a moment after it is created, so this polls its
+# condition rather than `kubectl wait ... crd --all`, which fails on that.
+apply_crds() {
+  local names name deadline=$(( $(date +%s) + 60 ))
+  names=$("$KUBECTL" apply --server-side -o name "$@")
+  for name in $names; do
+    until [[ $("$KUBECTL" get "$name" -o jsonpath='{.status.conditions[?(@.type=="Established")].status}' 2>/dev/null) == True ]]; do
+      (( $(date +%s) < deadline )) || die "$name is not established after 60s"
+      sleep 0.2
+    done
+  done
+}
+apply_crds -f tests/fixtures/crds/
+if compgen -G "crds/*.yaml" >/dev/null; then apply_crds -f crds/; fi
 # The instance and engine plugins own cert-manager Certificates: their CRDs
 # must exist (tests/cluster/build.sh, run by up.sh, fetched them).
-"$KUBECTL" apply --server-side -f "$CERT_MANAGER_CRDS/" >/dev/null
-"$KUBECTL" wait --for=condition=Established crd --all --timeout=60s >/dev/null
+apply_crds -f "$CERT_MANAGER_CRDS/"
+echo "CRDs established"
 
-log_file="$WASMOP_CLUSTER_DIR/logs/wasmop.log"
-"$WASMOP" run --plugins "$plugins" --metrics-addr 127.0.0.1:9464 >"$log_file" 2>&1 &
+mkdir -p "$(dirname "$log_file")"
+"$WASMOP" run --plugins "$plugins" --metrics-addr "$metrics_addr" >"$log_file" 2>&1 &
 op_pid=$!
 echo "operator running (pid $op_pid), log: $log_file"
 
+applied=1
 for f in "${examples[@]}"; do "$KUBECTL" apply --server-side -f "$f"; done
 
-kinds=$(for f in "${examples[@]}"; do awk '/^kind:/{print $2}' "$f"; done | sort -u | paste -sd, -)
+# The examples' primaries: objects whose kind a CRD serves (not the
+# Namespaces and other built-in objects the examples also hold), as
+# "resource.group namespace name" lines.
+crd_map=$("$KUBECTL" get crd -o jsonpath='{range .items[*]}{.spec.names.kind}.{.spec.group} {.spec.names.plural}.{.spec.group}{"\n"}{end}')
+primaries=()
+while read -r api kind ns name; do
+  [[ -n $kind ]] || continue
+  group="${api%/*}"
+  [[ $group == "$api" ]] && group=""
+  resource=$(awk -v k="$kind.$group" '$1 == k {print $2}' <<<"$crd_map")
+  [[ -n $resource ]] || continue
+  [[ $ns == "<none>" ]] && ns=""
+  primaries+=("$resource ${ns:--} $name")
+done < <(for f in "${examples[@]}"; do
+  "$KUBECTL" get -f "$f" --no-headers -o custom-columns='A:.apiVersion,K:.kind,N:.metadata.namespace,M:.metadata.name'
+done)
+[[ ${#primaries[@]} -gt 0 ]] || die "the examples hold no object of a kind a CRD serves"
+resources=$(printf '%s\n' "${primaries[@]}" | awk '{print $1}' | sort -u | paste -sd, -)
+
+show_primaries() {
+  "$KUBECTL" get "$resources" -A --sort-by=.kind \
+    -o custom-columns='KIND:.kind,NAMESPACE:.metadata.namespace,NAME:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,RECONCILED:.status.conditions[?(@.type=="Reconciled")].status,REASON:.status.conditions[?(@.type=="Reconciled")].reason,RECONCILED-BY:.metadata.annotations.wasmop\.dev/reconciled-by' || true
+}
+
+# Prints the primaries that are not Ready=True yet.
+not_ready() {
+  local p resource ns name args status
+  for p in "${primaries[@]}"; do
+    read -r resource ns name <<<"$p"
+    args=("$resource" "$name")
+    [[ $ns == - ]] || args+=(-n "$ns")
+    status=$("$KUBECTL" get "${args[@]}" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null || true)
+    [[ $status == True ]] || echo "$p"
+  done
+}
+
+# The address the operator bound (its log line "serving metrics").
+bound_addr() {
+  sed -n 's/.*serving metrics.*addr=\([0-9.:]*\).*/\1/p' "$log_file" | head -n1
+}
+
+if [[ $check == 1 ]]; then
+  echo "waiting up to ${timeout_s}s for every primary to be Ready: ${primaries[*]/%/;}"
+  deadline=$(( $(date +%s) + timeout_s ))
+  while true; do
+    kill -0 "$op_pid" 2>/dev/null || { show_primaries; echo "operator exited; log tail:"; tail -n 40 "$log_file"; exit 1; }
+    pending=$(not_ready)
+    [[ -n $pending ]] || break
+    if (( $(date +%s) >= deadline )); then
+      echo "not Ready after ${timeout_s}s:"; echo "$pending"
+      show_primaries
+      echo "operator log tail:"; tail -n 40 "$log_file"
+      exit 1
+    fi
+    sleep 1
+  done
+  show_primaries
+  addr=$(bound_addr)
+  [[ -n $addr ]] || { echo "the operator did not log its metrics address"; exit 1; }
+  for path in metrics readyz healthz; do
+    curl -fsS "http://$addr/$path" >/dev/null || { echo "GET /$path on the operator failed"; curl -sS "http://$addr/$path"; exit 1; }
+  done
+  curl -fsS "http://$addr/metrics" | grep -q '^workqueue_adds_total{name=' \
+    || { echo "/metrics has no workqueue_adds_total series"; exit 1; }
+  echo "demo check passed: every example primary is Ready; /metrics, /readyz and /healthz answer 200"
+  exit 0
+fi
+
 while true; do
   clear 2>/dev/null || true
   date
-  echo "--- primaries ($kinds) and their conditions"
-  "$KUBECTL" get "$kinds" -A --sort-by=.kind \
-    -o custom-columns='KIND:.kind,NAMESPACE:.metadata.namespace,NAME:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,RECONCILED:.status.conditions[?(@.type=="Reconciled")].status,REASON:.status.conditions[?(@.type=="Reconciled")].reason,RECONCILED-BY:.metadata.annotations.wasmop\.dev/reconciled-by' || true
+  echo "--- primaries (${resources}) and their conditions"
+  show_primaries
   echo "--- objects the operator made (label app.kubernetes.io/managed-by=wasmop)"
   "$KUBECTL" get deployments,statefulsets,services,configmaps,secrets,pods -A -l app.kubernetes.io/managed-by=wasmop || true
   echo "--- last operator log lines"
   tail -n 5 "$log_file"
-  echo "(Ctrl-C stops the operator and the control plane)"
+  echo "(Ctrl-C stops the operator and the control plane; metrics at http://$(bound_addr)/metrics)"
   kill -0 "$op_pid" 2>/dev/null || { echo "operator exited; see $log_file"; exit 1; }
   sleep 2
 done

@@ -3,11 +3,16 @@
 #   1. installs what the build needs (the wasm32-wasip2 target, clippy, rustfmt);
 #   2. builds or reuses the cached control-plane binaries (tests/cluster/build.sh);
 #   3. builds every plugin and test plugin to a real .wasm component;
-#   4. checks formatting and lints;
+#   4. checks formatting and lints; scaffolds a plugin outside the
+#      workspace with `wasmop new`, builds it and checks its plan;
 #   5. starts the local control plane (tests/cluster/up.sh);
-#   6. runs `cargo test --workspace` — unit tests, golden plans and the
+#   6. runs the README's demo unattended (`deploy/run-local.sh --check`:
+#      the examples' primaries must all become Ready), which cleans up after
+#      itself; checks the deployment files (tests/deploy-check.sh:
+#      restricted Pod Security, RBAC drift, the Helm chart);
+#   7. runs `cargo test --workspace` — unit tests, golden plans and the
 #      integration tests against the control plane;
-#   7. stops the control plane, also when something failed.
+#   8. stops the control plane, also when something failed.
 # Exits non-zero on any failure.
 #
 # Environment:
@@ -42,6 +47,9 @@ step "formatting and lints"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 
+step "a plugin crate outside the workspace (wasmop new, build, wasmop plan)"
+bash tests/scaffold-check.sh
+
 step "local control plane"
 cleanup() {
   if [[ ${WASMOP_KEEP_CLUSTER:-0} == 1 ]]; then
@@ -53,6 +61,13 @@ cleanup() {
 trap cleanup EXIT
 KUBECONFIG="$(bash tests/cluster/up.sh)"
 export KUBECONFIG
+
+step "the README's run command, unattended (deploy/run-local.sh --check)"
+# On the fresh control plane, so its CRD handling meets CRDs just created.
+bash deploy/run-local.sh --check
+
+step "deployment files: Pod Security restricted, generated RBAC, Helm chart"
+bash tests/deploy-check.sh
 
 step "cargo test --workspace"
 test_log="$(mktemp)"

@@ -22,7 +22,7 @@
 //! ```
 //!
 //! Small shared helpers: [`object`] (JSON object accessors), [`names`]
-//! (Kubernetes name rules), [`conditions`], [`metrics`].
+//! (Kubernetes name rules), [`conditions`], [`metrics`], [`health`].
 //!
 //! The contract's JSON types (manifest, plan, observation) are the
 //! `wasmop-contract` crate's, shared with the plugin SDK.
@@ -31,6 +31,8 @@ pub mod cli;
 pub mod conditions;
 pub mod controller;
 pub mod execute;
+pub mod health;
+pub mod logging;
 pub mod metrics;
 pub mod names;
 pub mod object;
@@ -38,6 +40,7 @@ pub mod observe;
 pub mod plugin;
 pub mod reconcile;
 pub mod sandbox;
+pub mod selfevent;
 pub mod watch;
 
 pub use plugin::manifest::{Controller, KindRef, Manifest, ManifestProblem};

@@ -1,5 +1,6 @@
 //! Operator metrics in the Prometheus text format, served on
-//! `--metrics-addr` at `/metrics`.
+//! `--metrics-addr` at `/metrics` (next to `/healthz` and `/readyz`, see
+//! [`crate::health`]).
 //!
 //! | metric | labels | meaning |
 //! | --- | --- | --- |
@@ -25,10 +26,25 @@ use tokio::net::TcpListener;
 
 type Labels = Vec<(String, String)>;
 
-/// A set of counters and gauges keyed by name and labels.
+/// Upper bounds (seconds) of every histogram's buckets: from 5 ms to a
+/// minute, as controller-runtime's reconcile-time buckets.
+pub const BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+#[derive(Debug, Clone, Default)]
+struct Histogram {
+    /// Count per bucket of [`BUCKETS`] (not cumulative).
+    counts: [u64; BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+/// A set of counters, gauges and histograms keyed by name and labels.
 #[derive(Debug, Default)]
 pub struct Metrics {
     series: Mutex<BTreeMap<String, BTreeMap<Labels, f64>>>,
+    histograms: Mutex<BTreeMap<String, BTreeMap<Labels, Histogram>>>,
 }
 
 fn labels(pairs: &[(&str, &str)]) -> Labels {
@@ -61,6 +77,29 @@ impl Metrics {
             .insert(labels(pairs), value);
     }
 
+    /// Records one observation (in seconds) in a histogram.
+    pub fn observe(&self, name: &str, pairs: &[(&str, &str)], value: f64) {
+        let mut h = self.histograms.lock().expect("metrics lock");
+        let entry = h
+            .entry(name.to_string())
+            .or_default()
+            .entry(labels(pairs))
+            .or_default();
+        if let Some(i) = BUCKETS.iter().position(|&le| value <= le) {
+            entry.counts[i] += 1;
+        }
+        entry.count += 1;
+        entry.sum += value;
+    }
+
+    /// How many observations a histogram series holds.
+    pub fn observed(&self, name: &str, pairs: &[(&str, &str)]) -> u64 {
+        let h = self.histograms.lock().expect("metrics lock");
+        h.get(name)
+            .and_then(|s| s.get(&labels(pairs)))
+            .map_or(0, |x| x.count)
+    }
+
     /// Removes every series of `name` whose label `key` equals `value`.
     pub fn remove_where(&self, name: &str, key: &str, value: &str) {
         let mut s = self.series.lock().expect("metrics lock");
@@ -77,6 +116,32 @@ impl Metrics {
 
     /// Everything in the Prometheus text exposition format.
     pub fn render(&self) -> String {
+        let mut out = self.render_series();
+        let h = self.histograms.lock().expect("metrics lock");
+        for (name, series) in h.iter() {
+            let _ = writeln!(out, "# TYPE {name} histogram");
+            for (l, hist) in series {
+                let body = label_text(l);
+                let sep = if body.is_empty() { "" } else { "," };
+                let mut cumulative = 0;
+                for (le, n) in BUCKETS.iter().zip(hist.counts) {
+                    cumulative += n;
+                    let _ = writeln!(out, "{name}_bucket{{{body}{sep}le=\"{le}\"}} {cumulative}");
+                }
+                let _ = writeln!(
+                    out,
+                    "{name}_bucket{{{body}{sep}le=\"+Inf\"}} {}",
+                    hist.count
+                );
+                let wrap = |t: String| if t.is_empty() { t } else { format!("{{{t}}}") };
+                let _ = writeln!(out, "{name}_sum{} {}", wrap(body.clone()), hist.sum);
+                let _ = writeln!(out, "{name}_count{} {}", wrap(body), hist.count);
+            }
+        }
+        out
+    }
+
+    fn render_series(&self) -> String {
         let s = self.series.lock().expect("metrics lock");
         let mut out = String::new();
         for (name, series) in s.iter() {
@@ -87,21 +152,99 @@ impl Metrics {
             };
             let _ = writeln!(out, "# TYPE {name} {kind}");
             for (l, v) in series {
-                let body: Vec<String> = l
-                    .iter()
-                    .map(|(k, v)| {
-                        format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\""))
-                    })
-                    .collect();
+                let body = label_text(l);
                 if body.is_empty() {
                     let _ = writeln!(out, "{name} {v}");
                 } else {
-                    let _ = writeln!(out, "{name}{{{}}} {v}", body.join(","));
+                    let _ = writeln!(out, "{name}{{{body}}} {v}");
                 }
             }
         }
         out
     }
+}
+
+/// Records a failed reconcile that is retried with backoff:
+/// `controller_runtime_reconcile_errors_total{controller, reason}` and
+/// `workqueue_retries_total{name}`.
+pub fn reconcile_error(controller: &str, reason: &str) {
+    let m = global();
+    m.inc(
+        "controller_runtime_reconcile_errors_total",
+        &[("controller", controller), ("reason", reason)],
+    );
+    m.inc("workqueue_retries_total", &[("name", controller)]);
+}
+
+/// A tower layer for the Kubernetes client that counts every request as
+/// client-go does: `rest_client_requests_total{code, method}` (`code` is
+/// the HTTP status, `<error>` when no response came) and
+/// `rest_client_request_duration_seconds{verb}` (time to the response
+/// headers).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RestClientMetrics;
+
+impl<S> tower::Layer<S> for RestClientMetrics {
+    type Service = RestClientMetricsService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        RestClientMetricsService(inner)
+    }
+}
+
+/// The service [`RestClientMetrics`] wraps around the client's stack.
+#[derive(Debug, Clone)]
+pub struct RestClientMetricsService<S>(S);
+
+impl<S, B, R> tower::Service<http::Request<B>> for RestClientMetricsService<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    R: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let method = req.method().as_str().to_owned();
+        let started = std::time::Instant::now();
+        let response = self.0.call(req);
+        Box::pin(async move {
+            let out = response.await;
+            let code = match &out {
+                Ok(r) => r.status().as_u16().to_string(),
+                Err(_) => "<error>".to_owned(),
+            };
+            let m = global();
+            m.inc(
+                "rest_client_requests_total",
+                &[("code", &code), ("method", &method)],
+            );
+            m.observe(
+                "rest_client_request_duration_seconds",
+                &[("verb", &method)],
+                started.elapsed().as_secs_f64(),
+            );
+            out
+        })
+    }
+}
+
+/// `k="v",...` with values escaped.
+fn label_text(l: &Labels) -> String {
+    l.iter()
+        .map(|(k, v)| format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\"")))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The process-wide metrics.
@@ -110,13 +253,16 @@ pub fn global() -> &'static Metrics {
     METRICS.get_or_init(Metrics::default)
 }
 
-/// Serves [`global`] metrics at `http://addr/metrics` until the task is
-/// dropped.
+/// Serves [`global`] metrics at `http://addr/metrics`, and
+/// [`crate::health`] at `/healthz` (also `/livez`) and `/readyz`, until the
+/// task is dropped.
 ///
 /// # Errors
 /// When the address cannot be bound.
 pub async fn serve(addr: SocketAddr) -> std::io::Result<tokio::task::JoinHandle<()>> {
     let listener = TcpListener::bind(addr).await?;
+    // The bound address: with port 0 the one the OS chose.
+    let addr = listener.local_addr()?;
     tracing::info!(%addr, "serving metrics at /metrics");
     Ok(tokio::spawn(async move {
         loop {
@@ -127,10 +273,23 @@ pub async fn serve(addr: SocketAddr) -> std::io::Result<tokio::task::JoinHandle<
                 let mut buf = [0u8; 2048];
                 let n = sock.read(&mut buf).await.unwrap_or(0);
                 let request = String::from_utf8_lossy(&buf[..n]);
-                let (status, body) = if request.starts_with("GET /metrics") {
-                    ("200 OK", global().render())
-                } else {
-                    ("404 Not Found", "not found\n".to_string())
+                let path = request
+                    .strip_prefix("GET ")
+                    .and_then(|r| r.split([' ', '?']).next())
+                    .unwrap_or("");
+                let (code, body) = match path {
+                    "/metrics" => (200, global().render()),
+                    "/healthz" | "/livez" => {
+                        crate::health::global().healthz(std::time::Instant::now())
+                    }
+                    "/readyz" => crate::health::global().readyz(),
+                    _ => (404, "not found\n".to_string()),
+                };
+                let status = match code {
+                    200 => "200 OK",
+                    404 => "404 Not Found",
+                    503 => "503 Service Unavailable",
+                    _ => "500 Internal Server Error",
                 };
                 let response = format!(
                     "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",

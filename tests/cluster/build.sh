@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
-# and kwok from their Go modules at the versions pinned in versions.env, and
+# kwok and helm from their Go modules at the versions pinned in versions.env, and
 # fetches cert-manager's CRDs (deploy/crds/*.yaml of its Go module).
 # Results are cached outside the repo ($WASMOP_CACHE/bin/<component>-<version>);
 # a second run finds them and builds nothing.
@@ -107,6 +107,24 @@ build_kwok() {
   log "kwok $KWOK_VERSION: built into $out"
 }
 
+build_helm() {
+  local out="$HELM_BIN"
+  if [[ -x "$out/helm" ]]; then log "helm $HELM_VERSION: cached in $out"; return; fi
+  log "helm $HELM_VERSION: building"
+  local work; work="$(mktemp -d)"
+  (
+    cd "$work"
+    go mod init wasmop.local/helm-build >/dev/null 2>&1
+    go get "helm.sh/helm/v3@$HELM_VERSION" >/dev/null
+    mkdir -p "$out.tmp"
+    go build -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+      -o "$out.tmp/helm" helm.sh/helm/v3/cmd/helm
+  )
+  rm -rf "$work" "$out"
+  mv "$out.tmp" "$out"
+  log "helm $HELM_VERSION: built into $out"
+}
+
 fetch_cert_manager_crds() {
   local out="$CERT_MANAGER_CRDS"
   if compgen -G "$out/*.yaml" >/dev/null; then log "cert-manager $CERT_MANAGER_VERSION CRDs: cached in $out"; return; fi
@@ -133,4 +151,5 @@ fetch_cert_manager_crds
 build_etcd
 build_kwok
 build_k8s
+build_helm
 log "control plane binaries ready in $(( $(date +%s) - start ))s"

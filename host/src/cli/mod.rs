@@ -4,6 +4,8 @@
 //! function `fn name(args) -> Result<ExitCode, CliError>`, dispatched in
 //! [`execute`]. Errors are [`CliError`]s that display as one line.
 
+pub mod new;
+pub mod rbac;
 pub mod run;
 
 use std::path::{Path, PathBuf};
@@ -16,7 +18,6 @@ use serde_json::Value;
 use thiserror::Error;
 
 use crate::plugin::manifest::Manifest;
-use crate::plugin::rbac;
 use crate::plugin::{CompileCache, LoadError, LoadOptions, LoadedPlugin};
 use crate::reconcile::decide::Decision;
 use crate::reconcile::offline::{self, InputError, OfflineError};
@@ -27,6 +28,10 @@ use crate::sandbox::{Limits, Sandbox, SandboxConfig, SandboxError};
 #[derive(Debug, Parser)]
 #[command(name = "wasmop", version, about)]
 pub struct Cli {
+    /// Log line format on stderr: `text` (colours only on a terminal) or
+    /// `json` (one object per line).
+    #[arg(long, global = true, value_enum, env = "WASMOP_LOG_FORMAT", default_value_t = crate::logging::LogFormat::Text)]
+    pub log_format: crate::logging::LogFormat,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -39,6 +44,12 @@ pub enum Command {
     Inspect(InspectArgs),
     /// Compute a plugin's plan offline from objects in a YAML file.
     Plan(PlanArgs),
+    /// Scaffold a plugin crate of its own (SDK as a git or path
+    /// dependency), with a golden fixture and a README.
+    New(crate::cli::new::NewArgs),
+    /// Print the least-privilege RBAC (ClusterRole, or Roles per
+    /// namespace) the plugins in a directory and the operator need.
+    Rbac(crate::cli::rbac::RbacArgs),
     /// Run the operator: reconcile with the plugins in a directory, and
     /// hot-swap them as the directory changes.
     Run(crate::cli::run::RunArgs),
@@ -171,6 +182,21 @@ pub enum CliError {
     /// The operator could not start.
     #[error(transparent)]
     Run(#[from] crate::cli::run::RunError),
+    /// A file could not be written.
+    #[error("cannot write {path}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `wasmop new` refused its arguments.
+    #[error("{reason}")]
+    Scaffold {
+        /// What is wrong.
+        reason: String,
+    },
     /// The result could not be printed.
     #[error("cannot print the result: {reason}")]
     Render {
@@ -181,7 +207,7 @@ pub enum CliError {
 
 /// The whole `wasmop` program: parses the process's arguments, sets up
 /// logging (`WASMOP_LOG`, default `wasmop=info` for `run` and `warn`
-/// otherwise), runs the command and reports an error as one line on
+/// otherwise; `--log-format`), runs the command and reports an error as one line on
 /// stderr. The `wasmop` binary is this function; the integration tests
 /// build the same program under another name to spawn it.
 pub fn main() -> ExitCode {
@@ -190,13 +216,11 @@ pub fn main() -> ExitCode {
         Command::Run(_) => "wasmop=info",
         _ => "warn",
     };
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("WASMOP_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
-        .init();
+    crate::logging::init(
+        cli.log_format,
+        tracing_subscriber::EnvFilter::try_from_env("WASMOP_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
+    );
     match execute(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -218,6 +242,8 @@ pub fn execute(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
         Command::Inspect(args) => inspect(args),
         Command::Plan(args) => plan(args),
+        Command::New(args) => crate::cli::new::new_command(args),
+        Command::Rbac(args) => crate::cli::rbac::rbac_command(args),
         Command::Run(args) => Ok(crate::cli::run::run(args)?),
     }
 }
@@ -288,7 +314,7 @@ fn inspect(args: InspectArgs) -> Result<ExitCode, CliError> {
             .iter()
             .map(|c| (c.name.as_str(), c.write_namespaces.as_slice()))
             .collect(),
-        cluster_role: rbac::cluster_role(manifest),
+        cluster_role: crate::plugin::rbac::cluster_role(manifest),
     };
     print!("{}", render(&inspection, args.output)?);
     Ok(ExitCode::SUCCESS)

@@ -67,6 +67,10 @@ pub struct RunArgs {
     /// Serve Prometheus metrics at http://ADDR/metrics.
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// `/healthz` (on the metrics address) fails when one reconcile has
+    /// been running longer than this many seconds: the worker is stuck.
+    #[arg(long, value_name = "SECS", default_value_t = crate::health::DEFAULT_STUCK_AFTER.as_secs())]
+    pub stuck_after_secs: u64,
     /// Elect a leader through a Lease: every replica watches and computes
     /// plans, only the leader writes. Without it this process always acts
     /// as the leader (one replica).
@@ -174,7 +178,7 @@ pub enum RunError {
     Runtime(std::io::Error),
 }
 
-fn read_config(path: &Path) -> Result<OperatorFile, RunError> {
+pub(crate) fn read_config(path: &Path) -> Result<OperatorFile, RunError> {
     let text = std::fs::read_to_string(path).map_err(|e| RunError::Config {
         path: path.to_owned(),
         reason: e.to_string(),
@@ -253,10 +257,29 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
             reason: problems.join("; "),
         });
     }
+    let health = crate::health::global();
+    health.set_stuck_after(Duration::from_secs(args.stuck_after_secs.max(1)));
+    let scanned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let scanned = scanned.clone();
+        health.add_ready_check(
+            "plugins",
+            Box::new(move || {
+                if scanned.load(std::sync::atomic::Ordering::SeqCst) {
+                    Ok(())
+                } else {
+                    Err("the plugin directory is being loaded".to_owned())
+                }
+            }),
+        );
+    }
     if let Some(addr) = args.metrics_addr {
         metrics::serve(addr)
             .await
             .map_err(|e| RunError::Kube(format!("cannot serve metrics on {addr}: {e}")))?;
+    }
+    if let Some(pod) = crate::selfevent::init(client.clone()).await {
+        tracing::info!(%pod, "rejected plugin files raise Warning Events on this Pod");
     }
     let (operator, changes) = Operator::new(client.clone(), args.namespaces.clone(), config);
     // With leader election a replica starts as a follower: it watches and
@@ -289,7 +312,12 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
     let options: OptionsFor =
         Arc::new(move |stem: &str| load_options(&file, stem, compile_cache.clone()));
     let mut dir = PluginDir::new(args.plugins.clone(), sandbox, operator.clone(), options);
+    {
+        let op = operator.clone();
+        health.add_ready_check("caches", Box::new(move || op.caches_synced()));
+    }
     let first = dir.scan(false).await;
+    scanned.store(true, std::sync::atomic::Ordering::SeqCst);
     if first.activated.is_empty() {
         tracing::warn!(dir = %args.plugins.display(), "no plugin active yet; watching the directory for plugins");
     }
@@ -347,7 +375,11 @@ fn leader_config(args: &RunArgs) -> Result<Option<LeaderConfig>, RunError> {
 }
 
 /// Settings and limits for the plugin file with this stem.
-fn load_options(file: &OperatorFile, stem: &str, cache: Option<CompileCache>) -> LoadOptions {
+pub(crate) fn load_options(
+    file: &OperatorFile,
+    stem: &str,
+    cache: Option<CompileCache>,
+) -> LoadOptions {
     let conf = file.plugins.get(stem);
     let defaults = Limits::default();
     LoadOptions {
@@ -398,7 +430,11 @@ async fn client(kubeconfig: Option<&Path>) -> Result<Client, RunError> {
             .await
             .map_err(|e| RunError::Kube(e.to_string()))?,
     };
-    Client::try_from(config).map_err(|e| RunError::Kube(e.to_string()))
+    // Every API request is counted (`rest_client_requests_total`).
+    Ok(kube::client::ClientBuilder::try_from(config)
+        .map_err(|e| RunError::Kube(e.to_string()))?
+        .with_layer(&metrics::RestClientMetrics)
+        .build())
 }
 
 async fn shutdown_signal() {

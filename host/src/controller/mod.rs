@@ -34,6 +34,7 @@ use kube::Client;
 use kube::api::ApiResource;
 use serde_json::Value;
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
 use crate::controller::queue::{Backoff, Queue};
 use crate::execute::Reporter;
@@ -197,7 +198,7 @@ impl Operator {
             client,
             cache,
             controllers: RwLock::new(BTreeMap::new()),
-            queue: Queue::new(),
+            queue: Queue::with_metrics(|k: &PrimaryKey| k.controller.to_string()),
             backoff: Backoff::new(config.backoff_base, config.backoff_max),
             observer: Observer::new(config.observe.clone()),
             config,
@@ -265,7 +266,18 @@ impl Operator {
                 let op = self.clone();
                 tokio::spawn(async move {
                     while let Some(key) = op.queue.next().await {
-                        op.reconcile(&key).await;
+                        // /healthz fails while one reconcile runs too long.
+                        let busy = crate::health::global().busy(key.to_string());
+                        let started = std::time::Instant::now();
+                        op.reconcile(&key)
+                            .instrument(crate::logging::reconcile_span(&key))
+                            .await;
+                        crate::metrics::global().observe(
+                            "workqueue_work_duration_seconds",
+                            &[("name", &key.controller)],
+                            started.elapsed().as_secs_f64(),
+                        );
+                        drop(busy);
                         op.queue.done(&key);
                     }
                 })
@@ -284,6 +296,25 @@ impl Operator {
         }
         router.abort();
         secret_poller.abort();
+    }
+
+    /// `Ok` when the cache of every kind an active controller reads has
+    /// synced; otherwise the kinds still listing (for `/readyz`).
+    pub fn caches_synced(&self) -> Result<(), String> {
+        let controllers = self.controllers.read().expect("controllers lock");
+        let mut waiting: Vec<String> = controllers
+            .values()
+            .flat_map(|a| a.kinds.iter())
+            .filter(|k| !self.cache.kind(k).is_some_and(|kc| kc.synced()))
+            .map(|k| k.to_string())
+            .collect();
+        waiting.sort();
+        waiting.dedup();
+        if waiting.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("caches not synced: {}", waiting.join(", ")))
+        }
     }
 
     /// Stops everything at once — watches, routing, workers — without

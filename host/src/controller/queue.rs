@@ -25,6 +25,8 @@ struct State<K> {
     dirty: HashSet<K>,
     /// Earliest pending delayed add per key.
     scheduled: HashMap<K, Instant>,
+    /// When each waiting key was added (for `workqueue_queue_duration_seconds`).
+    since: HashMap<K, Instant>,
     closed: bool,
 }
 
@@ -33,11 +35,24 @@ struct State<K> {
 pub struct Queue<K> {
     state: Mutex<State<K>>,
     notify: Notify,
+    /// The `name` label of a key's workqueue metrics; no metrics without.
+    metrics_name: Option<fn(&K) -> String>,
 }
 
 impl<K: Clone + Eq + Hash + Send + Sync + 'static> Queue<K> {
     /// An empty queue.
     pub fn new() -> Arc<Self> {
+        Self::build(None)
+    }
+
+    /// An empty queue that records client-go's workqueue metrics
+    /// (`workqueue_depth`, `workqueue_adds_total`,
+    /// `workqueue_queue_duration_seconds`) labelled `name = name_of(key)`.
+    pub fn with_metrics(name_of: fn(&K) -> String) -> Arc<Self> {
+        Self::build(Some(name_of))
+    }
+
+    fn build(metrics_name: Option<fn(&K) -> String>) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(State {
                 order: VecDeque::new(),
@@ -45,9 +60,11 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Queue<K> {
                 running: HashSet::new(),
                 dirty: HashSet::new(),
                 scheduled: HashMap::new(),
+                since: HashMap::new(),
                 closed: false,
             }),
             notify: Notify::new(),
+            metrics_name,
         })
     }
 
@@ -60,6 +77,13 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Queue<K> {
             return;
         }
         if s.waiting.insert(key.clone()) {
+            if let Some(name_of) = self.metrics_name {
+                let name = name_of(&key);
+                let m = crate::metrics::global();
+                m.inc("workqueue_adds_total", &[("name", &name)]);
+                m.add("workqueue_depth", &[("name", &name)], 1.0);
+                s.since.insert(key.clone(), Instant::now());
+            }
             s.order.push_back(key);
             drop(s);
             self.notify.notify_one();
@@ -117,6 +141,18 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Queue<K> {
                 }
                 if let Some(key) = s.order.pop_front() {
                     s.waiting.remove(&key);
+                    if let Some(name_of) = self.metrics_name {
+                        let name = name_of(&key);
+                        let m = crate::metrics::global();
+                        m.add("workqueue_depth", &[("name", &name)], -1.0);
+                        if let Some(at) = s.since.remove(&key) {
+                            m.observe(
+                                "workqueue_queue_duration_seconds",
+                                &[("name", &name)],
+                                at.elapsed().as_secs_f64(),
+                            );
+                        }
+                    }
                     s.running.insert(key.clone());
                     if !s.order.is_empty() {
                         self.notify.notify_one();

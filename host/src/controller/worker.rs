@@ -89,6 +89,12 @@ impl Operator {
             &[("controller", &a.id)],
             elapsed.as_secs_f64(),
         );
+        // Snapshot, plugin call and plan validation, per plugin.
+        metrics::global().observe(
+            "wasmop_plugin_call_duration_seconds",
+            &[("plugin", a.plugin.name()), ("controller", &a.id)],
+            elapsed.as_secs_f64(),
+        );
         let decided = match decided {
             Ok(decided) => decided,
             Err(join) => {
@@ -194,6 +200,7 @@ impl Operator {
                             "wasmop_reconcile_total",
                             &[("controller", &a.id), ("result", e.reason())],
                         );
+                        metrics::global().inc("workqueue_retries_total", &[("name", &a.id)]);
                         let delay = self.backoff.fail(key);
                         tracing::info!(primary = %key, reason = e.reason(), error = %e,
                             retry_in = ?delay, "reconcile deferred");
@@ -286,6 +293,7 @@ impl Operator {
             "wasmop_reconcile_total",
             &[("controller", &a.id), ("result", reason)],
         );
+        metrics::reconcile_error(&a.id, reason);
         let delay = self.backoff.fail(key);
         tracing::warn!(primary = %key, plugin_version = %a.plugin.version(), reason,
             message = %report::cap(message, report::MAX_CONDITION_MESSAGE), retry_in = ?delay,

@@ -258,6 +258,7 @@ impl PluginDir {
 
 fn reject(report: &mut ScanReport, path: &Path, reason: &str, message: &str) {
     tracing::error!(file = %path.display(), reason, error = message, "plugin file rejected; the running version, if any, keeps serving");
+    crate::selfevent::plugin_rejected(&path.display().to_string(), reason, message);
     metrics::global().inc(
         "wasmop_plugin_load_failures_total",
         &[

@@ -27,67 +27,109 @@ const VERB_ORDER: &[&str] = &[
     "get", "list", "watch", "create", "update", "patch", "delete",
 ];
 
-/// The rules the plugin's controllers need, merged per API group and
-/// resource, deterministic in order.
-pub fn rules(manifest: &Manifest) -> Vec<PolicyRule> {
-    let mut grants: BTreeMap<(String, String), BTreeSet<&'static str>> = BTreeMap::new();
-    let mut grant = |group: &str, resource: String, verbs: &[&'static str]| {
-        grants
-            .entry((group.to_owned(), resource))
-            .or_default()
-            .extend(verbs.iter().copied());
+/// What one (API group, resource) is granted, and whether the resource is
+/// namespaced (so a Role can hold it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Grant {
+    /// The verbs.
+    pub verbs: BTreeSet<&'static str>,
+    /// True for namespaced resources.
+    pub namespaced: bool,
+}
+
+/// Grants keyed by (API group, resource).
+pub type Grants = BTreeMap<(String, String), Grant>;
+
+/// Adds `verbs` on `group`/`resource` to `grants`.
+pub fn grant(
+    grants: &mut Grants,
+    group: &str,
+    resource: String,
+    namespaced: bool,
+    verbs: &[&'static str],
+) {
+    let g = grants.entry((group.to_owned(), resource)).or_default();
+    g.namespaced = namespaced;
+    g.verbs.extend(verbs.iter().copied());
+}
+
+/// Everything the plugin's controllers need, per (group, resource).
+pub fn grants(manifest: &Manifest) -> Grants {
+    let mut grants = Grants::new();
+    let mut grant = |group: &str, resource: String, namespaced: bool, verbs: &[&'static str]| {
+        grant(&mut grants, group, resource, namespaced, verbs);
     };
     for c in &manifest.controllers {
         let p = &c.primary;
-        grant(&p.group, p.plural.clone(), READ);
-        grant(&p.group, p.plural.clone(), &["update", "patch"]);
+        let ns = p.namespaced;
+        grant(&p.group, p.plural.clone(), ns, READ);
+        grant(&p.group, p.plural.clone(), ns, &["update", "patch"]);
         if c.delete_primary {
-            grant(&p.group, p.plural.clone(), &["delete"]);
+            grant(&p.group, p.plural.clone(), ns, &["delete"]);
         }
         grant(
             &p.group,
             format!("{}/status", p.plural),
+            ns,
             &["get", "update", "patch"],
         );
-        grant(&p.group, format!("{}/finalizers", p.plural), &["update"]);
+        grant(
+            &p.group,
+            format!("{}/finalizers", p.plural),
+            ns,
+            &["update"],
+        );
         for owned in &c.owns {
+            let k = &owned.kind;
             if owned.is_dependent() {
                 // Read when judged, deleted; never created or changed.
-                grant(
-                    &owned.kind.group,
-                    owned.kind.plural.clone(),
-                    &["get", "delete"],
-                );
+                grant(&k.group, k.plural.clone(), k.namespaced, &["get", "delete"]);
                 continue;
             }
-            grant(&owned.kind.group, owned.kind.plural.clone(), READ);
-            grant(&owned.kind.group, owned.kind.plural.clone(), WRITE);
+            grant(&k.group, k.plural.clone(), k.namespaced, READ);
+            grant(&k.group, k.plural.clone(), k.namespaced, WRITE);
         }
         for read in &c.reads {
+            let k = &read.kind;
             // Secrets named by a field are read by name, never listed.
             let verbs = if crate::watch::by_name::is_by_name(read) {
                 &["get"][..]
             } else {
                 READ
             };
-            grant(&read.kind.group, read.kind.plural.clone(), verbs);
+            grant(&k.group, k.plural.clone(), k.namespaced, verbs);
         }
         for target in &c.http_targets {
-            grant(&target.kind.group, target.kind.plural.clone(), READ);
+            let k = &target.kind;
+            grant(&k.group, k.plural.clone(), k.namespaced, READ);
         }
     }
-    grant("", "events".to_owned(), &["create", "patch"]);
-    grant("events.k8s.io", "events".to_owned(), &["create", "patch"]);
+    grant("", "events".to_owned(), true, &["create", "patch"]);
+    grant(
+        "events.k8s.io",
+        "events".to_owned(),
+        true,
+        &["create", "patch"],
+    );
+    grants
+}
 
-    // One rule per (group, verb set), listing its resources.
+/// `grants` as rules: one per (group, verb set) listing its resources,
+/// deterministic in order.
+pub fn merge_rules<'a>(
+    grants: impl IntoIterator<Item = (&'a (String, String), &'a Grant)>,
+) -> Vec<PolicyRule> {
     let mut merged: BTreeMap<(String, Vec<&str>), Vec<String>> = BTreeMap::new();
-    for ((group, resource), verbs) in grants {
+    for ((group, resource), grant) in grants {
         let verbs: Vec<&str> = VERB_ORDER
             .iter()
             .copied()
-            .filter(|v| verbs.contains(v))
+            .filter(|v| grant.verbs.contains(v))
             .collect();
-        merged.entry((group, verbs)).or_default().push(resource);
+        merged
+            .entry((group.clone(), verbs))
+            .or_default()
+            .push(resource.clone());
     }
     let mut out: Vec<PolicyRule> = merged
         .into_iter()
@@ -100,6 +142,12 @@ pub fn rules(manifest: &Manifest) -> Vec<PolicyRule> {
         .collect();
     out.sort_by(|a, b| (&a.api_groups, &a.resources).cmp(&(&b.api_groups, &b.resources)));
     out
+}
+
+/// The rules the plugin's controllers need, merged per API group and
+/// resource, deterministic in order.
+pub fn rules(manifest: &Manifest) -> Vec<PolicyRule> {
+    merge_rules(&grants(manifest))
 }
 
 /// A ClusterRole `wasmop-plugin-<name>` holding [`rules`].

@@ -160,14 +160,16 @@ macro_rules! export_raw_plugin {
     };
 }
 
-/// The guest bindings generated from `wit/` by `wit-bindgen`.
+/// The guest bindings generated from `wit/` by `wit-bindgen` (the crate's
+/// `wit/reconciler.wit` is a link to the repository's `wit/reconciler.wit`,
+/// so the packaged crate carries the contract it was built against).
 ///
 /// Plugin crates normally never name this module: [`export_plugin!`] uses
 /// it. Its types are re-exported under friendlier names in [`raw`].
 #[allow(unsafe_code, missing_docs, missing_debug_implementations, clippy::all)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../../wit",
+        path: "wit",
         world: "plugin",
         pub_export_macro: true,
         default_bindings_module: "wasmop_sdk::bindings",

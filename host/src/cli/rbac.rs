@@ -1,0 +1,431 @@
+//! `wasmop rbac`: the least-privilege RBAC objects for the plugins in a
+//! directory plus what the operator itself needs, as YAML.
+//!
+//! - Without `--namespace`: one ClusterRole with every plugin's rules
+//!   ([`crate::plugin::rbac::grants`], what `wasmop inspect` prints per
+//!   plugin) and a ClusterRoleBinding.
+//! - With `--namespace NS` (repeatable, as `wasmop run --namespace`): a
+//!   Role and RoleBinding per watched namespace holding the namespaced
+//!   rules, plus Roles in the namespaces controllers may write to besides
+//!   their primary's; the ClusterRole keeps only cluster-scoped resources
+//!   and the owned kinds of controllers that may write to any namespace
+//!   (`*`), which no Role can confine.
+//! - Always: a Role in the operator's namespace for its leader-election
+//!   Lease and the Events it raises on its own Pod.
+//!
+//! Writes outside the primary's namespace (for example the `team` plugin
+//! mirroring credentials Secrets into every admitted team's namespace) are
+//! called out in a comment at the top of the output.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Serialize;
+
+use crate::cli::CliError;
+use crate::cli::run::{OperatorFile, load_options, read_config};
+use crate::plugin::LoadedPlugin;
+use crate::plugin::manifest::Manifest;
+use crate::plugin::rbac::{self, Grants};
+use crate::sandbox::{Sandbox, SandboxConfig};
+
+/// Arguments of `wasmop rbac`.
+#[derive(Debug, Args)]
+pub struct RbacArgs {
+    /// Directory of plugin components (`*.wasm`), as given to `wasmop run`.
+    #[arg(value_name = "PLUGIN_DIR")]
+    pub plugins: PathBuf,
+    /// Operator configuration (per-plugin settings decide some write
+    /// namespaces), as given to `wasmop run --config`.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Watched namespace; repeat (or separate with commas) for several.
+    /// Default: all namespaces (a ClusterRole).
+    #[arg(
+        long = "namespace",
+        short = 'n',
+        value_name = "NS",
+        value_delimiter = ','
+    )]
+    pub namespaces: Vec<String>,
+    /// Namespace the operator runs in (its ServiceAccount, Lease, Pod).
+    #[arg(long, value_name = "NS", default_value = "wasmop")]
+    pub operator_namespace: String,
+    /// The operator's ServiceAccount.
+    #[arg(long, value_name = "NAME", default_value = "wasmop")]
+    pub service_account: String,
+    /// Name of the generated roles and bindings.
+    #[arg(long, value_name = "NAME", default_value = "wasmop")]
+    pub name: String,
+}
+
+/// One plugin as the RBAC output describes it.
+struct PluginRbac {
+    name: String,
+    version: String,
+    manifest: Manifest,
+}
+
+/// Loads every plugin of the directory, sorted by file name.
+fn load_plugins(args: &RbacArgs) -> Result<Vec<PluginRbac>, CliError> {
+    let file = match &args.config {
+        Some(p) => read_config(p)?,
+        None => OperatorFile::default(),
+    };
+    let entries = std::fs::read_dir(&args.plugins).map_err(|source| CliError::Read {
+        path: args.plugins.clone(),
+        source,
+    })?;
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "wasm") && p.is_file())
+        .collect();
+    paths.sort();
+    let sandbox = Sandbox::new(SandboxConfig::default())?;
+    let mut out = Vec::new();
+    for path in paths {
+        let stem = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let options = load_options(&file, &stem, None);
+        let plugin = LoadedPlugin::load(&sandbox, &path, &options)?;
+        out.push(PluginRbac {
+            name: plugin.name().to_owned(),
+            version: plugin.version().to_owned(),
+            manifest: plugin.effective_manifest().clone(),
+        });
+    }
+    Ok(out)
+}
+
+fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: namespace.map(str::to_owned),
+        labels: Some(BTreeMap::from([(
+            "app.kubernetes.io/name".to_owned(),
+            "wasmop".to_owned(),
+        )])),
+        ..ObjectMeta::default()
+    }
+}
+
+/// The operator's own needs in its namespace: the leader-election Lease
+/// and Events on its own Pod (a rejected plugin file).
+fn operator_rules() -> Vec<PolicyRule> {
+    let mut g = Grants::new();
+    rbac::grant(
+        &mut g,
+        "coordination.k8s.io",
+        "leases".into(),
+        true,
+        &["get", "create", "update"],
+    );
+    rbac::grant(&mut g, "", "events".into(), true, &["create", "patch"]);
+    rbac::grant(
+        &mut g,
+        "events.k8s.io",
+        "events".into(),
+        true,
+        &["create", "patch"],
+    );
+    rbac::merge_rules(&g)
+}
+
+/// The generated objects, and the comment lines that precede them.
+#[derive(Debug, Default)]
+pub struct Generated {
+    /// Comment lines (without `# `).
+    pub notes: Vec<String>,
+    /// The objects, in apply order.
+    pub objects: Vec<serde_json::Value>,
+}
+
+fn to_value<T: Serialize>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).expect("RBAC objects serialize")
+}
+
+/// Builds the RBAC objects for `plugins`.
+fn generate(args: &RbacArgs, plugins: &[PluginRbac]) -> Generated {
+    let subject = Subject {
+        kind: "ServiceAccount".into(),
+        name: args.service_account.clone(),
+        namespace: Some(args.operator_namespace.clone()),
+        ..Subject::default()
+    };
+    let mut notes = vec![
+        "Generated by `wasmop rbac`: least-privilege RBAC for these plugins".to_owned(),
+        "(regenerate instead of editing; CI fails when this drifts):".to_owned(),
+    ];
+    let mut cluster = Grants::new();
+    // Namespace -> grants of a Role there.
+    let mut roles: BTreeMap<String, Grants> = BTreeMap::new();
+    let watched: BTreeSet<&str> = args.namespaces.iter().map(String::as_str).collect();
+    for p in plugins {
+        notes.push(format!(
+            "  {} {}: controllers {}",
+            p.name,
+            p.version,
+            p.manifest
+                .controllers
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    for p in plugins {
+        let grants = rbac::grants(&p.manifest);
+        for c in &p.manifest.controllers {
+            if c.write_namespaces.is_empty() || c.owns.is_empty() {
+                continue;
+            }
+            let kinds: Vec<&str> = c.owns.iter().map(|o| o.kind.plural.as_str()).collect();
+            let secrets = c
+                .owns
+                .iter()
+                .any(|o| o.kind.group.is_empty() && o.kind.plural == "secrets");
+            notes.push(String::new());
+            notes.push(format!(
+                "{}{}/{} writes {} outside its primary's namespace, in: {}.",
+                if secrets { "NOTE: " } else { "" },
+                p.name,
+                c.name,
+                kinds.join(", "),
+                c.write_namespaces
+                    .iter()
+                    .map(|n| if n == "*" {
+                        "ANY namespace"
+                    } else {
+                        n.as_str()
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+            if secrets {
+                notes.push(
+                    "  That includes Secrets in namespaces other than the primary's (for the team"
+                        .to_owned(),
+                );
+                notes.push(
+                    "  plugin: the mirrored terdut-server credentials, a server-admin-equivalent key,"
+                        .to_owned(),
+                );
+                notes.push(
+                    "  written into each namespace an admitted TerdutTeam lives in). Only the"
+                        .to_owned(),
+                );
+                notes.push("  operator's ServiceAccount holds this grant.".to_owned());
+            }
+            // Write namespaces besides the watched ones need their own Role
+            // (namespaced mode); `*` cannot be confined by Roles.
+            if !watched.is_empty() {
+                for ns in &c.write_namespaces {
+                    for o in &c.owns {
+                        let k = &o.kind;
+                        let verbs: Vec<&'static str> = ["get", "list", "watch"]
+                            .into_iter()
+                            .chain(["create", "update", "patch", "delete"])
+                            .collect();
+                        if !k.namespaced || ns == "*" {
+                            rbac::grant(
+                                &mut cluster,
+                                &k.group,
+                                k.plural.clone(),
+                                k.namespaced,
+                                &verbs,
+                            );
+                        } else {
+                            rbac::grant(
+                                roles.entry(ns.clone()).or_default(),
+                                &k.group,
+                                k.plural.clone(),
+                                true,
+                                &verbs,
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        for ((group, resource), g) in grants {
+            let verbs: Vec<&'static str> = g.verbs.iter().copied().collect();
+            if watched.is_empty() || !g.namespaced {
+                rbac::grant(&mut cluster, &group, resource, g.namespaced, &verbs);
+            } else {
+                for ns in &watched {
+                    rbac::grant(
+                        roles.entry((*ns).to_owned()).or_default(),
+                        &group,
+                        resource.clone(),
+                        true,
+                        &verbs,
+                    );
+                }
+            }
+        }
+    }
+    let mut objects = Vec::new();
+    let cluster_rules = rbac::merge_rules(&cluster);
+    if !cluster_rules.is_empty() {
+        objects.push(to_value(&ClusterRole {
+            metadata: meta(&args.name, None),
+            rules: Some(cluster_rules),
+            ..ClusterRole::default()
+        }));
+        objects.push(to_value(&ClusterRoleBinding {
+            metadata: meta(&args.name, None),
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "ClusterRole".into(),
+                name: args.name.clone(),
+            },
+            subjects: Some(vec![subject.clone()]),
+        }));
+    }
+    let own = format!("{}-operator", args.name);
+    let mut role = |name: &str, ns: &str, rules: Vec<PolicyRule>| {
+        objects.push(to_value(&Role {
+            metadata: meta(name, Some(ns)),
+            rules: Some(rules),
+        }));
+        objects.push(to_value(&RoleBinding {
+            metadata: meta(name, Some(ns)),
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "Role".into(),
+                name: name.to_owned(),
+            },
+            subjects: Some(vec![subject.clone()]),
+        }));
+    };
+    role(&own, &args.operator_namespace, operator_rules());
+    for (ns, grants) in &roles {
+        role(&args.name, ns, rbac::merge_rules(grants));
+    }
+    Generated { notes, objects }
+}
+
+/// Renders `generated` as commented multi-document YAML.
+pub fn render(generated: &Generated) -> Result<String, CliError> {
+    let mut out = String::new();
+    for line in &generated.notes {
+        if line.is_empty() {
+            out.push_str("#\n");
+        } else {
+            out.push_str("# ");
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    for (i, o) in generated.objects.iter().enumerate() {
+        if i > 0 {
+            out.push_str("---\n");
+        }
+        out.push_str(&serde_yaml::to_string(o).map_err(|e| CliError::Render {
+            reason: e.to_string(),
+        })?);
+    }
+    Ok(out)
+}
+
+/// `wasmop rbac`.
+pub fn rbac_command(args: RbacArgs) -> Result<ExitCode, CliError> {
+    let plugins = load_plugins(&args)?;
+    print!("{}", render(&generate(&args, &plugins))?);
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugin::manifest::tests::manifest;
+
+    fn args(namespaces: &[&str]) -> RbacArgs {
+        RbacArgs {
+            plugins: PathBuf::from("p"),
+            config: None,
+            namespaces: namespaces.iter().map(|s| s.to_string()).collect(),
+            operator_namespace: "ops".into(),
+            service_account: "sa".into(),
+            name: "wasmop".into(),
+        }
+    }
+
+    fn plugin(write_ns: &[&str]) -> PluginRbac {
+        let mut m = manifest();
+        m.controllers[0].write_namespaces = write_ns.iter().map(|s| s.to_string()).collect();
+        PluginRbac {
+            name: m.name.clone(),
+            version: m.version.clone(),
+            manifest: m,
+        }
+    }
+
+    fn kinds(g: &Generated) -> Vec<String> {
+        g.objects
+            .iter()
+            .map(|o| {
+                format!(
+                    "{} {}/{}",
+                    o["kind"].as_str().unwrap(),
+                    o["metadata"]["namespace"].as_str().unwrap_or(""),
+                    o["metadata"]["name"].as_str().unwrap()
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn cluster_wide_is_one_cluster_role_plus_the_operators_own_role() {
+        let g = generate(&args(&[]), &[plugin(&[])]);
+        assert_eq!(
+            kinds(&g),
+            [
+                "ClusterRole /wasmop",
+                "ClusterRoleBinding /wasmop",
+                "Role ops/wasmop-operator",
+                "RoleBinding ops/wasmop-operator"
+            ]
+        );
+        let text = render(&g).unwrap();
+        assert!(text.contains("widgets/status"), "{text}");
+        assert!(text.contains("leases"), "{text}");
+        assert!(!text.contains("NOTE"), "{text}");
+    }
+
+    #[test]
+    fn namespaces_give_roles_and_writes_elsewhere_are_called_out() {
+        let g = generate(&args(&["a", "b"]), &[plugin(&["audit"])]);
+        assert_eq!(
+            kinds(&g),
+            [
+                "Role ops/wasmop-operator",
+                "RoleBinding ops/wasmop-operator",
+                "Role a/wasmop",
+                "RoleBinding a/wasmop",
+                "Role audit/wasmop",
+                "RoleBinding audit/wasmop",
+                "Role b/wasmop",
+                "RoleBinding b/wasmop",
+            ]
+        );
+        let text = render(&g).unwrap();
+        assert!(
+            text.contains("writes configmaps outside its primary's namespace, in: audit"),
+            "{text}"
+        );
+        // Writing anywhere cannot be confined by Roles: a ClusterRole.
+        let g = generate(&args(&["a"]), &[plugin(&["*"])]);
+        assert_eq!(kinds(&g)[0], "ClusterRole /wasmop");
+        assert!(render(&g).unwrap().contains("ANY namespace"));
+    }
+}

@@ -1,0 +1,196 @@
+//! Liveness and readiness, served next to the metrics (`--metrics-addr`)
+//! at `/healthz` and `/readyz`.
+//!
+//! - `/healthz` answers 500 when a worker has been busy with one reconcile
+//!   for longer than the stuck deadline (`--stuck-after-secs`): a hung
+//!   worker never takes the next key, so the kubelet should restart the
+//!   process (the same idea as the etcd operator's alive checker). It
+//!   answers 200 otherwise, also before the operator is ready.
+//! - `/readyz` answers 200 once the plugin directory was scanned at start
+//!   (every plugin that loads is active) and the cache of every kind an
+//!   active controller reads has synced; 503 with the reasons before.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// A readiness check: `Err` holds what is not ready yet.
+pub type ReadyCheck = Box<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// The default stuck deadline of one reconcile (`--stuck-after-secs`).
+pub const DEFAULT_STUCK_AFTER: Duration = Duration::from_secs(120);
+
+/// Liveness and readiness state of the process.
+pub struct Health {
+    next_id: AtomicU64,
+    busy: Mutex<HashMap<u64, (Instant, String)>>,
+    stuck_after: Mutex<Duration>,
+    checks: Mutex<Vec<(String, ReadyCheck)>>,
+}
+
+impl std::fmt::Debug for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Health").finish_non_exhaustive()
+    }
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self {
+            next_id: AtomicU64::new(0),
+            busy: Mutex::new(HashMap::new()),
+            stuck_after: Mutex::new(DEFAULT_STUCK_AFTER),
+            checks: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+/// Marks a worker busy with one piece of work until dropped.
+#[derive(Debug)]
+pub struct Busy<'a> {
+    health: &'a Health,
+    id: u64,
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.health
+            .busy
+            .lock()
+            .expect("health lock")
+            .remove(&self.id);
+    }
+}
+
+impl Health {
+    /// Sets how long one piece of work may take before `/healthz` fails.
+    pub fn set_stuck_after(&self, after: Duration) {
+        *self.stuck_after.lock().expect("health lock") = after;
+    }
+
+    /// Marks `what` as in progress from now until the guard is dropped.
+    pub fn busy(&self, what: impl Into<String>) -> Busy<'_> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.busy
+            .lock()
+            .expect("health lock")
+            .insert(id, (Instant::now(), what.into()));
+        Busy { health: self, id }
+    }
+
+    /// Work in progress for longer than the stuck deadline at `now`, with
+    /// how long it has been running, longest first.
+    pub fn stuck(&self, now: Instant) -> Vec<(String, Duration)> {
+        let after = *self.stuck_after.lock().expect("health lock");
+        let mut out: Vec<(String, Duration)> = self
+            .busy
+            .lock()
+            .expect("health lock")
+            .values()
+            .filter_map(|(since, what)| {
+                let running = now.saturating_duration_since(*since);
+                (running > after).then(|| (what.clone(), running))
+            })
+            .collect();
+        out.sort_by(|a, b| b.1.cmp(&a.1));
+        out
+    }
+
+    /// Adds a named readiness check (replacing one of the same name).
+    pub fn add_ready_check(&self, name: &str, check: ReadyCheck) {
+        let mut checks = self.checks.lock().expect("health lock");
+        checks.retain(|(n, _)| n != name);
+        checks.push((name.to_owned(), check));
+    }
+
+    /// `(status, body)` of `/healthz`.
+    pub fn healthz(&self, now: Instant) -> (u16, String) {
+        let stuck = self.stuck(now);
+        if stuck.is_empty() {
+            return (200, "ok\n".to_owned());
+        }
+        let mut body = String::from("stuck workers:\n");
+        for (what, running) in stuck {
+            body.push_str(&format!(
+                "  {what}: running for {:.0}s\n",
+                running.as_secs_f64()
+            ));
+        }
+        (500, body)
+    }
+
+    /// `(status, body)` of `/readyz`: one line per check.
+    pub fn readyz(&self) -> (u16, String) {
+        let checks = self.checks.lock().expect("health lock");
+        if checks.is_empty() {
+            return (503, "[-] starting\n".to_owned());
+        }
+        let mut ok = true;
+        let mut body = String::new();
+        for (name, check) in checks.iter() {
+            match check() {
+                Ok(()) => body.push_str(&format!("[+] {name} ok\n")),
+                Err(why) => {
+                    ok = false;
+                    body.push_str(&format!("[-] {name}: {why}\n"));
+                }
+            }
+        }
+        (if ok { 200 } else { 503 }, body)
+    }
+}
+
+/// The process-wide health state.
+pub fn global() -> &'static Health {
+    static HEALTH: OnceLock<Health> = OnceLock::new();
+    HEALTH.get_or_init(Health::default)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn healthz_fails_only_while_work_runs_past_the_deadline() {
+        let h = Health::default();
+        h.set_stuck_after(Duration::from_secs(10));
+        let start = Instant::now();
+        assert_eq!(h.healthz(start).0, 200);
+        let guard = h.busy("good/widgets default/alpha");
+        let _other = h.busy("good/widgets default/beta");
+        assert_eq!(h.healthz(start + Duration::from_secs(5)).0, 200);
+        let (code, body) = h.healthz(start + Duration::from_secs(60));
+        assert_eq!(code, 500);
+        assert!(body.contains("good/widgets default/alpha"), "{body}");
+        drop(guard);
+        let (_, body) = h.healthz(start + Duration::from_secs(60));
+        assert!(!body.contains("alpha"), "{body}");
+        assert!(body.contains("beta"), "{body}");
+    }
+
+    #[test]
+    fn readyz_needs_every_check_to_pass() {
+        let h = Health::default();
+        assert_eq!(h.readyz().0, 503, "not ready before any check exists");
+        let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let f = flag.clone();
+        h.add_ready_check(
+            "plugins",
+            Box::new(move || {
+                if f.load(Ordering::SeqCst) {
+                    Ok(())
+                } else {
+                    Err("scanning".into())
+                }
+            }),
+        );
+        h.add_ready_check("caches", Box::new(|| Ok(())));
+        let (code, body) = h.readyz();
+        assert_eq!(code, 503);
+        assert!(body.contains("[-] plugins: scanning"), "{body}");
+        assert!(body.contains("[+] caches ok"), "{body}");
+        flag.store(true, Ordering::SeqCst);
+        assert_eq!(h.readyz().0, 200);
+    }
+}

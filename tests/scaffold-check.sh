@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The plugin author's path outside this repository: `wasmop new` scaffolds a
+# plugin crate into a temporary directory (not under this workspace), with
+# the SDK as a path dependency on this checkout; it is built to a wasm
+# component and `wasmop plan` on its golden fixture must print exactly the
+# expected plan the scaffold ships. Run by tests/run.sh.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+. tests/cluster/lib.sh
+repo="$(pwd)"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$WASMOP_CACHE/target}"
+fail() { printf '[scaffold-check] FAILED: %s\n' "$*" >&2; exit 1; }
+
+if [[ -z ${WASMOP_BIN:-} ]]; then cargo build -q -p wasmop; fi
+WASMOP="${WASMOP_BIN:-$CARGO_TARGET_DIR/debug/wasmop}"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+case "$work/" in "$repo"/*) fail "the temporary directory is inside the workspace" ;; esac
+
+"$WASMOP" new scaffolded-demo --kind demo.example.com/v1/Gizmo --dir "$work/scaffolded-demo" --sdk-path "$repo"
+# Same dependency versions as this workspace: nothing new to download or
+# compile beyond the plugin itself.
+cp Cargo.lock "$work/scaffolded-demo/"
+(
+  cd "$work/scaffolded-demo"
+  cargo build --release --target wasm32-wasip2
+)
+wasm="$CARGO_TARGET_DIR/wasm32-wasip2/release/scaffolded_demo.wasm"
+[[ -f $wasm ]] || fail "no component at $wasm"
+"$WASMOP" plan --plugin "$wasm" --no-compile-cache -f "$work/scaffolded-demo/fixtures/example.yaml" > "$work/plan.json" \
+  || fail "wasmop plan on the scaffold's fixture"
+diff -u "$work/scaffolded-demo/fixtures/example.plan.json" "$work/plan.json" \
+  || fail "the scaffolded plugin's plan differs from its expected plan"
+echo "[scaffold-check] ok: wasmop new -> cargo build (wasm32-wasip2) -> wasmop plan matches the expected plan"
