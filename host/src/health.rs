@@ -93,7 +93,7 @@ impl Health {
                 (running > after).then(|| (what.clone(), running))
             })
             .collect();
-        out.sort_by(|a, b| b.1.cmp(&a.1));
+        out.sort_by_key(|b| std::cmp::Reverse(b.1));
         out
     }
 
