@@ -160,6 +160,10 @@ start kube-apiserver "$K8S_BIN/kube-apiserver" \
 wait_for kube-apiserver "kube-apiserver /readyz" "$READY_TIMEOUT" "$KUBECTL" get --raw /readyz
 
 # --- controllers, scheduler ---------------------------------------------------
+# kwok binds a claim in several writes; a Pod tried while its claim was still
+# unbound is parked as unschedulable and normally woken by the binding event.
+# Should that wake-up be missed (seen under load in CI), the scheduler's own
+# retry of parked Pods comes after 10 s here instead of 5 min.
 start kube-controller-manager "$K8S_BIN/kube-controller-manager" \
   --kubeconfig="$KUBECONFIG" --authentication-kubeconfig="$KUBECONFIG" --authorization-kubeconfig="$KUBECONFIG" \
   --leader-elect=false --bind-address=127.0.0.1 --secure-port="$KCM_PORT" \
@@ -167,7 +171,8 @@ start kube-controller-manager "$K8S_BIN/kube-controller-manager" \
   --use-service-account-credentials=false --concurrent-gc-syncs=5 --v=1
 start kube-scheduler "$K8S_BIN/kube-scheduler" \
   --kubeconfig="$KUBECONFIG" --authentication-kubeconfig="$KUBECONFIG" --authorization-kubeconfig="$KUBECONFIG" \
-  --leader-elect=false --bind-address=127.0.0.1 --secure-port="$SCHED_PORT" --v=1
+  --leader-elect=false --bind-address=127.0.0.1 --secure-port="$SCHED_PORT" --v=1 \
+  --pod-max-in-unschedulable-pods-duration=10s
 
 # --- kwok: one fake Node, simulated Pods ------------------------------------
 stage_args=()

@@ -11,9 +11,9 @@
 //! Every test's operator logs go to one in-memory buffer (this test
 //! binary's tracing subscriber), so the Secret canary test can grep them.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -248,25 +248,28 @@ async fn start(ns: &TestNamespace, settings: Value) -> Result<RunningOperator> {
 }
 
 /// Polls the fleet's member Pods until stopped; records the largest number
-/// of members unavailable (desired minus ready) ever seen.
+/// of members unavailable (desired minus ready) ever seen, and how many
+/// samples it took at each desired size.
 struct Sampler {
     stop: Arc<AtomicBool>,
-    task: JoinHandle<Result<(i64, usize)>>,
+    seen: Arc<Mutex<BTreeMap<i64, usize>>>,
+    task: JoinHandle<Result<i64>>,
 }
 
 impl Sampler {
     fn start(ns: &TestNamespace, name: &str, uid: &str) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
-        let (fleets, pods, name, selector, flag) = (
+        let seen = Arc::new(Mutex::new(BTreeMap::new()));
+        let (fleets, pods, name, selector, flag, counts) = (
             fleets(ns),
             ns.api::<Pod>(),
             name.to_owned(),
             format!("{UID_LABEL}={uid}"),
             stop.clone(),
+            seen.clone(),
         );
         let task = tokio::spawn(async move {
             let mut worst = 0_i64;
-            let mut samples = 0_usize;
             while !flag.load(Ordering::SeqCst) {
                 let desired = fleets.get(&name).await?.data["spec"]["replicas"]
                     .as_i64()
@@ -274,16 +277,48 @@ impl Sampler {
                 let list = pods.list(&ListParams::default().labels(&selector)).await?;
                 let ready = list.items.iter().filter(|p| is_ready(p)).count() as i64;
                 worst = worst.max(desired - ready);
-                samples += 1;
+                *counts
+                    .lock()
+                    .expect("sampler lock")
+                    .entry(desired)
+                    .or_insert(0) += 1;
                 // Sampling period of a monitor, not synchronisation.
                 tokio::time::sleep(SAMPLE_EVERY).await;
             }
-            Ok((worst, samples))
+            Ok(worst)
         });
-        Sampler { stop, task }
+        Sampler { stop, seen, task }
     }
 
-    async fn finish(self) -> Result<(i64, usize)> {
+    /// How many samples were taken with `desired` replicas in the spec.
+    fn sampled(&self, desired: i64) -> usize {
+        self.seen
+            .lock()
+            .expect("sampler lock")
+            .get(&desired)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Waits until the sampler has taken more than `after` samples with
+    /// `desired` replicas in the spec, so each phase of a test is sampled.
+    async fn wait_sampled(&self, desired: i64, after: usize) -> Result<()> {
+        wait_for(&format!("a sample at {desired} replicas"), DEADLINE, || {
+            let seen = self.seen.clone();
+            async move {
+                let n = seen
+                    .lock()
+                    .expect("sampler lock")
+                    .get(&desired)
+                    .copied()
+                    .unwrap_or(0);
+                Ok((n > after).then_some(()))
+            }
+        })
+        .await
+    }
+
+    async fn finish(self) -> Result<i64> {
         self.stop.store(true, Ordering::SeqCst);
         self.task.await?
     }
@@ -442,17 +477,18 @@ async fn bucket_scales_two_three_two_with_at_most_one_member_unavailable() -> Re
 
     let sampler = Sampler::start(&ns, "f", &uid);
     for replicas in [3, 2] {
+        let before = sampler.sampled(replicas);
         patch_spec(&ns, "f", json!({"replicas": replicas})).await?;
         wait_provisioned(&ns, "f").await?;
+        sampler.wait_sampled(replicas, before).await?;
         let pods = member_pods(&ns, &uid).await?;
         let live = pods
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .count();
-        assert_eq!(live, replicas, "members after scaling to {replicas}");
+        assert_eq!(live as i64, replicas, "members after scaling to {replicas}");
     }
-    let (worst, samples) = sampler.finish().await?;
-    assert!(samples > 5, "the sampler ran ({samples} samples)");
+    let worst = sampler.finish().await?;
     assert!(worst <= 1, "at most one member unavailable; saw {worst}");
 
     let before = ns.api::<Deployment>().get("f").await?;
@@ -547,9 +583,10 @@ async fn paused_holds_a_change_and_restart_token_rolls_one_member_at_a_time() ->
     assert_eq!(now, old, "no member replaced while paused");
 
     let sampler = Sampler::start(&ns, "f", &uid);
+    sampler.wait_sampled(3, 0).await?;
     patch_spec(&ns, "f", json!({"maintenance": {"paused": false}})).await?;
     wait_provisioned(&ns, "f").await?;
-    let (worst, _) = sampler.finish().await?;
+    let worst = sampler.finish().await?;
     assert!(worst <= 1, "one member at a time; saw {worst} unavailable");
     let pods: Vec<Pod> = member_pods(&ns, &uid)
         .await?
@@ -742,28 +779,32 @@ async fn deletion_removes_compute_then_claims_and_a_recreated_fleet_conflicts() 
         .collect();
     assert_eq!(names, ["data-f-0", "data-f-1"]);
 
-    // Watch: no claim may be deleted while a member Pod exists.
+    // Watch: no claim may be deleted while a member Pod exists. Claims are
+    // listed before Pods: a claim seen going while a Pod is still there
+    // afterwards is a real overlap, not two lists taken at different times.
     let stop = Arc::new(AtomicBool::new(false));
+    let sampled = Arc::new(AtomicUsize::new(0));
     let watcher = {
-        let (pods, claims, selector, stop) = (
+        let (pods, claims, selector, stop, sampled) = (
             ns.api::<Pod>(),
             claims.clone(),
             selector.clone(),
             stop.clone(),
+            sampled.clone(),
         );
         tokio::spawn(async move {
             let mut violations = Vec::new();
-            let mut samples = 0;
+            let mut with_compute = 0;
             while !stop.load(Ordering::SeqCst) {
+                let c = claims
+                    .list(&ListParams::default().labels(&selector))
+                    .await?
+                    .items;
                 let p = pods
                     .list(&ListParams::default().labels(&selector))
                     .await?
                     .items
                     .len();
-                let c = claims
-                    .list(&ListParams::default().labels(&selector))
-                    .await?
-                    .items;
                 let going = c
                     .iter()
                     .filter(|c| c.metadata.deletion_timestamp.is_some())
@@ -774,13 +815,21 @@ async fn deletion_removes_compute_then_claims_and_a_recreated_fleet_conflicts() 
                         c.len()
                     ));
                 }
-                samples += 1;
+                if p > 0 {
+                    with_compute += 1;
+                }
+                sampled.fetch_add(1, Ordering::SeqCst);
                 // Sampling period of a monitor, not synchronisation.
                 tokio::time::sleep(SAMPLE_EVERY).await;
             }
-            anyhow::Ok((violations, samples))
+            anyhow::Ok((violations, with_compute))
         })
     };
+    wait_for("the watcher's first sample", DEADLINE, || {
+        let sampled = sampled.clone();
+        async move { Ok((sampled.load(Ordering::SeqCst) > 0).then_some(())) }
+    })
+    .await?;
     fleets(&ns).delete("f", &DeleteParams::default()).await?;
     let api = fleets(&ns);
     wait_for("the fleet to be gone", DEADLINE, || {
@@ -789,8 +838,11 @@ async fn deletion_removes_compute_then_claims_and_a_recreated_fleet_conflicts() 
     })
     .await?;
     stop.store(true, Ordering::SeqCst);
-    let (violations, samples) = watcher.await??;
-    assert!(samples > 3, "the watcher ran");
+    let (violations, with_compute) = watcher.await??;
+    assert!(
+        with_compute > 0,
+        "the watcher saw the members before they went"
+    );
     assert!(
         violations.is_empty(),
         "claims deleted before compute: {violations:?}"
@@ -864,11 +916,17 @@ async fn a_member_whose_claim_is_lost_is_replaced() -> Result<()> {
     .await
     .ok();
 
+    // The Lost claim is deleted: seen terminating, or already gone (and
+    // perhaps recreated by the StatefulSet) by the time it is looked at.
     wait_for("the operator to delete the Lost claim", DEADLINE, || {
         let claims = claims.clone();
+        let old = old_claim.clone();
         async move {
-            let c = claims.get("data-f-1").await?;
-            Ok(c.metadata.deletion_timestamp.is_some().then_some(()))
+            let c = claims.get_opt("data-f-1").await?;
+            let deleted = c.is_none_or(|c| {
+                c.metadata.deletion_timestamp.is_some() || c.uid().as_deref() != Some(old.as_str())
+            });
+            Ok(deleted.then_some(()))
         }
     })
     .await?;
