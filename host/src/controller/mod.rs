@@ -140,8 +140,8 @@ struct Active {
     primary_resource: ApiResource,
     writer: Writer,
     route: Route,
-    /// Every kind its snapshots come from; a reconcile waits until all of
-    /// their caches have synced.
+    /// Every kind its snapshots come from but those only optional reads
+    /// name; a reconcile waits until all of their caches have synced.
     kinds: Vec<KindKey>,
 }
 
@@ -312,6 +312,8 @@ impl Operator {
             }
         }
         let mut caches: Vec<Arc<KindCache>> = Vec::new();
+        // Kinds named only by optional reads: watched, not waited for.
+        let mut optional: Vec<Arc<KindCache>> = Vec::new();
         let mut actives = Vec::new();
         for c in &manifest.controllers {
             let id: Arc<str> = format!("{}/{}", plugin.name(), c.name).into();
@@ -320,12 +322,18 @@ impl Operator {
                 namespaced: c.primary.namespaced,
                 managed_only: false,
             }));
+            let required = c.required_kinds();
             for r in &c.reads {
-                caches.push(self.cache.ensure(WatchSpec {
+                let cache = self.cache.ensure(WatchSpec {
                     resource: api_resource(&r.kind),
                     namespaced: r.kind.namespaced,
                     managed_only: false,
-                }));
+                });
+                if required.iter().any(|k| k.same_type(&r.kind)) {
+                    caches.push(cache);
+                } else {
+                    optional.push(cache);
+                }
             }
             for o in &c.owns {
                 let read_elsewhere = self.kind_is_read(&kind_key(&o.kind), &manifest.controllers);
@@ -343,7 +351,7 @@ impl Operator {
                 writer: Writer::new(self.client.clone(), format!("wasmop-{}", plugin.name())),
                 plugin: plugin.clone(),
                 route: Route::new(id.clone(), c.clone()),
-                kinds: c.kinds().into_iter().map(kind_key).collect(),
+                kinds: required.into_iter().map(kind_key).collect(),
             }));
         }
         for c in &caches {
@@ -358,6 +366,14 @@ impl Operator {
                     waited: self.config.sync_timeout,
                 });
             }
+        }
+        for c in optional.iter().filter(|c| !c.synced()) {
+            tracing::info!(
+                plugin = plugin.name(),
+                kind = %c.key(),
+                "optional read not served yet (is its CRD installed?); \
+                 it selects nothing until its watch lists it"
+            );
         }
         let mut queued = Vec::new();
         let replaced = {

@@ -397,6 +397,7 @@ mod tests {
                 id: id.into(),
                 kind: configmap(),
                 selector,
+                optional: false,
             })
             .collect();
         build_snapshot(
@@ -503,11 +504,13 @@ mod tests {
                     name_path: "spec.configRef".into(),
                     namespace_path: None,
                 }),
+                optional: false,
             },
             Read {
                 id: "all".into(),
                 kind: configmap(),
                 selector: Selector::ClusterWide,
+                optional: false,
             },
         ];
         assert_eq!(
