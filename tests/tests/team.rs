@@ -13,13 +13,16 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 use terdut_standin::StandIn;
 use wasmop_tests::operator::{RunningOperator, load_plugin, test_config};
 use wasmop_tests::status::{condition, events, wait_condition, wait_event};
-use wasmop_tests::{TestNamespace, apply_crd_files, apply_project_crds, repo_root, wait_for};
+use wasmop_tests::{
+    TestNamespace, apply_crd_files, apply_project_crds, client, repo_root, wait_for,
+};
 
 /// Rollouts go through the scheduler, kwok and the controller-manager.
 const DEADLINE: Duration = Duration::from_secs(90);
@@ -154,15 +157,21 @@ async fn env_with(
     others: &[&TestNamespace],
     prepare: impl FnOnce(&mut terdut_standin::State),
 ) -> Result<Env> {
+    env_on(prefix, others, StandIn::start().await?, prepare).await
+}
+
+/// [`env_with`] around a given stand-in (e.g. one serving TLS). Zalando's
+/// CRD is not installed here: the plugin must load without it (only the
+/// Zalando test installs it).
+async fn env_on(
+    prefix: &str,
+    others: &[&TestNamespace],
+    standin: StandIn,
+    prepare: impl FnOnce(&mut terdut_standin::State),
+) -> Result<Env> {
     logs();
     let ns = TestNamespace::new(prefix).await?;
     apply_project_crds(&ns.client).await?;
-    apply_crd_files(
-        &ns.client,
-        &[repo_root().join("tests/fixtures/crds/zalando-postgresql.crd.yaml")],
-    )
-    .await?;
-    let standin = StandIn::start().await?;
     standin.with(|s| {
         s.controls.key_prefix = CANARY.to_owned();
         prepare(s);
@@ -1068,15 +1077,49 @@ async fn consent_matrix_live_revocation_and_the_credentials_mirror() -> Result<(
     Ok(())
 }
 
+const ZALANDO_CRD: &str = "postgresqls.acid.zalan.do";
+
+/// Removes Zalando's CRD (left by an earlier run on this cluster) and waits
+/// until the API server no longer serves it.
+async fn without_zalando_crd(client: &kube::Client) -> Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    if crds.get_opt(ZALANDO_CRD).await?.is_some() {
+        crds.delete(ZALANDO_CRD, &DeleteParams::default()).await?;
+    }
+    wait_for("Zalando's CRD gone", DEADLINE, || {
+        let crds = crds.clone();
+        async move {
+            match crds.get_opt(ZALANDO_CRD).await? {
+                None => Ok(Some(())),
+                Some(_) => bail!("still there"),
+            }
+        }
+    })
+    .await
+}
+
 #[tokio::test]
 async fn a_zalando_cluster_ref_waits_for_the_cluster_and_wires_its_secret() -> Result<()> {
+    // Zalando's CRD is optional: the plugin loads without it, a DSN server
+    // works and a cluster-ref server says what is missing. Once the CRD is
+    // installed the cluster-ref server picks the cluster up.
+    without_zalando_crd(&client().await?).await?;
     let env = env("team-zalando", |_| {}).await?;
-    let gvk = GroupVersionKind::gvk("acid.zalan.do", "v1", "postgresql");
-    let clusters: Api<DynamicObject> = Api::namespaced_with(
-        env.ns.client.clone(),
-        &env.ns.name,
-        &ApiResource::from_gvk_with_plural(&gvk, "postgresqls"),
-    );
+    // Its API URL is not allow-listed: only the database wiring matters.
+    env.server(
+        "by-dsn",
+        json!({"networking": {"apiURL": "http://127.0.0.1:9"}}),
+    )
+    .await?;
+    wait_condition(
+        &env.k.servers,
+        "by-dsn",
+        "DatabaseReady",
+        "True",
+        None,
+        DEADLINE,
+    )
+    .await?;
     create(
         &env.k.servers,
         "TerdutServer",
@@ -1085,7 +1128,7 @@ async fn a_zalando_cluster_ref_waits_for_the_cluster_and_wires_its_secret() -> R
                "database": {"postgresClusterRef": {"name": "terdut-pg"}}}),
     )
     .await?;
-    wait_condition(
+    let missing = wait_condition(
         &env.k.servers,
         "terdut",
         "DatabaseReady",
@@ -1094,6 +1137,22 @@ async fn a_zalando_cluster_ref_waits_for_the_cluster_and_wires_its_secret() -> R
         DEADLINE,
     )
     .await?;
+    let why = condition(&missing, "DatabaseReady")["message"].clone();
+    assert!(
+        why.as_str().is_some_and(|m| m.contains("CRD")),
+        "the reason names the CRD: {why}"
+    );
+    apply_crd_files(
+        &env.ns.client,
+        &[repo_root().join("tests/fixtures/crds/zalando-postgresql.crd.yaml")],
+    )
+    .await?;
+    let gvk = GroupVersionKind::gvk("acid.zalan.do", "v1", "postgresql");
+    let clusters: Api<DynamicObject> = Api::namespaced_with(
+        env.ns.client.clone(),
+        &env.ns.name,
+        &ApiResource::from_gvk_with_plural(&gvk, "postgresqls"),
+    );
 
     // The test plays the Zalando operator: the cluster, its status, its
     // credentials Secret.
@@ -1179,5 +1238,71 @@ async fn a_zalando_cluster_ref_waits_for_the_cluster_and_wires_its_secret() -> R
         pw.map(|r| (r.name, r.key)),
         Some((secret_name.to_owned(), "password".to_owned()))
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_https_server_is_called_over_tls_and_alert_sources_rename_with_patch() -> Result<()> {
+    let env = env_on("team-tls", &[], StandIn::start_tls().await?, |_| {}).await?;
+    assert!(env.standin.url().starts_with("https://"));
+    let ca = env
+        .standin
+        .ca_pem()
+        .expect("a TLS stand-in has a CA")
+        .to_owned();
+    // The db Secret and the server, trusting the stand-in's CA.
+    env.server(
+        "terdut",
+        json!({"networking": {"apiURL": env.standin.url(), "caBundle": ca}}),
+    )
+    .await?;
+    let server = wait_condition(&env.k.servers, "terdut", "Ready", "True", None, DEADLINE).await?;
+    assert_eq!(condition(&server, "Bootstrapped")["status"], "True");
+    let team = env.team("platform", "Platform").await?;
+    assert_eq!(team.data["status"]["caBundle"], ca.as_str());
+    create(
+        &env.k.sources,
+        "TerdutAlertSource",
+        "am",
+        json!({"teamRef": {"name": "platform"}, "kind": "alertmanager", "name": "prod"}),
+    )
+    .await?;
+    let source = wait_condition(&env.k.sources, "am", "Synced", "True", None, DEADLINE).await?;
+    let iid = source.data["status"]["integrationID"]
+        .as_u64()
+        .expect("integration id");
+    let key_before = env.standin.with(|s| s.integrations[&iid].key.clone());
+
+    // A rename is a PATCH: same integration, same key, new name.
+    patch_spec(&env.k.sources, "am", json!({"name": "prod-eu"})).await?;
+    wait_standin("the integration renamed", &env.standin, |s| {
+        s.integrations
+            .get(&iid)
+            .is_some_and(|i| i.name == "prod-eu")
+    })
+    .await?;
+    wait_event(
+        &env.ns.client,
+        &env.ns.name,
+        "am",
+        None,
+        "IntegrationRenamed",
+        DEADLINE,
+    )
+    .await?;
+    let renamed = wait_condition(&env.k.sources, "am", "Synced", "True", None, DEADLINE).await?;
+    assert_eq!(renamed.data["status"]["integrationID"].as_u64(), Some(iid));
+    assert_eq!(renamed.data["status"]["applied"]["name"], "prod-eu");
+    assert_eq!(
+        env.standin.with(|s| s.integrations[&iid].key.clone()),
+        key_before,
+        "a rename keeps the key"
+    );
+    assert_eq!(
+        env.standin.with(|s| s.count("PATCH", "/api/teams")),
+        1,
+        "one PATCH"
+    );
+    assert_eq!(env.standin.with(|s| s.count("DELETE", "/api/teams")), 0);
     Ok(())
 }
