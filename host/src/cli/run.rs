@@ -56,7 +56,7 @@ pub struct RunArgs {
     /// How often the plugin directory is checked for changes (hot swap).
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     pub poll_interval_ms: u64,
-    /// Base URL (`http://host:port`) that plans may call with target
+    /// Base URL (`http://host:port` or `https://host:port`) that plans may call with target
     /// `allow-list`; repeat for several.
     #[arg(long = "allow-url", value_name = "URL")]
     pub allow_urls: Vec<String>,

@@ -78,18 +78,16 @@ impl Default for ObserveConfig {
 }
 
 impl ObserveConfig {
-    /// The allow-list entries that are not plain `http://host[:port]` base
+    /// The allow-list entries that are not `http[s]://host[:port]` base
     /// URLs, each with the reason, for the CLI to reject at start-up. Such
     /// entries never match a request.
     pub fn allow_list_problems(&self) -> Vec<String> {
         self.allow_list
             .iter()
-            .filter_map(|entry| match Origin::parse(entry) {
-                Err(why) => Some(format!("allow-list entry {entry:?}: {why}")),
-                Ok(o) if o.scheme == "https" => Some(format!(
-                    "allow-list entry {entry:?}: https is not supported yet"
-                )),
-                Ok(_) => None,
+            .filter_map(|entry| {
+                Origin::parse(entry)
+                    .err()
+                    .map(|why| format!("allow-list entry {entry:?}: {why}"))
             })
             .collect()
     }

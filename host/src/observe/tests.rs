@@ -342,10 +342,12 @@ fn allow_list_matching_is_exact_on_scheme_host_and_port() {
         resolve_at("http://terdut.example:8080", 0, "/a b"),
         Err(Refusal::BadPath { .. })
     ));
-    let config = ObserveConfig {
+    let mut config = ObserveConfig {
         allow_list: list,
         ..ObserveConfig::default()
     };
+    assert_eq!(config.allow_list_problems(), Vec::<String>::new());
+    config.allow_list.push("ftp://files.example".into());
     assert_eq!(config.allow_list_problems().len(), 1);
 }
 
