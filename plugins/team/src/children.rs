@@ -521,7 +521,7 @@ pub fn reconcile_deadman(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         .filter(|_| old["teamID"].as_u64() == Some(tid));
     let attempt = old["attempt"].as_u64().unwrap_or(0);
     status["teamID"] = json!(tid);
-    let mut plan = Plan::new();
+    let plan = Plan::new();
 
     if snapshot.deleting {
         return match switch_id {

@@ -1069,9 +1069,8 @@ fn tls_config() -> Result<(rustls::ServerConfig, String)> {
     let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
     let leaf_key = KeyPair::generate()?;
     let leaf = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])?
-        .signed_by(&leaf_key, &ca)?;
-    let key = rustls::pki_types::PrivateKeyDer::try_from(leaf_key.serialize_der())
-        .map_err(|e| anyhow::anyhow!("the generated key: {e}"))?;
+        .signed_by(&leaf_key, &*ca)?;
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into());
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
