@@ -13,6 +13,7 @@ pub mod faults;
 pub mod interpose;
 pub mod logs;
 pub mod operator;
+pub mod status;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

@@ -24,6 +24,7 @@ use serde_json::{Value, json};
 use wasmop_tests::interpose::{Interposer, nth, request_to};
 use wasmop_tests::logs::Capture;
 use wasmop_tests::operator::{RunningOperator, load_plugin};
+use wasmop_tests::status::{events, wait_event};
 use wasmop_tests::{DEFAULT_DEADLINE, TestNamespace, apply_test_crds, wait_for};
 
 const OWNER_UID_LABEL: &str = "wasmop.dev/owner-uid";
@@ -160,46 +161,6 @@ fn expect_rejected(unnamed: &mut Unnamed, cond: &Value, rule: &str, needles: &[&
     }
 }
 
-/// The Events (events.k8s.io/v1) about the object `name` in `namespace`:
-/// `(type, reason, note)`.
-async fn events(
-    client: &Client,
-    namespace: &str,
-    name: &str,
-) -> Result<Vec<(String, String, String)>> {
-    let api: Api<Event> = Api::namespaced(client.clone(), namespace);
-    Ok(api
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-        .map(|e| {
-            (
-                e.type_.unwrap_or_default(),
-                e.reason.unwrap_or_default(),
-                e.note.unwrap_or_default(),
-            )
-        })
-        .collect())
-}
-
-/// Waits for an Event of `type_` and `reason` about `name`; returns its note.
-async fn wait_event(ns: &TestNamespace, name: &str, type_: &str, reason: &str) -> Result<String> {
-    wait_for(
-        &format!("a {type_} Event {reason} about {name}"),
-        DEFAULT_DEADLINE,
-        || async move {
-            let all = events(&ns.client, &ns.name, name).await?;
-            match all.iter().find(|(t, r, _)| t == type_ && r == reason) {
-                Some((_, _, note)) => Ok(Some(note.clone())),
-                None => bail!("events so far: {all:?}"),
-            }
-        },
-    )
-    .await
-}
-
 /// Everything about a ConfigMap a takeover would change.
 fn fingerprint(cm: &ConfigMap) -> Value {
     json!({
@@ -279,7 +240,15 @@ async fn user_config_map_is_not_taken_over_and_outlives_the_widget() -> Result<(
     let w = create(&widgets, "Widget", "w", json!({"value": "mine"})).await?;
     let cond = wait_reason(&widgets, "w", "PlanRejected").await?;
     expect_rejected(&mut unnamed, &cond, "NotControlledByPrimary", &["w-cm"]);
-    wait_event(&ns, "w", "Warning", "PlanRejected").await?;
+    wait_event(
+        &ns.client,
+        &ns.name,
+        "w",
+        Some("Warning"),
+        "PlanRejected",
+        DEFAULT_DEADLINE,
+    )
+    .await?;
     assert_eq!(
         fingerprint(&cms.get("w-cm").await?),
         before,
@@ -321,7 +290,15 @@ async fn user_config_map_in_an_unwatched_namespace_is_not_taken_over() -> Result
     create(&labellers, "Labeller", "l", json!({"value": "mine"})).await?;
     let cond = wait_reason(&labellers, "l", "PlanRejected").await?;
     expect_rejected(&mut unnamed, &cond, "NotControlledByPrimary", &["l-mirror"]);
-    wait_event(&ns, "l", "Warning", "PlanRejected").await?;
+    wait_event(
+        &ns.client,
+        &ns.name,
+        "l",
+        Some("Warning"),
+        "PlanRejected",
+        DEFAULT_DEADLINE,
+    )
+    .await?;
     assert_eq!(fingerprint(&cms.get("l-mirror").await?), before);
     // All or nothing: the plan's Badge was not written either.
     let badge = format!("{}-l", ns.name);
@@ -465,7 +442,15 @@ async fn declared_adoption_takes_orphans_only() -> Result<()> {
             .map(String::as_str),
         Some("adopted")
     );
-    let note = wait_event(&ns, "a", "Normal", "Adopted").await?;
+    let (_, note) = wait_event(
+        &ns.client,
+        &ns.name,
+        "a",
+        Some("Normal"),
+        "Adopted",
+        DEFAULT_DEADLINE,
+    )
+    .await?;
     assert!(note.contains("a-cm"), "the Event names the object: {note}");
 
     let cond = wait_reason(&adopters, "b", "PlanRejected").await?;
@@ -618,7 +603,15 @@ async fn label_owned_objects_live_and_die_with_their_primary() -> Result<()> {
     // its cleanup, and nothing deletes the objects meanwhile.
     merge_spec(&labellers, "l", json!({"holdCleanup": true})).await?;
     labellers.delete("l", &DeleteParams::background()).await?;
-    wait_event(&ns, "l", "Warning", "CleanupHeld").await?;
+    wait_event(
+        &ns.client,
+        &ns.name,
+        "l",
+        Some("Warning"),
+        "CleanupHeld",
+        DEFAULT_DEADLINE,
+    )
+    .await?;
     let held = labellers.get("l").await?;
     assert!(held.metadata.deletion_timestamp.is_some());
     assert_eq!(cms.get("l-mirror").await?.metadata.uid, cm.metadata.uid);
@@ -929,7 +922,15 @@ async fn leadership_lost_mid_plan_stops_the_remaining_writes() -> Result<()> {
     op.operator.requeue_all();
     wait_reason(&fanouts, "f", "Reconciled").await?;
     assert_eq!(fanouts.get("f").await?.data["status"]["count"], 10);
-    wait_event(&ns, "f", "Normal", "FannedOut").await?;
+    wait_event(
+        &ns.client,
+        &ns.name,
+        "f",
+        Some("Normal"),
+        "FannedOut",
+        DEFAULT_DEADLINE,
+    )
+    .await?;
     Ok(())
 }
 

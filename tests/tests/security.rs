@@ -21,6 +21,7 @@ use kube::{Client, Resource};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use wasmop_tests::operator::{RunningOperator, load_plugin};
+use wasmop_tests::status::{condition, reason_is};
 use wasmop_tests::{TestNamespace, apply_project_crds, wait_for};
 
 /// Rollouts of several generations go through the scheduler, kwok and the
@@ -80,14 +81,6 @@ async fn start(ns: &TestNamespace, with_engines: bool) -> Result<RunningOperator
     }
     RunningOperator::start(ns.client.clone(), vec![ns.name.clone()], plugins).await
 }
-
-fn condition(obj: &DynamicObject, type_: &str) -> Value {
-    obj.data["status"]["conditions"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["type"] == type_).cloned())
-        .unwrap_or(Value::Null)
-}
-
 /// Waits until `check` accepts instance `fb`; returns it.
 async fn wait_instance(
     ns: &TestNamespace,
@@ -109,12 +102,6 @@ async fn wait_instance(
     })
     .await
 }
-
-fn reason_is(fb: &DynamicObject, type_: &str, status: &str, reason: &str) -> bool {
-    let c = condition(fb, type_);
-    c["status"] == status && c["reason"] == reason
-}
-
 /// A CA and a leaf certificate it signed, made with `openssl`.
 struct Pki {
     ca: Vec<u8>,

@@ -13,12 +13,16 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 use terdut_standin::StandIn;
 use wasmop_tests::operator::{RunningOperator, load_plugin, test_config};
-use wasmop_tests::{TestNamespace, apply_crd_files, apply_project_crds, repo_root, wait_for};
+use wasmop_tests::status::{condition, events, wait_condition, wait_event};
+use wasmop_tests::{
+    TestNamespace, apply_crd_files, apply_project_crds, client, repo_root, wait_for,
+};
 
 /// Rollouts go through the scheduler, kwok and the controller-manager.
 const DEADLINE: Duration = Duration::from_secs(90);
@@ -108,42 +112,6 @@ async fn patch_spec(api: &Api<DynamicObject>, name: &str, spec: Value) -> Result
     .await?;
     Ok(())
 }
-
-fn condition(obj: &DynamicObject, type_: &str) -> Value {
-    obj.data["status"]["conditions"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["type"] == type_).cloned())
-        .unwrap_or(Value::Null)
-}
-
-/// Waits until condition `type_` of `name` has `status` (and `reason`,
-/// when given); returns the object.
-async fn wait_condition(
-    api: &Api<DynamicObject>,
-    name: &str,
-    type_: &str,
-    status: &str,
-    reason: Option<&str>,
-) -> Result<DynamicObject> {
-    wait_for(
-        &format!("{name}: {type_}={status} {reason:?}"),
-        DEADLINE,
-        || {
-            let api = api.clone();
-            async move {
-                let obj = api.get(name).await?;
-                let c = condition(&obj, type_);
-                if c["status"] == status && reason.is_none_or(|r| c["reason"] == r) {
-                    Ok(Some(obj))
-                } else {
-                    bail!("{type_} is {c}")
-                }
-            }
-        },
-    )
-    .await
-}
-
 /// Waits until `check` holds of the stand-in's state.
 async fn wait_standin(
     what: &str,
@@ -156,43 +124,6 @@ async fn wait_standin(
     })
     .await
 }
-
-/// Events about `name` in the namespace, as `(type, reason, note)`.
-async fn events(ns: &TestNamespace, name: &str) -> Result<Vec<(String, String, String)>> {
-    let list = ns.api::<Event>().list(&ListParams::default()).await?;
-    Ok(list
-        .items
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-        .map(|e| {
-            (
-                e.type_.unwrap_or_default(),
-                e.reason.unwrap_or_default(),
-                e.note.unwrap_or_default(),
-            )
-        })
-        .collect())
-}
-
-async fn wait_event(ns: &TestNamespace, name: &str, reason: &str) -> Result<(String, String)> {
-    wait_for(
-        &format!("{name}: Event {reason}"),
-        DEADLINE,
-        || async move {
-            let found = events(ns, name)
-                .await?
-                .into_iter()
-                .find(|(_, r, _)| r == reason)
-                .map(|(t, _, n)| (t, n));
-            match found {
-                Some(x) => Ok(Some(x)),
-                None => bail!("no {reason} Event yet"),
-            }
-        },
-    )
-    .await
-}
-
 async fn secret_data(
     ns: &TestNamespace,
     namespace: &str,
@@ -226,15 +157,21 @@ async fn env_with(
     others: &[&TestNamespace],
     prepare: impl FnOnce(&mut terdut_standin::State),
 ) -> Result<Env> {
+    env_on(prefix, others, StandIn::start().await?, prepare).await
+}
+
+/// [`env_with`] around a given stand-in (e.g. one serving TLS). Zalando's
+/// CRD is not installed here: the plugin must load without it (only the
+/// Zalando test installs it).
+async fn env_on(
+    prefix: &str,
+    others: &[&TestNamespace],
+    standin: StandIn,
+    prepare: impl FnOnce(&mut terdut_standin::State),
+) -> Result<Env> {
     logs();
     let ns = TestNamespace::new(prefix).await?;
     apply_project_crds(&ns.client).await?;
-    apply_crd_files(
-        &ns.client,
-        &[repo_root().join("tests/fixtures/crds/zalando-postgresql.crd.yaml")],
-    )
-    .await?;
-    let standin = StandIn::start().await?;
     standin.with(|s| {
         s.controls.key_prefix = CANARY.to_owned();
         prepare(s);
@@ -286,7 +223,7 @@ impl Env {
 
     async fn ready_server(&self, name: &str) -> Result<DynamicObject> {
         self.server(name, json!({})).await?;
-        wait_condition(&self.k.servers, name, "Ready", "True", None).await
+        wait_condition(&self.k.servers, name, "Ready", "True", None, DEADLINE).await
     }
 
     async fn team(&self, name: &str, display: &str) -> Result<DynamicObject> {
@@ -298,7 +235,15 @@ impl Env {
                    "oidc": {"memberGroup": "members", "ownerGroup": "owners"}}),
         )
         .await?;
-        wait_condition(&self.k.teams, name, "Ready", "True", Some("Synced")).await
+        wait_condition(
+            &self.k.teams,
+            name,
+            "Ready",
+            "True",
+            Some("Synced"),
+            DEADLINE,
+        )
+        .await
     }
 }
 
@@ -382,7 +327,15 @@ async fn golden_path_bootstraps_syncs_every_kind_and_deletes_server_side() -> Re
     let server = env.ready_server("terdut").await?;
     env.standin.with(|s| s.add_user("alice"));
     assert_eq!(condition(&server, "Bootstrapped")["status"], "True");
-    wait_event(&env.ns, "terdut", "Bootstrapped").await?;
+    wait_event(
+        &env.ns.client,
+        &env.ns.name,
+        "terdut",
+        None,
+        "Bootstrapped",
+        DEADLINE,
+    )
+    .await?;
     assert_eq!(condition(&server, "DatabaseReady")["status"], "True");
     assert_eq!(
         server.data["status"]["operatorCredentialsSecretRef"]["name"],
@@ -446,9 +399,17 @@ async fn golden_path_bootstraps_syncs_every_kind_and_deletes_server_side() -> Re
         "teamRef": {"name": "platform"}, "kind": "alertmanager", "name": "prod-am"}),
     )
     .await?;
-    wait_condition(&env.k.rules, "policy", "Synced", "True", None).await?;
-    wait_condition(&env.k.switches, "watchdog", "Synced", "True", None).await?;
-    let source = wait_condition(&env.k.sources, "am", "Ready", "True", None).await?;
+    wait_condition(&env.k.rules, "policy", "Synced", "True", None, DEADLINE).await?;
+    wait_condition(
+        &env.k.switches,
+        "watchdog",
+        "Synced",
+        "True",
+        None,
+        DEADLINE,
+    )
+    .await?;
+    let source = wait_condition(&env.k.sources, "am", "Ready", "True", None, DEADLINE).await?;
 
     let alice = env
         .standin
@@ -542,9 +503,18 @@ async fn an_install_bootstrapped_elsewhere_is_reported_then_joined_with_an_admin
         "Bootstrapped",
         "False",
         Some("BootstrappedElsewhere"),
+        DEADLINE,
     )
     .await?;
-    let (kind, _) = wait_event(&env.ns, "terdut", "BootstrappedElsewhere").await?;
+    let (kind, _) = wait_event(
+        &env.ns.client,
+        &env.ns.name,
+        "terdut",
+        None,
+        "BootstrappedElsewhere",
+        DEADLINE,
+    )
+    .await?;
     assert_eq!(kind, "Warning");
     assert_eq!(
         env.standin.with(|s| s.count("POST", "/api/bootstrap")),
@@ -565,8 +535,24 @@ async fn an_install_bootstrapped_elsewhere_is_reported_then_joined_with_an_admin
         json!({"bootstrap": {"adminKeySecretRef": {"name": "chart-admin"}}}),
     )
     .await?;
-    wait_condition(&env.k.servers, "terdut", "Bootstrapped", "True", None).await?;
-    wait_event(&env.ns, "terdut", "ServiceAccountKeyMinted").await?;
+    wait_condition(
+        &env.k.servers,
+        "terdut",
+        "Bootstrapped",
+        "True",
+        None,
+        DEADLINE,
+    )
+    .await?;
+    wait_event(
+        &env.ns.client,
+        &env.ns.name,
+        "terdut",
+        None,
+        "ServiceAccountKeyMinted",
+        DEADLINE,
+    )
+    .await?;
     let account = format!("wasmop.{}.terdut", env.ns.name);
     let key = secret_data(
         &env.ns,
@@ -608,6 +594,7 @@ async fn a_lost_bootstrap_race_leaves_one_admin_and_is_reported() -> Result<()> 
         "Bootstrapped",
         "False",
         Some("BootstrappedElsewhere"),
+        DEADLINE,
     )
     .await?;
     assert_eq!(
@@ -678,7 +665,15 @@ async fn a_create_whose_answer_was_lost_is_adopted_on_409_without_a_duplicate() 
             .iter()
             .any(|l| l.method == "POST" && l.path == "/api/teams" && l.status == 409)
     );
-    wait_event(&env.ns, "platform", "TeamAdopted").await?;
+    wait_event(
+        &env.ns.client,
+        &env.ns.name,
+        "platform",
+        None,
+        "TeamAdopted",
+        DEADLINE,
+    )
+    .await?;
     Ok(())
 }
 
@@ -723,6 +718,7 @@ async fn an_unreachable_server_holds_the_finalizer_with_degraded() -> Result<()>
         "Degraded",
         "True",
         Some("DeleteFailed"),
+        DEADLINE,
     )
     .await?;
     assert!(held.metadata.deletion_timestamp.is_some());
@@ -733,7 +729,15 @@ async fn an_unreachable_server_holds_the_finalizer_with_degraded() -> Result<()>
             .iter()
             .any(|f| f == "terdut.ryuvia.com/server-side")
     );
-    let (kind, _) = wait_event(&env.ns, "platform", "DeleteFailed").await?;
+    let (kind, _) = wait_event(
+        &env.ns.client,
+        &env.ns.name,
+        "platform",
+        None,
+        "DeleteFailed",
+        DEADLINE,
+    )
+    .await?;
     assert_eq!(kind, "Warning");
     assert!(env.standin.with(|s| s.teams.contains_key(&id)));
 
@@ -761,17 +765,25 @@ async fn an_alert_source_kind_change_rotates_the_key_with_a_warning() -> Result<
         json!({"teamRef": {"name": "platform"}, "kind": "alertmanager", "name": "prod"}),
     )
     .await?;
-    let first = wait_condition(&env.k.sources, "am", "Ready", "True", None).await?;
+    let first = wait_condition(&env.k.sources, "am", "Ready", "True", None, DEADLINE).await?;
     let first_id = first.data["status"]["integrationID"].as_u64().expect("id");
     let first_key = secret_data(&env.ns, &env.ns.name, "am-terdut-webhook", "key")
         .await?
         .expect("key");
 
     patch_spec(&env.k.sources, "am", json!({"kind": "grafana"})).await?;
-    let (kind, note) = wait_event(&env.ns, "am", "WebhookKeyRotated").await?;
+    let (kind, note) = wait_event(
+        &env.ns.client,
+        &env.ns.name,
+        "am",
+        None,
+        "WebhookKeyRotated",
+        DEADLINE,
+    )
+    .await?;
     assert_eq!(kind, "Warning");
     assert!(note.contains("am-terdut-webhook"), "{note}");
-    let second = wait_condition(&env.k.sources, "am", "Synced", "True", None).await?;
+    let second = wait_condition(&env.k.sources, "am", "Synced", "True", None, DEADLINE).await?;
     let second_id = second.data["status"]["integrationID"].as_u64().expect("id");
     assert_ne!(first_id, second_id);
     let second_key = secret_data(&env.ns, &env.ns.name, "am-terdut-webhook", "key")
@@ -802,7 +814,7 @@ async fn a_dead_mans_switch_is_recreated_when_it_changes() -> Result<()> {
         json!({"teamRef": {"name": "platform"}, "name": "w", "matcher": "a=b", "timeout": "15m"}),
     )
     .await?;
-    let first = wait_condition(&env.k.switches, "w", "Synced", "True", None).await?;
+    let first = wait_condition(&env.k.switches, "w", "Synced", "True", None, DEADLINE).await?;
     let first_id = first.data["status"]["switchID"].as_u64().expect("id");
     patch_spec(&env.k.switches, "w", json!({"timeout": "30m"})).await?;
     wait_standin(
@@ -903,7 +915,7 @@ async fn consent_matrix_live_revocation_and_the_credentials_mirror() -> Result<(
         json!({"allowedTeams": {"namespaces": {"from": "None"}}}),
     )
     .await?;
-    wait_condition(&env.k.servers, "terdut", "Ready", "True", None).await?;
+    wait_condition(&env.k.servers, "terdut", "Ready", "True", None, DEADLINE).await?;
     let mirror = format!("terdut.{}-terdut-credentials", env.ns.name);
 
     // Same namespace: always admitted.
@@ -929,7 +941,15 @@ async fn consent_matrix_live_revocation_and_the_credentials_mirror() -> Result<(
         )
         .await?;
         for (api, name) in [(&team_a, "a"), (&team_b, "b")] {
-            wait_condition(api, name, "Ready", "False", Some("RefNotPermitted")).await?;
+            wait_condition(
+                api,
+                name,
+                "Ready",
+                "False",
+                Some("RefNotPermitted"),
+                DEADLINE,
+            )
+            .await?;
         }
         assert!(
             env.standin
@@ -955,8 +975,8 @@ async fn consent_matrix_live_revocation_and_the_credentials_mirror() -> Result<(
         json!({"allowedTeams": {"namespaces": {"from": "All"}}}),
     )
     .await?;
-    let a = wait_condition(&team_a, "a", "Ready", "True", Some("Synced")).await?;
-    let b = wait_condition(&team_b, "b", "Ready", "True", Some("Synced")).await?;
+    let a = wait_condition(&team_a, "a", "Ready", "True", Some("Synced"), DEADLINE).await?;
+    let b = wait_condition(&team_b, "b", "Ready", "True", Some("Synced"), DEADLINE).await?;
     assert_eq!(
         a.data["status"]["credentialsSecretRef"]["name"],
         mirror.as_str()
@@ -993,9 +1013,17 @@ async fn consent_matrix_live_revocation_and_the_credentials_mirror() -> Result<(
         "selector": {"matchLabels": {"terdut.ryuvia.com/allowed": "true"}}}}}),
     )
     .await?;
-    wait_condition(&team_b, "b", "Ready", "False", Some("RefNotPermitted")).await?;
+    wait_condition(
+        &team_b,
+        "b",
+        "Ready",
+        "False",
+        Some("RefNotPermitted"),
+        DEADLINE,
+    )
+    .await?;
     wait_secret(&env.ns, &plain.name, &mirror, false).await?;
-    wait_condition(&team_a, "a", "Ready", "True", Some("Synced")).await?;
+    wait_condition(&team_a, "a", "Ready", "True", Some("Synced"), DEADLINE).await?;
     assert!(
         secret_data(&env.ns, &labelled.name, &mirror, "api-key")
             .await?
@@ -1036,20 +1064,62 @@ async fn consent_matrix_live_revocation_and_the_credentials_mirror() -> Result<(
     team_b.delete("b", &DeleteParams::default()).await?;
     wait_gone(&team_b, "b").await?;
     assert!(env.standin.with(|s| s.teams.contains_key(&id_b)));
-    let (kind, _) = wait_event(&plain, "b", "TeamLeftOnServer").await?;
+    let (kind, _) = wait_event(
+        &plain.client,
+        &plain.name,
+        "b",
+        None,
+        "TeamLeftOnServer",
+        DEADLINE,
+    )
+    .await?;
     assert_eq!(kind, "Warning");
     Ok(())
 }
 
+const ZALANDO_CRD: &str = "postgresqls.acid.zalan.do";
+
+/// Removes Zalando's CRD (left by an earlier run on this cluster) and waits
+/// until the API server no longer serves it.
+async fn without_zalando_crd(client: &kube::Client) -> Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    if crds.get_opt(ZALANDO_CRD).await?.is_some() {
+        crds.delete(ZALANDO_CRD, &DeleteParams::default()).await?;
+    }
+    wait_for("Zalando's CRD gone", DEADLINE, || {
+        let crds = crds.clone();
+        async move {
+            match crds.get_opt(ZALANDO_CRD).await? {
+                None => Ok(Some(())),
+                Some(_) => bail!("still there"),
+            }
+        }
+    })
+    .await
+}
+
 #[tokio::test]
 async fn a_zalando_cluster_ref_waits_for_the_cluster_and_wires_its_secret() -> Result<()> {
+    // Zalando's CRD is optional: the plugin loads without it, a DSN server
+    // works and a cluster-ref server says what is missing. Once the CRD is
+    // installed the cluster-ref server picks the cluster up.
+    without_zalando_crd(&client().await?).await?;
     let env = env("team-zalando", |_| {}).await?;
-    let gvk = GroupVersionKind::gvk("acid.zalan.do", "v1", "postgresql");
-    let clusters: Api<DynamicObject> = Api::namespaced_with(
-        env.ns.client.clone(),
-        &env.ns.name,
-        &ApiResource::from_gvk_with_plural(&gvk, "postgresqls"),
-    );
+    // Its API URL is not allow-listed: only the database wiring matters.
+    env.server(
+        "by-dsn",
+        json!({"networking": {"apiURL": "http://127.0.0.1:9"}}),
+    )
+    .await?;
+    wait_condition(
+        &env.k.servers,
+        "by-dsn",
+        "DatabaseReady",
+        "True",
+        None,
+        DEADLINE,
+    )
+    .await?;
     create(
         &env.k.servers,
         "TerdutServer",
@@ -1058,14 +1128,31 @@ async fn a_zalando_cluster_ref_waits_for_the_cluster_and_wires_its_secret() -> R
                "database": {"postgresClusterRef": {"name": "terdut-pg"}}}),
     )
     .await?;
-    wait_condition(
+    let missing = wait_condition(
         &env.k.servers,
         "terdut",
         "DatabaseReady",
         "False",
         Some("PostgresClusterNotFound"),
+        DEADLINE,
     )
     .await?;
+    let why = condition(&missing, "DatabaseReady")["message"].clone();
+    assert!(
+        why.as_str().is_some_and(|m| m.contains("CRD")),
+        "the reason names the CRD: {why}"
+    );
+    apply_crd_files(
+        &env.ns.client,
+        &[repo_root().join("tests/fixtures/crds/zalando-postgresql.crd.yaml")],
+    )
+    .await?;
+    let gvk = GroupVersionKind::gvk("acid.zalan.do", "v1", "postgresql");
+    let clusters: Api<DynamicObject> = Api::namespaced_with(
+        env.ns.client.clone(),
+        &env.ns.name,
+        &ApiResource::from_gvk_with_plural(&gvk, "postgresqls"),
+    );
 
     // The test plays the Zalando operator: the cluster, its status, its
     // credentials Secret.
@@ -1081,6 +1168,7 @@ async fn a_zalando_cluster_ref_waits_for_the_cluster_and_wires_its_secret() -> R
         "DatabaseReady",
         "False",
         Some("PostgresClusterNotRunning"),
+        DEADLINE,
     )
     .await?;
     clusters
@@ -1096,6 +1184,7 @@ async fn a_zalando_cluster_ref_waits_for_the_cluster_and_wires_its_secret() -> R
         "DatabaseReady",
         "False",
         Some("CredentialsSecretMissing"),
+        DEADLINE,
     )
     .await?;
     let secret_name = "terdut-app.terdut-pg.credentials.postgresql.acid.zalan.do";
@@ -1105,8 +1194,16 @@ async fn a_zalando_cluster_ref_waits_for_the_cluster_and_wires_its_secret() -> R
         .api::<Secret>()
         .create(&PostParams::default(), &s)
         .await?;
-    wait_condition(&env.k.servers, "terdut", "DatabaseReady", "True", None).await?;
-    wait_condition(&env.k.servers, "terdut", "Ready", "True", None).await?;
+    wait_condition(
+        &env.k.servers,
+        "terdut",
+        "DatabaseReady",
+        "True",
+        None,
+        DEADLINE,
+    )
+    .await?;
+    wait_condition(&env.k.servers, "terdut", "Ready", "True", None, DEADLINE).await?;
 
     let d = env
         .ns
@@ -1141,5 +1238,71 @@ async fn a_zalando_cluster_ref_waits_for_the_cluster_and_wires_its_secret() -> R
         pw.map(|r| (r.name, r.key)),
         Some((secret_name.to_owned(), "password".to_owned()))
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_https_server_is_called_over_tls_and_alert_sources_rename_with_patch() -> Result<()> {
+    let env = env_on("team-tls", &[], StandIn::start_tls().await?, |_| {}).await?;
+    assert!(env.standin.url().starts_with("https://"));
+    let ca = env
+        .standin
+        .ca_pem()
+        .expect("a TLS stand-in has a CA")
+        .to_owned();
+    // The db Secret and the server, trusting the stand-in's CA.
+    env.server(
+        "terdut",
+        json!({"networking": {"apiURL": env.standin.url(), "caBundle": ca}}),
+    )
+    .await?;
+    let server = wait_condition(&env.k.servers, "terdut", "Ready", "True", None, DEADLINE).await?;
+    assert_eq!(condition(&server, "Bootstrapped")["status"], "True");
+    let team = env.team("platform", "Platform").await?;
+    assert_eq!(team.data["status"]["caBundle"], ca.as_str());
+    create(
+        &env.k.sources,
+        "TerdutAlertSource",
+        "am",
+        json!({"teamRef": {"name": "platform"}, "kind": "alertmanager", "name": "prod"}),
+    )
+    .await?;
+    let source = wait_condition(&env.k.sources, "am", "Synced", "True", None, DEADLINE).await?;
+    let iid = source.data["status"]["integrationID"]
+        .as_u64()
+        .expect("integration id");
+    let key_before = env.standin.with(|s| s.integrations[&iid].key.clone());
+
+    // A rename is a PATCH: same integration, same key, new name.
+    patch_spec(&env.k.sources, "am", json!({"name": "prod-eu"})).await?;
+    wait_standin("the integration renamed", &env.standin, |s| {
+        s.integrations
+            .get(&iid)
+            .is_some_and(|i| i.name == "prod-eu")
+    })
+    .await?;
+    wait_event(
+        &env.ns.client,
+        &env.ns.name,
+        "am",
+        None,
+        "IntegrationRenamed",
+        DEADLINE,
+    )
+    .await?;
+    let renamed = wait_condition(&env.k.sources, "am", "Synced", "True", None, DEADLINE).await?;
+    assert_eq!(renamed.data["status"]["integrationID"].as_u64(), Some(iid));
+    assert_eq!(renamed.data["status"]["applied"]["name"], "prod-eu");
+    assert_eq!(
+        env.standin.with(|s| s.integrations[&iid].key.clone()),
+        key_before,
+        "a rename keeps the key"
+    );
+    assert_eq!(
+        env.standin.with(|s| s.count("PATCH", "/api/teams")),
+        1,
+        "one PATCH"
+    );
+    assert_eq!(env.standin.with(|s| s.count("DELETE", "/api/teams")), 0);
     Ok(())
 }

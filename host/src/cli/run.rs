@@ -60,7 +60,7 @@ pub struct RunArgs {
     /// read again (they are read by name, never listed or watched).
     #[arg(long, value_name = "MS", default_value_t = 30_000)]
     pub secret_poll_interval_ms: u64,
-    /// Base URL (`http://host:port`) that plans may call with target
+    /// Base URL (`http://host:port` or `https://host:port`) that plans may call with target
     /// `allow-list`; repeat for several.
     #[arg(long = "allow-url", value_name = "URL")]
     pub allow_urls: Vec<String>,

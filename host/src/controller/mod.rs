@@ -146,8 +146,8 @@ struct Active {
     primary_resource: ApiResource,
     writer: Writer,
     route: Route,
-    /// Every kind its snapshots come from; a reconcile waits until all of
-    /// their caches have synced.
+    /// Every kind its snapshots come from but those only optional reads
+    /// name; a reconcile waits until all of their caches have synced.
     kinds: Vec<KindKey>,
 }
 
@@ -363,6 +363,8 @@ impl Operator {
             }
         }
         let mut caches: Vec<Arc<KindCache>> = Vec::new();
+        // Kinds named only by optional reads: watched, not waited for.
+        let mut optional: Vec<Arc<KindCache>> = Vec::new();
         let mut actives = Vec::new();
         for c in &manifest.controllers {
             let id: Arc<str> = format!("{}/{}", plugin.name(), c.name).into();
@@ -371,13 +373,19 @@ impl Operator {
                 namespaced: c.primary.namespaced,
                 managed_only: false,
             }));
+            let required = c.required_kinds();
             // Secrets named by a field are read by name, not watched.
             for r in c.reads.iter().filter(|r| !by_name::is_by_name(r)) {
-                caches.push(self.cache.ensure(WatchSpec {
+                let cache = self.cache.ensure(WatchSpec {
                     resource: api_resource(&r.kind),
                     namespaced: r.kind.namespaced,
                     managed_only: false,
-                }));
+                });
+                if required.iter().any(|k| k.same_type(&r.kind)) {
+                    caches.push(cache);
+                } else {
+                    optional.push(cache);
+                }
             }
             // Dependent kinds are judged by a read of the object when it
             // is deleted; nothing to watch for them.
@@ -397,7 +405,10 @@ impl Operator {
                 writer: Writer::new(self.client.clone(), format!("wasmop-{}", plugin.name())),
                 plugin: plugin.clone(),
                 route: Route::new(id.clone(), c.clone()),
-                kinds: watched_kinds(c),
+                kinds: watched_kinds(c)
+                    .into_iter()
+                    .filter(|k| required.iter().any(|r| kind_key(r) == *k))
+                    .collect(),
             }));
         }
         for c in &caches {
@@ -412,6 +423,14 @@ impl Operator {
                     waited: self.config.sync_timeout,
                 });
             }
+        }
+        for c in optional.iter().filter(|c| !c.synced()) {
+            tracing::info!(
+                plugin = plugin.name(),
+                kind = %c.key(),
+                "optional read not served yet (is its CRD installed?); \
+                 it selects nothing until its watch lists it"
+            );
         }
         let mut queued = Vec::new();
         let replaced = {

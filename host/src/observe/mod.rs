@@ -44,17 +44,21 @@
 //!   (`max_requests_per_primary` per `per_primary_interval`), whatever its
 //!   method; a GET repeated unchanged within the interval is not re-sent
 //!   and costs nothing.
-//! - Mutating calls (POST, PUT, DELETE) carry an `Idempotency-Key` header
+//! - Mutating calls (POST, PUT, PATCH, DELETE) carry an `Idempotency-Key` header
 //!   ([`idempotency_key`]) and are sent at most once per [`Observer::run`]
 //!   that lists them (and within the budget): the host never retries them
-//!   on its own.
+//!   on its own. While one is in flight, a plan listing the same id again
+//!   does not send it a second time.
 //! - Secret header values are sent, never logged, and print as `Sensitive`
 //!   in `Debug` output.
 //!
 //! # Caveats
 //!
-//! - Plain `http://` only: there is no TLS client here yet, so an `https`
-//!   base URL is refused with [`Refusal::HttpsUnsupported`].
+//! - An `https` base URL is called over TLS (rustls) trusting the system's
+//!   roots plus the request's `caBundle` (inline PEM, or a key of a Secret
+//!   the snapshot holds); a bundle that cannot be used is refused with
+//!   [`Refusal::BadCaBundle`]. Pods and Services are called over plain
+//!   `http`.
 //! - One connection per request (no pooling): observations are rare and
 //!   rate-limited, and a fresh connection cannot carry state between
 //!   primaries.
@@ -85,19 +89,45 @@ use tokio::sync::Semaphore;
 use crate::object;
 use crate::plugin::manifest::{HttpTarget, KindRef};
 use crate::reconcile::snapshot::Observation;
-use crate::reconcile::validate::{HttpMethod, HttpRequest, RequestTarget};
+use crate::reconcile::validate::{CaBundle, HttpMethod, HttpRequest, RequestTarget};
 
 mod policy;
 mod resolve;
 mod store;
 #[cfg(test)]
 mod tests;
+mod tls;
 mod transport;
 
 pub use policy::*;
 pub use resolve::*;
 use store::*;
 use transport::*;
+
+/// The mutating requests of one [`Observer::run`] marked in flight;
+/// unmarked when dropped, after their results are stored.
+struct InFlight<'a> {
+    observer: &'a Observer,
+    uid: &'a str,
+    epoch: u64,
+    ids: Vec<String>,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.ids.is_empty() {
+            return;
+        }
+        let mut state = self.observer.lock();
+        if let Some(entry) = state.get_mut(self.uid)
+            && entry.epoch == self.epoch
+        {
+            for id in &self.ids {
+                entry.in_flight.remove(id);
+            }
+        }
+    }
+}
 
 /// Performs plan HTTP requests and keeps their results per primary.
 ///
@@ -110,6 +140,7 @@ pub struct Observer {
     state: Mutex<HashMap<String, PrimaryState>>,
     next_epoch: AtomicU64,
     counters: Counters,
+    tls: tls::Trust,
 }
 
 impl Observer {
@@ -125,6 +156,7 @@ impl Observer {
             state: Mutex::new(HashMap::new()),
             next_epoch: AtomicU64::new(1),
             counters: Counters::default(),
+            tls: tls::Trust::default(),
         })
     }
 
@@ -155,7 +187,15 @@ impl Observer {
                 let endpoint = resolve(request, targets, &self.config.allow_list, &objects)
                     .and_then(|uri| {
                         let headers = resolve_headers(request, &secrets)?;
-                        Ok(Endpoint { uri, headers })
+                        let tls = if uri.scheme_str() == Some("https") {
+                            Some(
+                                self.tls
+                                    .client_config(request.ca_bundle.as_ref(), &secrets)?,
+                            )
+                        } else {
+                            None
+                        };
+                        Ok(Endpoint { uri, headers, tls })
                     });
                 ResolvedRequest {
                     request: request.clone(),
@@ -196,7 +236,10 @@ impl Observer {
     ///   and body, is not sent again and its earlier result stays. A GET
     ///   whose URL changed (a new Pod IP, another path) is sent at once.
     /// - Mutating calls are sent at most once per call of `run`, with
-    ///   their `Idempotency-Key`; the host never retries them.
+    ///   their `Idempotency-Key`; the host never retries them. One whose
+    ///   id is still in flight for this primary (listed by an earlier plan
+    ///   whose answer has not arrived) is not sent again: the answer in
+    ///   flight is stored under that id.
     /// - Every request that would be sent takes one of the primary's
     ///   `max_requests_per_primary` sends per `per_primary_interval`; when
     ///   none is left it is rate-limited: not sent, its earlier result
@@ -271,9 +314,19 @@ impl Observer {
                         continue;
                     }
                     entry.last_get.insert(request.id.clone(), (now, print));
+                } else if entry.in_flight.contains(&request.id) {
+                    outcome.in_flight += 1;
+                    tracing::debug!(
+                        primary = %primary, id = %request.id, url = %endpoint.uri,
+                        method = method_name(request.method),
+                        "mutating observation request not re-sent: the same id is in flight"
+                    );
+                    continue;
                 } else if !entry.take_send(now, interval, self.config.max_requests_per_primary) {
                     self.rate_limited(primary, &request, &endpoint, &mut outcome);
                     continue;
+                } else {
+                    entry.in_flight.insert(request.id.clone());
                 }
                 to_send.push((request, endpoint));
             }
@@ -285,6 +338,18 @@ impl Observer {
         };
 
         outcome.sent = to_send.len();
+        // Clears the in-flight marks however this ends (also when the
+        // future is dropped mid-send).
+        let _in_flight = InFlight {
+            observer: self,
+            uid: &primary.uid,
+            epoch,
+            ids: to_send
+                .iter()
+                .filter(|(r, _)| r.method != HttpMethod::Get)
+                .map(|(r, _)| r.id.clone())
+                .collect(),
+        };
         let results = futures::future::join_all(
             to_send
                 .iter()

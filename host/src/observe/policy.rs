@@ -78,18 +78,16 @@ impl Default for ObserveConfig {
 }
 
 impl ObserveConfig {
-    /// The allow-list entries that are not plain `http://host[:port]` base
+    /// The allow-list entries that are not `http[s]://host[:port]` base
     /// URLs, each with the reason, for the CLI to reject at start-up. Such
     /// entries never match a request.
     pub fn allow_list_problems(&self) -> Vec<String> {
         self.allow_list
             .iter()
-            .filter_map(|entry| match Origin::parse(entry) {
-                Err(why) => Some(format!("allow-list entry {entry:?}: {why}")),
-                Ok(o) if o.scheme == "https" => Some(format!(
-                    "allow-list entry {entry:?}: https is not supported yet"
-                )),
-                Ok(_) => None,
+            .filter_map(|entry| {
+                Origin::parse(entry)
+                    .err()
+                    .map(|why| format!("allow-list entry {entry:?}: {why}"))
             })
             .collect()
     }
@@ -143,11 +141,13 @@ pub enum Refusal {
         /// `scheme://host:port` of the request.
         origin: String,
     },
-    /// The URL is `https`; only plain `http` is supported for now.
-    #[error("{origin}: https is not supported yet, only http:// targets can be called")]
-    HttpsUnsupported {
-        /// `scheme://host:port` of the request.
-        origin: String,
+    /// The request's `caBundle` cannot be used.
+    #[error("CA bundle {source_name}: {why}")]
+    BadCaBundle {
+        /// `inline PEM` or `Secret <name> key <key>`.
+        source_name: String,
+        /// What is wrong with it (never its content).
+        why: String,
     },
     /// The `object` of an `allow-list` request is not a usable base URL.
     #[error("base URL {url:?} {why}")]
@@ -259,10 +259,13 @@ pub enum Refusal {
 /// marked sensitive so `Debug` hides them).
 #[derive(Clone, Debug)]
 pub struct Endpoint {
-    /// The full URL: `http://host:port/path?query`.
+    /// The full URL: `http[s]://host:port/path?query`.
     pub uri: Uri,
     /// Plain and Secret headers of the plan.
     pub headers: HeaderMap,
+    /// For `https`: the TLS client configuration (the system's roots and
+    /// the request's CA bundle).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// One request of a plan, resolved by [`Observer::prepare`].
@@ -283,6 +286,9 @@ pub struct SubmitOutcome {
     pub refused: usize,
     /// GETs not re-sent because of the per-primary interval.
     pub rate_limited: usize,
+    /// Mutating requests not sent because one with the same id was still
+    /// in flight for the primary (its answer is what gets stored).
+    pub in_flight: usize,
     /// Stored results whose status, body or error differ from what was
     /// stored under that id before (or that are new). Re-queue the primary
     /// when this is non-zero: the plugin has something new to see. A

@@ -67,7 +67,7 @@ impl std::fmt::Display for Origin {
 /// Resolves where a request goes, or why it may not go anywhere. Pure: it
 /// sends nothing and reads objects only through `objects`.
 ///
-/// - Target `allow-list`: `object` is a base URL (`http://host[:port][/base]`)
+/// - Target `allow-list`: `object` is a base URL (`http[s]://host[:port][/base]`)
 ///   whose scheme, host and port must equal those of an `allow_list`
 ///   entry; the request's `port` is 0 or that port. URL = base URL + path.
 /// - Any other target names an `http-target` of the manifest (`targets`),
@@ -123,11 +123,6 @@ pub(crate) fn allow_listed_base(
             origin: origin.to_string(),
         });
     }
-    if origin.scheme != "http" {
-        return Err(Refusal::HttpsUnsupported {
-            origin: origin.to_string(),
-        });
-    }
     if request.port != 0 && request.port != origin.port {
         return Err(Refusal::PortMismatch {
             port: request.port,
@@ -135,8 +130,8 @@ pub(crate) fn allow_listed_base(
         });
     }
     Ok(format!(
-        "http://{}:{}{}",
-        origin.host, origin.port, origin.base_path
+        "{}://{}:{}{}",
+        origin.scheme, origin.host, origin.port, origin.base_path
     ))
 }
 

@@ -89,6 +89,10 @@ pub(crate) struct PrimaryState {
     /// When requests were sent for this primary within the last
     /// `per_primary_interval` (every method counts), oldest first.
     pub(crate) sends: std::collections::VecDeque<Instant>,
+    /// Ids of the mutating requests being sent for this primary right now:
+    /// a plan listing one again before its answer arrived does not send it
+    /// twice.
+    pub(crate) in_flight: std::collections::HashSet<String>,
 }
 
 impl PrimaryState {
@@ -98,6 +102,7 @@ impl PrimaryState {
             results: BTreeMap::new(),
             last_get: HashMap::new(),
             sends: std::collections::VecDeque::new(),
+            in_flight: std::collections::HashSet::new(),
         }
     }
 

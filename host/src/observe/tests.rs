@@ -319,10 +319,16 @@ fn allow_list_matching_is_exact_on_scheme_host_and_port() {
             origin: "http://terdut.example:8080".into()
         })
     );
-    let https = resolve_at("https://secure.example", 0, "/").unwrap_err();
-    assert!(
-        https.to_string().contains("https is not supported yet"),
-        "{https}"
+    assert_eq!(
+        resolve_at("https://secure.example", 0, "/v1").as_deref(),
+        Ok("https://secure.example:443/v1")
+    );
+    assert_eq!(
+        resolve_at("http://secure.example:443", 0, "/"),
+        Err(Refusal::NotAllowListed {
+            origin: "http://secure.example:443".into()
+        }),
+        "the scheme is part of the origin"
     );
     assert!(matches!(
         resolve_at("http://user@terdut.example:8080", 0, "/"),
@@ -336,10 +342,12 @@ fn allow_list_matching_is_exact_on_scheme_host_and_port() {
         resolve_at("http://terdut.example:8080", 0, "/a b"),
         Err(Refusal::BadPath { .. })
     ));
-    let config = ObserveConfig {
+    let mut config = ObserveConfig {
         allow_list: list,
         ..ObserveConfig::default()
     };
+    assert_eq!(config.allow_list_problems(), Vec::<String>::new());
+    config.allow_list.push("ftp://files.example".into());
     assert_eq!(config.allow_list_problems().len(), 1);
 }
 
@@ -574,6 +582,33 @@ async fn mutating_calls_carry_an_idempotency_key_and_are_sent_each_time_asked() 
 }
 
 #[tokio::test]
+async fn a_mutating_call_in_flight_is_not_sent_again_by_a_later_plan() {
+    let server = TestServer::start(Reply::ok("created").slow(Duration::from_millis(1500))).await;
+    let obs = observer(allowing(&server));
+    let mut post = probe(&server, "/v1/teams");
+    post.id = "create".into();
+    post.method = HttpMethod::Post;
+    let (first, second) = tokio::join!(run(&obs, std::slice::from_ref(&post)), async {
+        // The second plan lists the POST once the first is on the wire.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while server.connections() == 0 {
+            assert!(Instant::now() < deadline, "the first POST never arrived");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        run(&obs, std::slice::from_ref(&post)).await
+    });
+    assert_eq!((first.sent, first.in_flight), (1, 0));
+    assert_eq!((second.sent, second.in_flight), (0, 1));
+    assert_eq!(server.requests().len(), 1, "sent once");
+    let kept = obs.results(UID, Timestamp::now());
+    assert_eq!(kept[0].body, "created", "the answer in flight is stored");
+    // Once answered, the id may be sent again (another plan asked anew).
+    let third = run(&obs, std::slice::from_ref(&post)).await;
+    assert_eq!((third.sent, third.in_flight), (1, 0));
+    assert_eq!(server.requests().len(), 2);
+}
+
+#[tokio::test]
 async fn results_older_than_max_age_are_dropped() {
     let server = TestServer::start(Reply::ok("fresh")).await;
     let obs = observer(allowing(&server));
@@ -803,4 +838,108 @@ async fn max_age_zero_means_the_maximum_age_not_forever() {
             .is_empty(),
         "both expire at the maximum age"
     );
+}
+
+/// An `https` GET of the stand-in terdut-server at `url`, trusting `ca`.
+fn version_over_tls(url: &str, ca: Option<CaBundle>) -> HttpRequest {
+    let mut request = HttpRequest::allow_listed("version", HttpMethod::Get, url, "/api/version");
+    request.ca_bundle = ca;
+    request
+}
+
+#[tokio::test]
+async fn https_is_verified_against_the_system_roots_and_the_ca_bundle() {
+    let standin = terdut_standin::StandIn::start_tls()
+        .await
+        .expect("stand-in");
+    let ca = standin
+        .ca_pem()
+        .expect("a TLS stand-in has a CA")
+        .to_owned();
+    let obs = observer(ObserveConfig {
+        allow_list: vec![standin.url().to_owned()],
+        ..ObserveConfig::default()
+    });
+    let uid = |n: &str| {
+        let mut p = primary();
+        p.uid = n.into();
+        p
+    };
+
+    // Trusting the test CA inline: answered over TLS.
+    let trusted = obs.prepare(
+        &[version_over_tls(
+            standin.url(),
+            Some(CaBundle::Pem(ca.clone())),
+        )],
+        &[],
+        no_objects,
+        no_secrets,
+    );
+    obs.run(&uid("inline"), trusted).await;
+    let got = &obs.results("inline", Timestamp::now())[0];
+    assert_eq!(got.status, Some(200), "{got:?}");
+    assert!(got.body.contains("\"capabilities\""), "{}", got.body);
+
+    // The same CA from a Secret of the primary's namespace.
+    let secret = json!({"data": {"ca.crt": base64::engine::general_purpose::STANDARD.encode(&ca)}});
+    let from_secret = obs.prepare(
+        &[version_over_tls(
+            standin.url(),
+            Some(CaBundle::Secret {
+                name: "terdut-ca".into(),
+                key: "ca.crt".into(),
+            }),
+        )],
+        &[],
+        no_objects,
+        |name: &str| (name == "terdut-ca").then(|| secret.clone()),
+    );
+    obs.run(&uid("secret"), from_secret).await;
+    assert_eq!(obs.results("secret", Timestamp::now())[0].status, Some(200));
+
+    // The system's roots alone do not know the test CA: no response.
+    let untrusted = obs.prepare(
+        &[version_over_tls(standin.url(), None)],
+        &[],
+        no_objects,
+        no_secrets,
+    );
+    obs.run(&uid("system"), untrusted).await;
+    let got = &obs.results("system", Timestamp::now())[0];
+    assert_eq!(got.status, None);
+    let error = got.error.as_deref().unwrap_or_default();
+    assert!(error.contains("TLS handshake"), "{error}");
+    assert_eq!(
+        standin.log().len(),
+        2,
+        "only the two trusted calls reached the server"
+    );
+
+    // A bundle that is not PEM, or a Secret that is not there: refused
+    // before anything is sent, naming the source, never the content.
+    for (bundle, expect) in [
+        (
+            CaBundle::Pem("not a certificate".into()),
+            "holds no PEM certificate",
+        ),
+        (
+            CaBundle::Secret {
+                name: "missing".into(),
+                key: "ca.crt".into(),
+            },
+            "Secret missing key ca.crt: the Secret is not in the snapshot",
+        ),
+    ] {
+        let refused = obs.prepare(
+            &[version_over_tls(standin.url(), Some(bundle))],
+            &[],
+            no_objects,
+            no_secrets,
+        );
+        let Err(refusal) = &refused[0].endpoint else {
+            panic!("a bad CA bundle was accepted");
+        };
+        assert!(refusal.to_string().contains(expect), "{refusal}");
+    }
 }

@@ -1,5 +1,6 @@
-//! Sending one request: plain HTTP/1 over a fresh connection, under a
-//! deadline and a body cap, with its outcome recorded for the primary.
+//! Sending one request: HTTP/1 (over TLS for `https`) on a fresh
+//! connection, under a deadline and a body cap, with its outcome recorded
+//! for the primary.
 
 use super::*;
 
@@ -133,11 +134,58 @@ pub(crate) async fn exchange(
     let authority = uri.authority().map(|a| a.as_str()).unwrap_or_default();
     let host = uri.host().unwrap_or_default();
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    let port = uri.port_u16().unwrap_or(80);
+    let default_port = if endpoint.tls.is_some() { 443 } else { 80 };
+    let port = uri.port_u16().unwrap_or(default_port);
     let stream = TcpStream::connect((host, port))
         .await
         .map_err(|e| format!("cannot connect to {authority}: {e}"))?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+    match &endpoint.tls {
+        None => {
+            talk(
+                TokioIo::new(stream),
+                primary_uid,
+                request,
+                endpoint,
+                cap,
+                progress,
+            )
+            .await
+        }
+        Some(config) => {
+            let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+                .map_err(|e| format!("{host} is not a TLS server name: {e}"))?;
+            let stream = tokio_rustls::TlsConnector::from(Arc::clone(config))
+                .connect(name, stream)
+                .await
+                .map_err(|e| format!("TLS handshake with {authority} failed: {e}"))?;
+            talk(
+                TokioIo::new(stream),
+                primary_uid,
+                request,
+                endpoint,
+                cap,
+                progress,
+            )
+            .await
+        }
+    }
+}
+
+/// HTTP/1 over an open connection (plain or TLS): see [`exchange`].
+async fn talk<I>(
+    io: I,
+    primary_uid: &str,
+    request: &HttpRequest,
+    endpoint: &Endpoint,
+    cap: usize,
+    progress: &mut Progress,
+) -> Result<bool, String>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let uri = &endpoint.uri;
+    let authority = uri.authority().map(|a| a.as_str()).unwrap_or_default();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(io)
         .await
         .map_err(|e| format!("HTTP handshake with {authority} failed: {}", chain(&e)))?;
     let _driver = AbortOnDrop(tokio::spawn(async move {
@@ -210,6 +258,7 @@ pub(crate) fn method(m: HttpMethod) -> Method {
         HttpMethod::Get => Method::GET,
         HttpMethod::Post => Method::POST,
         HttpMethod::Put => Method::PUT,
+        HttpMethod::Patch => Method::PATCH,
         HttpMethod::Delete => Method::DELETE,
     }
 }
@@ -219,6 +268,7 @@ pub(crate) fn method_name(m: HttpMethod) -> &'static str {
         HttpMethod::Get => "GET",
         HttpMethod::Post => "POST",
         HttpMethod::Put => "PUT",
+        HttpMethod::Patch => "PATCH",
         HttpMethod::Delete => "DELETE",
     }
 }

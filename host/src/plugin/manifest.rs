@@ -500,6 +500,7 @@ pub(crate) mod tests {
             id: "cm".into(),
             kind: configmap(),
             selector: Selector::SameNamespace,
+            optional: false,
         };
         m.controllers[0].reads = vec![read.clone(), read];
         assert_eq!(
@@ -515,6 +516,7 @@ pub(crate) mod tests {
             id: "cm".into(),
             kind: configmap(),
             selector: Selector::Labels("app in (a".into()),
+            optional: false,
         }];
         let problems = messages(&m);
         assert_eq!(problems.len(), 1);

@@ -11,6 +11,12 @@
 //! - read kinds and HTTP target kinds: get, list, watch; Secrets named by a
 //!   field reference only get (they are read by name, never listed).
 //! - Events (core and `events.k8s.io`): create, patch.
+//!
+//! A ClusterRole grants in every namespace; what the manifest confines to
+//! the primary's namespace is enforced by plan validation. Controllers that
+//! may write owned objects into other namespaces (`write-namespaces`) are
+//! called out in the annotation [`CROSS_NAMESPACE_ANNOTATION`], so whoever
+//! reviews the role sees which writes really cross namespaces.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -150,11 +156,56 @@ pub fn rules(manifest: &Manifest) -> Vec<PolicyRule> {
     merge_rules(&grants(manifest))
 }
 
-/// A ClusterRole `wasmop-plugin-<name>` holding [`rules`].
+/// Annotation of the generated ClusterRole naming the writes that leave
+/// the primary's namespace.
+pub const CROSS_NAMESPACE_ANNOTATION: &str = "wasmop.dev/cross-namespace-writes";
+
+/// The owned kinds each controller may write outside its primary's
+/// namespace, and where: one line per controller, `None` when none does.
+pub fn cross_namespace_writes(manifest: &Manifest) -> Option<String> {
+    let lines: Vec<String> = manifest
+        .controllers
+        .iter()
+        .filter(|c| !c.write_namespaces.is_empty() && !c.owns.is_empty())
+        .map(|c| {
+            let kinds: Vec<String> = c
+                .owns
+                .iter()
+                .map(|o| match o.kind.group.as_str() {
+                    "" => o.kind.plural.clone(),
+                    group => format!("{}.{group}", o.kind.plural),
+                })
+                .collect();
+            let places: Vec<String> = c
+                .write_namespaces
+                .iter()
+                .map(|n| {
+                    if n == "*" {
+                        "any namespace".to_owned()
+                    } else {
+                        format!("namespace {n}")
+                    }
+                })
+                .collect();
+            format!(
+                "controller {} writes {} outside its primary's namespace, in {}",
+                c.name,
+                kinds.join(", "),
+                places.join(", ")
+            )
+        })
+        .collect();
+    (!lines.is_empty()).then(|| lines.join("\n"))
+}
+
+/// A ClusterRole `wasmop-plugin-<name>` holding [`rules`], annotated with
+/// [`cross_namespace_writes`].
 pub fn cluster_role(manifest: &Manifest) -> ClusterRole {
     ClusterRole {
         metadata: ObjectMeta {
             name: Some(format!("wasmop-plugin-{}", manifest.name)),
+            annotations: cross_namespace_writes(manifest)
+                .map(|w| [(CROSS_NAMESPACE_ANNOTATION.to_owned(), w)].into()),
             ..ObjectMeta::default()
         },
         rules: Some(rules(manifest)),
@@ -193,6 +244,30 @@ mod tests {
                 r#"["test.wasmop.dev"] ["widgets/finalizers"] ["update"]"#,
                 r#"["test.wasmop.dev"] ["widgets/status"] ["get", "update", "patch"]"#,
             ]
+        );
+    }
+
+    #[test]
+    fn cross_namespace_writes_are_called_out_on_the_role() {
+        let m = manifest();
+        assert_eq!(cross_namespace_writes(&m), None);
+        assert!(cluster_role(&m).metadata.annotations.is_none());
+        let mut m = manifest();
+        m.controllers[0].write_namespaces = vec!["*".into(), "audit".into()];
+        let role = cluster_role(&m);
+        let called_out = role
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(CROSS_NAMESPACE_ANNOTATION))
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(
+            called_out,
+            format!(
+                "controller {} writes configmaps outside its primary's namespace, in any namespace, namespace audit",
+                m.controllers[0].name
+            )
         );
     }
 

@@ -402,6 +402,7 @@ mod tests {
                 id: id.into(),
                 kind: configmap(),
                 selector,
+                optional: false,
             })
             .collect();
         build_snapshot(
@@ -508,11 +509,13 @@ mod tests {
                     name_path: "spec.configRef".into(),
                     namespace_path: None,
                 }),
+                optional: false,
             },
             Read {
                 id: "all".into(),
                 kind: configmap(),
                 selector: Selector::ClusterWide,
+                optional: false,
             },
         ];
         assert_eq!(

@@ -35,8 +35,8 @@ use crate::object;
 use crate::plugin::manifest::{Controller, OwnedKind, Ownership, split_api_version};
 
 pub use wasmop_contract::plan::{
-    ApplyOp, DeleteOp, Event, EventType, HttpMethod, HttpRequest, ObjectRef, Plan, Precondition,
-    RequestTarget, SecretHeader,
+    ApplyOp, CaBundle, DeleteOp, Event, EventType, HttpMethod, HttpRequest, ObjectRef, Plan,
+    Precondition, RequestTarget, SecretHeader,
 };
 pub use wasmop_contract::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, OWNER_UID_LABEL, PLUGIN_LABEL};
 

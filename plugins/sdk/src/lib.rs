@@ -85,8 +85,8 @@ pub use manifest::{
     Controller, FieldRef, HttpTarget, KindRef, Manifest, OwnedKind, Ownership, Read, Selector,
 };
 pub use plan::{
-    ApplyOp, DeleteOp, Event, EventType, HttpMethod, HttpRequest, ObjectRef, Plan, Precondition,
-    RequestTarget, SecretHeader,
+    ApplyOp, CaBundle, DeleteOp, Event, EventType, HttpMethod, HttpRequest, ObjectRef, Plan,
+    Precondition, RequestTarget, SecretHeader,
 };
 pub use settings::SettingsProblem;
 pub use snapshot::{Observation, RelatedObject, Snapshot};

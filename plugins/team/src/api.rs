@@ -9,7 +9,8 @@ use serde_json::{Value, json};
 use wasmop_sdk::conditions::{conditions_of, set_condition};
 use wasmop_sdk::k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use wasmop_sdk::{
-    HttpMethod, HttpRequest, KindRef, Observation, ReconcileError, SettingsProblem, Snapshot,
+    CaBundle, HttpMethod, HttpRequest, KindRef, Observation, ReconcileError, SettingsProblem,
+    Snapshot,
 };
 
 /// API group of every kind.
@@ -236,6 +237,9 @@ pub struct Endpoint {
     /// Secret (in the caller's namespace) and key holding the bearer key;
     /// `None` for the unauthenticated routes.
     pub secret: Option<SecretKey>,
+    /// PEM certificates an `https` server is trusted by, besides the
+    /// system's roots (`spec.networking.caBundle` of the TerdutServer).
+    pub ca: Option<String>,
 }
 
 /// A key of a Secret in the caller's namespace.
@@ -269,7 +273,15 @@ impl Endpoint {
             base: base.trim_end_matches('/').to_owned(),
             port: url_port(base)?,
             secret,
+            ca: None,
         })
+    }
+
+    /// The same endpoint trusting `ca` (PEM) besides the system's roots;
+    /// `None` or empty: the system's roots only.
+    pub fn with_ca(mut self, ca: Option<&str>) -> Endpoint {
+        self.ca = ca.filter(|c| !c.trim().is_empty()).map(str::to_owned);
+        self
     }
 
     /// The same endpoint with another Secret.
@@ -293,6 +305,13 @@ impl Endpoint {
             .timeout(Duration::from_secs(10));
         if let Some(secret) = &self.secret {
             r = r.secret_header("Authorization", &secret.name, &secret.key, "Bearer ");
+        }
+        if let Some(ca) = self
+            .ca
+            .as_ref()
+            .filter(|_| self.base.starts_with("https://"))
+        {
+            r.ca_bundle = Some(CaBundle::Pem(ca.clone()));
         }
         if let Some(body) = body {
             r = r

@@ -15,8 +15,8 @@
 //! - alert source: `POST` returns the webhook URL and key once; they go into
 //!   the owner-referenced Secret `<name>-terdut-webhook` and nowhere else.
 //!   A kind change deletes and recreates the integration, which rotates the
-//!   key: a Warning Event says so. A rename needs `PATCH`, which the host's
-//!   HTTP capability does not offer yet: reported as `Synced=False`.
+//!   key: a Warning Event says so. A rename is a `PATCH` of the name, which
+//!   keeps the integration and its key.
 //!
 //! A create that answers 409 (a lost earlier create) adopts the same-named
 //! object found by name; an alert source adopted without its Secret is
@@ -93,7 +93,8 @@ fn parent(snapshot: &Snapshot) -> Result<Parent, String> {
         ));
     }
     let ep = Endpoint::new(url, Some(SecretKey::new(secret, API_KEY)))
-        .map_err(|e| format!("TerdutTeam {} status.apiURL: {e}", team_ref.name))?;
+        .map_err(|e| format!("TerdutTeam {} status.apiURL: {e}", team_ref.name))?
+        .with_ca(st["caBundle"].as_str());
     Ok(Parent { team_id, ep })
 }
 
@@ -176,8 +177,119 @@ fn method_name(m: HttpMethod) -> &'static str {
         HttpMethod::Get => "GET",
         HttpMethod::Post => "POST",
         HttpMethod::Put => "PUT",
+        HttpMethod::Patch => "PATCH",
         HttpMethod::Delete => "DELETE",
     }
+}
+
+/// What a create (POST, adopting by name on 409) came to.
+enum Created {
+    /// The POST answered with the new object.
+    New(Value),
+    /// The POST answered 409 and the lookup by name found this one.
+    Found(Value),
+    /// Still under way: the plan holds the next request; the reason and
+    /// message say which.
+    Pending(Plan, &'static str, String),
+}
+
+/// One create of `want` under `base` (the `attempt`-th, ids `create.<tid>.<attempt>`
+/// and `lookup.<tid>.<attempt>`): `POST base`; when that answers 409 (an
+/// earlier create whose answer was lost), `GET base?name=` and take the
+/// object of that name. `complete` says whether a POST answer is usable.
+#[allow(clippy::too_many_arguments)]
+fn create_or_find(
+    snapshot: &Snapshot,
+    ep: &Endpoint,
+    plan: Plan,
+    base: &str,
+    want: &Value,
+    ids: (String, String),
+    what: &str,
+    complete: impl Fn(&Value) -> bool,
+) -> Created {
+    let (create_id, lookup_id) = ids;
+    let created = snapshot.observation(&create_id);
+    if let Some(body) = created.and_then(body_of).filter(|b| complete(b)) {
+        return Created::New(body);
+    }
+    match created {
+        Some(o) if o.error.is_none() && o.status == Some(409) => {
+            let found = snapshot
+                .observation(&lookup_id)
+                .and_then(body_of)
+                .and_then(|l| {
+                    l.as_array()?
+                        .iter()
+                        .find(|i| i["name"] == want["name"])
+                        .cloned()
+                });
+            if let Some(found) = found {
+                return Created::Found(found);
+            }
+            let name = want["name"].as_str().unwrap_or_default();
+            let plan = plan.http(ep.get(&lookup_id, &format!("{base}?name={}", encode(name))));
+            Created::Pending(
+                plan,
+                "Adopting",
+                format!("a {what} of that name exists; looking it up to adopt it"),
+            )
+        }
+        other => {
+            let plan =
+                plan.http(ep.request(&create_id, HttpMethod::Post, base, Some(want.clone())));
+            match other {
+                Some(o) => Created::Pending(
+                    plan,
+                    "CreateFailed",
+                    format!("POST {base}: {}", describe(o)),
+                ),
+                None => Created::Pending(plan, "Creating", format!("creating the {what}")),
+            }
+        }
+    }
+}
+
+/// The first half of delete-and-recreate, for what the server cannot
+/// update in place: `DELETE path` (id `delete.<id>`) until it answers 2xx or
+/// 404; then `reset` readies the status for the next create (a new
+/// attempt) and the next reconcile creates it anew. `why` says what is
+/// being recreated, `anew` what happens next.
+#[allow(clippy::too_many_arguments)]
+fn recreate(
+    snapshot: &Snapshot,
+    ep: &Endpoint,
+    mut plan: Plan,
+    mut status: Value,
+    conds: &mut Conditions,
+    settings: &Settings,
+    (id, path): (u64, String),
+    (why, anew): (String, &str),
+    reset: impl FnOnce(&mut Value, Plan) -> Plan,
+) -> Result<Plan, ReconcileError> {
+    let delete_id = format!("delete.{id}");
+    if snapshot.observation(&delete_id).is_some_and(gone) {
+        let attempt = snapshot.primary["status"]["attempt"].as_u64().unwrap_or(0);
+        status["attempt"] = json!(attempt + 1);
+        plan = reset(&mut status, plan);
+        conds.set("Synced", false, "Recreating", anew);
+        conds.set("Ready", false, "Recreating", anew);
+        return finish(plan, status, conds, Duration::from_millis(100));
+    }
+    plan = plan.http(ep.request(&delete_id, HttpMethod::Delete, &path, None));
+    let why = match snapshot.observation(&delete_id) {
+        Some(o) => format!("DELETE {path}: {}", describe(o)),
+        None => why,
+    };
+    conds.set("Synced", false, "Recreating", &why);
+    conds.set("Ready", false, "Recreating", &why);
+    finish(plan, status, conds, settings.retry)
+}
+
+/// Synced and Ready both true with `message`.
+fn synced(conds: &mut Conditions, message: &str) {
+    conds.set("Synced", true, "Synced", message);
+    conds.set("Ready", true, "Synced", message);
 }
 
 // ---------------------------------------------------------------------------
@@ -409,7 +521,7 @@ pub fn reconcile_deadman(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         .filter(|_| old["teamID"].as_u64() == Some(tid));
     let attempt = old["attempt"].as_u64().unwrap_or(0);
     status["teamID"] = json!(tid);
-    let mut plan = Plan::new();
+    let plan = Plan::new();
 
     if snapshot.deleting {
         return match switch_id {
@@ -432,79 +544,35 @@ pub fn reconcile_deadman(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
     conds.remove("Degraded");
     let want = switch_spec(&snapshot.primary["spec"]);
     let Some(sid) = switch_id else {
-        let create_id = format!("create.{tid}.{attempt}");
-        let lookup_id = format!("lookup.{tid}.{attempt}");
-        let adopted = snapshot
-            .observation(&create_id)
-            .and_then(body_of)
-            .filter(|b| b["id"].is_u64())
-            .map(|b| (b, false))
-            .or_else(|| {
-                let list = body_of(snapshot.observation(&lookup_id)?)?;
-                Some((
-                    list.as_array()?
-                        .iter()
-                        .find(|s| s["name"] == want["name"])?
-                        .clone(),
-                    true,
-                ))
-            });
-        if let Some((sw, was_lookup)) = adopted {
-            let sid = sw["id"].as_u64().unwrap_or_default();
-            status["switchID"] = json!(sid);
-            status["applied"] = switch_spec(&sw);
-            plan = if was_lookup {
-                plan.event(
-                    "SwitchAdopted",
-                    format!("adopted the existing dead man's switch {sid}"),
-                )
-            } else {
-                plan.event("SwitchCreated", format!("created dead man's switch {sid}"))
-            };
-            conds.set(
-                "Synced",
-                true,
-                "Synced",
-                &format!("dead man's switch {sid} was created"),
-            );
-            conds.set(
-                "Ready",
-                true,
-                "Synced",
-                &format!("dead man's switch {sid} was created"),
-            );
-            return finish(plan, status, &conds, Duration::from_millis(100));
-        }
-        let (reason, why) = match snapshot.observation(&create_id) {
-            Some(o) if o.error.is_none() && o.status == Some(409) => {
-                plan = plan.http(p.ep.get(
-                    &lookup_id,
-                    &format!(
-                        "{base}?name={}",
-                        encode(want["name"].as_str().unwrap_or_default())
-                    ),
-                ));
-                (
-                    "Adopting",
-                    "a switch of that name exists; adopting it".to_owned(),
-                )
-            }
-            other => {
-                plan = plan.http(p.ep.request(
-                    &create_id,
-                    HttpMethod::Post,
-                    &base,
-                    Some(want.clone()),
-                ));
-                match other {
-                    Some(o) => ("CreateFailed", format!("POST {base}: {}", describe(o))),
-                    None => ("Creating", "creating the switch".to_owned()),
+        let ids = (
+            format!("create.{tid}.{attempt}"),
+            format!("lookup.{tid}.{attempt}"),
+        );
+        let (sw, adopted) =
+            match create_or_find(snapshot, &p.ep, plan, &base, &want, ids, "switch", |b| {
+                b["id"].is_u64()
+            }) {
+                Created::New(sw) => (sw, false),
+                Created::Found(sw) => (sw, true),
+                Created::Pending(plan, reason, why) => {
+                    conds.set("Synced", false, reason, &why);
+                    conds.set("Ready", false, reason, &why);
+                    return finish(plan, status, &conds, settings.retry);
                 }
-            }
+            };
+        let sid = sw["id"].as_u64().unwrap_or_default();
+        status["switchID"] = json!(sid);
+        status["applied"] = switch_spec(&sw);
+        let plan = if adopted {
+            Plan::new().event(
+                "SwitchAdopted",
+                format!("adopted the existing dead man's switch {sid}"),
+            )
+        } else {
+            Plan::new().event("SwitchCreated", format!("created dead man's switch {sid}"))
         };
-        conds.set("Synced", false, reason, &why);
-        conds.set("Ready", false, reason, &why);
-        return finish(plan, status, &conds, settings.retry);
+        synced(&mut conds, &format!("dead man's switch {sid} was created"));
+        return finish(plan, status, &conds, Duration::from_millis(100));
     };
     let applied = &old["applied"];
     let changed: Vec<&str> = SWITCH_FIELDS
@@ -514,39 +582,30 @@ pub fn reconcile_deadman(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         .collect();
     if !changed.is_empty() {
         // No update verb: delete, then create anew (a new attempt).
-        let delete_id = format!("delete.{sid}");
-        if let Some(o) = snapshot.observation(&delete_id).filter(|o| gone(o)) {
-            let _ = o;
-            status["switchID"] = Value::Null;
-            status["applied"] = Value::Null;
-            status["attempt"] = json!(attempt + 1);
-            plan = plan.event(
-                "SwitchRecreating",
-                format!(
-                    "deleted dead man's switch {sid} to recreate it with the new {}",
-                    changed.join(", ")
-                ),
-            );
-            conds.set("Synced", false, "Recreating", "creating the switch anew");
-            conds.set("Ready", false, "Recreating", "creating the switch anew");
-            return finish(plan, status, &conds, Duration::from_millis(100));
-        }
-        plan = plan.http(p.ep.request(
-            &delete_id,
-            HttpMethod::Delete,
-            &format!("{base}/{sid}"),
-            None,
-        ));
-        let why = match snapshot.observation(&delete_id) {
-            Some(o) => format!("DELETE {base}/{sid}: {}", describe(o)),
-            None => format!(
-                "{} changed: deleting switch {sid} to recreate it",
-                changed.join(", ")
+        let changed = changed.join(", ");
+        return recreate(
+            snapshot,
+            &p.ep,
+            plan,
+            status,
+            &mut conds,
+            &settings,
+            (sid, format!("{base}/{sid}")),
+            (
+                format!("{changed} changed: deleting switch {sid} to recreate it"),
+                "creating the switch anew",
             ),
-        };
-        conds.set("Synced", false, "Recreating", &why);
-        conds.set("Ready", false, "Recreating", &why);
-        return finish(plan, status, &conds, settings.retry);
+            |status, plan| {
+                status["switchID"] = Value::Null;
+                status["applied"] = Value::Null;
+                plan.event(
+                    "SwitchRecreating",
+                    format!(
+                        "deleted dead man's switch {sid} to recreate it with the new {changed}"
+                    ),
+                )
+            },
+        );
     }
     if applied["name"] != want["name"] {
         let m = format!(
@@ -562,16 +621,8 @@ pub fn reconcile_deadman(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         );
         return finish(plan, status, &conds, settings.resync);
     }
-    conds.set(
-        "Synced",
-        true,
-        "Synced",
-        &format!("dead man's switch {sid} matches the spec"),
-    );
-    conds.set(
-        "Ready",
-        true,
-        "Synced",
+    synced(
+        &mut conds,
         &format!("dead man's switch {sid} matches the spec"),
     );
     finish(plan, status, &conds, settings.resync)
@@ -636,190 +687,113 @@ pub fn reconcile_alert_source(snapshot: &Snapshot) -> Result<Plan, ReconcileErro
         .iter()
         .any(|o| o["kind"] == "Secret" && o["metadata"]["name"] == secret_name.as_str());
     let Some(iid) = iid else {
-        let create_id = format!("create.{tid}.{attempt}");
-        let lookup_id = format!("lookup.{tid}.{attempt}");
-        let created = snapshot.observation(&create_id);
-        if let Some(body) = created
-            .and_then(body_of)
-            .filter(|b| b["id"].is_u64() && b["key"].is_string())
-        {
-            let new_id = body["id"].as_u64().unwrap_or_default();
-            let key = body["key"].as_str().unwrap_or_default();
-            let url = body["url"].as_str().unwrap_or_default();
-            plan = plan.apply(crate::api::secret(
-                &secret_name,
-                &namespace,
-                json!({"terdut.ryuvia.com/alert-source": name}),
-                &[("url", url), ("key", key)],
-            ));
-            status["integrationID"] = json!(new_id);
-            status["applied"] = json!({"name": body["name"], "kind": body["kind"]});
-            status["webhookURLSecretRef"] = json!({"name": secret_name});
-            status["rotating"] = Value::Null;
-            plan = if old["rotating"].as_bool() == Some(true) {
-                plan.warning(
-                    "WebhookKeyRotated",
-                    format!("integration recreated as {new_id}: the webhook URL and key changed; senders must use the new ones in Secret {secret_name}"),
-                )
-            } else {
-                plan.event(
-                    "IntegrationCreated",
-                    format!(
-                        "created integration {new_id}; its URL and key are in Secret {secret_name}"
-                    ),
-                )
-            };
-            conds.set(
-                "Synced",
-                true,
-                "Synced",
-                &format!("integration {new_id} was created"),
-            );
-            conds.set(
-                "Ready",
-                true,
-                "Synced",
-                &format!("integration {new_id} was created"),
-            );
-            return finish(plan, status, &conds, Duration::from_millis(100));
-        }
-        let (reason, why) = match created {
-            Some(o) if o.error.is_none() && o.status == Some(409) => {
-                let found = snapshot
-                    .observation(&lookup_id)
-                    .and_then(body_of)
-                    .and_then(|l| {
-                        l.as_array()?
-                            .iter()
-                            .find(|i| i["name"] == want["name"])
-                            .cloned()
-                    });
-                match found {
-                    Some(i) if have_secret => {
-                        let found_id = i["id"].as_u64().unwrap_or_default();
-                        status["integrationID"] = json!(found_id);
-                        status["applied"] = json!({"name": i["name"], "kind": i["kind"]});
-                        status["webhookURLSecretRef"] = json!({"name": secret_name});
-                        plan = plan.event("IntegrationAdopted", format!("adopted the existing integration {found_id}; its key is in Secret {secret_name} already"));
-                        conds.set(
-                            "Synced",
-                            true,
-                            "Synced",
-                            &format!("integration {found_id} adopted"),
-                        );
-                        conds.set(
-                            "Ready",
-                            true,
-                            "Synced",
-                            &format!("integration {found_id} adopted"),
-                        );
-                        return finish(plan, status, &conds, Duration::from_millis(100));
-                    }
-                    Some(i) => {
-                        // Its key was shown once, to a create whose answer
-                        // was lost: only a new integration has a usable key.
-                        let found_id = i["id"].as_u64().unwrap_or_default();
-                        let delete_id = format!("delete.{found_id}");
-                        if snapshot.observation(&delete_id).is_some_and(gone) {
-                            status["attempt"] = json!(attempt + 1);
-                            status["rotating"] = json!(true);
-                            conds.set(
-                                "Synced",
-                                false,
-                                "Recreating",
-                                "recreating the integration to get a key",
-                            );
-                            conds.set(
-                                "Ready",
-                                false,
-                                "Recreating",
-                                "recreating the integration to get a key",
-                            );
-                            return finish(plan, status, &conds, Duration::from_millis(100));
-                        }
-                        plan = plan.http(p.ep.request(
-                            &delete_id,
-                            HttpMethod::Delete,
-                            &format!("{base}/{found_id}"),
-                            None,
-                        ));
-                        (
-                            "Recreating",
-                            format!(
-                                "integration {found_id} exists but its key is unknown: deleting it to create it anew"
-                            ),
-                        )
-                    }
-                    None => {
-                        plan = plan.http(p.ep.get(
-                            &lookup_id,
-                            &format!(
-                                "{base}?name={}",
-                                encode(want["name"].as_str().unwrap_or_default())
-                            ),
-                        ));
-                        (
-                            "Adopting",
-                            "an integration of that name exists; looking it up".to_owned(),
-                        )
-                    }
-                }
+        let ids = (
+            format!("create.{tid}.{attempt}"),
+            format!("lookup.{tid}.{attempt}"),
+        );
+        let body = match create_or_find(
+            snapshot,
+            &p.ep,
+            plan,
+            &base,
+            &want,
+            ids,
+            "integration",
+            |b| b["id"].is_u64() && b["key"].is_string(),
+        ) {
+            Created::New(body) => body,
+            Created::Found(i) if have_secret => {
+                let found_id = i["id"].as_u64().unwrap_or_default();
+                status["integrationID"] = json!(found_id);
+                status["applied"] = json!({"name": i["name"], "kind": i["kind"]});
+                status["webhookURLSecretRef"] = json!({"name": secret_name});
+                let plan = Plan::new().event("IntegrationAdopted", format!("adopted the existing integration {found_id}; its key is in Secret {secret_name} already"));
+                synced(&mut conds, &format!("integration {found_id} adopted"));
+                return finish(plan, status, &conds, Duration::from_millis(100));
             }
-            other => {
-                plan = plan.http(p.ep.request(
-                    &create_id,
-                    HttpMethod::Post,
-                    &base,
-                    Some(want.clone()),
-                ));
-                match other {
-                    Some(o) => ("CreateFailed", format!("POST {base}: {}", describe(o))),
-                    None => ("Creating", "creating the integration".to_owned()),
-                }
+            Created::Found(i) => {
+                // Its key was shown once, to a create whose answer was
+                // lost: only a new integration has a usable key.
+                let found_id = i["id"].as_u64().unwrap_or_default();
+                return recreate(
+                    snapshot,
+                    &p.ep,
+                    Plan::new(),
+                    status,
+                    &mut conds,
+                    &settings,
+                    (found_id, format!("{base}/{found_id}")),
+                    (
+                        format!(
+                            "integration {found_id} exists but its key is unknown: deleting it to create it anew"
+                        ),
+                        "recreating the integration to get a key",
+                    ),
+                    |status, plan| {
+                        status["rotating"] = json!(true);
+                        plan
+                    },
+                );
+            }
+            Created::Pending(plan, reason, why) => {
+                conds.set("Synced", false, reason, &why);
+                conds.set("Ready", false, reason, &why);
+                return finish(plan, status, &conds, settings.retry);
             }
         };
-        conds.set("Synced", false, reason, &why);
-        conds.set("Ready", false, reason, &why);
-        return finish(plan, status, &conds, settings.retry);
+        let new_id = body["id"].as_u64().unwrap_or_default();
+        let key = body["key"].as_str().unwrap_or_default();
+        let url = body["url"].as_str().unwrap_or_default();
+        let mut plan = Plan::new().apply(crate::api::secret(
+            &secret_name,
+            &namespace,
+            json!({"terdut.ryuvia.com/alert-source": name}),
+            &[("url", url), ("key", key)],
+        ));
+        status["integrationID"] = json!(new_id);
+        status["applied"] = json!({"name": body["name"], "kind": body["kind"]});
+        status["webhookURLSecretRef"] = json!({"name": secret_name});
+        status["rotating"] = Value::Null;
+        plan = if old["rotating"].as_bool() == Some(true) {
+            plan.warning(
+                "WebhookKeyRotated",
+                format!("integration recreated as {new_id}: the webhook URL and key changed; senders must use the new ones in Secret {secret_name}"),
+            )
+        } else {
+            plan.event(
+                "IntegrationCreated",
+                format!(
+                    "created integration {new_id}; its URL and key are in Secret {secret_name}"
+                ),
+            )
+        };
+        synced(&mut conds, &format!("integration {new_id} was created"));
+        return finish(plan, status, &conds, Duration::from_millis(100));
     };
     let applied = &old["applied"];
     if applied["kind"] != want["kind"] {
-        let delete_id = format!("delete.{iid}");
-        if snapshot.observation(&delete_id).is_some_and(gone) {
-            status["integrationID"] = Value::Null;
-            status["applied"] = Value::Null;
-            status["attempt"] = json!(attempt + 1);
-            status["rotating"] = json!(true);
-            conds.set(
-                "Synced",
-                false,
-                "Recreating",
+        return recreate(
+            snapshot,
+            &p.ep,
+            plan,
+            status,
+            &mut conds,
+            &settings,
+            (iid, format!("{base}/{iid}")),
+            (
+                format!(
+                    "kind changed from {} to {}: recreating integration {iid}, which rotates its key",
+                    applied["kind"], want["kind"]
+                ),
                 "creating the integration anew with the new kind",
-            );
-            conds.set(
-                "Ready",
-                false,
-                "Recreating",
-                "creating the integration anew with the new kind",
-            );
-            return finish(plan, status, &conds, Duration::from_millis(100));
-        }
-        plan = plan.http(p.ep.request(
-            &delete_id,
-            HttpMethod::Delete,
-            &format!("{base}/{iid}"),
-            None,
-        ));
-        let why = match snapshot.observation(&delete_id) {
-            Some(o) => format!("DELETE {base}/{iid}: {}", describe(o)),
-            None => format!(
-                "kind changed from {} to {}: recreating integration {iid}, which rotates its key",
-                applied["kind"], want["kind"]
             ),
-        };
-        conds.set("Synced", false, "Recreating", &why);
-        conds.set("Ready", false, "Recreating", &why);
-        return finish(plan, status, &conds, settings.retry);
+            |status, plan| {
+                status["integrationID"] = Value::Null;
+                status["applied"] = Value::Null;
+                status["rotating"] = json!(true);
+                plan
+            },
+        );
     }
     if !have_secret {
         let m = format!(
@@ -828,11 +802,58 @@ pub fn reconcile_alert_source(snapshot: &Snapshot) -> Result<Plan, ReconcileErro
         conds.set("Ready", false, "WebhookSecretMissing", &m);
     }
     if applied["name"] != want["name"] {
-        let m = format!(
-            "renaming integration {iid} to {} needs PATCH, which the operator's HTTP capability does not offer; it keeps the name {}",
-            want["name"], applied["name"]
-        );
-        conds.set("Synced", false, "RenameUnsupported", &m);
+        // A rename keeps the integration and its key: PATCH the name.
+        let rename_id = format!("rename.{iid}");
+        let path = format!("{base}/{iid}");
+        let renamed = snapshot
+            .observation(&rename_id)
+            .filter(|o| o.is_success())
+            .and_then(body_of)
+            .is_some_and(|b| b["name"] == want["name"]);
+        if renamed {
+            status["applied"]["name"] = want["name"].clone();
+            plan = plan.event(
+                "IntegrationRenamed",
+                format!(
+                    "renamed integration {iid} from {} to {}",
+                    applied["name"], want["name"]
+                ),
+            );
+            conds.set(
+                "Synced",
+                true,
+                "Synced",
+                &format!("integration {iid} was renamed"),
+            );
+            if have_secret {
+                conds.set(
+                    "Ready",
+                    true,
+                    "Synced",
+                    &format!("integration {iid} is active"),
+                );
+            }
+            return finish(plan, status, &conds, Duration::from_millis(100));
+        }
+        plan = plan.http(p.ep.request(
+            &rename_id,
+            HttpMethod::Patch,
+            &path,
+            Some(json!({"name": want["name"]})),
+        ));
+        let (reason, m) = match snapshot.observation(&rename_id) {
+            Some(o) if !o.is_success() => {
+                ("RenameFailed", format!("PATCH {path}: {}", describe(o)))
+            }
+            _ => (
+                "Renaming",
+                format!(
+                    "renaming integration {iid} from {} to {}",
+                    applied["name"], want["name"]
+                ),
+            ),
+        };
+        conds.set("Synced", false, reason, &m);
         if have_secret {
             conds.set(
                 "Ready",
@@ -841,7 +862,7 @@ pub fn reconcile_alert_source(snapshot: &Snapshot) -> Result<Plan, ReconcileErro
                 &format!("integration {iid} is active"),
             );
         }
-        return finish(plan, status, &conds, settings.resync);
+        return finish(plan, status, &conds, settings.retry);
     }
     conds.set(
         "Synced",

@@ -83,11 +83,16 @@ impl Plugin for TeamPlugin {
             .owns_by_label(KindRef::of::<Secret>(), None)
             .write_namespace("*")
             .reads(secrets_here(server::READ_SECRETS))
-            .reads(Read::new(
-                server::READ_POSTGRES,
-                postgresql_kind(),
-                Selector::field("spec.database.postgresClusterRef.name"),
-            ))
+            // Optional: without Zalando's CRD a DSN server still runs and a
+            // postgresClusterRef server says what is missing.
+            .reads(
+                Read::new(
+                    server::READ_POSTGRES,
+                    postgresql_kind(),
+                    Selector::field("spec.database.postgresClusterRef.name"),
+                )
+                .optional(),
+            )
             .reads(Read::new(
                 server::READ_TEAMS,
                 team_kind(),

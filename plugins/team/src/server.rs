@@ -200,7 +200,9 @@ fn database(
                     ready: Err((
                         "PostgresClusterNotFound".into(),
                         format!(
-                            "postgresql.acid.zalan.do {} not found in namespace {namespace}",
+                            "postgresql.acid.zalan.do {} not found in namespace {namespace} \
+                             (this needs the Zalando postgres-operator's CRD installed, \
+                             and the cluster; or use spec.database.dsn)",
                             cluster_ref.name
                         ),
                     )),
@@ -593,8 +595,9 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
     // 3. Version and capabilities.
     let url = api_url(&snapshot.primary);
     status["apiURL"] = json!(url);
+    let ca = snapshot.primary["spec"]["networking"]["caBundle"].as_str();
     let anonymous = match Endpoint::new(&url, None) {
-        Ok(e) => e,
+        Ok(e) => e.with_ca(ca),
         Err(why) => {
             return Err(ReconcileError::invalid_spec(format!(
                 "spec.networking.apiURL: {why}"

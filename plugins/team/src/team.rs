@@ -184,10 +184,17 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         conds.set("Ready", false, "WaitingForServer", &why);
         return finish(plan, status, conds, settings.retry);
     }
-    let ep = Endpoint::new(&url, Some(SecretKey::new(&secret, API_KEY))).map_err(|e| {
-        ReconcileError::not_ready(format!("TerdutServer {server_label} status.apiURL: {e}"))
-    })?;
+    let ca = server["spec"]["networking"]["caBundle"]
+        .as_str()
+        .filter(|c| !c.trim().is_empty());
+    let ep = Endpoint::new(&url, Some(SecretKey::new(&secret, API_KEY)))
+        .map_err(|e| {
+            ReconcileError::not_ready(format!("TerdutServer {server_label} status.apiURL: {e}"))
+        })?
+        .with_ca(ca);
     status["apiURL"] = json!(url);
+    // The children call the same server: they trust what the team trusts.
+    status["caBundle"] = ca.map_or(Value::Null, |c| json!(c));
     status["credentialsSecretRef"] = json!({"name": secret});
     status["serverRef"] = json!({"name": spec.server_ref.name, "namespace": server_ns});
 

@@ -967,6 +967,7 @@ pub struct StandIn {
     url: String,
     state: Arc<Mutex<State>>,
     task: tokio::task::JoinHandle<()>,
+    ca_pem: Option<String>,
 }
 
 impl Drop for StandIn {
@@ -976,30 +977,70 @@ impl Drop for StandIn {
 }
 
 impl StandIn {
-    /// Starts an empty install on `127.0.0.1:<free port>`.
+    /// Starts an empty install on `127.0.0.1:<free port>`, plain HTTP.
     ///
     /// # Errors
     /// When no loopback port can be bound.
     pub async fn start() -> Result<StandIn> {
+        StandIn::listen(None).await
+    }
+
+    /// Starts an empty install serving HTTPS on `127.0.0.1:<free port>`,
+    /// with a certificate for `127.0.0.1` and `localhost` issued by a CA
+    /// made for this run ([`StandIn::ca_pem`]); nothing else trusts it.
+    ///
+    /// # Errors
+    /// When no loopback port can be bound or the certificates cannot be
+    /// made.
+    pub async fn start_tls() -> Result<StandIn> {
+        let (config, ca_pem) = tls_config()?;
+        let mut standin = StandIn::listen(Some(Arc::new(config))).await?;
+        standin.ca_pem = Some(ca_pem);
+        Ok(standin)
+    }
+
+    async fn listen(tls: Option<Arc<rustls::ServerConfig>>) -> Result<StandIn> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let url = format!("http://{}", listener.local_addr()?);
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let url = format!("{scheme}://{}", listener.local_addr()?);
         let state = Arc::new(Mutex::new(State::new(&url)));
         let shared = state.clone();
+        let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let state = shared.clone();
+                let acceptor = acceptor.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |req| serve(state.clone(), req));
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    let http = hyper::server::conn::http1::Builder::new();
+                    let _ = match acceptor {
+                        None => http.serve_connection(TokioIo::new(stream), service).await,
+                        // A client that does not trust the CA ends here.
+                        Some(acceptor) => match acceptor.accept(stream).await {
+                            Ok(stream) => {
+                                http.serve_connection(TokioIo::new(stream), service).await
+                            }
+                            Err(_) => return,
+                        },
+                    };
                 });
             }
         });
-        Ok(StandIn { url, state, task })
+        Ok(StandIn {
+            url,
+            state,
+            task,
+            ca_pem: None,
+        })
     }
 
-    /// `http://127.0.0.1:<port>`.
+    /// The PEM of the CA that issued the certificate of a
+    /// [`StandIn::start_tls`] stand-in; `None` for plain HTTP.
+    pub fn ca_pem(&self) -> Option<&str> {
+        self.ca_pem.as_deref()
+    }
+
+    /// `http://127.0.0.1:<port>` (`https://` for [`StandIn::start_tls`]).
     pub fn url(&self) -> &str {
         &self.url
     }
@@ -1014,6 +1055,28 @@ impl StandIn {
     pub fn log(&self) -> Vec<Logged> {
         lock(&self.state).log.clone()
     }
+}
+
+/// A server configuration with a loopback certificate from a fresh CA,
+/// and that CA's PEM.
+fn tls_config() -> Result<(rustls::ServerConfig, String)> {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "terdut stand-in test CA");
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
+    let leaf_key = KeyPair::generate()?;
+    let leaf = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])?
+        .signed_by(&leaf_key, &*ca)?;
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(vec![leaf.der().clone()], key)?;
+    Ok((config, ca.pem()))
 }
 
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {

@@ -45,8 +45,8 @@ pub use manifest::{
 };
 pub use observation::Observation;
 pub use plan::{
-    ApplyOp, DeleteOp, Event, EventType, HttpMethod, HttpRequest, ObjectRef, Plan, Precondition,
-    RequestTarget, SecretHeader,
+    ApplyOp, CaBundle, DeleteOp, Event, EventType, HttpMethod, HttpRequest, ObjectRef, Plan,
+    Precondition, RequestTarget, SecretHeader,
 };
 
 /// The WIT package this crate's types belong to.

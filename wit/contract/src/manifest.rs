@@ -193,6 +193,12 @@ pub struct Read {
     pub kind: KindRef,
     /// Which objects of the kind belong in the snapshot.
     pub selector: Selector,
+    /// The kind may not be served (its CRD not installed): the plugin
+    /// loads anyway, its reconciles do not wait for this kind, and the
+    /// read selects nothing until the kind appears (its watch keeps
+    /// retrying). For optional integrations, e.g. another operator's CRD.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
 }
 
 impl Read {
@@ -202,7 +208,16 @@ impl Read {
             id: id.to_owned(),
             kind,
             selector,
+            optional: false,
         }
+    }
+
+    /// The same read, of a kind that may not be served (see
+    /// [`Read::optional`](Read#structfield.optional)).
+    #[must_use]
+    pub fn optional(mut self) -> Self {
+        self.optional = true;
+        self
     }
 }
 
@@ -506,6 +521,22 @@ impl Controller {
             }
         }
         out
+    }
+
+    /// [`Controller::kinds`] without the kinds only optional reads name:
+    /// what must be served for the controller to run.
+    pub fn required_kinds(&self) -> Vec<&KindRef> {
+        let only_optional = |kind: &KindRef| {
+            !std::iter::once(&self.primary)
+                .chain(self.owns.iter().map(|o| &o.kind))
+                .chain(self.reads.iter().filter(|r| !r.optional).map(|r| &r.kind))
+                .chain(self.http_targets.iter().map(|t| &t.kind))
+                .any(|k| k.same_type(kind))
+        };
+        self.kinds()
+            .into_iter()
+            .filter(|k| !only_optional(k))
+            .collect()
     }
 }
 

@@ -252,7 +252,7 @@ pub struct Event {
 }
 
 /// HTTP method of a request. JSON: `"GET"`, `"POST"`,
-/// `"PUT"`, `"DELETE"`.
+/// `"PUT"`, `"PATCH"`, `"DELETE"`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum HttpMethod {
@@ -262,6 +262,8 @@ pub enum HttpMethod {
     Post,
     /// Mutating.
     Put,
+    /// Mutating (a partial update).
+    Patch,
     /// Mutating.
     Delete,
 }
@@ -351,6 +353,29 @@ pub struct HttpRequest {
     /// maximum: the host's maximum age, 1 h by default).
     #[serde(default)]
     pub max_age_ms: u64,
+    /// For an `https` URL: certificates trusted besides the system's roots
+    /// (none: the system's roots only). Ignored for `http`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<CaBundle>,
+}
+
+/// PEM certificates an `https` request trusts besides the system's roots.
+///
+/// JSON: `{"pem":"-----BEGIN CERTIFICATE-----…"}` or
+/// `{"secret":{"name":"terdut-ca","key":"ca.crt"}}` (a Secret in the
+/// primary's namespace, which its snapshot must hold).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum CaBundle {
+    /// The certificates themselves (they are public; no Secret needed).
+    Pem(String),
+    /// A key of a Secret in the primary's namespace holding them.
+    Secret {
+        /// Secret name.
+        name: String,
+        /// Key in its data.
+        key: String,
+    },
 }
 
 impl HttpRequest {
@@ -405,6 +430,7 @@ impl HttpRequest {
             timeout_ms: 0,
             max_response_bytes: 0,
             max_age_ms: 0,
+            ca_bundle: None,
         }
     }
 
