@@ -160,15 +160,20 @@ start kube-apiserver "$K8S_BIN/kube-apiserver" \
 wait_for kube-apiserver "kube-apiserver /readyz" "$READY_TIMEOUT" "$KUBECTL" get --raw /readyz
 
 # --- controllers, scheduler ---------------------------------------------------
-# kwok binds a claim in several writes; a Pod tried while its claim was still
-# unbound is parked as unschedulable and normally woken by the binding event.
-# Should that wake-up be missed (seen under load in CI), the scheduler's own
-# retry of parked Pods comes after 10 s here instead of 5 min.
+# Volumes are kwok's alone: its stages provision, bind, release and delete
+# them. The controller manager's PersistentVolume binder is off, because
+# under load it raced kwok's binding writes, released freshly bound volumes
+# (which kwok then deleted) and left StatefulSet members Pending for good.
+# Tests that need a claim Lost mark it so themselves, as the binder would.
+# A Pod tried while its claim is still unbound is parked as unschedulable
+# and woken by the binding event; should that wake-up be missed, the
+# scheduler retries parked Pods after 10 s here instead of 5 min.
 start kube-controller-manager "$K8S_BIN/kube-controller-manager" \
   --kubeconfig="$KUBECONFIG" --authentication-kubeconfig="$KUBECONFIG" --authorization-kubeconfig="$KUBECONFIG" \
   --leader-elect=false --bind-address=127.0.0.1 --secure-port="$KCM_PORT" \
   --service-account-private-key-file="$pki/sa.key" --root-ca-file="$pki/ca.crt" \
-  --use-service-account-credentials=false --concurrent-gc-syncs=5 --v=1
+  --use-service-account-credentials=false --concurrent-gc-syncs=5 --v=1 \
+  --controllers='*,-persistentvolume-binder-controller'
 start kube-scheduler "$K8S_BIN/kube-scheduler" \
   --kubeconfig="$KUBECONFIG" --authentication-kubeconfig="$KUBECONFIG" --authorization-kubeconfig="$KUBECONFIG" \
   --leader-elect=false --bind-address=127.0.0.1 --secure-port="$SCHED_PORT" --v=1 \

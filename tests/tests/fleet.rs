@@ -905,7 +905,9 @@ async fn a_member_whose_claim_is_lost_is_replaced() -> Result<()> {
     let old_pod = ns.api::<Pod>().get("f-1").await?.uid();
     let other_pod = ns.api::<Pod>().get("f-0").await?.uid();
 
-    // Lose the volume: the PV binder then marks the claim Lost.
+    // Lose the volume, and mark the claim Lost as the PersistentVolume
+    // binder would (the local control plane leaves volumes to kwok and does
+    // not run the binder; see tests/cluster/up.sh).
     let pvs = Api::<PersistentVolume>::all(ns.client.clone());
     pvs.delete(&volume, &DeleteParams::default()).await?;
     pvs.patch(
@@ -915,6 +917,13 @@ async fn a_member_whose_claim_is_lost_is_replaced() -> Result<()> {
     )
     .await
     .ok();
+    claims
+        .patch_status(
+            "data-f-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Lost"}})),
+        )
+        .await?;
 
     // The Lost claim is deleted: seen terminating, or already gone (and
     // perhaps recreated by the StatefulSet) by the time it is looked at.

@@ -192,11 +192,18 @@ async fn job_runs_to_completion() -> Result<()> {
 
 #[tokio::test]
 async fn deploy_manifests_are_accepted_by_the_api_server() -> Result<()> {
-    // Server-side dry run: every object of deploy/wasmop.yaml passes the API
-    // server's validation (schemas, RBAC rule shapes) without being stored.
+    // Server-side dry run: every object of deploy/wasmop.yaml and
+    // deploy/rbac.yaml passes the API server's validation (schemas, RBAC
+    // rule shapes) without being stored.
     let ns = TestNamespace::new("smoke-deploy-manifests").await?;
     let client = ns.client.clone();
-    let text = std::fs::read_to_string(wasmop_tests::repo_root().join("deploy/wasmop.yaml"))?;
+    let mut text = String::new();
+    for file in ["deploy/wasmop.yaml", "deploy/rbac.yaml"] {
+        text.push_str(&std::fs::read_to_string(
+            wasmop_tests::repo_root().join(file),
+        )?);
+        text.push_str("\n---\n");
+    }
     let mut kinds = Vec::new();
     for doc in serde_yaml::Deserializer::from_str(&text) {
         let value = <serde_json::Value as serde::Deserialize>::deserialize(doc)?;

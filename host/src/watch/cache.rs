@@ -587,7 +587,7 @@ async fn run_watch(
             }
             Event::InitApply(obj) => {
                 retry.on_progress();
-                if let Some(v) = to_value(obj) {
+                if let Some(v) = to_value(obj, &kc.spec.resource) {
                     buffer
                         .get_or_insert_with(BTreeMap::new)
                         .insert(obj_key(&v), Arc::new(v));
@@ -611,7 +611,7 @@ async fn run_watch(
             Event::Apply(obj) => {
                 retry.on_progress();
                 note_recovered(&mut failing_since, &kc.key, scope_name);
-                if let Some(v) = to_value(obj) {
+                if let Some(v) = to_value(obj, &kc.spec.resource) {
                     let key = obj_key(&v);
                     let new = Arc::new(v);
                     let old = kc
@@ -629,7 +629,7 @@ async fn run_watch(
             Event::Delete(obj) => {
                 retry.on_progress();
                 note_recovered(&mut failing_since, &kc.key, scope_name);
-                if let Some(v) = to_value(obj) {
+                if let Some(v) = to_value(obj, &kc.spec.resource) {
                     let key = obj_key(&v);
                     let old = kc.data.write().expect("cache lock").remove(&key);
                     let _ = changes.send(Change {
@@ -688,9 +688,25 @@ fn replace_scope(
     }
 }
 
-fn to_value(obj: DynamicObject) -> Option<Value> {
+/// The object as cached: without managedFields, and with `apiVersion` and
+/// `kind` always set (items of a list response may omit them, and plugins
+/// tell objects apart by kind).
+fn to_value(obj: DynamicObject, resource: &ApiResource) -> Option<Value> {
     let mut v = serde_json::to_value(obj).ok()?;
-    if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+    let map = v.as_object_mut()?;
+    for (field, value) in [
+        ("apiVersion", &resource.api_version),
+        ("kind", &resource.kind),
+    ] {
+        if map
+            .get(field)
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
+            map.insert(field.to_owned(), Value::String(value.clone()));
+        }
+    }
+    if let Some(meta) = map.get_mut("metadata").and_then(Value::as_object_mut) {
         meta.remove("managedFields");
     }
     Some(v)
@@ -708,6 +724,28 @@ fn obj_key(v: &Value) -> ObjKey {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn cached_objects_always_carry_api_version_and_kind() {
+        let ar = ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            "apps",
+            "v1",
+            "StatefulSet",
+        ));
+        let bare: DynamicObject = serde_json::from_value(json!({
+            "metadata": {"name": "f", "namespace": "n", "managedFields": [{"manager": "x"}]}
+        }))
+        .expect("object");
+        let v = to_value(bare, &ar).expect("value");
+        assert_eq!(v["apiVersion"], "apps/v1");
+        assert_eq!(v["kind"], "StatefulSet");
+        assert!(v["metadata"].get("managedFields").is_none());
+        let typed: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "f"}
+        }))
+        .expect("object");
+        assert_eq!(to_value(typed, &ar).expect("value")["kind"], "StatefulSet");
+    }
 
     fn cm(ns: &str, name: &str, uid: &str, owner: Option<&str>) -> Arc<Value> {
         let mut v = json!({"apiVersion":"v1","kind":"ConfigMap",
