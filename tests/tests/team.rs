@@ -19,7 +19,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 use terdut_standin::StandIn;
 use wasmop_tests::operator::{RunningOperator, load_plugin, test_config};
-use wasmop_tests::status::{condition, events, wait_condition, wait_event};
+use wasmop_tests::status::{condition, wait_condition, wait_event};
 use wasmop_tests::{
     TestNamespace, apply_crd_files, apply_project_crds, client, repo_root, wait_for,
 };

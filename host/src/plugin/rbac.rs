@@ -297,6 +297,7 @@ mod tests {
                 name_path: "spec.secretRef".into(),
                 namespace_path: None,
             }),
+            optional: false,
         });
         let text = as_text(&rules(&m));
         assert!(
@@ -307,6 +308,7 @@ mod tests {
             id: "all".into(),
             kind: secret,
             selector: Selector::SameNamespace,
+            optional: false,
         });
         let text = as_text(&rules(&m));
         assert!(

@@ -196,6 +196,7 @@ mod tests {
             id: "r".into(),
             kind,
             selector,
+            optional: false,
         }
     }
 

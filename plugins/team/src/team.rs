@@ -194,7 +194,17 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         .with_ca(ca);
     status["apiURL"] = json!(url);
     // The children call the same server: they trust what the team trusts.
-    status["caBundle"] = ca.map_or(Value::Null, |c| json!(c));
+    // Absent, not null, when the server has none: the status is written by
+    // server-side apply, which drops a field the plugin no longer sets, and
+    // the schema types it as a string.
+    match ca {
+        Some(c) => status["caBundle"] = json!(c),
+        None => {
+            if let Some(s) = status.as_object_mut() {
+                s.remove("caBundle");
+            }
+        }
+    }
     status["credentialsSecretRef"] = json!({"name": secret});
     status["serverRef"] = json!({"name": spec.server_ref.name, "namespace": server_ns});
 
