@@ -350,6 +350,16 @@ async fn golden_path_bootstraps_syncs_every_kind_and_deletes_server_side() -> Re
     .await?
     .expect("credentials Secret");
     assert!(key.starts_with(CANARY));
+    // Label-owned, and also garbage-collected with the server: a
+    // non-controller ownerReference, in the server's own namespace.
+    let creds = Api::<Secret>::namespaced(env.ns.client.clone(), &env.ns.name)
+        .get("terdut-operator-credentials")
+        .await?;
+    let refs = creds.metadata.owner_references.clone().unwrap_or_default();
+    assert_eq!(refs.len(), 1, "{refs:?}");
+    assert_eq!(Some(&refs[0].uid), server.metadata.uid.as_ref());
+    assert_eq!(refs[0].kind, "TerdutServer");
+    assert_eq!(refs[0].controller, Some(false));
     assert_eq!(
         env.standin.with(|s| s.users.len()),
         2,
@@ -995,6 +1005,18 @@ async fn consent_matrix_live_revocation_and_the_credentials_mirror() -> Result<(
     assert_eq!(
         secret_data(&env.ns, &plain.name, &mirror, "api-key").await?,
         key
+    );
+    // A mirror in another namespace is label-owned only: no ownerReference
+    // can reach across namespaces.
+    let mirrored = Api::<Secret>::namespaced(env.ns.client.clone(), &plain.name)
+        .get(&mirror)
+        .await?;
+    assert!(
+        mirrored
+            .metadata
+            .owner_references
+            .is_none_or(|r| r.is_empty()),
+        "mirror without ownerReferences"
     );
     assert!(
         secret_data(&env.ns, &env.ns.name, &mirror, "api-key")

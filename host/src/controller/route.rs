@@ -292,7 +292,10 @@ pub(crate) fn route(routes: &[&Route], change: &Change, lookup: &dyn PrimaryLook
     out
 }
 
-const OWNER_LABEL: Ownership = Ownership::OwnerLabel { extra_label: None };
+const OWNER_LABEL: Ownership = Ownership::OwnerLabel {
+    extra_label: None,
+    collected: false,
+};
 
 fn primaries_in(r: &Route, lookup: &dyn PrimaryLookup, namespace: Option<&str>) -> Vec<PrimaryKey> {
     let namespace = if r.spec.primary.namespaced {

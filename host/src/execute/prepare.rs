@@ -59,8 +59,28 @@ pub fn prepare_apply(obj: &Value, primary: &Value, plugin_name: &str, owned: &Ow
         }
         // Validation refuses applies of dependent kinds; nothing to stamp.
         Ownership::Dependent => {}
-        Ownership::OwnerLabel { extra_label } => {
+        Ownership::OwnerLabel {
+            extra_label,
+            collected,
+        } => {
             metadata.remove("ownerReferences");
+            // Garbage collection as a backstop to the finalizer, where an
+            // ownerReference can reach the primary: its own namespace.
+            let same_namespace = object::namespace(primary)
+                .is_some_and(|ns| metadata.get("namespace").and_then(Value::as_str) == Some(ns));
+            if *collected && same_namespace {
+                metadata.insert(
+                    "ownerReferences".to_owned(),
+                    json!([{
+                        "apiVersion": object::api_version(primary),
+                        "kind": object::kind(primary),
+                        "name": object::name(primary),
+                        "uid": uid,
+                        "controller": false,
+                        "blockOwnerDeletion": false,
+                    }]),
+                );
+            }
             host_labels.push((OWNER_UID_LABEL, uid));
             if let Some(key) = extra_label {
                 host_labels.push((key.as_str(), uid));

@@ -200,7 +200,7 @@ pub fn problems(manifest: &Manifest) -> Vec<ManifestProblem> {
                     format!("dependent kind {kind} cannot be adopted: plans never apply it"),
                 ),
                 Ownership::Dependent => {}
-                Ownership::OwnerLabel { extra_label } => {
+                Ownership::OwnerLabel { extra_label, .. } => {
                     if c.finalizer.is_none() {
                         problem(
                             format!("{path}.ownership"),

@@ -1410,6 +1410,42 @@ mod tests {
     }
 
     #[test]
+    fn collected_label_owned_objects_get_a_gc_reference_only_at_home() {
+        let owned =
+            OwnedKind::label(KindRef::namespaced("", "v1", "ConfigMap", "configmaps")).collected();
+        let home = object::namespace(&primary())
+            .expect("namespaced primary")
+            .to_owned();
+        let out = prepare_apply(&cm(&home, "a"), &primary(), "widget", &owned);
+        assert_eq!(
+            out["metadata"]["ownerReferences"],
+            json!([{"apiVersion": "test.wasmop.dev/v1", "kind": "Widget", "name": "w",
+                    "uid": PRIMARY_UID, "controller": false, "blockOwnerDeletion": false}])
+        );
+        assert_eq!(
+            out["metadata"]["labels"]["wasmop.dev/owner-uid"],
+            PRIMARY_UID
+        );
+        // Still judged by the label: the reference is not a controller.
+        let existing = ExistingObject::of(&out);
+        assert!(existing.is_controlled_by(PRIMARY_UID, &owned.ownership));
+        let away = prepare_apply(&cm("other-ns", "a"), &primary(), "widget", &owned);
+        assert!(away["metadata"].get("ownerReferences").is_none());
+        assert_eq!(
+            away["metadata"]["labels"]["wasmop.dev/owner-uid"],
+            PRIMARY_UID
+        );
+        // The manifest JSON names it only when set.
+        let json = serde_json::to_value(&owned.ownership).expect("serializes");
+        assert_eq!(json["ownerLabel"]["collected"], true);
+        let plain = serde_json::to_value(
+            &OwnedKind::label(KindRef::namespaced("", "v1", "ConfigMap", "configmaps")).ownership,
+        )
+        .expect("serializes");
+        assert!(plain["ownerLabel"].get("collected").is_none(), "{plain}");
+    }
+
+    #[test]
     fn http_requests_must_name_declared_targets_and_ports() {
         let mut c = controller();
         c.http_targets = vec![HttpTarget {

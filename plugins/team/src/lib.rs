@@ -79,8 +79,9 @@ impl Plugin for TeamPlugin {
             // The operator credentials (same namespace) and, in the
             // namespaces of admitted teams, the mirrors and team keys. One
             // ownership per kind: owner labels, which work across
-            // namespaces; the finalizer deletes them all.
-            .owns_by_label(KindRef::of::<Secret>(), None)
+            // namespaces; the finalizer deletes them all, and garbage
+            // collection too for those in the server's own namespace.
+            .owns_by_label_collected(KindRef::of::<Secret>())
             .write_namespace("*")
             .reads(secrets_here(server::READ_SECRETS))
             // Optional: without Zalando's CRD a DSN server still runs and a

@@ -261,6 +261,14 @@ pub enum Ownership {
         /// `celld.eric.dev/fleet-uid`).
         #[serde(default)]
         extra_label: Option<String>,
+        /// Also gives objects in a namespaced primary's own namespace a
+        /// non-controller ownerReference to the primary, so Kubernetes
+        /// garbage collection removes them with it even when the finalizer
+        /// never runs (for example it was removed by hand). Objects in other
+        /// namespaces, and cluster-scoped ones, stay label-only: an
+        /// ownerReference cannot cross namespaces.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        collected: bool,
     },
     /// Objects another object of this primary controls: a Pod whose
     /// controller ownerReference is a StatefulSet the primary owns. The plan
@@ -304,7 +312,10 @@ impl OwnedKind {
     pub fn label(kind: KindRef) -> Self {
         OwnedKind {
             kind,
-            ownership: Ownership::OwnerLabel { extra_label: None },
+            ownership: Ownership::OwnerLabel {
+                extra_label: None,
+                collected: false,
+            },
             adopt: false,
         }
     }
@@ -312,10 +323,36 @@ impl OwnedKind {
     /// Also stamps `key=<primary uid>` (owner-label kinds only; turns an
     /// owner-reference kind into an owner-label one).
     pub fn extra_label(mut self, key: &str) -> Self {
+        let collected = self.is_collected();
         self.ownership = Ownership::OwnerLabel {
             extra_label: Some(key.to_owned()),
+            collected,
         };
         self
+    }
+
+    /// Owner-label kinds: also garbage-collected with the primary in its
+    /// own namespace (see [`Ownership::OwnerLabel`]'s `collected`); turns an
+    /// owner-reference kind into an owner-label one.
+    pub fn collected(mut self) -> Self {
+        let extra_label = self.extra_label_key().map(str::to_owned);
+        self.ownership = Ownership::OwnerLabel {
+            extra_label,
+            collected: true,
+        };
+        self
+    }
+
+    /// Whether objects in the primary's namespace also get a
+    /// garbage-collection ownerReference (owner-label kinds only).
+    pub fn is_collected(&self) -> bool {
+        matches!(
+            self.ownership,
+            Ownership::OwnerLabel {
+                collected: true,
+                ..
+            }
+        )
     }
 
     /// A kind whose objects the primary's owned objects control (see
@@ -347,7 +384,7 @@ impl OwnedKind {
     /// The extra owner label key, if any.
     pub fn extra_label_key(&self) -> Option<&str> {
         match &self.ownership {
-            Ownership::OwnerLabel { extra_label } => extra_label.as_deref(),
+            Ownership::OwnerLabel { extra_label, .. } => extra_label.as_deref(),
             Ownership::OwnerReference | Ownership::Dependent => None,
         }
     }
@@ -419,6 +456,13 @@ impl Controller {
             Some(key) => owned.extra_label(key),
             None => owned,
         })
+    }
+
+    /// Owns `kind` by label (as [`Controller::owns_by_label`]) and also
+    /// lets garbage collection remove the objects in the primary's own
+    /// namespace with it (a non-controller ownerReference).
+    pub fn owns_by_label_collected(self, kind: KindRef) -> Self {
+        self.owns_kind(OwnedKind::label(kind).collected())
     }
 
     /// Lets plans delete objects of `kind` that an object this primary owns
