@@ -15,6 +15,11 @@
 //! | `wasmop_watch_lists_total` | kind, reason | lists started: `initial`, or a relist after the watch `expired` (410) or an `error` (client-go: `reflector_lists_total`) |
 //! | `wasmop_watch_errors_total` | kind, reason | watch and list failures: `expired` (410), `unavailable` (unreachable, 429, 5xx), `rejected` (other 4xx), `stalled` (an attempt unanswered while recovering, abandoned) |
 //! | `wasmop_watch_recovery_seconds` | kind | how long the kind's last watch failure lasted, from the first error to objects flowing again |
+//!
+//! Plugins add gauges of their own through a plan's `gauges`
+//! ([`Metrics::set_primary_gauges`]), labelled `controller`, `namespace`,
+//! `name` of the primary; each executed plan replaces the primary's set and
+//! they go with the primary.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -25,6 +30,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 type Labels = Vec<(String, String)>;
+/// A primary as (controller, namespace, name).
+type PrimaryId = (String, String, String);
 
 /// Upper bounds (seconds) of every histogram's buckets: from 5 ms to a
 /// minute, as controller-runtime's reconcile-time buckets.
@@ -45,6 +52,9 @@ struct Histogram {
 pub struct Metrics {
     series: Mutex<BTreeMap<String, BTreeMap<Labels, f64>>>,
     histograms: Mutex<BTreeMap<String, BTreeMap<Labels, Histogram>>>,
+    /// The series each primary's plans set (plugin gauges), by
+    /// (controller, namespace, name), so the next plan replaces them.
+    plugin_series: Mutex<BTreeMap<PrimaryId, Vec<(String, Labels)>>>,
 }
 
 fn labels(pairs: &[(&str, &str)]) -> Labels {
@@ -105,6 +115,45 @@ impl Metrics {
         let mut s = self.series.lock().expect("metrics lock");
         if let Some(series) = s.get_mut(name) {
             series.retain(|l, _| !l.iter().any(|(k, v)| k == key && v == value));
+        }
+    }
+
+    /// Replaces the gauges one primary's plans expose with `gauges`
+    /// (validated by the plan rules), each labelled with the controller and
+    /// the primary's namespace and name.
+    pub fn set_primary_gauges(
+        &self,
+        controller: &str,
+        namespace: &str,
+        name: &str,
+        gauges: &[wasmop_contract::Gauge],
+    ) {
+        let key = (controller.to_owned(), namespace.to_owned(), name.to_owned());
+        let mut owned = self.plugin_series.lock().expect("metrics lock");
+        let mut s = self.series.lock().expect("metrics lock");
+        for (metric, l) in owned.remove(&key).unwrap_or_default() {
+            if let Some(series) = s.get_mut(&metric) {
+                series.remove(&l);
+                if series.is_empty() {
+                    s.remove(&metric);
+                }
+            }
+        }
+        let mut now = Vec::new();
+        for g in gauges {
+            let mut l: Labels = vec![
+                ("controller".to_owned(), controller.to_owned()),
+                ("namespace".to_owned(), namespace.to_owned()),
+                ("name".to_owned(), name.to_owned()),
+            ];
+            l.extend(g.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+            s.entry(g.name.clone())
+                .or_default()
+                .insert(l.clone(), g.value);
+            now.push((g.name.clone(), l));
+        }
+        if !now.is_empty() {
+            owned.insert(key, now);
         }
     }
 
@@ -242,7 +291,13 @@ where
 /// `k="v",...` with values escaped.
 fn label_text(l: &Labels) -> String {
     l.iter()
-        .map(|(k, v)| format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\"")))
+        .map(|(k, v)| {
+            let v = v
+                .replace('\\', "\\\\")
+                .replace('"', "\\\"")
+                .replace('\n', "\\n");
+            format!("{k}=\"{v}\"")
+        })
         .collect::<Vec<_>>()
         .join(",")
 }
@@ -323,6 +378,66 @@ mod tests {
         assert!(text.contains("wasmop_plugin_info{plugin=\"p\\\"q\"} 1"));
         m.remove_where("wasmop_plugin_info", "plugin", "p\"q");
         assert!(!m.render().contains("plugin=\"p"));
+    }
+
+    #[test]
+    fn a_primarys_gauges_are_replaced_by_its_next_plan_and_cleared_with_it() {
+        let m = Metrics::default();
+        let g = |name: &str, k: &str, v: &str, value: f64| wasmop_contract::Gauge {
+            name: name.to_owned(),
+            labels: [(k.to_owned(), v.to_owned())].into(),
+            value,
+        };
+        m.set_primary_gauges(
+            "p/c",
+            "ns",
+            "a",
+            &[
+                g("x_pending", "step", "promote", 1.0),
+                g("x_lagging", "k", "v", 2.0),
+            ],
+        );
+        m.set_primary_gauges("p/c", "ns", "b", &[g("x_pending", "step", "mint", 1.0)]);
+        let text = m.render();
+        assert!(text.contains("# TYPE x_pending gauge"), "{text}");
+        assert!(
+            text.contains(
+                "x_pending{controller=\"p/c\",namespace=\"ns\",name=\"a\",step=\"promote\"} 1"
+            ),
+            "{text}"
+        );
+        // The next plan replaces a's set; b's stays.
+        m.set_primary_gauges("p/c", "ns", "a", &[g("x_pending", "step", "retain", 1.0)]);
+        let text = m.render();
+        assert!(!text.contains("step=\"promote\""), "{text}");
+        assert!(!text.contains("x_lagging"), "{text}");
+        assert!(text.contains("step=\"retain\""), "{text}");
+        assert!(text.contains("name=\"b\",step=\"mint\""), "{text}");
+        // Gone with the primary.
+        m.set_primary_gauges("p/c", "ns", "a", &[]);
+        m.set_primary_gauges("p/c", "ns", "b", &[]);
+        assert!(!m.render().contains("x_pending"), "{}", m.render());
+    }
+
+    #[test]
+    fn a_label_value_cannot_inject_lines_into_the_exposition() {
+        let m = Metrics::default();
+        let evil = wasmop_contract::Gauge {
+            name: "x_gauge".to_owned(),
+            labels: [("k".to_owned(), "v\"} 1\nwasmop_leader 1\n#".to_owned())].into(),
+            value: 3.0,
+        };
+        m.set_primary_gauges("p/c", "ns", "a", &[evil]);
+        let text = m.render();
+        assert!(
+            !text.lines().any(|l| l.starts_with("wasmop_leader")),
+            "{text}"
+        );
+        assert_eq!(
+            text.lines().filter(|l| l.starts_with("x_gauge")).count(),
+            1,
+            "{text}"
+        );
     }
 
     #[tokio::test]

@@ -716,6 +716,28 @@ async fn a_rotation_parked_on_a_lagging_engine_is_reported_then_completes() -> R
         c["message"].as_str().unwrap_or_default().contains("slow"),
         "{c}"
     );
+    // The same state on /metrics, for alerting.
+    let series =
+        |step_and_value: &str| format!("namespace=\"{}\",name=\"fb\"{step_and_value}", ns.name);
+    let parked_series = series(",step=\"AwaitingPromotion\"} 1");
+    wait_for("the parked rotation's gauges", DEADLINE, || {
+        let want = parked_series.clone();
+        async move {
+            let text = wasmop::metrics::global().render();
+            let lagging = text.lines().any(|l| {
+                l.starts_with("firebolt_instance_signing_key_rotation_lagging_engines{")
+                    && l.contains(&want[..want.find(",step").unwrap_or(want.len())])
+                    && l.ends_with(" 1")
+            });
+            Ok((lagging
+                && text.lines().any(|l| {
+                    l.starts_with("firebolt_instance_signing_key_rotation_pending{")
+                        && l.ends_with(&want)
+                }))
+            .then_some(()))
+        }
+    })
+    .await?;
     // The fast engine renders the current keys.
     let fast = engines(&ns).get("fast").await?;
     assert_eq!(fast.data["status"]["observedAuthHash"], auth["authHash"]);
@@ -746,6 +768,22 @@ async fn a_rotation_parked_on_a_lagging_engine_is_reported_then_completes() -> R
     })
     .await?;
     assert!(done.data["status"]["auth"]["signingKeyGeneration"].as_u64() >= Some(2));
+    // Nothing waits any more: the step label is gone and the gauge reads 0.
+    let idle = series("} 0");
+    wait_for("the rotation gauges back to idle", DEADLINE, || {
+        let want = idle.clone();
+        async move {
+            let text = wasmop::metrics::global().render();
+            Ok(text
+                .lines()
+                .any(|l| {
+                    l.starts_with("firebolt_instance_signing_key_rotation_pending{")
+                        && l.ends_with(&want)
+                })
+                .then_some(()))
+        }
+    })
+    .await?;
     wait_for("the Certificate of signing-1 deleted", DEADLINE, || {
         let certs = certificates(&ns);
         async move {

@@ -38,6 +38,8 @@ impl Operator {
             .kind(&a.primary)
             .and_then(|kc| kc.get(&key.namespace, &key.name))
         else {
+            // Gone: so are the gauges its plans set.
+            metrics::global().set_primary_gauges(&key.controller, &key.namespace, &key.name, &[]);
             return;
         };
         let now = jiff::Timestamp::now();
@@ -147,6 +149,12 @@ impl Operator {
                 .await
                 {
                     Ok(_) => {
+                        metrics::global().set_primary_gauges(
+                            &key.controller,
+                            &key.namespace,
+                            &key.name,
+                            &plan.gauges,
+                        );
                         metrics::global().inc(
                             "wasmop_reconcile_total",
                             &[("controller", &a.id), ("result", "Reconciled")],

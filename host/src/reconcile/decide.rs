@@ -25,7 +25,7 @@ use crate::plugin::manifest::Controller;
 use crate::plugin::{CallError, LoadedPlugin};
 use crate::reconcile::snapshot::{ObjectSource, Observation, Snapshot, build_snapshot};
 use crate::reconcile::validate::{
-    ExistingLookup, Judgement, Plan, Violation, check_counts, validate_with_owned,
+    ExistingLookup, Judgement, Plan, Violation, check_counts, check_gauges, validate_with_owned,
 };
 
 /// Why a reconcile was skipped without calling the plugin.
@@ -150,7 +150,8 @@ pub fn decide(
         Ok(plan) => {
             // Counts first: a plan with a million Events is rejected on its
             // lengths, without judging each entry.
-            let too_many = check_counts(&plan, &input.plugin.limits().plan);
+            let mut too_many = check_counts(&plan, &input.plugin.limits().plan);
+            too_many.extend(check_gauges(&plan));
             if !too_many.is_empty() {
                 Decision::Rejected {
                     plan,

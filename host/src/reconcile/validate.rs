@@ -81,6 +81,104 @@ pub enum Rule {
     TooManyEvents,
     /// More HTTP requests than the plugin's [`PlanLimits::max_http_requests`].
     TooManyHttpRequests,
+    /// A gauge with a name or labels the host does not expose: not a
+    /// Prometheus name, a host metric prefix, a `_total` name, a host label,
+    /// a value that is not finite, too many labels, or more than
+    /// [`MAX_GAUGES`] gauges.
+    GaugeInvalid,
+}
+
+/// Most gauges one plan may set.
+pub const MAX_GAUGES: usize = 64;
+/// Most labels one gauge may carry (besides the host's).
+pub const MAX_GAUGE_LABELS: usize = 8;
+/// Longest label value.
+pub const MAX_GAUGE_LABEL_VALUE: usize = 256;
+/// Metric name prefixes the host's own metrics use.
+const HOST_METRIC_PREFIXES: &[&str] = &[
+    "wasmop_",
+    "controller_runtime_",
+    "workqueue_",
+    "rest_client_",
+];
+/// Labels the host sets on every plugin gauge.
+pub const HOST_GAUGE_LABELS: &[&str] = &["controller", "namespace", "name"];
+
+fn prometheus_name(text: &str) -> bool {
+    let mut chars = text.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Checks the plan's gauges ([`Rule::GaugeInvalid`]): one violation per bad
+/// gauge, or one for too many.
+pub fn check_gauges(plan: &Plan) -> Vec<Violation> {
+    let mut out = Vec::new();
+    if plan.gauges.len() > MAX_GAUGES {
+        out.push(Violation {
+            rule: Rule::GaugeInvalid,
+            object: "gauges".to_owned(),
+            message: format!(
+                "the plan has {} gauges, more than the {MAX_GAUGES} allowed",
+                plan.gauges.len()
+            ),
+        });
+        return out;
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, g) in plan.gauges.iter().enumerate() {
+        let why = if !prometheus_name(&g.name) {
+            Some(format!("{:?} is not a Prometheus metric name", g.name))
+        } else if let Some(p) = HOST_METRIC_PREFIXES
+            .iter()
+            .find(|p| g.name.starts_with(**p))
+        {
+            Some(format!("{} uses the host's prefix {p}", g.name))
+        } else if g.name.ends_with("_total") {
+            Some(format!(
+                "{} ends in _total, which names counters; gauges only",
+                g.name
+            ))
+        } else if !g.value.is_finite() {
+            Some(format!(
+                "{} has the value {}, not a finite number",
+                g.name, g.value
+            ))
+        } else if g.labels.len() > MAX_GAUGE_LABELS {
+            Some(format!(
+                "{} has {} labels, more than {MAX_GAUGE_LABELS}",
+                g.name,
+                g.labels.len()
+            ))
+        } else if let Some(k) = g.labels.keys().find(|k| {
+            !prometheus_name(k) || k.starts_with("__") || HOST_GAUGE_LABELS.contains(&k.as_str())
+        }) {
+            Some(format!(
+                "{}: label {k:?} is not a label name a plugin may set",
+                g.name
+            ))
+        } else if let Some(v) = g.labels.values().find(|v| v.len() > MAX_GAUGE_LABEL_VALUE) {
+            Some(format!(
+                "{}: a label value is {} bytes, more than {MAX_GAUGE_LABEL_VALUE}",
+                g.name,
+                v.len()
+            ))
+        } else if !seen.insert((g.name.as_str(), &g.labels)) {
+            Some(format!("{} is set twice with the same labels", g.name))
+        } else {
+            None
+        };
+        if let Some(message) = why {
+            out.push(Violation {
+                rule: Rule::GaugeInvalid,
+                object: format!("gauges[{i}]"),
+                message,
+            });
+        }
+    }
+    out
 }
 
 impl Rule {
@@ -103,6 +201,7 @@ impl Rule {
             Rule::TooManyDeletes => "TooManyDeletes",
             Rule::TooManyEvents => "TooManyEvents",
             Rule::TooManyHttpRequests => "TooManyHttpRequests",
+            Rule::GaugeInvalid => "GaugeInvalid",
         }
     }
 }
@@ -1407,6 +1506,71 @@ mod tests {
         );
         assert_eq!(out["metadata"]["labels"]["example.com/owner"], PRIMARY_UID);
         assert_eq!(out["metadata"]["labels"]["wasmop.dev/plugin"], "widget");
+    }
+
+    #[test]
+    fn gauges_are_checked_for_names_labels_values_and_count() {
+        use wasmop_contract::Gauge;
+        let g = |name: &str, labels: &[(&str, &str)], value: f64| Gauge {
+            name: name.to_owned(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            value,
+        };
+        let good = Plan {
+            gauges: vec![
+                g("firebolt_rotation_pending", &[("step", "promote")], 1.0),
+                g("firebolt_rotation_pending", &[("step", "retain")], 0.0),
+                g("firebolt_lagging_engines", &[], 2.0),
+            ],
+            ..Plan::default()
+        };
+        assert!(check_gauges(&good).is_empty());
+        let long = "x".repeat(MAX_GAUGE_LABEL_VALUE + 1);
+        let many: Vec<(String, String)> = (0..=MAX_GAUGE_LABELS)
+            .map(|i| (format!("l{i}"), "v".to_owned()))
+            .collect();
+        let many_refs: Vec<(&str, &str)> =
+            many.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let bad = [
+            g("1starts_with_a_digit", &[], 1.0),
+            g("has-dash", &[], 1.0),
+            g("wasmop_reconcile_seconds", &[], 1.0),
+            g("workqueue_depth", &[], 1.0),
+            g("my_events_total", &[], 1.0),
+            g("my_gauge", &[], f64::NAN),
+            g("my_gauge", &[], f64::INFINITY),
+            g("my_gauge", &[("namespace", "other")], 1.0),
+            g("my_gauge", &[("__name__", "x")], 1.0),
+            g("my_gauge", &[("bad-key", "x")], 1.0),
+            g("my_gauge", &[("k", long.as_str())], 1.0),
+            g("my_gauge", &many_refs, 1.0),
+        ];
+        for gauge in bad {
+            let plan = Plan {
+                gauges: vec![gauge.clone()],
+                ..Plan::default()
+            };
+            let v = check_gauges(&plan);
+            assert_eq!(v.len(), 1, "{gauge:?}");
+            assert_eq!(v[0].rule, Rule::GaugeInvalid);
+        }
+        let twice = Plan {
+            gauges: vec![g("a", &[("k", "v")], 1.0), g("a", &[("k", "v")], 2.0)],
+            ..Plan::default()
+        };
+        assert_eq!(check_gauges(&twice).len(), 1);
+        let flood = Plan {
+            gauges: (0..=MAX_GAUGES)
+                .map(|i| g("a", &[("i", &i.to_string())], 1.0))
+                .collect(),
+            ..Plan::default()
+        };
+        let v = check_gauges(&flood);
+        assert_eq!(v.len(), 1);
+        assert!(v[0].message.contains("gauges"), "{}", v[0].message);
     }
 
     #[test]

@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
-use wasmop_sdk::{EventType, stable_hash};
+use wasmop_sdk::{EventType, Plan, stable_hash};
 
 use crate::certs::{self, Usage};
 use crate::duration;
@@ -465,4 +465,44 @@ fn key_status(
         v["retireEligibleAt"] = json!(duration::rfc3339(t));
     }
     v
+}
+
+/// Prefix of the signing-key rotation gauges.
+pub const ROTATION_METRIC: &str = "firebolt_instance_signing_key_rotation";
+
+/// The signing-key rotation state of `status.auth` as gauges, the same
+/// facts for alerting (see the plugin README's Monitoring section):
+/// `_pending` (1 while a step waits on engines, labelled with the step),
+/// `_pending_since_timestamp_seconds` (Unix time the step began waiting, 0
+/// when none waits), `_lagging_engines`,
+/// `_generation` and `_keys`. Nothing when auth has no status (disabled).
+pub fn rotation_gauges(plan: Plan, auth: Option<&Value>, now_seconds: i64) -> Plan {
+    let Some(auth) = auth.filter(|a| a.is_object()) else {
+        return plan;
+    };
+    let metric = |suffix: &str| format!("{ROTATION_METRIC}_{suffix}");
+    let step = auth["pendingRotationStep"].as_str();
+    // A timestamp, not an age: the gauge is as fresh as the last plan, and
+    // `time() - since` keeps counting between reconciles.
+    let since = auth["pendingSince"]
+        .as_str()
+        .and_then(duration::parse_rfc3339)
+        .filter(|_| step.is_some())
+        .map_or(0, |since| since.min(now_seconds));
+    let lagging = auth["laggingEngineCount"].as_u64().unwrap_or(0);
+    let keys = auth["signingKeys"].as_array().map_or(0, Vec::len);
+    let generation = auth["signingKeyGeneration"].as_u64().unwrap_or(0);
+    let pending = match step {
+        Some(step) => plan.gauge(&metric("pending"), &[("step", step)], 1.0),
+        None => plan.gauge(&metric("pending"), &[], 0.0),
+    };
+    pending
+        .gauge(
+            &metric("pending_since_timestamp_seconds"),
+            &[],
+            since as f64,
+        )
+        .gauge(&metric("lagging_engines"), &[], lagging as f64)
+        .gauge(&metric("generation"), &[], generation as f64)
+        .gauge(&metric("keys"), &[], keys as f64)
 }

@@ -110,6 +110,7 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         plan = plan.requeue_after(after);
     }
     let update = status::compute(&ctx, &ran);
+    plan = crate::auth::rotation_gauges(plan, update.status.get("auth"), ctx.now_seconds());
     plan = plan.status(update.status);
     for (kind, reason, message) in update.events {
         plan = match kind {

@@ -339,15 +339,44 @@ fn a_parked_rotation_names_its_step_and_lagging_engines_then_proceeds() {
     assert_eq!(a["signingKeys"][0]["phase"], "Active", "nothing promoted");
     assert_eq!(a["authHash"], hash.as_str());
 
+    // The same state as gauges for alerting.
+    let gauge = |plan: &Plan, suffix: &str| {
+        let name = format!("firebolt_instance_signing_key_rotation_{suffix}");
+        plan.gauges
+            .iter()
+            .find(|g| g.name == name)
+            .map(|g| (g.labels.clone(), g.value))
+            .unwrap_or_else(|| panic!("no gauge {name}: {:?}", plan.gauges))
+    };
+    let (labels, value) = gauge(&parked, "pending");
+    assert_eq!(value, 1.0);
+    assert_eq!(
+        labels.get("step").map(String::as_str),
+        Some("AwaitingPromotion")
+    );
+    assert_eq!(gauge(&parked, "lagging_engines").1, 1.0);
+    // 2025-01-01T00:00:00Z.
+    assert_eq!(
+        gauge(&parked, "pending_since_timestamp_seconds").1,
+        1_735_689_600.0
+    );
+    assert_eq!(gauge(&parked, "keys").1, 2.0);
+
     // Still parked later: pendingSince stays.
     let mut later = base()
         .related("engines", engine("fast", &hash, ""))
         .related("engines", engine("slow", "old", ""));
     later.primary["status"] = rotating_status(json!({
         "pendingRotationStep": "AwaitingPromotion", "pendingSince": "2024-12-31T12:00:00Z"}));
+    let later = later.plan();
     assert_eq!(
-        status(&later.plan())["auth"]["pendingSince"],
+        status(&later)["auth"]["pendingSince"],
         "2024-12-31T12:00:00Z"
+    );
+    // Twelve hours before NOW.
+    assert_eq!(
+        gauge(&later, "pending_since_timestamp_seconds").1,
+        1_735_689_600.0 - 43_200.0
     );
 
     // The slow engine rolls: promotion, one step only.
@@ -357,6 +386,9 @@ fn a_parked_rotation_names_its_step_and_lagging_engines_then_proceeds() {
         .plan();
     let a = &status(&promoted)["auth"];
     assert!(a.get("pendingRotationStep").is_none());
+    let (labels, value) = gauge(&promoted, "pending");
+    assert_eq!((labels.len(), value), (0, 0.0), "no step waits");
+    assert_eq!(gauge(&promoted, "pending_since_timestamp_seconds").1, 0.0);
     assert_eq!(a["signingKeys"][0]["phase"], "ValidationOnly");
     assert_eq!(a["signingKeys"][0]["demotedAt"], NOW);
     assert!(

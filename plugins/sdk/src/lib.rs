@@ -85,7 +85,7 @@ pub use manifest::{
     Controller, FieldRef, HttpTarget, KindRef, Manifest, OwnedKind, Ownership, Read, Selector,
 };
 pub use plan::{
-    ApplyOp, CaBundle, DeleteOp, Event, EventType, HttpMethod, HttpRequest, ObjectRef, Plan,
+    ApplyOp, CaBundle, DeleteOp, Event, EventType, Gauge, HttpMethod, HttpRequest, ObjectRef, Plan,
     Precondition, RequestTarget, SecretHeader,
 };
 pub use settings::SettingsProblem;

@@ -190,7 +190,7 @@ enum Created {
     Found(Value),
     /// Still under way: the plan holds the next request; the reason and
     /// message say which.
-    Pending(Plan, &'static str, String),
+    Pending(Box<Plan>, &'static str, String),
 }
 
 /// One create of `want` under `base` (the `attempt`-th, ids `create.<tid>.<attempt>`
@@ -230,7 +230,7 @@ fn create_or_find(
             let name = want["name"].as_str().unwrap_or_default();
             let plan = plan.http(ep.get(&lookup_id, &format!("{base}?name={}", encode(name))));
             Created::Pending(
-                plan,
+                Box::new(plan),
                 "Adopting",
                 format!("a {what} of that name exists; looking it up to adopt it"),
             )
@@ -240,11 +240,13 @@ fn create_or_find(
                 plan.http(ep.request(&create_id, HttpMethod::Post, base, Some(want.clone())));
             match other {
                 Some(o) => Created::Pending(
-                    plan,
+                    Box::new(plan),
                     "CreateFailed",
                     format!("POST {base}: {}", describe(o)),
                 ),
-                None => Created::Pending(plan, "Creating", format!("creating the {what}")),
+                None => {
+                    Created::Pending(Box::new(plan), "Creating", format!("creating the {what}"))
+                }
             }
         }
     }
@@ -557,7 +559,7 @@ pub fn reconcile_deadman(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
                 Created::Pending(plan, reason, why) => {
                     conds.set("Synced", false, reason, &why);
                     conds.set("Ready", false, reason, &why);
-                    return finish(plan, status, &conds, settings.retry);
+                    return finish(*plan, status, &conds, settings.retry);
                 }
             };
         let sid = sw["id"].as_u64().unwrap_or_default();
@@ -738,7 +740,7 @@ pub fn reconcile_alert_source(snapshot: &Snapshot) -> Result<Plan, ReconcileErro
             Created::Pending(plan, reason, why) => {
                 conds.set("Synced", false, reason, &why);
                 conds.set("Ready", false, reason, &why);
-                return finish(plan, status, &conds, settings.retry);
+                return finish(*plan, status, &conds, settings.retry);
             }
         };
         let new_id = body["id"].as_u64().unwrap_or_default();

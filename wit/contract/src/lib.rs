@@ -45,7 +45,7 @@ pub use manifest::{
 };
 pub use observation::Observation;
 pub use plan::{
-    ApplyOp, CaBundle, DeleteOp, Event, EventType, HttpMethod, HttpRequest, ObjectRef, Plan,
+    ApplyOp, CaBundle, DeleteOp, Event, EventType, Gauge, HttpMethod, HttpRequest, ObjectRef, Plan,
     Precondition, RequestTarget, SecretHeader,
 };
 

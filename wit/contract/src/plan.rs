@@ -56,7 +56,8 @@ impl PrimaryObject for Value {
 /// What the plugin wants done for one primary.
 ///
 /// JSON: `{"apply":[…],"delete":[…],"status":{…}|null,"primaryPatch":{…}|null,
-/// "events":[…],"requeueAfterMs":n|null,"cleanupComplete":bool,"httpRequests":[…]}`.
+/// "events":[…],"requeueAfterMs":n|null,"cleanupComplete":bool,"httpRequests":[…],
+/// "gauges":[…]}` (`gauges` omitted when empty).
 /// When read from JSON, missing fields take their empty values.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -78,6 +79,32 @@ pub struct Plan {
     pub cleanup_complete: bool,
     /// HTTP requests for the host to perform after the writes.
     pub http_requests: Vec<HttpRequest>,
+    /// Gauges the host exposes on its `/metrics` for this primary, labelled
+    /// with the controller and the primary's namespace and name. Each
+    /// executed plan replaces the primary's previous set (an empty list
+    /// clears it); they go when the primary does. Omitted from JSON when
+    /// empty.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub gauges: Vec<Gauge>,
+}
+
+/// One gauge value for the host's `/metrics`.
+///
+/// JSON: `{"name","labels":{…},"value":n}`. The name is a Prometheus
+/// metric name of the plugin's own (not `wasmop_`, `controller_runtime_`,
+/// `workqueue_` or `rest_client_`, not ending in `_total`); label keys are
+/// Prometheus label names other than `controller`, `namespace` and `name`,
+/// which the host sets.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Gauge {
+    /// Metric name, e.g. `firebolt_instance_signing_key_rotation_pending`.
+    pub name: String,
+    /// Extra labels.
+    #[serde(default)]
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// The value (finite).
+    pub value: f64,
 }
 
 /// Create or update one object.
@@ -645,6 +672,19 @@ impl Plan {
     /// Adds a GET request with host defaults (see [`HttpRequest::get`]).
     pub fn http_get(self, id: &str, target: &str, object: &str, port: u16, path: &str) -> Self {
         self.http(HttpRequest::get(id, target, object, port, path))
+    }
+
+    /// Sets a gauge for this primary (see [`Plan::gauges`]).
+    pub fn gauge(mut self, name: &str, labels: &[(&str, &str)], value: f64) -> Self {
+        self.gauges.push(Gauge {
+            name: name.to_owned(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            value,
+        });
+        self
     }
 }
 
