@@ -15,8 +15,12 @@
 //! re-triggers every referencing engine when either changes; it reads the
 //! Pods labelled `firebolt.io/engine` in its namespace for readiness and
 //! the drain check, which it performs through host observations on the
-//! metrics port. The wasm glue is the `export_plugin!` line at the bottom.
+//! metrics port. The wasm glue is the `export_admitting_plugin!` line at
+//! the bottom: the plugin also decides two validating webhooks the host
+//! serves ([`admission`]): an engine must name an existing class, and a
+//! class cannot be deleted while engines reference it.
 
+pub mod admission;
 pub mod class;
 pub mod drain;
 pub mod engine;
@@ -32,6 +36,7 @@ pub mod spec;
 mod tests;
 
 use serde_json::Value;
+use wasmop_sdk::admission::{Admit, AdmissionRequest, AdmissionResponse};
 use wasmop_sdk::k8s_openapi::api::apps::v1::StatefulSet;
 use wasmop_sdk::k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use wasmop_sdk::{
@@ -60,7 +65,7 @@ pub struct EnginePlugin;
 
 impl Plugin for EnginePlugin {
     fn manifest() -> Manifest {
-        Manifest::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"))
+        admission::rules(Manifest::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION")))
             .controller(
                 Controller::new(ENGINE_CONTROLLER, spec::engine_kind())
                     .owns(KindRef::of::<StatefulSet>())
@@ -110,5 +115,11 @@ impl Plugin for EnginePlugin {
     }
 }
 
+impl Admit for EnginePlugin {
+    fn admit(request: &AdmissionRequest) -> AdmissionResponse {
+        admission::admit(request)
+    }
+}
+
 #[cfg(target_arch = "wasm32")]
-wasmop_sdk::export_plugin!(EnginePlugin);
+wasmop_sdk::export_admitting_plugin!(EnginePlugin);

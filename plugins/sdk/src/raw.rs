@@ -22,12 +22,14 @@
 
 use std::marker::PhantomData;
 
+pub use crate::admitting_bindings::Guest as RawAdmittingPlugin;
 pub use crate::bindings::Guest as RawPlugin;
 pub use crate::bindings::wasmop::reconciler::types::{
-    Observation, ReconcileError, RelatedObject, Snapshot,
+    AdmissionRequest, Observation, ReconcileError, RelatedObject, Snapshot,
 };
 
 use crate::Plugin;
+use crate::admission::Admit;
 use crate::glue::json_text;
 
 /// Adapts a typed [`Plugin`] to the WIT-level [`RawPlugin`]: parses the
@@ -55,5 +57,24 @@ impl<P: Plugin> RawPlugin for Export<P> {
         P::reconcile(&snapshot)
             .map(|plan| json_text(&plan))
             .map_err(Into::into)
+    }
+}
+
+impl<P: Admit> RawAdmittingPlugin for Export<P> {
+    fn manifest() -> String {
+        <Self as RawPlugin>::manifest()
+    }
+
+    fn validate_settings(settings: String) -> Result<(), String> {
+        <Self as RawPlugin>::validate_settings(settings)
+    }
+
+    fn reconcile(snapshot: Snapshot) -> Result<String, ReconcileError> {
+        <Self as RawPlugin>::reconcile(snapshot)
+    }
+
+    fn admit(request: AdmissionRequest) -> Result<String, String> {
+        let request = crate::admission::AdmissionRequest::try_from(request)?;
+        Ok(json_text(&P::admit(&request)))
     }
 }
