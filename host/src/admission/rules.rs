@@ -26,7 +26,7 @@ pub fn problems(manifest: &Manifest, exports_admit: bool) -> Vec<ManifestProblem
         problem(
             "admission".into(),
             "the manifest declares admission rules but the component does not export admit \
-             (build it for the admitting-plugin world: wasmop_sdk::export_admitting_plugin!)"
+             (build it for the admitting-plugin world: wasmop_sdk_admitting::export_admitting_plugin!)"
                 .into(),
         );
     }

@@ -122,4 +122,4 @@ impl Admit for EnginePlugin {
 }
 
 #[cfg(target_arch = "wasm32")]
-wasmop_sdk::export_admitting_plugin!(EnginePlugin);
+wasmop_sdk_admitting::export_admitting_plugin!(EnginePlugin);

@@ -1,5 +1,6 @@
 //! Admission (contract 0.4): a plugin that implements [`Admit`] and is
-//! exported with [`crate::export_admitting_plugin!`] decides the
+//! exported with `wasmop_sdk_admitting::export_admitting_plugin!` (its own
+//! crate, so plugins without admission never link that world) decides the
 //! validating webhooks its manifest declares ([`AdmissionRule`]).
 //!
 //! ```
@@ -32,7 +33,8 @@ pub use wasmop_contract::admission::{
 use crate::{Plugin, RelatedObject};
 
 /// A plugin that also decides admission. Export it with
-/// [`crate::export_admitting_plugin!`] instead of [`crate::export_plugin!`].
+/// `wasmop_sdk_admitting::export_admitting_plugin!` instead of
+/// [`crate::export_plugin!`].
 pub trait Admit: Plugin {
     /// Decides one request of one of the manifest's admission rules.
     /// Deny with [`AdmissionResponse::deny`]; the message reaches the user.
@@ -143,6 +145,17 @@ impl AdmissionRequest {
             .filter(move |r| r.read == id)
             .map(|r| &r.object)
     }
+}
+
+/// The WIT-level `admit`: parses the request, asks `P`, answers the
+/// response's JSON text (the `wasmop-sdk-admitting` export calls this).
+///
+/// # Errors
+/// A message when the request's JSON texts do not parse (the host then
+/// denies the request).
+pub fn admit_json<P: Admit>(request: crate::raw::AdmissionRequest) -> Result<String, String> {
+    let request = AdmissionRequest::try_from(request)?;
+    Ok(crate::glue::json_text(&P::admit(&request)))
 }
 
 #[cfg(test)]

@@ -49,8 +49,9 @@
 //!
 //! Modules, one concept each:
 //!
-//! - [`admission`] — the optional `admit` export ([`admission::Admit`],
-//!   [`export_admitting_plugin!`]): validating webhooks the host serves.
+//! - [`admission`] — the optional `admit` export ([`admission::Admit`];
+//!   exported with `export_admitting_plugin!` of the `wasmop-sdk-admitting`
+//!   crate): validating webhooks the host serves.
 //! - [`manifest`] — what the plugin declares ([`Manifest`], [`Controller`], …).
 //! - [`snapshot`] — what a reconcile sees, with typed accessors.
 //! - [`plan`] — what a reconcile answers, with a builder.
@@ -146,36 +147,6 @@ macro_rules! export_plugin {
     };
 }
 
-/// Exports a plugin that implements [`admission::Admit`] as the
-/// component's `admitting-plugin` world: the `plugin` world plus `admit`.
-/// The host serves the manifest's admission rules as validating webhooks
-/// decided by [`admission::Admit::admit`]. Use it instead of
-/// [`export_plugin!`], once per crate.
-#[macro_export]
-macro_rules! export_admitting_plugin {
-    ($plugin:ty) => {
-        #[cfg(target_arch = "wasm32")]
-        #[allow(unsafe_code)]
-        const _: () = {
-            type __WasmopGuest = $crate::raw::Export<$plugin>;
-    $crate::admitting_bindings::export!(__WasmopGuest with_types_in $crate::admitting_bindings);
-        };
-    };
-}
-
-/// Exports a [`raw::RawAdmittingPlugin`] implementation (WIT-level types
-/// and JSON text) as the component's `admitting-plugin` world.
-#[macro_export]
-macro_rules! export_raw_admitting_plugin {
-    ($plugin:ident) => {
-        #[cfg(target_arch = "wasm32")]
-        #[allow(unsafe_code)]
-        const _: () = {
-    $crate::admitting_bindings::export!($plugin with_types_in $crate::admitting_bindings);
-        };
-    };
-}
-
 /// Exports a [`raw::RawPlugin`] implementation (WIT-level types and JSON
 /// text, no conversion) as the component's `plugin` world.
 ///
@@ -205,22 +176,6 @@ pub mod bindings {
         pub_export_macro: true,
         default_bindings_module: "wasmop_sdk::bindings",
         runtime_path: "wasmop_sdk::__private::wit_bindgen::rt",
-    });
-}
-
-/// The guest bindings of the `admitting-plugin` world, sharing the WIT
-/// types of [`bindings`]. Used by [`export_admitting_plugin!`].
-#[allow(unsafe_code, missing_docs, missing_debug_implementations, clippy::all)]
-pub mod admitting_bindings {
-    wit_bindgen::generate!({
-        path: "../../wit",
-        world: "admitting-plugin",
-        pub_export_macro: true,
-        default_bindings_module: "wasmop_sdk::admitting_bindings",
-        runtime_path: "wasmop_sdk::__private::wit_bindgen::rt",
-        with: {
-            "wasmop:reconciler/types@0.4.0": crate::bindings::wasmop::reconciler::types,
-        },
     });
 }
 

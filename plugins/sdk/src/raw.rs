@@ -22,14 +22,12 @@
 
 use std::marker::PhantomData;
 
-pub use crate::admitting_bindings::Guest as RawAdmittingPlugin;
 pub use crate::bindings::Guest as RawPlugin;
 pub use crate::bindings::wasmop::reconciler::types::{
     AdmissionRequest, Observation, ReconcileError, RelatedObject, Snapshot,
 };
 
 use crate::Plugin;
-use crate::admission::Admit;
 use crate::glue::json_text;
 
 /// Adapts a typed [`Plugin`] to the WIT-level [`RawPlugin`]: parses the
@@ -60,21 +58,3 @@ impl<P: Plugin> RawPlugin for Export<P> {
     }
 }
 
-impl<P: Admit> RawAdmittingPlugin for Export<P> {
-    fn manifest() -> String {
-        <Self as RawPlugin>::manifest()
-    }
-
-    fn validate_settings(settings: String) -> Result<(), String> {
-        <Self as RawPlugin>::validate_settings(settings)
-    }
-
-    fn reconcile(snapshot: Snapshot) -> Result<String, ReconcileError> {
-        <Self as RawPlugin>::reconcile(snapshot)
-    }
-
-    fn admit(request: AdmissionRequest) -> Result<String, String> {
-        let request = crate::admission::AdmissionRequest::try_from(request)?;
-        Ok(json_text(&P::admit(&request)))
-    }
-}

@@ -75,7 +75,7 @@ fn spin() -> ! {
     }
 }
 
-wasmop_sdk::export_admitting_plugin!(Admitter);
+wasmop_sdk_admitting::export_admitting_plugin!(Admitter);
 
 #[cfg(test)]
 mod tests {
