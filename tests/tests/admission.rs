@@ -257,6 +257,19 @@ async fn engines_need_their_class_and_a_used_class_cannot_be_deleted() -> Result
         engines.create(&PostParams::default(), &engine("e3", "kept")?).await?;
         admission.stop();
         op.stop().await;
+        // The server's tasks end asynchronously: wait (with dry runs) until
+        // the API server can no longer reach it.
+        wait_for("the webhook to be unreachable", DEFAULT_DEADLINE, || async {
+            let dry = DeleteParams {
+                dry_run: true,
+                ..DeleteParams::default()
+            };
+            match classes.delete("kept", &dry).await {
+                Err(kube::Error::Api(e)) if e.message.contains("failed calling webhook") => Ok(()),
+                other => bail!("delete not refused for an unreachable webhook yet: {other:?}"),
+            }
+        })
+        .await?;
         let err = classes
             .delete("kept", &DeleteParams::default())
             .await

@@ -159,15 +159,21 @@ pub fn configuration(
                     "caBundle": ca,
                 }),
             };
+            let scope = if rule.kind.namespaced {
+                "Namespaced"
+            } else {
+                "Cluster"
+            };
+            let operations: Vec<&str> = rule.operations.iter().map(|o| o.as_str()).collect();
             let mut webhook = json!({
                 "name": webhook_name(plugin, &rule.name),
                 "clientConfig": client_config,
                 "rules": [{
                     "apiGroups": [rule.kind.group],
                     "apiVersions": [rule.kind.version],
-                    "operations": rule.operations.iter().map(|o| o.as_str()).collect::<Vec<_>>(),
+                    "operations": operations,
                     "resources": [rule.kind.plural],
-                    "scope": if rule.kind.namespaced { "Namespaced" } else { "Cluster" },
+                    "scope": scope,
                 }],
                 "failurePolicy": "Fail",
                 "sideEffects": "None",
@@ -190,9 +196,7 @@ pub fn configuration(
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {
             "name": settings.configuration_name,
-            "labels": {
-                wasmop_contract::MANAGED_BY_LABEL: wasmop_contract::MANAGED_BY_VALUE,
-            },
+            "labels": {(wasmop_contract::MANAGED_BY_LABEL): wasmop_contract::MANAGED_BY_VALUE},
         },
         "webhooks": webhooks,
     })

@@ -155,7 +155,7 @@ impl Handler {
             "wasmop_admission_requests_total",
             &[("plugin", &plugin), ("rule", &rule), ("allowed", allowed)],
         );
-        tracing::info!(plugin, rule, uid, allowed = answer.allowed, message = answer.message.as_deref().unwrap_or_default(),
+        tracing::info!(plugin = %plugin, rule = %rule, uid = %uid, allowed = answer.allowed, message = answer.message.as_deref().unwrap_or_default(),
             ms = started.elapsed().as_millis() as u64, "admission decided");
         reply(StatusCode::OK, review::review(&uid, &answer).to_string())
     }
