@@ -15,12 +15,14 @@ use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
-use kube::core::{ApiResource, ErrorResponse, GroupVersionKind};
-use serde_json::{Value, json};
+use kube::core::{ApiResource, GroupVersionKind, Status};
+use serde_json::json;
 use wasmop::plugin::hotswap::{OptionsFor, PluginDir};
 use wasmop_tests::admission::{Admission, AdmissionOptions, delete_configuration};
 use wasmop_tests::operator::{RunningOperator, load_plugin, plugin_path, sandbox};
-use wasmop_tests::{DEFAULT_DEADLINE, TestNamespace, apply_project_crds, apply_test_crds, wait_for};
+use wasmop_tests::{
+    DEFAULT_DEADLINE, TestNamespace, apply_project_crds, apply_test_crds, wait_for,
+};
 
 const GROUP: &str = "compute.firebolt.io";
 const VERSION: &str = "v1alpha1";
@@ -91,10 +93,10 @@ async fn create(
     api: &Api<DynamicObject>,
     object: &DynamicObject,
     params: &PostParams,
-) -> Result<std::result::Result<(), ErrorResponse>> {
+) -> Result<std::result::Result<(), Status>> {
     match api.create(params, object).await {
         Ok(_) => Ok(Ok(())),
-        Err(kube::Error::Api(e)) => Ok(Err(e)),
+        Err(kube::Error::Api(e)) => Ok(Err(*e)),
         Err(e) => Err(e.into()),
     }
 }
@@ -119,10 +121,10 @@ async fn wait_until_refused(
     api: &Api<DynamicObject>,
     object: &DynamicObject,
     needle: &str,
-) -> Result<ErrorResponse> {
+) -> Result<Status> {
     wait_for(what, DEFAULT_DEADLINE, || async {
         match create(api, object, &dry_run()).await? {
-            Err(e) if e.message.contains(needle) => Ok(e),
+            Err(e) if e.message.contains(needle) => Ok(Some(e)),
             other => bail!("not refused as expected yet: {other:?}"),
         }
     })
@@ -167,12 +169,17 @@ async fn engines_need_their_class_and_a_used_class_cannot_be_deleted() -> Result
                 .get_opt(&admission.secret)
                 .await?
                 .context("no Secret yet")
+                .map(Some)
         })
         .await?;
-        let ca = secret.data.as_ref().and_then(|d| d.get("ca.crt")).context("no ca.crt")?;
+        let ca = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get("ca.crt"))
+            .context("no ca.crt")?;
         let hooks = wait_for("both engine webhooks", DEFAULT_DEADLINE, || async {
             match webhook_names(&ns.client, &configuration).await? {
-                Some(names) if names.len() == 2 => Ok(names),
+                Some(names) if names.len() == 2 => Ok(Some(names)),
                 other => bail!("webhooks: {other:?}"),
             }
         })
@@ -184,7 +191,8 @@ async fn engines_need_their_class_and_a_used_class_cannot_be_deleted() -> Result
                 "engine-class-exists.engine.admission.wasmop.dev"
             ]
         );
-        let config: ValidatingWebhookConfiguration = Api::all(ns.client.clone()).get(&configuration).await?;
+        let config: ValidatingWebhookConfiguration =
+            Api::all(ns.client.clone()).get(&configuration).await?;
         for hook in config.webhooks.unwrap_or_default() {
             assert_eq!(hook.client_config.ca_bundle.as_ref(), Some(ca));
             assert_eq!(hook.failure_policy.as_deref(), Some("Fail"));
@@ -218,9 +226,15 @@ async fn engines_need_their_class_and_a_used_class_cannot_be_deleted() -> Result
         assert!(engines.get_opt("e1").await?.is_none());
 
         // With the class present it is admitted.
-        classes.create(&PostParams::default(), &class("small")?).await?;
-        engines.create(&PostParams::default(), &engine("e1", "small")?).await?;
-        engines.create(&PostParams::default(), &engine("e2", "small")?).await?;
+        classes
+            .create(&PostParams::default(), &class("small")?)
+            .await?;
+        engines
+            .create(&PostParams::default(), &engine("e1", "small")?)
+            .await?;
+        engines
+            .create(&PostParams::default(), &engine("e2", "small")?)
+            .await?;
 
         // The class cannot be deleted while engines name it.
         let err = classes
@@ -246,29 +260,39 @@ async fn engines_need_their_class_and_a_used_class_cannot_be_deleted() -> Result
         wait_for("the engines to be gone", DEFAULT_DEADLINE, || async {
             let left = engines.list(&Default::default()).await?.items.len();
             ensure!(left == 0, "{left} engines left");
-            Ok(())
+            Ok(Some(()))
         })
         .await?;
         classes.delete("small", &DeleteParams::default()).await?;
 
         // With the operator stopped the API server refuses the delete
         // (failurePolicy: Fail): no deletion window.
-        classes.create(&PostParams::default(), &class("kept")?).await?;
-        engines.create(&PostParams::default(), &engine("e3", "kept")?).await?;
+        classes
+            .create(&PostParams::default(), &class("kept")?)
+            .await?;
+        engines
+            .create(&PostParams::default(), &engine("e3", "kept")?)
+            .await?;
         admission.stop();
         op.stop().await;
         // The server's tasks end asynchronously: wait (with dry runs) until
         // the API server can no longer reach it.
-        wait_for("the webhook to be unreachable", DEFAULT_DEADLINE, || async {
-            let dry = DeleteParams {
-                dry_run: true,
-                ..DeleteParams::default()
-            };
-            match classes.delete("kept", &dry).await {
-                Err(kube::Error::Api(e)) if e.message.contains("failed calling webhook") => Ok(()),
-                other => bail!("delete not refused for an unreachable webhook yet: {other:?}"),
-            }
-        })
+        wait_for(
+            "the webhook to be unreachable",
+            DEFAULT_DEADLINE,
+            || async {
+                let dry = DeleteParams {
+                    dry_run: true,
+                    ..DeleteParams::default()
+                };
+                match classes.delete("kept", &dry).await {
+                    Err(kube::Error::Api(e)) if e.message.contains("failed calling webhook") => {
+                        Ok(Some(()))
+                    }
+                    other => bail!("delete not refused for an unreachable webhook yet: {other:?}"),
+                }
+            },
+        )
         .await?;
         let err = classes
             .delete("kept", &DeleteParams::default())
@@ -354,7 +378,9 @@ async fn a_looping_or_trapping_admit_is_denied_within_its_deadline() -> Result<(
             .expect_err("a looping admit must deny");
         let took = started.elapsed();
         assert!(
-            looped.message.contains("plugin admitter could not decide (PluginTimedOut"),
+            looped
+                .message
+                .contains("plugin admitter could not decide (PluginTimedOut"),
             "{looped:?}"
         );
         // The plugin deadline is 2 s; the webhook timeout is 10 s.
@@ -429,17 +455,22 @@ async fn a_hot_swap_that_drops_admit_removes_the_webhook() -> Result<()> {
             report.activated == [("admitter".to_owned(), "0.2.0".to_owned())],
             "{report:?}"
         );
-        wait_for("the webhook rule to be removed", DEFAULT_DEADLINE, || async {
-            match webhook_names(&ns.client, &configuration).await? {
-                Some(names) if names.is_empty() => Ok(()),
-                other => bail!("webhooks: {other:?}"),
-            }
-        })
+        wait_for(
+            "the webhook rule to be removed",
+            DEFAULT_DEADLINE,
+            || async {
+                match webhook_names(&ns.client, &configuration).await? {
+                    Some(names) if names.is_empty() => Ok(Some(())),
+                    other => bail!("webhooks: {other:?}"),
+                }
+            },
+        )
         .await?;
         // And the API server stops asking: the widget goes through.
         wait_for("deny-1 to be admitted", DEFAULT_DEADLINE, || async {
             create(&widgets, &widget("deny-1")?, &dry_run())
                 .await?
+                .map(Some)
                 .map_err(|e| anyhow::anyhow!("still refused: {}", e.message))
         })
         .await?;
@@ -501,7 +532,10 @@ async fn certificate_rotation_while_requests_flow_fails_no_request() -> Result<(
         let deadline = Instant::now() + DEFAULT_DEADLINE;
         // Requests flow until the certificate changed twice.
         while seen.len() < 3 {
-            ensure!(Instant::now() < deadline, "the certificate was not renewed twice");
+            ensure!(
+                Instant::now() < deadline,
+                "the certificate was not renewed twice"
+            );
             match create(&widgets, &widget("deny-1")?, &dry_run()).await? {
                 Err(e) if e.message.contains(admitter::DENIAL) => answered += 1,
                 other => bail!("request {answered} was not answered by the plugin: {other:?}"),
@@ -524,7 +558,12 @@ async fn certificate_rotation_while_requests_flow_fails_no_request() -> Result<(
 async fn round_robin(backends: Vec<u16>) -> Result<(u16, Arc<Vec<AtomicUsize>>)> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let port = listener.local_addr()?.port();
-    let counts = Arc::new(backends.iter().map(|_| AtomicUsize::new(0)).collect::<Vec<_>>());
+    let counts = Arc::new(
+        backends
+            .iter()
+            .map(|_| AtomicUsize::new(0))
+            .collect::<Vec<_>>(),
+    );
     let seen = counts.clone();
     tokio::spawn(async move {
         let mut next = 0usize;
@@ -534,7 +573,8 @@ async fn round_robin(backends: Vec<u16>) -> Result<(u16, Arc<Vec<AtomicUsize>>)>
             seen[i].fetch_add(1, Ordering::SeqCst);
             let backend = backends[i];
             tokio::spawn(async move {
-                if let Ok(mut outbound) = tokio::net::TcpStream::connect(("127.0.0.1", backend)).await
+                if let Ok(mut outbound) =
+                    tokio::net::TcpStream::connect(("127.0.0.1", backend)).await
                 {
                     let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
                 }
@@ -593,7 +633,10 @@ async fn leader_and_follower_both_answer_admission() -> Result<()> {
         )
         .await?;
         let (proxy_port, counts) = round_robin(vec![leader.port, follower.port]).await?;
-        ensure!(proxy_port == front_port, "the front port was taken in between");
+        ensure!(
+            proxy_port == front_port,
+            "the front port was taken in between"
+        );
         let widgets = widgets(&ns);
         wait_until_refused(
             "the admitter webhook to be active",
@@ -605,9 +648,8 @@ async fn leader_and_follower_both_answer_admission() -> Result<()> {
         // Concurrent requests make the API server open several
         // connections, which the front spreads over both replicas.
         wait_for("both replicas to answer", DEFAULT_DEADLINE, || async {
-            let calls = (0..8).map(|_| async {
-                create(&widgets, &widget("deny-1")?, &dry_run()).await
-            });
+            let calls =
+                (0..8).map(|_| async { create(&widgets, &widget("deny-1")?, &dry_run()).await });
             for answer in futures::future::join_all(calls).await {
                 match answer? {
                     Err(e) if e.message.contains(admitter::DENIAL) => {}
@@ -615,8 +657,11 @@ async fn leader_and_follower_both_answer_admission() -> Result<()> {
                 }
             }
             let per: Vec<usize> = counts.iter().map(|c| c.load(Ordering::SeqCst)).collect();
-            ensure!(per.iter().all(|n| *n > 0), "connections per replica: {per:?}");
-            Ok(())
+            ensure!(
+                per.iter().all(|n| *n > 0),
+                "connections per replica: {per:?}"
+            );
+            Ok(Some(()))
         })
         .await?;
         anyhow::Ok(())

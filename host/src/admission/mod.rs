@@ -196,7 +196,9 @@ async fn refresh_certificate(
                         ca.send_replace(material.ca_crt.clone());
                         serving = Some(material);
                     }
-                    Err(e) => tracing::error!(error = %e, "admission certificate unusable; keeping the previous one"),
+                    Err(e) => {
+                        tracing::error!(error = %e, "admission certificate unusable; keeping the previous one")
+                    }
                 }
             }
             Ok(_) => {}

@@ -49,9 +49,11 @@ fn rule_for<'a>(plugin: &'a LoadedPlugin, request: &Value) -> Option<&'a Admissi
     if !plugin.admits() {
         return None;
     }
-    plugin.manifest().admission.iter().find(|r| {
-        r.kind.group == group && r.kind.kind == kind && r.operations.contains(&operation)
-    })
+    plugin
+        .manifest()
+        .admission
+        .iter()
+        .find(|r| r.kind.group == group && r.kind.kind == kind && r.operations.contains(&operation))
 }
 
 /// The AdmissionReview answering `review`, decided by `plugin` with
@@ -95,26 +97,26 @@ pub fn decide(
             ns.as_deref()
                 .is_none_or(|ns| object::namespace(o).unwrap_or("default") == ns)
         };
-        let selected: Vec<&Value> = match review::selection(&read.selector, read.kind.namespaced, request)
-        {
-            Selection::Nothing => Vec::new(),
-            Selection::Get { namespace, name } => objects
-                .iter()
-                .filter(of_kind)
-                .filter(|o| object::name(o) == name && in_namespace(o, &namespace))
-                .take(1)
-                .collect(),
-            Selection::List { namespace, labels } => objects
-                .iter()
-                .filter(of_kind)
-                .filter(|o| in_namespace(o, &namespace))
-                .filter(|o| {
-                    labels
-                        .as_deref()
-                        .is_none_or(|l| selector_matches(l, &object::labels(o)))
-                })
-                .collect(),
-        };
+        let selected: Vec<&Value> =
+            match review::selection(&read.selector, read.kind.namespaced, request) {
+                Selection::Nothing => Vec::new(),
+                Selection::Get { namespace, name } => objects
+                    .iter()
+                    .filter(of_kind)
+                    .filter(|o| object::name(o) == name && in_namespace(o, &namespace))
+                    .take(1)
+                    .collect(),
+                Selection::List { namespace, labels } => objects
+                    .iter()
+                    .filter(of_kind)
+                    .filter(|o| in_namespace(o, &namespace))
+                    .filter(|o| {
+                        labels
+                            .as_deref()
+                            .is_none_or(|l| selector_matches(l, &object::labels(o)))
+                    })
+                    .collect(),
+            };
         related.extend(
             selected
                 .into_iter()

@@ -108,7 +108,10 @@ pub fn find_rule<'a>(plugin: &'a LoadedPlugin, rule: &str) -> Option<&'a Admissi
 pub fn decide(plugin: &LoadedPlugin, input: &AdmitInput) -> (AdmissionResponse, Option<String>) {
     match plugin.admit(input) {
         Ok(answer) => (answer, None),
-        Err(e) => (failure_denial(plugin.name(), &e), Some(e.reason().to_owned())),
+        Err(e) => (
+            failure_denial(plugin.name(), &e),
+            Some(e.reason().to_owned()),
+        ),
     }
 }
 

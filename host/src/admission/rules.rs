@@ -221,7 +221,11 @@ mod tests {
                 AdmissionRule::new("Bad_Name", kind())
                     .operation(AdmissionOperation::Delete)
                     .reads(AdmissionRead::live("o", kind(), Selector::OwnedByPrimary))
-                    .reads(AdmissionRead::cached("o", kind(), Selector::Labels("a in".into()))),
+                    .reads(AdmissionRead::cached(
+                        "o",
+                        kind(),
+                        Selector::Labels("a in".into()),
+                    )),
             );
         let found: Vec<String> = problems(&manifest, false)
             .iter()

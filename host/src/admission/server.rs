@@ -79,8 +79,7 @@ pub async fn serve(listener: TcpListener, resolver: Arc<Resolver>, handler: Hand
         let acceptor = acceptor.clone();
         let handler = handler.clone();
         connections.spawn(async move {
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await
-            {
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(e)) => {
                     tracing::debug!(%peer, error = %e, "admission TLS handshake failed");
@@ -128,7 +127,10 @@ impl Handler {
         if req.method() != Method::POST {
             return reply(StatusCode::METHOD_NOT_ALLOWED, "\"POST only\"".into());
         }
-        let body = match Limited::new(req.into_body(), MAX_BODY_BYTES).collect().await {
+        let body = match Limited::new(req.into_body(), MAX_BODY_BYTES)
+            .collect()
+            .await
+        {
             Ok(body) => body.to_bytes(),
             Err(e) => return reply(StatusCode::BAD_REQUEST, format!("{:?}", e.to_string())),
         };
@@ -160,7 +162,12 @@ impl Handler {
         reply(StatusCode::OK, review::review(&uid, &answer).to_string())
     }
 
-    async fn decide(&self, plugin_name: &str, rule_name: &str, request: Value) -> AdmissionResponse {
+    async fn decide(
+        &self,
+        plugin_name: &str,
+        rule_name: &str,
+        request: Value,
+    ) -> AdmissionResponse {
         let Some(plugin) = (self.plugins)()
             .into_iter()
             .find(|p| p.name() == plugin_name)
@@ -189,7 +196,12 @@ impl Handler {
         match called {
             Ok((answer, failure)) => {
                 if let Some(reason) = failure {
-                    tracing::warn!(plugin = plugin_name, rule = rule_name, reason, "admission call failed; denied");
+                    tracing::warn!(
+                        plugin = plugin_name,
+                        rule = rule_name,
+                        reason,
+                        "admission call failed; denied"
+                    );
                 }
                 answer
             }

@@ -311,10 +311,12 @@ pub struct CertSource {
 /// A message for the log: the API refused, or the Secret is unusable.
 pub async fn ensure(api: &Api<Secret>, source: &CertSource) -> Result<Material, String> {
     let now = jiff::Timestamp::now();
-    let existing = api
-        .get_opt(&source.name)
-        .await
-        .map_err(|e| format!("cannot read Secret {}/{}: {e}", source.namespace, source.name))?;
+    let existing = api.get_opt(&source.name).await.map_err(|e| {
+        format!(
+            "cannot read Secret {}/{}: {e}",
+            source.namespace, source.name
+        )
+    })?;
     let Some(secret) = existing else {
         if !source.self_signed {
             return Err(format!(
@@ -322,8 +324,7 @@ pub async fn ensure(api: &Api<Secret>, source: &CertSource) -> Result<Material, 
                 source.namespace, source.name
             ));
         }
-        let material =
-            bootstrap(&source.names, source.validity, now).map_err(|e| e.to_string())?;
+        let material = bootstrap(&source.names, source.validity, now).map_err(|e| e.to_string())?;
         let mut fresh = Secret::default();
         fresh.metadata.name = Some(source.name.clone());
         fresh.metadata.namespace = Some(source.namespace.clone());

@@ -74,7 +74,9 @@ impl AdmissionArgs {
             .clone()
             .or_else(|| std::env::var("POD_NAMESPACE").ok())
             .filter(|n| !n.is_empty())
-            .ok_or_else(|| bad("admission needs --admission-namespace (or POD_NAMESPACE)".into()))?;
+            .ok_or_else(
+                || bad("admission needs --admission-namespace (or POD_NAMESPACE)".into()),
+            )?;
         let mut names = vec![
             format!("{}.{namespace}.svc", self.admission_service),
             format!("{}.{namespace}.svc.cluster.local", self.admission_service),

@@ -319,8 +319,7 @@ fn plan(args: PlanArgs) -> Result<ExitCode, CliError> {
             .clone()
             .or_else(|| input.options.now.clone())
             .unwrap_or_else(|| jiff::Timestamp::now().to_string());
-        let answer =
-            crate::admission::offline::decide(&plugin, review, &input.objects, &now)?;
+        let answer = crate::admission::offline::decide(&plugin, review, &input.objects, &now)?;
         print!("{}", render(&answer, args.output)?);
         return Ok(ExitCode::SUCCESS);
     }

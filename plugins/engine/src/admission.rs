@@ -61,7 +61,9 @@ pub fn admit(request: &AdmissionRequest) -> AdmissionResponse {
     match request.rule.as_str() {
         CLASS_EXISTS_RULE => class_exists(request),
         CLASS_IN_USE_RULE => class_in_use(request),
-        other => AdmissionResponse::deny(format!("the engine plugin has no admission rule {other}")),
+        other => {
+            AdmissionResponse::deny(format!("the engine plugin has no admission rule {other}"))
+        }
     }
 }
 
@@ -182,7 +184,10 @@ mod tests {
         let denied = admit(&request);
         assert!(!denied.allowed);
         let message = denied.message.unwrap();
-        assert!(message.contains("referenced by 12 FireboltEngine(s)"), "{message}");
+        assert!(
+            message.contains("referenced by 12 FireboltEngine(s)"),
+            "{message}"
+        );
         assert!(message.contains("e00, e01"), "{message}");
         assert!(message.contains("e09 and 2 more"), "{message}");
         assert!(!message.contains("other"), "{message}");

@@ -57,4 +57,3 @@ impl<P: Plugin> RawPlugin for Export<P> {
             .map_err(Into::into)
     }
 }
-

@@ -7,7 +7,7 @@
 use std::hint::black_box;
 
 use wasmop_sdk::admission::{
-    Admit, AdmissionOperation, AdmissionRequest, AdmissionResponse, AdmissionRule,
+    AdmissionOperation, AdmissionRequest, AdmissionResponse, AdmissionRule, Admit,
 };
 use wasmop_sdk::serde_json::Value;
 use wasmop_sdk::{
