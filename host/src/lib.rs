@@ -27,6 +27,7 @@
 //! The contract's JSON types (manifest, plan, observation) are the
 //! `wasmop-contract` crate's, shared with the plugin SDK.
 
+pub mod admission;
 pub mod cli;
 pub mod conditions;
 pub mod controller;

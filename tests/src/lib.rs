@@ -9,6 +9,7 @@
 //! Waiting is always on a condition with a deadline ([`wait_for`]); tests
 //! never sleep to synchronise.
 
+pub mod admission;
 pub mod faults;
 pub mod interpose;
 pub mod logs;

@@ -4,6 +4,7 @@
 //! function `fn name(args) -> Result<ExitCode, CliError>`, dispatched in
 //! [`execute`]. Errors are [`CliError`]s that display as one line.
 
+pub mod admission;
 pub mod new;
 pub mod rbac;
 pub mod run;
@@ -42,7 +43,8 @@ pub struct Cli {
 pub enum Command {
     /// Show a plugin's manifest, digest and the RBAC rules it needs.
     Inspect(InspectArgs),
-    /// Compute a plugin's plan offline from objects in a YAML file.
+    /// Compute a plugin's plan offline from objects in a YAML file (or, when
+    /// the file holds an AdmissionReview, the plugin's admission answer).
     Plan(PlanArgs),
     /// Scaffold a plugin crate of its own (SDK as a git or path
     /// dependency), with a golden fixture and a README.
@@ -179,6 +181,9 @@ pub enum CliError {
     /// The offline run could not start.
     #[error(transparent)]
     Offline(#[from] OfflineError),
+    /// An AdmissionReview could not be decided offline.
+    #[error(transparent)]
+    Admission(#[from] crate::admission::offline::OfflineAdmissionError),
     /// The operator could not start.
     #[error(transparent)]
     Run(#[from] crate::cli::run::RunError),
@@ -333,6 +338,17 @@ fn plan(args: PlanArgs) -> Result<ExitCode, CliError> {
     };
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let plugin = LoadedPlugin::load(&sandbox, &args.plugin, &args.load.load_options(settings))?;
+    if let Some(review) = &input.review {
+        // An AdmissionReview: print the plugin's answer to it.
+        let now = args
+            .now
+            .clone()
+            .or_else(|| input.options.now.clone())
+            .unwrap_or_else(|| jiff::Timestamp::now().to_string());
+        let answer = crate::admission::offline::decide(&plugin, review, &input.objects, &now)?;
+        print!("{}", render(&answer, args.output)?);
+        return Ok(ExitCode::SUCCESS);
+    }
     let run = offline::run(
         &plugin,
         &input,

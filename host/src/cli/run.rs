@@ -87,6 +87,9 @@ pub struct RunArgs {
     /// Name of the leader-election Lease.
     #[arg(long, value_name = "NAME", default_value = leader::DEFAULT_LEASE_NAME)]
     pub leader_election_id: String,
+    /// Admission webhooks (off unless `--admission-port` is given).
+    #[command(flatten)]
+    pub admission: crate::cli::admission::AdmissionArgs,
 }
 
 /// The operator configuration file.
@@ -243,6 +246,7 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
         }
     }
     let election = leader_config(&args)?;
+    let admission = args.admission.config(&args.namespaces)?;
     let client = client(args.kubeconfig.as_deref()).await?;
     let mut config = OperatorConfig {
         workers: file.workers.unwrap_or(OperatorConfig::default().workers),
@@ -285,6 +289,7 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
     // With leader election a replica starts as a follower: it watches and
     // computes plans but writes nothing until it holds the Lease.
     let election = election.map(|cfg| {
+        let client = client.clone();
         operator
             .leader_flag()
             .store(false, std::sync::atomic::Ordering::SeqCst);
@@ -302,6 +307,8 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
         ));
         (stop, task)
     });
+    let admission_tasks =
+        crate::cli::admission::start(admission, client.clone(), &operator).await?;
     let compile_cache = args
         .compile_cache
         .clone()
@@ -343,6 +350,9 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
         }
     }
     watcher.abort();
+    for task in admission_tasks {
+        task.abort();
+    }
     // In-flight reconciles are done: release the Lease so a successor takes
     // over without waiting for it to expire.
     if let Some((stop, task)) = election {

@@ -567,6 +567,17 @@ impl Operator {
         out
     }
 
+    /// Every running plugin, once each (admission asks per request).
+    pub fn loaded_plugins(&self) -> Vec<Arc<LoadedPlugin>> {
+        let mut out: Vec<Arc<LoadedPlugin>> = Vec::new();
+        for a in self.controllers.read().expect("controllers lock").values() {
+            if !out.iter().any(|p| Arc::ptr_eq(p, &a.plugin)) {
+                out.push(a.plugin.clone());
+            }
+        }
+        out
+    }
+
     /// Stops the watches no running controller needs any more.
     fn drop_unused_caches(&self) {
         let needed: HashSet<KindKey> = self

@@ -1,5 +1,6 @@
 //! The host side of the WIT contract, generated in exactly one place from
-//! the root `wit/` (package `wasmop:reconciler@0.3.0`, world `plugin`).
+//! the root `wit/` (package `wasmop:reconciler@0.4.0`, worlds `plugin` and
+//! `admitting-plugin`).
 //!
 //! Nothing outside [`crate::plugin`] touches these types: the rest of the
 //! host works with the native types of [`crate::plugin::manifest`],
@@ -13,3 +14,15 @@ wasmtime::component::bindgen!({
 });
 
 pub use self::wasmop::reconciler::types;
+
+/// The `admitting-plugin` world (`plugin` plus `admit`), sharing the types
+/// above. A component that fits it is a plugin with an admission export.
+pub mod admitting {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "admitting-plugin",
+        with: {
+            "wasmop:reconciler/types": super::types,
+        },
+    });
+}

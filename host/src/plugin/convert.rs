@@ -309,3 +309,10 @@ mod tests {
         assert_eq!(settings_problems_from_json("[]").len(), 1);
     }
 }
+
+/// The `admit` answer from its JSON text, bounded like a plan.
+pub(crate) fn admission_response_from_json(
+    text: &str,
+) -> Result<wasmop_contract::AdmissionResponse, OutputProblem> {
+    parse_bounded("admission response", text)
+}

@@ -426,6 +426,7 @@ pub(crate) mod tests {
             name: "widget".into(),
             version: "0.1.0".into(),
             controllers: vec![controller()],
+            admission: Vec::new(),
         }
     }
 

@@ -21,6 +21,7 @@
 //! inside a runtime's worker thread. Use `spawn_blocking` (or a plain
 //! thread).
 
+mod admit;
 pub(crate) mod bindings;
 mod cache;
 mod convert;
@@ -38,6 +39,7 @@ use thiserror::Error;
 use wasmtime::Store;
 use wasmtime::component::Component;
 
+pub use self::admit::AdmitInput;
 pub use self::cache::CompileCache;
 pub use self::convert::{MAX_OUTPUT_BYTES, MAX_OUTPUT_VALUES, OutputProblem, json_value_bound};
 use crate::plugin::bindings::{Plugin, PluginPre, types as wit};
@@ -105,7 +107,7 @@ pub enum LoadError {
     },
     /// The component does not fit the `plugin` world, or imports something
     /// the sandbox does not provide.
-    #[error("{origin} does not implement the wasmop:reconciler@0.2.0 plugin world")]
+    #[error("{origin} does not implement the wasmop:reconciler@0.4.0 plugin world")]
     Link {
         /// The file (or other origin).
         origin: String,
@@ -261,6 +263,8 @@ pub struct LoadedPlugin {
     from_cache: bool,
     sandbox: Arc<Sandbox>,
     pre: PluginPre<StoreState>,
+    /// Set when the component also fits the `admitting-plugin` world.
+    admit_pre: Option<bindings::admitting::AdmittingPluginPre<StoreState>>,
 }
 
 impl std::fmt::Debug for LoadedPlugin {
@@ -346,7 +350,10 @@ impl LoadedPlugin {
             .linker()
             .instantiate_pre(&component)
             .map_err(link_error)?;
-        let pre = PluginPre::new(instance_pre).map_err(link_error)?;
+        let pre = PluginPre::new(instance_pre.clone()).map_err(link_error)?;
+        // The optional `admit` export: present when the component fits the
+        // `admitting-plugin` world too.
+        let admit_pre = bindings::admitting::AdmittingPluginPre::new(instance_pre).ok();
 
         let mut plugin = LoadedPlugin {
             name: String::new(),
@@ -356,17 +363,20 @@ impl LoadedPlugin {
                 name: String::new(),
                 version: String::new(),
                 controllers: Vec::new(),
+                admission: Vec::new(),
             },
             effective: Manifest {
                 name: String::new(),
                 version: String::new(),
                 controllers: Vec::new(),
+                admission: Vec::new(),
             },
             settings: options.settings.clone(),
             limits: options.limits,
             from_cache,
             sandbox: Arc::clone(sandbox),
             pre,
+            admit_pre,
         };
 
         let call_error = |export| {
@@ -388,7 +398,11 @@ impl LoadedPlugin {
                 }],
             }
         })?;
-        let problems = crate::plugin::manifest::problems(&manifest);
+        let mut problems = crate::plugin::manifest::problems(&manifest);
+        problems.extend(crate::admission::rules::problems(
+            &manifest,
+            plugin.admit_pre.is_some(),
+        ));
         if !problems.is_empty() {
             return Err(LoadError::InvalidManifest {
                 origin: origin.to_owned(),

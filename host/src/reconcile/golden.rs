@@ -108,6 +108,15 @@ pub enum GoldenError {
         #[source]
         source: OfflineError,
     },
+    /// An AdmissionReview fixture cannot be decided (no matching rule).
+    #[error("{fixture}: cannot decide the AdmissionReview")]
+    Admission {
+        /// The fixture.
+        fixture: PathBuf,
+        /// Why.
+        #[source]
+        source: crate::admission::offline::OfflineAdmissionError,
+    },
     /// One or more plans differ from their expected files.
     #[error("{} golden plan(s) differ (run with WASMOP_BLESS=1 to accept):\n{}", .mismatches.len(), .mismatches.join("\n"))]
     Mismatch {
@@ -204,12 +213,29 @@ pub fn check(plugin: &Path, dir: &Path) -> Result<GoldenReport, GoldenError> {
             .now
             .clone()
             .unwrap_or_else(|| GOLDEN_NOW.to_owned());
-        let run =
-            offline::run(loaded, &input, Some(&now), None).map_err(|source| GoldenError::Run {
-                fixture: fixture.clone(),
-                source,
-            })?;
-        let actual = offline::to_golden_text(&run.decision);
+        let actual = match &input.review {
+            // An AdmissionReview fixture: the golden file is the answer.
+            Some(review) => {
+                let answer =
+                    crate::admission::offline::decide(loaded, review, &input.objects, &now)
+                        .map_err(|source| GoldenError::Admission {
+                            fixture: fixture.clone(),
+                            source,
+                        })?;
+                let mut text = serde_json::to_string_pretty(&answer).unwrap_or_default();
+                text.push('\n');
+                text
+            }
+            None => {
+                let run = offline::run(loaded, &input, Some(&now), None).map_err(|source| {
+                    GoldenError::Run {
+                        fixture: fixture.clone(),
+                        source,
+                    }
+                })?;
+                offline::to_golden_text(&run.decision)
+            }
+        };
         let expected_path = expected_path(&fixture);
         if bless {
             std::fs::write(&expected_path, &actual).map_err(|source| GoldenError::Io {

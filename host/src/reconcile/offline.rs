@@ -14,6 +14,11 @@
 //!   — defaults for the command-line options, so a fixture file is
 //!   self-contained.
 //!
+//! An `admission.k8s.io/v1` `AdmissionReview` document turns the run into
+//! an admission decision: the plugin's `admit` decides the review, with
+//! the other objects as what its rule's reads can select (see
+//! [`crate::admission::offline`]).
+//!
 //! The first object whose kind is a controller's primary is the primary.
 //! Missing `metadata.uid`s are filled deterministically (the primary gets
 //! [`PRIMARY_UID`], so fixtures can name it in ownerReferences), as are
@@ -63,6 +68,9 @@ pub struct OfflineInput {
     pub observations: Vec<Observation>,
     /// Options from a `PlanOptions` document.
     pub options: PlanOptions,
+    /// An `admission.k8s.io/v1` AdmissionReview document: the run decides
+    /// it (see [`crate::admission::offline`]) instead of reconciling.
+    pub review: Option<Value>,
 }
 
 /// Why the input could not be used.
@@ -214,6 +222,9 @@ pub fn parse_input(text: &str, origin: &str) -> Result<OfflineInput, InputError>
                 let items: Vec<Observation> = serde_json::from_value(items)
                     .map_err(|e| bad("Observations", e.to_string()))?;
                 input.observations.extend(items);
+            }
+            (crate::admission::offline::REVIEW_API_VERSION, "AdmissionReview") => {
+                input.review = Some(doc);
             }
             (INPUT_API_VERSION, "PlanOptions") => {
                 input.options =

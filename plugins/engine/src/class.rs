@@ -2,9 +2,10 @@
 //! number of FireboltEngines in the class's namespace whose
 //! `spec.engineClassRef` names it, and a `Ready` condition.
 //!
-//! The class creates nothing. Deletion is not guarded (upstream refuses it
-//! in an admission webhook while engines are bound; wasmop has no webhook
-//! yet): an engine whose class disappears reports it on its `Ready`
+//! The class creates nothing. Its deletion is guarded by the validating
+//! webhook [`crate::admission::CLASS_IN_USE_RULE`], which lists
+//! referencing engines live (not this cached count). Should a class
+//! disappear anyway (admission off), an engine reports it on its `Ready`
 //! condition and keeps serving its current generation.
 
 use serde_json::{Value, json};

@@ -15,8 +15,12 @@
 //! re-triggers every referencing engine when either changes; it reads the
 //! Pods labelled `firebolt.io/engine` in its namespace for readiness and
 //! the drain check, which it performs through host observations on the
-//! metrics port. The wasm glue is the `export_plugin!` line at the bottom.
+//! metrics port. The wasm glue is the `export_admitting_plugin!` line at
+//! the bottom: the plugin also decides two validating webhooks the host
+//! serves ([`admission`]): an engine must name an existing class, and a
+//! class cannot be deleted while engines reference it.
 
+pub mod admission;
 pub mod class;
 pub mod drain;
 pub mod engine;
@@ -32,6 +36,7 @@ pub mod spec;
 mod tests;
 
 use serde_json::Value;
+use wasmop_sdk::admission::{AdmissionRequest, AdmissionResponse, Admit};
 use wasmop_sdk::k8s_openapi::api::apps::v1::StatefulSet;
 use wasmop_sdk::k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use wasmop_sdk::{
@@ -60,42 +65,45 @@ pub struct EnginePlugin;
 
 impl Plugin for EnginePlugin {
     fn manifest() -> Manifest {
-        Manifest::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"))
-            .controller(
-                Controller::new(ENGINE_CONTROLLER, spec::engine_kind())
-                    .owns(KindRef::of::<StatefulSet>())
-                    .owns(KindRef::of::<Service>())
-                    .owns(KindRef::of::<ConfigMap>())
-                    .owns(KindRef::of::<Secret>())
-                    .owns(names::certificate_kind())
-                    .reads(Read::new(
-                        INSTANCE_READ,
-                        spec::instance_kind(),
-                        Selector::field("spec.instanceRef"),
-                    ))
-                    .reads(Read::new(
-                        CLASS_READ,
-                        spec::class_kind(),
-                        Selector::field("spec.engineClassRef"),
-                    ))
-                    .reads(Read::new(
-                        POD_READ,
-                        KindRef::of::<Pod>(),
-                        Selector::Labels(names::ENGINE_LABEL.to_owned()),
-                    ))
-                    .http_target(
-                        POD_TARGET,
-                        KindRef::of::<Pod>(),
-                        &[names::METRICS_PORT as u16],
-                    ),
-            )
-            .controller(
-                Controller::new(CLASS_CONTROLLER, spec::class_kind()).reads(Read::new(
-                    ENGINES_READ,
-                    spec::engine_kind(),
-                    Selector::SameNamespace,
-                )),
-            )
+        admission::rules(Manifest::new(
+            env!("CARGO_PKG_NAME"),
+            env!("CARGO_PKG_VERSION"),
+        ))
+        .controller(
+            Controller::new(ENGINE_CONTROLLER, spec::engine_kind())
+                .owns(KindRef::of::<StatefulSet>())
+                .owns(KindRef::of::<Service>())
+                .owns(KindRef::of::<ConfigMap>())
+                .owns(KindRef::of::<Secret>())
+                .owns(names::certificate_kind())
+                .reads(Read::new(
+                    INSTANCE_READ,
+                    spec::instance_kind(),
+                    Selector::field("spec.instanceRef"),
+                ))
+                .reads(Read::new(
+                    CLASS_READ,
+                    spec::class_kind(),
+                    Selector::field("spec.engineClassRef"),
+                ))
+                .reads(Read::new(
+                    POD_READ,
+                    KindRef::of::<Pod>(),
+                    Selector::Labels(names::ENGINE_LABEL.to_owned()),
+                ))
+                .http_target(
+                    POD_TARGET,
+                    KindRef::of::<Pod>(),
+                    &[names::METRICS_PORT as u16],
+                ),
+        )
+        .controller(
+            Controller::new(CLASS_CONTROLLER, spec::class_kind()).reads(Read::new(
+                ENGINES_READ,
+                spec::engine_kind(),
+                Selector::SameNamespace,
+            )),
+        )
     }
 
     fn validate_settings(settings: &Value) -> Result<(), Vec<SettingsProblem>> {
@@ -110,5 +118,11 @@ impl Plugin for EnginePlugin {
     }
 }
 
+impl Admit for EnginePlugin {
+    fn admit(request: &AdmissionRequest) -> AdmissionResponse {
+        admission::admit(request)
+    }
+}
+
 #[cfg(target_arch = "wasm32")]
-wasmop_sdk::export_plugin!(EnginePlugin);
+wasmop_sdk_admitting::export_admitting_plugin!(EnginePlugin);

@@ -11,7 +11,10 @@
 
 use std::path::{Path, PathBuf};
 
-const FIXTURES: [&str; 12] = [
+const FIXTURES: [&str; 15] = [
+    "admission-class-in-use",
+    "admission-class-present",
+    "admission-missing-class",
     "class-merge",
     "cleaning",
     "cleaning-reports-hashes",

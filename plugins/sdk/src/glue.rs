@@ -137,6 +137,54 @@ impl TryFrom<wit::Snapshot> for Snapshot {
     }
 }
 
+impl From<crate::admission::AdmissionRequest> for wit::AdmissionRequest {
+    fn from(r: crate::admission::AdmissionRequest) -> Self {
+        wit::AdmissionRequest {
+            rule: r.rule,
+            request: text(&r.request),
+            related: r
+                .related
+                .into_iter()
+                .map(|o| wit::RelatedObject {
+                    object: text(&o.object),
+                    read: o.read,
+                })
+                .collect(),
+            now: r.now,
+            settings: text(&r.settings),
+        }
+    }
+}
+
+impl TryFrom<wit::AdmissionRequest> for crate::admission::AdmissionRequest {
+    type Error = String;
+
+    fn try_from(r: wit::AdmissionRequest) -> Result<Self, String> {
+        let json = |what: String, text: &str| {
+            serde_json::from_str::<Value>(text)
+                .map_err(|e| format!("{what} is not valid JSON: {e}"))
+        };
+        let related = r
+            .related
+            .into_iter()
+            .enumerate()
+            .map(|(i, o)| {
+                Ok(RelatedObject {
+                    object: json(format!("admission related[{i}] ({})", o.read), &o.object)?,
+                    read: o.read,
+                })
+            })
+            .collect::<Result<_, String>>()?;
+        Ok(crate::admission::AdmissionRequest {
+            rule: r.rule,
+            request: json("admission request".into(), &r.request)?,
+            related,
+            now: r.now,
+            settings: json("admission settings".into(), &r.settings)?,
+        })
+    }
+}
+
 /// Parses the settings text, hands it to the plugin, and answers with the
 /// JSON list of problems the contract defines.
 pub(crate) fn validate_settings<P: Plugin>(settings: &str) -> Result<(), String> {

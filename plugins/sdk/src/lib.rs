@@ -38,7 +38,7 @@
 //! ```
 //!
 //! The contract itself is `wit/reconciler.wit` (package
-//! `wasmop:reconciler@0.3.0`); this crate is the only place its guest
+//! `wasmop:reconciler@0.4.0`); this crate is the only place its guest
 //! bindings are generated. The manifest, plan and error types are those of
 //! the `wasmop-contract` crate (`wit/contract/`), which the host parses the
 //! plugin's output with, so both sides share one definition. Their serde
@@ -49,6 +49,9 @@
 //!
 //! Modules, one concept each:
 //!
+//! - [`admission`] — the optional `admit` export ([`admission::Admit`];
+//!   exported with `export_admitting_plugin!` of the `wasmop-sdk-admitting`
+//!   crate): validating webhooks the host serves.
 //! - [`manifest`] — what the plugin declares ([`Manifest`], [`Controller`], …).
 //! - [`snapshot`] — what a reconcile sees, with typed accessors.
 //! - [`plan`] — what a reconcile answers, with a builder.
@@ -65,6 +68,7 @@
 // `wasmop_sdk` both from inside it and from plugin crates.
 extern crate self as wasmop_sdk;
 
+pub mod admission;
 pub mod conditions;
 pub mod error;
 pub mod hash;

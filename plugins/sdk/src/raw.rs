@@ -24,7 +24,7 @@ use std::marker::PhantomData;
 
 pub use crate::bindings::Guest as RawPlugin;
 pub use crate::bindings::wasmop::reconciler::types::{
-    Observation, ReconcileError, RelatedObject, Snapshot,
+    AdmissionRequest, Observation, ReconcileError, RelatedObject, Snapshot,
 };
 
 use crate::Plugin;

@@ -26,6 +26,8 @@
 //!   with builder methods.
 //! - [`observation`] — the result of an earlier HTTP request.
 //! - [`error`] — [`ReconcileError`] and [`SettingsProblem`].
+//! - [`admission`] — what a plugin admits ([`AdmissionRule`]) and answers
+//!   ([`AdmissionResponse`]) through its optional `admit` export.
 //!
 //! This crate depends on `serde` and `serde_json` only (plus `k8s-openapi`
 //! behind the `k8s` feature, for [`KindRef::of`]); it builds for
@@ -33,11 +35,13 @@
 
 #![warn(missing_docs)]
 
+pub mod admission;
 pub mod error;
 pub mod manifest;
 pub mod observation;
 pub mod plan;
 
+pub use admission::{AdmissionOperation, AdmissionRead, AdmissionResponse, AdmissionRule};
 pub use error::{ReconcileError, SettingsProblem};
 pub use manifest::{
     Controller, FieldRef, HttpTarget, KindRef, Manifest, OwnedKind, Ownership, Read,
@@ -50,7 +54,7 @@ pub use plan::{
 };
 
 /// The WIT package this crate's types belong to.
-pub const WIT_PACKAGE: &str = "wasmop:reconciler@0.3.0";
+pub const WIT_PACKAGE: &str = "wasmop:reconciler@0.4.0";
 
 /// The label the host sets on every object it writes: `app.kubernetes.io/managed-by`.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";

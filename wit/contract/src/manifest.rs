@@ -34,6 +34,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::admission::AdmissionRule;
+
 /// A Kubernetes resource type and how it is addressed.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -595,6 +597,11 @@ pub struct Manifest {
     pub version: String,
     /// One or more controllers.
     pub controllers: Vec<Controller>,
+    /// Validating webhooks the plugin decides through its `admit` export
+    /// (contract 0.4; only for components of the `admitting-plugin` world).
+    /// Missing in JSON reads as none.
+    #[serde(default)]
+    pub admission: Vec<AdmissionRule>,
 }
 
 impl Manifest {
@@ -604,7 +611,14 @@ impl Manifest {
             name: name.to_owned(),
             version: version.to_owned(),
             controllers: Vec::new(),
+            admission: Vec::new(),
         }
+    }
+
+    /// Adds an admission rule (the plugin must export `admit`).
+    pub fn admission(mut self, rule: AdmissionRule) -> Self {
+        self.admission.push(rule);
+        self
     }
 
     /// Adds a controller.
