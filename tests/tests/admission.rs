@@ -555,8 +555,10 @@ async fn certificate_rotation_while_requests_flow_fails_no_request() -> Result<(
 
 /// Forwards loopback connections to `backends` in turn (a Service in
 /// front of two replicas); counts the connections each got.
-async fn round_robin(backends: Vec<u16>) -> Result<(u16, Arc<Vec<AtomicUsize>>)> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+async fn round_robin(
+    listener: tokio::net::TcpListener,
+    backends: Vec<u16>,
+) -> Result<(u16, Arc<Vec<AtomicUsize>>)> {
     let port = listener.local_addr()?.port();
     let counts = Arc::new(
         backends
@@ -606,10 +608,10 @@ async fn leader_and_follower_both_answer_admission() -> Result<()> {
             wasmop_tests::operator::test_config(),
         )
         .await?;
-        // Reserve the front's port first so both replicas name it.
+        // The front listens first, so both replicas can name its port;
+        // it forwards once their ports are known.
         let front = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let front_port = front.local_addr()?.port();
-        drop(front);
         let options = AdmissionOptions {
             operator_namespace: ops.name.clone(),
             watched: vec![ns.name.clone()],
@@ -632,10 +634,10 @@ async fn leader_and_follower_both_answer_admission() -> Result<()> {
             options,
         )
         .await?;
-        let (proxy_port, counts) = round_robin(vec![leader.port, follower.port]).await?;
+        let (proxy_port, counts) = round_robin(front, vec![leader.port, follower.port]).await?;
         ensure!(
             proxy_port == front_port,
-            "the front port was taken in between"
+            "the front listens where the webhook points"
         );
         let widgets = widgets(&ns);
         wait_until_refused(

@@ -54,7 +54,7 @@ pub enum Command {
     Rbac(crate::cli::rbac::RbacArgs),
     /// Run the operator: reconcile with the plugins in a directory, and
     /// hot-swap them as the directory changes.
-    Run(crate::cli::run::RunArgs),
+    Run(Box<crate::cli::run::RunArgs>),
 }
 
 /// Output formats.
@@ -249,7 +249,7 @@ pub fn execute(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Plan(args) => plan(args),
         Command::New(args) => crate::cli::new::new_command(args),
         Command::Rbac(args) => crate::cli::rbac::rbac_command(args),
-        Command::Run(args) => Ok(crate::cli::run::run(args)?),
+        Command::Run(args) => Ok(crate::cli::run::run(*args)?),
     }
 }
 

@@ -119,9 +119,19 @@ fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
 }
 
 /// The operator's own needs in its namespace: the leader-election Lease
-/// and Events on its own Pod (a rejected plugin file).
-fn operator_rules() -> Vec<PolicyRule> {
+/// and Events on its own Pod (a rejected plugin file); with `admission`,
+/// the Secret holding the webhook CA and serving certificate.
+fn operator_rules(admission: bool) -> Vec<PolicyRule> {
     let mut g = Grants::new();
+    if admission {
+        rbac::grant(
+            &mut g,
+            "",
+            "secrets".into(),
+            true,
+            &["get", "create", "update"],
+        );
+    }
     rbac::grant(
         &mut g,
         "coordination.k8s.io",
@@ -166,6 +176,17 @@ fn generate(args: &RbacArgs, plugins: &[PluginRbac]) -> Generated {
         "(regenerate instead of editing; CI fails when this drifts):".to_owned(),
     ];
     let mut cluster = Grants::new();
+    // Plugins that admit: the leader keeps the webhook configuration.
+    let admission = plugins.iter().any(|p| !p.manifest.admission.is_empty());
+    if admission {
+        rbac::grant(
+            &mut cluster,
+            "admissionregistration.k8s.io",
+            "validatingwebhookconfigurations".into(),
+            false,
+            &["get", "create", "patch"],
+        );
+    }
     // Namespace -> grants of a Role there.
     let mut roles: BTreeMap<String, Grants> = BTreeMap::new();
     let watched: BTreeSet<&str> = args.namespaces.iter().map(String::as_str).collect();
@@ -307,7 +328,7 @@ fn generate(args: &RbacArgs, plugins: &[PluginRbac]) -> Generated {
             subjects: Some(vec![subject.clone()]),
         }));
     };
-    role(&own, &args.operator_namespace, operator_rules());
+    role(&own, &args.operator_namespace, operator_rules(admission));
     for (ns, grants) in &roles {
         role(&args.name, ns, rbac::merge_rules(grants));
     }

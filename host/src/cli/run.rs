@@ -509,7 +509,7 @@ mod tests {
         let argv = ["wasmop", "run", "--plugins", "p"].iter().chain(extra);
         let cli = crate::cli::Cli::try_parse_from(argv)?;
         match cli.command {
-            crate::cli::Command::Run(args) => Ok(args),
+            crate::cli::Command::Run(args) => Ok(*args),
             other => panic!("parsed as {other:?}"),
         }
     }

@@ -215,6 +215,13 @@ pub(crate) fn plan_from_json(text: &str) -> Result<Plan, OutputProblem> {
     Ok(plan)
 }
 
+/// The `admit` answer from its JSON text, bounded like a plan.
+pub(crate) fn admission_response_from_json(
+    text: &str,
+) -> Result<wasmop_contract::AdmissionResponse, OutputProblem> {
+    parse_bounded("admission response", text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,11 +315,4 @@ mod tests {
         assert!(problems[0].message.contains("not valid JSON"));
         assert_eq!(settings_problems_from_json("[]").len(), 1);
     }
-}
-
-/// The `admit` answer from its JSON text, bounded like a plan.
-pub(crate) fn admission_response_from_json(
-    text: &str,
-) -> Result<wasmop_contract::AdmissionResponse, OutputProblem> {
-    parse_bounded("admission response", text)
 }
