@@ -56,7 +56,7 @@ dry_run_clean -f deploy/wasmop.yaml || fail "deploy/wasmop.yaml in a restricted 
 ok "deploy/wasmop.yaml passes Pod Security restricted with no warning"
 
 # 2. Generated RBAC: deploy/rbac.yaml is exactly `wasmop rbac` of the
-#    shipped plugins (plugins/*, not the SDK), and the chart holds a copy.
+#    shipped plugins (plugins/*, not the SDK crates), and the chart holds a copy.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$WASMOP_CACHE/target}"
 built="${WASMOP_PLUGIN_DIR:-$CARGO_TARGET_DIR/plugins}"
 if [[ -z ${WASMOP_BIN:-} ]]; then cargo build -q -p wasmop; fi
@@ -65,7 +65,7 @@ shipped="$(mktemp -d)"
 trap '"$KUBECTL" delete namespace wasmop --wait=false >/dev/null 2>&1 || true; rm -rf "$shipped"' EXIT
 for dir in plugins/*/; do
   name="$(basename "$dir")"
-  [[ $name == sdk ]] && continue
+  [[ $name == sdk || $name == sdk-* ]] && continue
   [[ -f $built/$name.wasm ]] || fail "$built/$name.wasm is not built (tests/build-plugins.sh)"
   cp "$built/$name.wasm" "$shipped/"
 done

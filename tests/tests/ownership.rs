@@ -1221,3 +1221,71 @@ async fn a_field_read_of_a_secret_reads_it_by_name_and_follows_it() -> Result<()
     );
     Ok(())
 }
+
+/// A person labels an owned object `wasmop.dev/protected=true`: a plan that
+/// deletes it is refused whole (`ProtectedObject`, naming it), so nothing
+/// of that plan is deleted; once the label goes, the same plan proceeds.
+#[tokio::test]
+async fn a_protected_owned_object_survives_a_plan_that_deletes_it() -> Result<()> {
+    let ns = TestNamespace::new("own-protected").await?;
+    let _op = start_on(ns.client.clone(), &[&ns.name], &[("fanout", json!({}))]).await?;
+    let fanouts = test_kind(&ns, "Fanout", "fanouts");
+    create(&fanouts, "Fanout", "f", json!({"count": 3})).await?;
+    let cms = ns.api::<ConfigMap>();
+    wait_reason(&fanouts, "f", "Reconciled").await?;
+    for name in ["f-0", "f-1", "f-2"] {
+        cms.get(name).await?;
+    }
+    let protect =
+        |value: Option<&str>| json!({"metadata": {"labels": {"wasmop.dev/protected": value}}});
+    cms.patch(
+        "f-2",
+        &PatchParams::default(),
+        &Patch::Merge(protect(Some("true"))),
+    )
+    .await?;
+    let before: Vec<Value> = {
+        let mut out = Vec::new();
+        for name in ["f-1", "f-2"] {
+            out.push(fingerprint(&cms.get(name).await?));
+        }
+        out
+    };
+
+    // Down to one: the plan deletes f-1 and f-2, and f-2 is protected.
+    fanouts
+        .patch(
+            "f",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"count": 1}})),
+        )
+        .await?;
+    let cond = wait_reason(&fanouts, "f", "PlanRejected").await?;
+    let mut unnamed = Unnamed::default();
+    expect_rejected(
+        &mut unnamed,
+        &cond,
+        "ProtectedObject",
+        &["f-2", "wasmop.dev/protected"],
+    );
+    unnamed.check();
+    for (name, was) in ["f-1", "f-2"].into_iter().zip(&before) {
+        let cm = cms.get(name).await?;
+        assert!(cm.metadata.deletion_timestamp.is_none(), "{name} untouched");
+        assert_eq!(&fingerprint(&cm), was, "{name} untouched");
+    }
+
+    // A person lifts the protection: the plan goes through.
+    cms.patch("f-2", &PatchParams::default(), &Patch::Merge(protect(None)))
+        .await?;
+    wait_for("f-1 and f-2 deleted", DEFAULT_DEADLINE, || {
+        let cms = cms.clone();
+        async move {
+            let gone = cms.get_opt("f-1").await?.is_none() && cms.get_opt("f-2").await?.is_none();
+            Ok(gone.then_some(()))
+        }
+    })
+    .await?;
+    cms.get("f-0").await?;
+    Ok(())
+}

@@ -60,6 +60,7 @@ impl TruthLookup {
                     controller_uid: Some(format!("(unknown: {e})")),
                     owner_label: None,
                     resource_version: String::new(),
+                    protected: false,
                 })
             }
         }

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::object;
 use crate::plugin::manifest::{KindRef, Ownership};
-use crate::reconcile::validate::OWNER_UID_LABEL;
+use crate::reconcile::validate::{OWNER_UID_LABEL, PROTECTED_LABEL};
 
 /// What the validator needs to know about an object that already exists.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,6 +21,8 @@ pub struct ExistingObject {
     /// Its `metadata.resourceVersion`: the version the plan was judged at,
     /// which the write then carries as its precondition.
     pub resource_version: String,
+    /// It carries `wasmop.dev/protected=true`: no plan deletes it.
+    pub protected: bool,
 }
 
 impl ExistingObject {
@@ -31,6 +33,7 @@ impl ExistingObject {
             controller_uid: object::controller_uid(obj).map(str::to_owned),
             owner_label: object::labels(obj).remove(OWNER_UID_LABEL),
             resource_version: object::resource_version(obj).to_owned(),
+            protected: object::labels_get(obj, PROTECTED_LABEL) == Some("true"),
         }
     }
 

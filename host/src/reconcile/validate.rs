@@ -81,12 +81,19 @@ pub enum Rule {
     TooManyEvents,
     /// More HTTP requests than the plugin's [`PlanLimits::max_http_requests`].
     TooManyHttpRequests,
+    /// The plan deletes an object labelled `wasmop.dev/protected=true`
+    /// ([`PROTECTED_LABEL`]): no plan deletes it, whoever owns it.
+    ProtectedObject,
     /// A gauge with a name or labels the host does not expose: not a
     /// Prometheus name, a host metric prefix, a `_total` name, a host label,
     /// a value that is not finite, too many labels, or more than
     /// [`MAX_GAUGES`] gauges.
     GaugeInvalid,
 }
+
+/// The label a person sets (`true`) on an object no plan may delete. Plugins
+/// may not set it: protection is a person's decision, not the plugin's.
+pub const PROTECTED_LABEL: &str = "wasmop.dev/protected";
 
 /// Most gauges one plan may set.
 pub const MAX_GAUGES: usize = 64;
@@ -202,6 +209,7 @@ impl Rule {
             Rule::TooManyEvents => "TooManyEvents",
             Rule::TooManyHttpRequests => "TooManyHttpRequests",
             Rule::GaugeInvalid => "GaugeInvalid",
+            Rule::ProtectedObject => "ProtectedObject",
         }
     }
 }
@@ -370,6 +378,7 @@ pub fn validate_with_owned(
             .collect(),
         controller,
         primary_uid: object::uid(primary),
+        primary_protected: object::labels_get(primary, PROTECTED_LABEL) == Some("true"),
         primary_namespace: if controller.primary.namespaced {
             object::namespace(primary)
         } else {
@@ -450,6 +459,8 @@ struct Validator<'a> {
     controller: &'a Controller,
     primary_uid: &'a str,
     primary_namespace: Option<&'a str>,
+    /// The primary carries [`PROTECTED_LABEL`]`=true`.
+    primary_protected: bool,
     existing: &'a dyn ExistingLookup,
     /// UIDs of the objects this primary controls (its snapshot's `owned`).
     owned_uids: BTreeSet<&'a str>,
@@ -617,6 +628,15 @@ impl<'a> Validator<'a> {
                 );
             }
         }
+        if labels.contains_key(PROTECTED_LABEL) {
+            // A forced apply could otherwise take the label off a
+            // protected object and delete it on the next reconcile.
+            self.push(
+                Rule::HostLabelForged,
+                desc.clone(),
+                format!("the plugin may not set label {PROTECTED_LABEL}; people set it"),
+            );
+        }
         let Some(owned) = self.target(api_version, kind, namespace, name, "object") else {
             return ApplyJudgement::default();
         };
@@ -686,6 +706,14 @@ impl<'a> Validator<'a> {
                 desc,
                 "the object to delete does not exist".to_owned(),
             ),
+            Some(found) if found.protected => self.push(
+                Rule::ProtectedObject,
+                desc,
+                format!(
+                    "the object is labelled {PROTECTED_LABEL}=true, so no plan deletes it; \
+                     remove the label to let this plan proceed"
+                ),
+            ),
             Some(found) if owned.is_dependent() => {
                 let by_owned = found
                     .controller_uid
@@ -738,6 +766,16 @@ impl<'a> Validator<'a> {
     /// with the primary's uid, once, and not next to a `primaryPatch`.
     fn delete_primary(&mut self, op: &DeleteOp, patched: bool) {
         let desc = op.target.to_string();
+        if self.primary_protected {
+            self.push(
+                Rule::ProtectedObject,
+                desc.clone(),
+                format!(
+                    "the primary is labelled {PROTECTED_LABEL}=true, so no plan deletes it; \
+                     remove the label to let this plan proceed"
+                ),
+            );
+        }
         if !self.controller.delete_primary {
             self.push(
                 Rule::KindNotOwned,
@@ -1034,6 +1072,7 @@ mod tests {
                     controller_uid: controller.map(Into::into),
                     owner_label: None,
                     resource_version: "5".into(),
+                    protected: false,
                 },
             );
             self
@@ -1047,6 +1086,7 @@ mod tests {
                     controller_uid: None,
                     owner_label: Some(owner.into()),
                     resource_version: "5".into(),
+                    protected: false,
                 },
             );
             self
@@ -1506,6 +1546,50 @@ mod tests {
         );
         assert_eq!(out["metadata"]["labels"]["example.com/owner"], PRIMARY_UID);
         assert_eq!(out["metadata"]["labels"]["wasmop.dev/plugin"], "widget");
+    }
+
+    #[test]
+    fn protected_objects_are_never_deleted_and_plugins_cannot_unprotect_them() {
+        let mut world = World::default().with("ConfigMap", "ns", "keep", "u1", Some(PRIMARY_UID));
+        if let Some(o) = world
+            .0
+            .get_mut(&("ConfigMap".into(), "ns".into(), "keep".into()))
+        {
+            o.protected = true;
+        }
+        let plan = Plan {
+            delete: vec![delete_cm("ns", "keep", "u1")],
+            ..Plan::default()
+        };
+        let vs = validate(&plan, &controller(), &primary(), &world).unwrap_err();
+        assert_eq!(vs.len(), 1, "{vs:?}");
+        assert_eq!(vs[0].rule, Rule::ProtectedObject);
+        assert!(vs[0].object.contains("keep"), "{}", vs[0].object);
+        // Read from a live object's labels.
+        let live = json!({"metadata": {"uid": "u1", "labels": {PROTECTED_LABEL: "true"}}});
+        assert!(ExistingObject::of(&live).protected);
+        let other = json!({"metadata": {"uid": "u1", "labels": {PROTECTED_LABEL: "false"}}});
+        assert!(!ExistingObject::of(&other).protected);
+        // A plugin may not set (or clear) the label itself.
+        let mut obj = cm("ns", "keep");
+        obj["metadata"]["labels"] = json!({PROTECTED_LABEL: "false"});
+        let forged = Plan {
+            apply: vec![ApplyOp {
+                object: obj,
+                precondition: None,
+                force: true,
+            }],
+            ..Plan::default()
+        };
+        let vs = validate(&forged, &controller(), &primary(), &world).unwrap_err();
+        assert!(vs.iter().any(|v| v.rule == Rule::HostLabelForged), "{vs:?}");
+        // The primary itself, under delete-primary.
+        let mut c = controller();
+        c.delete_primary = true;
+        let mut p = primary();
+        p["metadata"]["labels"] = json!({PROTECTED_LABEL: "true"});
+        let vs = validate(&delete_self(PRIMARY_UID), &c, &p, &World::default()).unwrap_err();
+        assert_eq!(vs[0].rule, Rule::ProtectedObject, "{vs:?}");
     }
 
     #[test]

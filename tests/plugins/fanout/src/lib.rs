@@ -1,8 +1,9 @@
 //! Test plugin `fanout`: for each `Fanout` (`test.wasmop.dev/v1`) it applies
 //! ConfigMaps `<name>-0` … `<name>-<count-1>` (`spec.count`, default 10) in
-//! the primary's namespace, writes `status.count` and records a Normal
-//! Event `FannedOut`. A plan with many writes, for tests that cut a plan
-//! short (leadership lost mid-plan).
+//! the primary's namespace, deletes the ones it owns beyond the count,
+//! writes `status.count` and records a Normal Event `FannedOut`. A plan
+//! with many writes, for tests that cut a plan short (leadership lost
+//! mid-plan), and with deletes (protected objects).
 
 use serde_json::{Value, json};
 use wasmop_sdk::k8s_openapi::api::core::v1::ConfigMap;
@@ -48,6 +49,17 @@ impl Plugin for Fanout {
                 },
                 "data": {"index": i.to_string()},
             }));
+        }
+        let prefix = format!("{}-", snapshot.primary_name());
+        for owned in &snapshot.owned {
+            let extra = owned["metadata"]["name"]
+                .as_str()
+                .and_then(|n| n.strip_prefix(&prefix))
+                .and_then(|i| i.parse::<u64>().ok())
+                .is_some_and(|i| i >= count);
+            if extra {
+                plan = plan.delete_owned(owned)?;
+            }
         }
         Ok(plan
             .status(json!({"count": count}))
