@@ -36,6 +36,14 @@ rustup component add clippy rustfmt
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$WASMOP_CACHE/target}"
 export WASMOP_PLUGIN_DIR="${WASMOP_PLUGIN_DIR:-$CARGO_TARGET_DIR/plugins}"
 export WASMOP_PLUGIN_OUT="$WASMOP_PLUGIN_DIR"
+# Incremental state only pays off in an edit-compile loop; in a test run it
+# doubles the build's size on disk for nothing.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+mkdir -p "$CARGO_TARGET_DIR"
+free_kb=$(df -Pk "$CARGO_TARGET_DIR" | awk 'NR==2 {print $4}')
+if [ "${free_kb:-0}" -lt $((6 * 1024 * 1024)) ]; then
+  echo "warning: only $((free_kb / 1024)) MiB free for $CARGO_TARGET_DIR; a cold build needs about 6 GiB" >&2
+fi
 
 step "control-plane binaries"
 bash tests/cluster/build.sh
