@@ -14,6 +14,7 @@ pub mod faults;
 pub mod interpose;
 pub mod logs;
 pub mod operator;
+pub mod registry;
 pub mod status;
 
 use std::future::Future;
@@ -313,6 +314,32 @@ fn yaml_files(dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Where `tests/cluster/build.sh` keeps cert-manager's CRDs:
+/// A version pinned in `tests/cluster/versions.env` (`KEY=value`).
+///
+/// # Errors
+/// When the file is unreadable or does not pin `key`.
+pub fn pinned_version(key: &str) -> Result<String> {
+    let versions = repo_root().join("tests/cluster/versions.env");
+    let text = std::fs::read_to_string(&versions)
+        .with_context(|| format!("cannot read {}", versions.display()))?;
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix(key)?.strip_prefix('='))
+        .map(|v| v.trim().trim_matches('"').to_owned())
+        .ok_or_else(|| anyhow!("{} pins no {key}", versions.display()))
+}
+
+/// The cache of built tools, as `tests/cluster/lib.sh` resolves it.
+///
+/// # Errors
+/// When neither `WASMOP_CACHE`, `XDG_CACHE_HOME` nor `HOME` is set.
+pub fn wasmop_cache() -> Result<PathBuf> {
+    std::env::var_os("WASMOP_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("wasmop")))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/wasmop")))
+        .ok_or_else(|| anyhow!("neither WASMOP_CACHE, XDG_CACHE_HOME nor HOME is set"))
+}
+
 /// `$WASMOP_CACHE/crds/cert-manager-<CERT_MANAGER_VERSION>` (the cache as
 /// `tests/cluster/lib.sh` resolves it, the version from `versions.env`).
 ///
@@ -320,19 +347,8 @@ fn yaml_files(dir: &Path) -> Result<Vec<PathBuf>> {
 /// When the version is not pinned or the directory does not exist (with
 /// what to run).
 pub fn cert_manager_crd_dir() -> Result<PathBuf> {
-    let versions = repo_root().join("tests/cluster/versions.env");
-    let text = std::fs::read_to_string(&versions)
-        .with_context(|| format!("cannot read {}", versions.display()))?;
-    let version = text
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("CERT_MANAGER_VERSION="))
-        .map(|v| v.trim().trim_matches('"').to_owned())
-        .ok_or_else(|| anyhow!("{} pins no CERT_MANAGER_VERSION", versions.display()))?;
-    let cache = std::env::var_os("WASMOP_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("wasmop")))
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/wasmop")))
-        .ok_or_else(|| anyhow!("neither WASMOP_CACHE, XDG_CACHE_HOME nor HOME is set"))?;
+    let version = pinned_version("CERT_MANAGER_VERSION")?;
+    let cache = wasmop_cache()?;
     let dir = cache.join(format!("crds/cert-manager-{version}"));
     if !dir.is_dir() {
         bail!(
