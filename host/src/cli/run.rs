@@ -568,6 +568,60 @@ async fn shutdown_signal() {
 mod tests {
     use super::*;
 
+    fn parse(extra: &[&str]) -> Result<RunArgs, clap::Error> {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            run: RunArgs,
+        }
+        Wrap::try_parse_from(std::iter::once("wasmop").chain(extra.iter().copied())).map(|w| w.run)
+    }
+
+    #[test]
+    fn plugins_come_from_directories_and_oci_references() {
+        let dir = std::env::temp_dir();
+        let dir_text = dir.display().to_string();
+        let args = parse(&[
+            "--plugins",
+            &dir_text,
+            "--plugins",
+            "oci://127.0.0.1:5000/wasmop/good:v1",
+            "--plugins",
+            "other=oci://ghcr.io/x/good@sha256:0000000000000000000000000000000000000000000000000000000000000000",
+            "--insecure-registry",
+            "127.0.0.1:5000",
+        ])
+        .unwrap();
+        assert_eq!(args.registry.insecure_registries, vec!["127.0.0.1:5000"]);
+        let (dirs, oci) = split_sources(&args.plugins).unwrap();
+        assert_eq!(dirs, vec![dir.clone()]);
+        let names: Vec<&str> = oci.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["good", "other"]);
+        // Two references under one name, a missing directory, no source,
+        // and a malformed reference are refused before anything runs.
+        let twice = parse(&[
+            "--plugins",
+            "oci://ghcr.io/a/good:1",
+            "--plugins",
+            "oci://ghcr.io/b/good:1",
+        ])
+        .unwrap();
+        let err = split_sources(&twice.plugins).unwrap_err().to_string();
+        assert!(err.contains("two oci:// sources are named good"), "{err}");
+        let missing = parse(&["--plugins", "/nonexistent/wasmop-plugins"]).unwrap();
+        assert!(matches!(
+            split_sources(&missing.plugins),
+            Err(RunError::PluginDir { .. })
+        ));
+        assert!(parse(&[]).is_err());
+        let err = parse(&["--plugins", "oci://ghcr.io/UPPER/x:1"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("not an OCI reference"), "{err}");
+    }
+
     #[test]
     fn operator_file_rejects_unknown_keys() {
         let bad: Result<OperatorFile, _> = serde_yaml::from_str("plugins: {a: {setings: {}}}");

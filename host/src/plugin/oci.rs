@@ -816,8 +816,10 @@ mod tests {
 
     #[test]
     fn an_artifact_has_exactly_one_wasm_layer_within_the_limit() {
-        let mut m = OciImageManifest::default();
-        m.layers = vec![descriptor("application/wasm", 10)];
+        let mut m = OciImageManifest {
+            layers: vec![descriptor("application/wasm", 10)],
+            ..Default::default()
+        };
         assert!(wasm_layer(&m, 100).is_ok());
         m.layers = vec![descriptor(manifest::WASM_LAYER_MEDIA_TYPE, 10)];
         assert!(wasm_layer(&m, 100).is_ok());
