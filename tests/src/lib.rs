@@ -328,6 +328,28 @@ pub fn pinned_version(key: &str) -> Result<String> {
         .ok_or_else(|| anyhow!("{} pins no {key}", versions.display()))
 }
 
+/// The `wasmop` binary `tests/run.sh` builds before the tests:
+/// `$WASMOP_BIN`, else `$CARGO_TARGET_DIR/debug/wasmop`, else
+/// `target/debug/wasmop`.
+///
+/// # Errors
+/// When it does not exist (with what to run).
+pub fn wasmop_bin() -> Result<PathBuf> {
+    let path = std::env::var_os("WASMOP_BIN")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("CARGO_TARGET_DIR").map(|d| PathBuf::from(d).join("debug/wasmop"))
+        })
+        .unwrap_or_else(|| repo_root().join("target/debug/wasmop"));
+    if !path.is_file() {
+        bail!(
+            "{} not found: build it first (`cargo build -p wasmop`, as tests/run.sh does)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
 /// The cache of built tools, as `tests/cluster/lib.sh` resolves it.
 ///
 /// # Errors

@@ -262,6 +262,87 @@ async fn a_tag_is_pulled_polled_and_swapped_and_an_outage_loses_nothing() -> Res
     Ok(())
 }
 
+/// A child process killed on drop, its output in a file.
+struct Process {
+    child: std::process::Child,
+    log: PathBuf,
+}
+impl Process {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn the_run_command_runs_swaps_and_survives_a_registry_outage() -> Result<()> {
+    let ns = TestNamespace::new("oci-run").await?;
+    apply_test_crds(&ns.client).await?;
+    let mut registry = Registry::start().await?;
+    let work = TempDir::new("wasmop-oci-run");
+    push(&registry, &plugin_path("good")?, "wasmop/good:stable").await?;
+
+    let log = work.0.join("operator.log");
+    let child = std::process::Command::new(wasmop_tests::wasmop_bin()?)
+        .args(["run", "--plugins"])
+        .arg(format!("oci://{}/wasmop/good:stable", registry.host))
+        .args(["--insecure-registry", &registry.host])
+        .args(["--oci-poll-interval-ms", "300", "--poll-interval-ms", "200"])
+        .arg("--oci-cache")
+        .arg(work.0.join("cache"))
+        .arg("--compile-cache")
+        .arg(work.0.join("compiled"))
+        .args(["--namespace", &ns.name])
+        .arg("--kubeconfig")
+        .arg(wasmop_tests::kubeconfig_path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&log)?)
+        .stderr(std::fs::File::create(work.0.join("operator.err"))?)
+        .spawn()?;
+    let operator = Process {
+        child,
+        log: work.0.join("operator.err"),
+    };
+    let step = async {
+        create_widget(&ns, "w1").await?;
+        wait_version(&ns, "w1", "v1").await?;
+        // v2 under the same tag: the running process polls and swaps.
+        push(&registry, &plugin_path("good-v2")?, "wasmop/good:stable").await?;
+        wait_version(&ns, "w1", "v2").await?;
+        // The registry goes away: v2 keeps serving new primaries, and the
+        // process says why it cannot update.
+        registry.stop();
+        create_widget(&ns, "w2").await?;
+        wait_version(&ns, "w2", "v2").await?;
+        wait_for(
+            "the operator to report the unreachable registry",
+            DEFAULT_DEADLINE,
+            || {
+                let text = operator.log();
+                async move {
+                    if text.contains("cannot update the plugin from its registry") {
+                        Ok(Some(()))
+                    } else {
+                        bail!("not reported yet")
+                    }
+                }
+            },
+        )
+        .await?;
+        anyhow::Ok(())
+    }
+    .await;
+    if let Err(e) = step {
+        bail!("{e:#}\noperator log:\n{}", operator.log());
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_digest_reference_never_moves_and_push_refuses_a_non_component() -> Result<()> {
     let registry = Registry::start().await?;
