@@ -40,6 +40,7 @@ pub mod object;
 pub mod observe;
 pub mod plugin;
 pub mod reconcile;
+pub mod record;
 pub mod sandbox;
 pub mod selfevent;
 pub mod watch;

@@ -8,6 +8,7 @@ pub mod admission;
 pub mod new;
 pub mod oci;
 pub mod rbac;
+pub mod replay;
 pub mod run;
 
 use std::path::{Path, PathBuf};
@@ -56,6 +57,9 @@ pub enum Command {
     /// Run the operator: reconcile with the plugins in directories or OCI
     /// registries, and hot-swap them as they change.
     Run(Box<crate::cli::run::RunArgs>),
+    /// Recompute recorded reconciles (`run --record DIR`) with a candidate
+    /// plugin and print how its plans differ; exit 1 on a difference.
+    Replay(crate::cli::replay::ReplayArgs),
     /// Publish a plugin to an OCI registry (a wasm artifact, as the CNCF
     /// wasm working group lays it out); prints its digest reference.
     Push(crate::cli::oci::PushArgs),
@@ -212,6 +216,12 @@ pub enum CliError {
         /// What went wrong.
         reason: String,
     },
+    /// `wasmop replay` cannot use its recordings or allow-list.
+    #[error("{reason}")]
+    Replay {
+        /// What is wrong.
+        reason: String,
+    },
     /// The result could not be printed.
     #[error("cannot print the result: {reason}")]
     Render {
@@ -227,6 +237,12 @@ pub enum CliError {
 /// build the same program under another name to spawn it.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    // `replay` exits 1 for "plans differ": its own errors are 2.
+    let error_code = if matches!(cli.command, Command::Replay(_)) {
+        ExitCode::from(2)
+    } else {
+        ExitCode::FAILURE
+    };
     let default_level = match cli.command {
         Command::Run(_) => "wasmop=info",
         _ => "warn",
@@ -241,7 +257,7 @@ pub fn main() -> ExitCode {
         Err(e) => {
             // `{:#}` joins the error and its causes on one line, no backtrace.
             eprintln!("error: {:#}", anyhow::Error::from(e));
-            ExitCode::FAILURE
+            error_code
         }
     }
 }
@@ -261,6 +277,7 @@ pub fn execute(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Rbac(args) => crate::cli::rbac::rbac_command(args),
         Command::Run(args) => Ok(crate::cli::run::run(*args)?),
         Command::Push(args) => crate::cli::oci::push_command(args),
+        Command::Replay(args) => crate::cli::replay::replay_command(args),
     }
 }
 

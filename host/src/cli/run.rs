@@ -45,6 +45,13 @@ pub struct RunArgs {
     /// Registry access for `oci://` plugins.
     #[command(flatten)]
     pub registry: crate::cli::oci::RegistryArgs,
+    /// Record every decided reconcile (snapshot, plugin digest, outcome;
+    /// Secret values redacted) into this directory, for `wasmop replay`.
+    #[arg(long, value_name = "DIR")]
+    pub record: Option<PathBuf>,
+    /// Most bytes the recordings may take; the oldest are deleted first.
+    #[arg(long, value_name = "MIB", default_value_t = 256)]
+    pub record_max_mib: u64,
     /// How often `oci://` tags are resolved again.
     #[arg(long, value_name = "MS", default_value_t = 60_000)]
     pub oci_poll_interval_ms: u64,
@@ -294,6 +301,16 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
         ..OperatorConfig::default()
     };
     config.observe.allow_list = args.allow_urls.clone();
+    if let Some(dir) = &args.record {
+        let recorder =
+            crate::record::Recorder::new(dir.clone(), args.record_max_mib.saturating_mul(1 << 20))
+                .map_err(|e| RunError::Config {
+                    path: dir.clone(),
+                    reason: format!("cannot record here: {e}"),
+                })?;
+        tracing::info!(dir = %dir.display(), max_mib = args.record_max_mib, "recording every reconcile");
+        config.recorder = Some(Arc::new(recorder));
+    }
     let problems = config.observe.allow_list_problems();
     if !problems.is_empty() {
         return Err(RunError::Config {

@@ -74,6 +74,8 @@ pub struct OperatorConfig {
     /// How often the Secrets primaries name through field references are
     /// read again to notice changes (they are read by name, not watched).
     pub secret_poll_interval: Duration,
+    /// Where each decided reconcile is recorded (`wasmop run --record`).
+    pub recorder: Option<Arc<crate::record::Recorder>>,
 }
 
 impl Default for OperatorConfig {
@@ -87,6 +89,7 @@ impl Default for OperatorConfig {
             requeue_spacing: Duration::from_millis(5),
             observe: ObserveConfig::default(),
             secret_poll_interval: Duration::from_secs(30),
+            recorder: None,
         }
     }
 }

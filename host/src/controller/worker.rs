@@ -106,6 +106,12 @@ impl Operator {
                 return;
             }
         };
+        if let (Some(recorder), Some(snapshot)) = (&self.config.recorder, &decided.snapshot)
+            && let Some(rendered) = recorder.render(&a.plugin, snapshot, &decided.decision)
+        {
+            let recorder = Arc::clone(recorder);
+            tokio::task::spawn_blocking(move || recorder.write(rendered));
+        }
         match decided.decision {
             Decision::Skipped(_) => {}
             Decision::Failed(e) => {

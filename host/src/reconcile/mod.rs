@@ -4,6 +4,7 @@
 //! [`golden`] plan tests run it over objects from files.
 
 pub mod decide;
+pub mod diff;
 pub mod existing;
 pub mod golden;
 pub mod offline;

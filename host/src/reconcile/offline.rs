@@ -14,6 +14,11 @@
 //!   — defaults for the command-line options, so a fixture file is
 //!   self-contained.
 //!
+//! They may also be items of a `kind: List`, which is how a recording of a
+//! live reconcile (see [`crate::record`]) holds them, next to a `kind:
+//! Recorded` document that `wasmop plan` ignores and `wasmop replay`
+//! compares against.
+//!
 //! An `admission.k8s.io/v1` `AdmissionReview` document turns the run into
 //! an admission decision: the plugin's `admit` decides the review, with
 //! the other objects as what its rule's reads can select (see
@@ -71,6 +76,10 @@ pub struct OfflineInput {
     /// An `admission.k8s.io/v1` AdmissionReview document: the run decides
     /// it (see [`crate::admission::offline`]) instead of reconciling.
     pub review: Option<Value>,
+    /// A `Recorded` document (a recording of a live reconcile, see
+    /// [`crate::record`]): what the live plugin decided. `wasmop plan`
+    /// ignores it; `wasmop replay` compares against it.
+    pub recorded: Option<Value>,
 }
 
 /// Why the input could not be used.
@@ -210,40 +219,56 @@ pub fn parse_input(text: &str, origin: &str) -> Result<OfflineInput, InputError>
                 index,
             });
         }
-        let bad = |kind: &str, reason: String| InputError::BadInputDocument {
-            origin: origin.to_owned(),
-            index,
-            kind: kind.to_owned(),
-            reason,
-        };
-        match (object::api_version(&doc), object::kind(&doc)) {
-            (INPUT_API_VERSION, "Observations") => {
-                let items = doc.get("items").cloned().unwrap_or(Value::Array(vec![]));
-                let items: Vec<Observation> = serde_json::from_value(items)
-                    .map_err(|e| bad("Observations", e.to_string()))?;
-                input.observations.extend(items);
+        if object::kind(&doc) == "List" {
+            let items = doc
+                .get("items")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            for item in items {
+                push_document(&mut input, item, origin, index)?;
             }
-            (crate::admission::offline::REVIEW_API_VERSION, "AdmissionReview") => {
-                input.review = Some(doc);
-            }
-            (INPUT_API_VERSION, "PlanOptions") => {
-                input.options =
-                    serde_json::from_value(doc).map_err(|e| bad("PlanOptions", e.to_string()))?;
-            }
-            (_, "List") => {
-                let items = doc
-                    .get("items")
-                    .and_then(Value::as_array)
-                    .cloned()
-                    .unwrap_or_default();
-                for item in items {
-                    push_object(&mut input, item, origin, index)?;
-                }
-            }
-            _ => push_object(&mut input, doc, origin, index)?,
+        } else {
+            push_document(&mut input, doc, origin, index)?;
         }
     }
     Ok(input)
+}
+
+/// One document (top level or a List item): an input document of
+/// wasmop's own, an AdmissionReview, or an object.
+fn push_document(
+    input: &mut OfflineInput,
+    doc: Value,
+    origin: &str,
+    index: usize,
+) -> Result<(), InputError> {
+    let bad = |kind: &str, reason: String| InputError::BadInputDocument {
+        origin: origin.to_owned(),
+        index,
+        kind: kind.to_owned(),
+        reason,
+    };
+    match (object::api_version(&doc), object::kind(&doc)) {
+        (INPUT_API_VERSION, "Observations") => {
+            let items = doc.get("items").cloned().unwrap_or(Value::Array(vec![]));
+            let items: Vec<Observation> =
+                serde_json::from_value(items).map_err(|e| bad("Observations", e.to_string()))?;
+            input.observations.extend(items);
+        }
+        (crate::admission::offline::REVIEW_API_VERSION, "AdmissionReview") => {
+            input.review = Some(doc);
+        }
+        (INPUT_API_VERSION, "PlanOptions") => {
+            input.options =
+                serde_json::from_value(doc).map_err(|e| bad("PlanOptions", e.to_string()))?;
+        }
+        (INPUT_API_VERSION, crate::record::RECORDED_KIND) => {
+            input.recorded = Some(doc);
+        }
+        _ => push_object(input, doc, origin, index)?,
+    }
+    Ok(())
 }
 
 fn push_object(

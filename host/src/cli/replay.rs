@@ -1,0 +1,283 @@
+//! `wasmop replay DIR --plugin CANDIDATE.wasm`: recompute every recording
+//! of `wasmop run --record DIR` with a candidate plugin and print, per
+//! recording, how its plan differs from what the live plugin decided.
+//!
+//! Exit code: 0 when every plan is the same (or differs only as the
+//! `--allow` file expects), 1 when any differs, 2 when the recordings or
+//! the candidate cannot be used. So `wasmop replay` gates a plugin change
+//! in CI.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Args;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::cli::{CliError, Format, PluginArgs, read, render};
+use crate::plugin::{LoadError, LoadedPlugin};
+use crate::reconcile::diff::{Allowed, Difference, diff, outcome_of};
+use crate::reconcile::offline;
+use crate::sandbox::{Sandbox, SandboxConfig};
+
+/// Arguments of `wasmop replay`.
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// Directory of recordings (`wasmop run --record DIR`), or one file.
+    #[arg(value_name = "DIR")]
+    pub recordings: PathBuf,
+    /// The candidate plugin.
+    #[arg(long, value_name = "FILE.wasm")]
+    pub plugin: PathBuf,
+    /// Differences to expect (YAML list of `{op, object, path}`, each
+    /// optional, `*` wildcards): they are printed but do not fail.
+    #[arg(long, value_name = "FILE")]
+    pub allow: Option<PathBuf>,
+    /// Output: text (one line per difference) or a JSON/YAML report.
+    #[arg(short, long, value_enum)]
+    pub output: Option<Format>,
+    /// Plugin loading options.
+    #[command(flatten)]
+    pub load: PluginArgs,
+}
+
+/// The result of replaying one recording.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Replayed {
+    /// The recording file.
+    pub file: String,
+    /// `Kind namespace/name` of the primary.
+    pub primary: String,
+    /// The plugin and version recorded.
+    pub recorded_by: String,
+    /// Unexpected differences.
+    pub differences: Vec<Difference>,
+    /// Differences the allow-list expects.
+    pub allowed: Vec<Difference>,
+}
+
+/// The whole report.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    /// The candidate, `name version digest`.
+    pub candidate: String,
+    /// Recordings replayed.
+    pub recordings: usize,
+    /// Recordings of other plugins, not replayed.
+    pub other_plugins: usize,
+    /// Recordings whose plan is the same.
+    pub equal: usize,
+    /// Recordings that differ only as allowed.
+    pub allowed: usize,
+    /// Recordings that differ unexpectedly.
+    pub different: usize,
+    /// The recordings that differ at all.
+    pub replays: Vec<Replayed>,
+}
+
+fn usage(reason: String) -> CliError {
+    CliError::Replay { reason }
+}
+
+/// Runs `wasmop replay`.
+///
+/// # Errors
+/// [`CliError`] when the recordings, the allow-list or the candidate cannot
+/// be used (exit 2 through the caller); differences are exit code 1.
+pub fn replay_command(args: ReplayArgs) -> Result<ExitCode, CliError> {
+    let allow: Vec<Allowed> = match &args.allow {
+        Some(path) => serde_yaml::from_str(&read(path)?).map_err(|e| {
+            usage(format!(
+                "{}: not a list of {{op, object, path}}: {e}",
+                path.display()
+            ))
+        })?,
+        None => Vec::new(),
+    };
+    let report = replay(&args.recordings, &args.plugin, &allow, &args.load)?;
+    match args.output {
+        Some(format) => print!("{}", render(&report, format)?),
+        None => print_text(&report),
+    }
+    Ok(if report.different == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Replays the recordings at `recordings` (a directory or one file) with
+/// the candidate `plugin`; differences matching `allow` are expected.
+///
+/// # Errors
+/// [`CliError`] when the recordings or the candidate cannot be used, or
+/// none of the recordings is of the candidate's plugin.
+pub fn replay(
+    recordings: &Path,
+    plugin_file: &Path,
+    allow: &[Allowed],
+    load: &PluginArgs,
+) -> Result<Report, CliError> {
+    let files: Vec<PathBuf> = if recordings.is_dir() {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(recordings)
+            .map_err(|source| CliError::Read {
+                path: recordings.to_owned(),
+                source,
+            })?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .collect();
+        files.sort();
+        files
+    } else {
+        vec![recordings.to_owned()]
+    };
+    if files.is_empty() {
+        return Err(usage(format!(
+            "{}: no recordings (*.json) to replay",
+            recordings.display()
+        )));
+    }
+    let sandbox = Sandbox::new(SandboxConfig::default())?;
+    let bytes = std::fs::read(plugin_file).map_err(|source| CliError::Read {
+        path: plugin_file.to_owned(),
+        source,
+    })?;
+    // One load per distinct settings (a recording carries the settings the
+    // live plugin ran with).
+    let mut loaded: HashMap<String, LoadedPlugin> = HashMap::new();
+    let mut candidate_name: Option<String> = None;
+    let mut report = Report {
+        candidate: String::new(),
+        recordings: 0,
+        other_plugins: 0,
+        equal: 0,
+        allowed: 0,
+        different: 0,
+        replays: Vec::new(),
+    };
+    for file in &files {
+        let origin = file.display().to_string();
+        let input = offline::parse_input(&read(file)?, &origin)?;
+        let Some(recorded) = &input.recorded else {
+            return Err(usage(format!(
+                "{origin}: not a recording (no wasmop.dev/v1 Recorded document)"
+            )));
+        };
+        let recorded_name = recorded
+            .pointer("/plugin/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        if candidate_name.as_ref().is_some_and(|n| *n != recorded_name) {
+            report.other_plugins += 1;
+            continue;
+        }
+        let settings = input
+            .options
+            .settings
+            .clone()
+            .unwrap_or_else(|| Value::Object(serde_json::Map::new()));
+        let key = settings.to_string();
+        if !loaded.contains_key(&key) {
+            let origin = plugin_file.display().to_string();
+            match LoadedPlugin::from_bytes(&sandbox, &bytes, &origin, &load.load_options(settings))
+            {
+                Ok(plugin) => {
+                    loaded.insert(key.clone(), plugin);
+                }
+                // Another plugin's recording, whose settings this one
+                // does not take.
+                Err(LoadError::InvalidSettings { plugin, .. }) if plugin != recorded_name => {
+                    candidate_name = Some(plugin);
+                    report.other_plugins += 1;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let plugin = &loaded[&key];
+        candidate_name = Some(plugin.name().to_owned());
+        if plugin.name() != recorded_name {
+            report.other_plugins += 1;
+            continue;
+        }
+        if report.candidate.is_empty() {
+            report.candidate =
+                format!("{} {} {}", plugin.name(), plugin.version(), plugin.digest());
+        }
+        report.recordings += 1;
+        let run = offline::run(plugin, &input, None, None)?;
+        let before = recorded.get("outcome").cloned().unwrap_or(Value::Null);
+        let after = outcome_of(&run.decision);
+        let (allowed, differences): (Vec<Difference>, Vec<Difference>) = diff(&before, &after)
+            .into_iter()
+            .partition(|d| allow.iter().any(|a| a.matches(d)));
+        match (differences.is_empty(), allowed.is_empty()) {
+            (true, true) => report.equal += 1,
+            (true, false) => report.allowed += 1,
+            (false, _) => report.different += 1,
+        }
+        if !(differences.is_empty() && allowed.is_empty()) {
+            let p = recorded.get("primary").cloned().unwrap_or(Value::Null);
+            let s = |k: &str| {
+                p.get(k)
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            let plug = recorded.get("plugin").cloned().unwrap_or(Value::Null);
+            let ps = |k: &str| {
+                plug.get(k)
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            report.replays.push(Replayed {
+                file: file
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or_default()
+                    .to_owned(),
+                primary: format!("{} {}/{}", s("kind"), s("namespace"), s("name")),
+                recorded_by: format!("{} {}", ps("name"), ps("version")),
+                differences,
+                allowed,
+            });
+        }
+    }
+    if report.recordings == 0 {
+        return Err(usage(format!(
+            "{}: no recording of plugin {} ({} of other plugins)",
+            recordings.display(),
+            candidate_name.unwrap_or_default(),
+            report.other_plugins
+        )));
+    }
+    Ok(report)
+}
+
+fn print_text(report: &Report) {
+    for r in &report.replays {
+        println!("{} ({}, recorded by {}):", r.primary, r.file, r.recorded_by);
+        for d in &r.differences {
+            println!("  {d}");
+        }
+        for d in &r.allowed {
+            println!("  (allowed) {d}");
+        }
+    }
+    println!(
+        "replayed {} recording(s) with {}: {} equal, {} different only as allowed, {} different ({} of other plugins skipped)",
+        report.recordings,
+        report.candidate,
+        report.equal,
+        report.allowed,
+        report.different,
+        report.other_plugins
+    );
+}
