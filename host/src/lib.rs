@@ -43,6 +43,7 @@ pub mod reconcile;
 pub mod record;
 pub mod sandbox;
 pub mod selfevent;
+pub mod shadow;
 pub mod watch;
 
 pub use plugin::manifest::{Controller, KindRef, Manifest, ManifestProblem};

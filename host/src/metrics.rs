@@ -338,6 +338,7 @@ pub async fn serve(addr: SocketAddr) -> std::io::Result<tokio::task::JoinHandle<
                         crate::health::global().healthz(std::time::Instant::now())
                     }
                     "/readyz" => crate::health::global().readyz(),
+                    "/shadow" => (200, crate::shadow::report()),
                     _ => (404, "not found\n".to_string()),
                 };
                 let status = match code {

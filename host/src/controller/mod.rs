@@ -174,6 +174,10 @@ pub struct Operator {
     tasks: Mutex<Vec<tokio::task::AbortHandle>>,
     observer: Arc<Observer>,
     secrets: Arc<SecretReads>,
+    /// Shadow candidates by plugin name (see [`crate::shadow`]).
+    shadows: RwLock<BTreeMap<String, Arc<LoadedPlugin>>>,
+    /// Shadow calls in flight (bounded by the worker count).
+    shadow_inflight: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl std::fmt::Debug for Operator {
@@ -208,6 +212,8 @@ impl Operator {
             leader: Arc::new(AtomicBool::new(true)),
             lease_until: Arc::new(Mutex::new(None)),
             tasks: Mutex::new(Vec::new()),
+            shadows: RwLock::new(BTreeMap::new()),
+            shadow_inflight: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         });
         (op, changes)
     }
@@ -520,6 +526,57 @@ impl Operator {
         );
         self.drop_unused_caches();
         true
+    }
+
+    /// Runs `plugin` as the shadow of the active plugin of the same name:
+    /// called on every snapshot the active one decides, compared, never
+    /// written (see [`crate::shadow`]). Replaces an earlier shadow.
+    ///
+    /// # Errors
+    /// When no plugin of that name is active (a message naming it).
+    pub fn set_shadow(&self, plugin: Arc<LoadedPlugin>) -> Result<(), String> {
+        let name = plugin.name().to_owned();
+        let active = self
+            .controllers
+            .read()
+            .expect("controllers lock")
+            .values()
+            .any(|a| a.plugin.name() == name);
+        if !active {
+            return Err(format!(
+                "no active plugin {name} to shadow (a shadow runs beside {name}.wasm)"
+            ));
+        }
+        tracing::info!(plugin = %name, version = plugin.version(), digest = plugin.digest(),
+            "shadow candidate running beside the active plugin; it writes nothing");
+        self.shadows
+            .write()
+            .expect("shadows lock")
+            .insert(name, plugin);
+        Ok(())
+    }
+
+    /// Stops the shadow of plugin `name`; returns whether one ran.
+    pub fn remove_shadow(&self, name: &str) -> bool {
+        let removed = self
+            .shadows
+            .write()
+            .expect("shadows lock")
+            .remove(name)
+            .is_some();
+        if removed {
+            tracing::info!(plugin = name, "shadow candidate stopped");
+        }
+        removed
+    }
+
+    /// The shadow of plugin `name`, if any.
+    pub fn shadow(&self, name: &str) -> Option<Arc<LoadedPlugin>> {
+        self.shadows
+            .read()
+            .expect("shadows lock")
+            .get(name)
+            .cloned()
     }
 
     /// Queues every primary of every running controller again, spaced out

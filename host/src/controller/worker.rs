@@ -23,6 +23,57 @@ use crate::reconcile::validate::Plan;
 type Seen = (Option<KindRef>, Arc<Value>);
 
 impl Operator {
+    /// Calls the shadow candidate on the snapshot the active plugin just
+    /// decided, in the background (bounded by the worker count), and
+    /// compares the plans. Nothing of the shadow's plan is written.
+    fn run_shadow(
+        &self,
+        a: &Active,
+        key: &PrimaryKey,
+        shadow: Arc<crate::plugin::LoadedPlugin>,
+        snapshot: &crate::reconcile::snapshot::Snapshot,
+        decision: &Decision,
+    ) {
+        use std::sync::atomic::Ordering;
+        let inflight = Arc::clone(&self.shadow_inflight);
+        if inflight.fetch_add(1, Ordering::SeqCst) >= self.config.workers.max(1) {
+            inflight.fetch_sub(1, Ordering::SeqCst);
+            crate::shadow::skipped(&a.id);
+            return;
+        }
+        let active = crate::reconcile::diff::outcome_of(decision);
+        let snapshot = snapshot.clone();
+        let controller = a.id.to_string();
+        let primary = format!("{}/{}", key.namespace, key.name);
+        let active_version = a.plugin.version().to_owned();
+        tokio::task::spawn_blocking(move || {
+            struct Done(Arc<std::sync::atomic::AtomicUsize>);
+            impl Drop for Done {
+                fn drop(&mut self) {
+                    self.0.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+            let _done = Done(inflight);
+            let outcome = match shadow.reconcile(&snapshot) {
+                Ok(plan) => serde_json::to_value(&plan).unwrap_or_default(),
+                Err(e) => {
+                    serde_json::json!({"failed": {"reason": e.reason(), "message": e.to_string()}})
+                }
+            };
+            let differences = crate::shadow::account(
+                &controller,
+                &primary,
+                (&active_version, shadow.version()),
+                &active,
+                &outcome,
+            );
+            if !differences.is_empty() {
+                tracing::info!(controller = %controller, primary = %primary, shadow_version = shadow.version(),
+                    differences = differences.len(), "shadow plan differs from the active one");
+            }
+        });
+    }
+
     /// One reconcile of one primary, start to end. Never panics on bad
     /// input; every failure ends up on the primary's conditions and Events.
     pub(super) async fn reconcile(&self, key: &PrimaryKey) {
@@ -111,6 +162,9 @@ impl Operator {
         {
             let recorder = Arc::clone(recorder);
             tokio::task::spawn_blocking(move || recorder.write(rendered));
+        }
+        if let (Some(shadow), Some(snapshot)) = (self.shadow(a.plugin.name()), &decided.snapshot) {
+            self.run_shadow(&a, key, shadow, snapshot, &decided.decision);
         }
         match decided.decision {
             Decision::Skipped(_) => {}

@@ -110,6 +110,10 @@ fn wasm_files(dir: &Path) -> Option<Vec<PathBuf>> {
     Some(files)
 }
 
+fn is_shadow(path: &Path) -> bool {
+    stem(path).ends_with(crate::shadow::SUFFIX)
+}
+
 fn stem(path: &Path) -> String {
     path.file_stem()
         .and_then(|s| s.to_str())
@@ -159,6 +163,8 @@ impl PluginDir {
             };
             files.append(&mut found);
         }
+        // Shadow candidates after the plugins they shadow.
+        files.sort_by_key(|p| is_shadow(p));
         let present: HashMap<PathBuf, Option<Stat>> =
             files.iter().map(|p| (p.clone(), stat(p))).collect();
 
@@ -170,9 +176,14 @@ impl PluginDir {
             .cloned()
             .collect();
         for path in gone {
-            if let Some(name) = self.known.remove(&path).and_then(|k| k.plugin)
-                && self.operator.remove_plugin(&name)
-            {
+            let Some(name) = self.known.remove(&path).and_then(|k| k.plugin) else {
+                continue;
+            };
+            let removed = match name.strip_suffix(crate::shadow::SUFFIX) {
+                Some(active) => self.operator.remove_shadow(active),
+                None => self.operator.remove_plugin(&name),
+            };
+            if removed {
                 report.removed.push(name);
             }
         }
@@ -213,11 +224,24 @@ impl PluginDir {
             known.digest = Some(d);
             self.load(&path, bytes, &mut report).await;
         }
+        // A shadow refused for want of its active plugin is tried again
+        // once a plugin became active.
+        if !report.activated.is_empty() {
+            for (path, known) in &mut self.known {
+                if is_shadow(path) && known.plugin.is_none() && known.digest.is_none() {
+                    known.pending = true;
+                }
+            }
+        }
         report
     }
 
     async fn load(&mut self, path: &Path, bytes: Vec<u8>, report: &mut ScanReport) {
-        let options = (self.options)(&stem(path));
+        let stem = stem(path);
+        // `NAME.shadow.wasm`: a shadow candidate, loaded with NAME's
+        // settings and limits.
+        let shadow_of = stem.strip_suffix(crate::shadow::SUFFIX).map(str::to_owned);
+        let options = (self.options)(shadow_of.as_deref().unwrap_or(&stem));
         let sandbox = self.sandbox.clone();
         let origin = path.display().to_string();
         let loaded = tokio::task::spawn_blocking(move || {
@@ -235,6 +259,37 @@ impl PluginDir {
                 return;
             }
         };
+        if let Some(base) = shadow_of {
+            if plugin.name() != base {
+                let msg = format!(
+                    "a shadow file is named after the plugin it shadows: {} holds plugin {}, not {base}",
+                    path.display(),
+                    plugin.name()
+                );
+                reject(report, path, "ShadowNameMismatch", &msg);
+                return;
+            }
+            match self.operator.set_shadow(plugin.clone()) {
+                Ok(()) => {
+                    let marker = format!("{base}{}", crate::shadow::SUFFIX);
+                    if let Some(k) = self.known.get_mut(path) {
+                        k.plugin = Some(marker.clone());
+                    }
+                    report
+                        .activated
+                        .push((marker, plugin.version().to_string()));
+                }
+                Err(e) => {
+                    // Tried again when the file changes; the active plugin
+                    // may simply not have loaded yet.
+                    if let Some(k) = self.known.get_mut(path) {
+                        k.digest = None;
+                    }
+                    reject(report, path, "NoActivePlugin", &e);
+                }
+            }
+            return;
+        }
         let name = plugin.name().to_string();
         let other_file = self
             .known

@@ -1,0 +1,213 @@
+//! Shadow runs against the real local control plane: `good.shadow.wasm`
+//! beside `good.wasm` is called on every live snapshot, its different plans
+//! are counted and shown at `/shadow`, and it writes nothing — asserted on
+//! every request the operator's client sent (an interposed client). A
+//! rename promotes it through the usual hot swap.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{Result, bail, ensure};
+use http::Method;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::json;
+use wasmop::LoadOptions;
+use wasmop::metrics;
+use wasmop::plugin::hotswap::{OptionsFor, PluginDir, ScanReport};
+use wasmop_tests::interpose::Interposer;
+use wasmop_tests::operator::{RunningOperator, plugin_path, sandbox, test_config};
+use wasmop_tests::{DEFAULT_DEADLINE, TestNamespace, apply_test_crds, wait_for};
+
+fn widgets(ns: &TestNamespace) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("test.wasmop.dev", "v1", "Widget");
+    Api::namespaced_with(
+        ns.client.clone(),
+        &ns.name,
+        &ApiResource::from_gvk_with_plural(&gvk, "widgets"),
+    )
+}
+
+async fn create_widget(ns: &TestNamespace, name: &str) -> Result<()> {
+    let obj: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
+        "metadata": {"name": name}, "spec": {"value": name},
+    }))?;
+    widgets(ns).create(&PostParams::default(), &obj).await?;
+    Ok(())
+}
+
+fn install(src: &Path, dst: &Path) -> Result<()> {
+    let tmp = dst.with_extension("tmp");
+    std::fs::copy(src, &tmp)?;
+    std::fs::rename(&tmp, dst)?;
+    Ok(())
+}
+
+async fn settle(plugins: &mut PluginDir) -> ScanReport {
+    let first = plugins.scan(true).await;
+    let second = plugins.scan(true).await;
+    ScanReport {
+        activated: [first.activated, second.activated].concat(),
+        rejected: [first.rejected, second.rejected].concat(),
+        removed: [first.removed, second.removed].concat(),
+    }
+}
+
+fn shadow_count(result: &str) -> f64 {
+    metrics::global()
+        .get(
+            "wasmop_shadow_plans_total",
+            &[("controller", "good/widget"), ("result", result)],
+        )
+        .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn a_shadow_is_compared_on_live_snapshots_writes_nothing_and_is_promoted_by_rename()
+-> Result<()> {
+    let ns = TestNamespace::new("shadow").await?;
+    apply_test_crds(&ns.client).await?;
+    let dir = std::env::temp_dir().join(format!("wasmop-shadow-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    install(&plugin_path("good")?, &dir.join("good.wasm"))?;
+    let (interposer, client) = Interposer::new(ns.client.clone());
+    let op =
+        RunningOperator::start_with(client, vec![ns.name.clone()], vec![], test_config()).await?;
+    let options: OptionsFor = Arc::new(|_stem: &str| LoadOptions::default());
+    let mut plugins = PluginDir::new(dir.clone(), sandbox(), op.operator.clone(), options);
+    assert_eq!(
+        plugins.scan(false).await.activated,
+        vec![("good".to_string(), "0.1.0".to_string())]
+    );
+    for w in ["w1", "w2"] {
+        create_widget(&ns, w).await?;
+    }
+    let cms: Api<ConfigMap> = ns.api();
+    wait_for("both ConfigMaps", DEFAULT_DEADLINE, || {
+        let cms = cms.clone();
+        async move {
+            if cms.get_opt("w1-cm").await?.is_some() && cms.get_opt("w2-cm").await?.is_some() {
+                Ok(Some(()))
+            } else {
+                bail!("not yet")
+            }
+        }
+    })
+    .await?;
+
+    // A shadow that would delete every ConfigMap.
+    install(&plugin_path("good-pruner")?, &dir.join("good.shadow.wasm"))?;
+    let report = settle(&mut plugins).await;
+    assert_eq!(
+        report.activated,
+        vec![("good.shadow".to_string(), "0.3.0".to_string())],
+        "{report:?}"
+    );
+    assert_eq!(
+        op.operator.plugins()[0].1,
+        "0.1.0",
+        "the active plugin is unchanged"
+    );
+    let writes_before = interposer.writes().len();
+    let different_before = shadow_count("different");
+
+    // Live snapshots: a new Widget and a changed one.
+    create_widget(&ns, "w3").await?;
+    widgets(&ns)
+        .patch(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"value": "changed"}})),
+        )
+        .await?;
+    wait_for("the shadow to differ on both", DEFAULT_DEADLINE, || {
+        let n = shadow_count("different") - different_before;
+        async move {
+            if n >= 2.0 {
+                Ok(Some(()))
+            } else {
+                bail!("{n} different shadow plans")
+            }
+        }
+    })
+    .await?;
+    wait_for(
+        "w3's ConfigMap and w1's new value",
+        DEFAULT_DEADLINE,
+        || {
+            let cms = cms.clone();
+            async move {
+                let w1 = cms.get_opt("w1-cm").await?;
+                let w1_value = w1
+                    .and_then(|c| c.data)
+                    .and_then(|d| d.get("value").cloned());
+                if cms.get_opt("w3-cm").await?.is_some() && w1_value.as_deref() == Some("changed") {
+                    Ok(Some(()))
+                } else {
+                    bail!("not yet")
+                }
+            }
+        },
+    )
+    .await?;
+    // The shadow wrote nothing: the operator sent no DELETE at all, and
+    // every ConfigMap is still there.
+    let deletes: Vec<_> = interposer.writes()[writes_before..]
+        .iter()
+        .filter(|w| w.method == Method::DELETE)
+        .cloned()
+        .collect();
+    ensure!(deletes.is_empty(), "the operator deleted: {deletes:?}");
+    for name in ["w1-cm", "w2-cm", "w3-cm"] {
+        ensure!(cms.get_opt(name).await?.is_some(), "{name} is gone");
+    }
+    // The differences are shown, per object.
+    let shown = wasmop::shadow::report();
+    ensure!(
+        shown.contains(&format!("{}/w3", ns.name)) && shown.contains("\"op\": \"delete\""),
+        "{shown}"
+    );
+
+    // Promotion is a rename: the shadow stops, the candidate is active.
+    std::fs::rename(dir.join("good.shadow.wasm"), dir.join("good.wasm"))?;
+    let report = settle(&mut plugins).await;
+    ensure!(
+        report.removed.contains(&"good.shadow".to_string())
+            && report
+                .activated
+                .contains(&("good".to_string(), "0.3.0".to_string())),
+        "{report:?}"
+    );
+    ensure!(op.operator.shadow("good").is_none());
+    // Now it acts: the ConfigMaps are deleted by the promoted version.
+    wait_for(
+        "the promoted pruner to delete the ConfigMaps",
+        DEFAULT_DEADLINE,
+        || {
+            let cms = cms.clone();
+            async move {
+                let left = [
+                    cms.get_opt("w1-cm").await?.is_some(),
+                    cms.get_opt("w2-cm").await?.is_some(),
+                    cms.get_opt("w3-cm").await?.is_some(),
+                ];
+                if left.iter().any(|x| *x) {
+                    bail!("left: {left:?}")
+                } else {
+                    Ok(Some(()))
+                }
+            }
+        },
+    )
+    .await?;
+    // A shadow of a plugin that is not running is refused, not started.
+    install(&plugin_path("labeller")?, &dir.join("nosuch.shadow.wasm"))?;
+    let report = settle(&mut plugins).await;
+    ensure!(report.rejected.len() == 1, "{report:?}");
+    drop(op);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
