@@ -611,6 +611,18 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(args.registry.insecure_registries, vec!["127.0.0.1:5000"]);
+        assert_eq!(args.record, None);
+        let recording = parse(&[
+            "--plugins",
+            &dir_text,
+            "--record",
+            "rec",
+            "--record-max-mib",
+            "8",
+        ])
+        .unwrap();
+        assert_eq!(recording.record, Some(PathBuf::from("rec")));
+        assert_eq!(recording.record_max_mib, 8);
         let (dirs, oci) = split_sources(&args.plugins).unwrap();
         assert_eq!(dirs, vec![dir.clone()]);
         let names: Vec<&str> = oci.iter().map(|s| s.name.as_str()).collect();
