@@ -16,6 +16,7 @@ pub mod logs;
 pub mod operator;
 pub mod registry;
 pub mod status;
+pub mod widgets;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

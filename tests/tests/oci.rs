@@ -11,34 +11,15 @@ use std::sync::Arc;
 use anyhow::{Result, bail, ensure};
 use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DynamicObject, PostParams};
-use kube::core::{ApiResource, GroupVersionKind};
-use serde_json::json;
+use kube::api::Api;
 use wasmop::LoadOptions;
 use wasmop::metrics;
-use wasmop::plugin::hotswap::{OptionsFor, PluginDir, ScanReport};
+use wasmop::plugin::hotswap::{OptionsFor, PluginDir};
 use wasmop::plugin::oci::{OciMirror, OciSource, PluginSource, RegistryOptions, SyncOutcome};
 use wasmop_tests::operator::{RunningOperator, plugin_path, sandbox};
 use wasmop_tests::registry::Registry;
+use wasmop_tests::widgets::{TempDir, create_widget, settle};
 use wasmop_tests::{DEFAULT_DEADLINE, TestNamespace, apply_test_crds, wait_for};
-
-fn widgets(ns: &TestNamespace) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk("test.wasmop.dev", "v1", "Widget");
-    Api::namespaced_with(
-        ns.client.clone(),
-        &ns.name,
-        &ApiResource::from_gvk_with_plural(&gvk, "widgets"),
-    )
-}
-
-async fn create_widget(ns: &TestNamespace, name: &str) -> Result<()> {
-    let obj: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
-        "metadata": {"name": name}, "spec": {"value": name},
-    }))?;
-    widgets(ns).create(&PostParams::default(), &obj).await?;
-    Ok(())
-}
 
 /// Waits until Widget `name`'s ConfigMap carries version label `v`.
 async fn wait_version(ns: &TestNamespace, name: &str, v: &str) -> Result<()> {
@@ -61,27 +42,6 @@ async fn wait_version(ns: &TestNamespace, name: &str, v: &str) -> Result<()> {
         }
     })
     .await
-}
-
-struct TempDir(PathBuf);
-impl TempDir {
-    fn new(prefix: &str) -> Self {
-        let p = std::env::temp_dir().join(format!(
-            "{prefix}-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_nanos()
-        ));
-        std::fs::create_dir_all(&p).expect("temp dir");
-        TempDir(p)
-    }
-}
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// `wasmop push FILE oci://REF --insecure-registry HOST`, through the real
@@ -129,18 +89,6 @@ fn mirror(registry: &Registry, cache: &Path, reference: &str) -> Result<OciMirro
         registry_options,
         wasmop::plugin::oci::DEFAULT_MAX_BYTES,
     )?)
-}
-
-/// Scans until a change to the directory has been applied (a changed file
-/// is read once it held still for one scan).
-async fn settle(plugins: &mut PluginDir) -> ScanReport {
-    let first = plugins.scan(true).await;
-    let second = plugins.scan(true).await;
-    ScanReport {
-        activated: [first.activated, second.activated].concat(),
-        rejected: [first.rejected, second.rejected].concat(),
-        removed: [first.removed, second.removed].concat(),
-    }
 }
 
 #[tokio::test]

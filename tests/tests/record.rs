@@ -3,7 +3,7 @@
 //! `wasmop run --record` sets), `wasmop replay` recomputes the recordings
 //! with a candidate and diffs, and no Secret value reaches a recording.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -16,28 +16,8 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
 use wasmop::record::Recorder;
 use wasmop_tests::operator::{RunningOperator, load_plugin, plugin_path, test_config};
+use wasmop_tests::widgets::TempDir;
 use wasmop_tests::{DEFAULT_DEADLINE, TestNamespace, apply_test_crds, wait_for};
-
-struct TempDir(PathBuf);
-impl TempDir {
-    fn new(prefix: &str) -> Self {
-        let p = std::env::temp_dir().join(format!(
-            "{prefix}-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_nanos()
-        ));
-        std::fs::create_dir_all(&p).expect("temp dir");
-        TempDir(p)
-    }
-}
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn api(ns: &TestNamespace, kind: &str, plural: &str) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("test.wasmop.dev", "v1", kind);
@@ -158,18 +138,27 @@ async fn a_recording_replays_equal_and_a_changed_candidate_shows_exactly_its_cha
         },
     )
     .await?;
-    // Every reconcile is recorded; wait for those of the Mirror and both
-    // Widgets after their writes.
+    // Every reconcile is recorded. Wait for a recording of each Widget whose
+    // snapshot already holds its ConfigMap (the reconcile after the
+    // create), and one of the Mirror.
     wait_for("recordings of every primary", DEFAULT_DEADLINE, || {
         let dir = dir.0.clone();
         async move {
             let files = recordings(&dir)?;
-            let has = |n: &str| {
-                files
-                    .iter()
-                    .any(|(f, _)| f.ends_with(&format!("-{n}.json")))
+            let holds = |primary: &str, object: Option<&str>| {
+                files.iter().any(|(f, text)| {
+                    f.ends_with(&format!("-{primary}.json"))
+                        && object.is_none_or(|o| {
+                            serde_json::from_str::<serde_json::Value>(text)
+                                .ok()
+                                .and_then(|v| v["items"].as_array().cloned())
+                                .unwrap_or_default()
+                                .iter()
+                                .any(|i| i["kind"] == "ConfigMap" && i["metadata"]["name"] == o)
+                        })
+                })
             };
-            if has("w1") && has("w2") && has("m") {
+            if holds("w1", Some("w1-cm")) && holds("w2", Some("w2-cm")) && holds("m", None) {
                 Ok(Some(()))
             } else {
                 bail!("{} recordings so far", files.len())

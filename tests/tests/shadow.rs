@@ -4,56 +4,20 @@
 //! every request the operator's client sent (an interposed client). A
 //! rename promotes it through the usual hot swap.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Result, bail, ensure};
 use http::Method;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use kube::core::{ApiResource, GroupVersionKind};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use wasmop::LoadOptions;
 use wasmop::metrics;
-use wasmop::plugin::hotswap::{OptionsFor, PluginDir, ScanReport};
+use wasmop::plugin::hotswap::{OptionsFor, PluginDir};
 use wasmop_tests::interpose::Interposer;
 use wasmop_tests::operator::{RunningOperator, plugin_path, sandbox, test_config};
+use wasmop_tests::widgets::{create_widget, install, settle, widgets};
 use wasmop_tests::{DEFAULT_DEADLINE, TestNamespace, apply_test_crds, wait_for};
-
-fn widgets(ns: &TestNamespace) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk("test.wasmop.dev", "v1", "Widget");
-    Api::namespaced_with(
-        ns.client.clone(),
-        &ns.name,
-        &ApiResource::from_gvk_with_plural(&gvk, "widgets"),
-    )
-}
-
-async fn create_widget(ns: &TestNamespace, name: &str) -> Result<()> {
-    let obj: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
-        "metadata": {"name": name}, "spec": {"value": name},
-    }))?;
-    widgets(ns).create(&PostParams::default(), &obj).await?;
-    Ok(())
-}
-
-fn install(src: &Path, dst: &Path) -> Result<()> {
-    let tmp = dst.with_extension("tmp");
-    std::fs::copy(src, &tmp)?;
-    std::fs::rename(&tmp, dst)?;
-    Ok(())
-}
-
-async fn settle(plugins: &mut PluginDir) -> ScanReport {
-    let first = plugins.scan(true).await;
-    let second = plugins.scan(true).await;
-    ScanReport {
-        activated: [first.activated, second.activated].concat(),
-        rejected: [first.rejected, second.rejected].concat(),
-        removed: [first.removed, second.removed].concat(),
-    }
-}
 
 fn shadow_count(result: &str) -> f64 {
     metrics::global()

@@ -1,0 +1,88 @@
+//! The `Widget` kind of the test plugins (`good`, `good-v2`,
+//! `good-pruner`), and a temporary plugin directory for hot-swap tests.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::json;
+use wasmop::plugin::hotswap::{PluginDir, ScanReport};
+
+use crate::TestNamespace;
+
+/// The Widgets of `ns`.
+pub fn widgets(ns: &TestNamespace) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("test.wasmop.dev", "v1", "Widget");
+    Api::namespaced_with(
+        ns.client.clone(),
+        &ns.name,
+        &ApiResource::from_gvk_with_plural(&gvk, "widgets"),
+    )
+}
+
+/// Creates Widget `name` in `ns` with `spec.value` = its name.
+///
+/// # Errors
+/// When the API server refuses it.
+pub async fn create_widget(ns: &TestNamespace, name: &str) -> Result<()> {
+    let obj: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
+        "metadata": {"name": name}, "spec": {"value": name},
+    }))?;
+    widgets(ns).create(&PostParams::default(), &obj).await?;
+    Ok(())
+}
+
+/// A temporary directory, removed on drop.
+#[derive(Debug)]
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    /// A new empty directory named after `prefix`, the process and the time.
+    ///
+    /// # Panics
+    /// When the directory cannot be created.
+    pub fn new(prefix: &str) -> Self {
+        let p = std::env::temp_dir().join(format!(
+            "{prefix}-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos()
+        ));
+        std::fs::create_dir_all(&p).expect("temp dir");
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Replaces `dst` atomically with the bytes of `src` (write + rename, as a
+/// ConfigMap volume update does).
+///
+/// # Errors
+/// When either file cannot be written.
+pub fn install(src: &Path, dst: &Path) -> Result<()> {
+    let tmp = dst.with_extension("tmp");
+    std::fs::copy(src, &tmp)?;
+    std::fs::rename(&tmp, dst)?;
+    Ok(())
+}
+
+/// Scans until a change to the directory has been applied (a changed file
+/// is read once it held still for one scan).
+pub async fn settle(plugins: &mut PluginDir) -> ScanReport {
+    let first = plugins.scan(true).await;
+    let second = plugins.scan(true).await;
+    ScanReport {
+        activated: [first.activated, second.activated].concat(),
+        rejected: [first.rejected, second.rejected].concat(),
+        removed: [first.removed, second.removed].concat(),
+    }
+}
