@@ -119,7 +119,9 @@ pub struct RunArgs {
 ///     deadlineMs: 2000       # per call
 ///     memoryMiB: 64          # per call, all memories and tables together
 ///     maxApplies: 500        # per plan; more is PlanRejected (TooManyApplies)
-///     maxDeletes: 500        # per plan (TooManyDeletes)
+///     maxDeletes: 500        # deletion budget per plan (DeletionBudgetExceeded)
+///     maxDeletesPerMinute: 1000  # deletion budget per minute, all primaries
+///     dryRunFirst: false     # send every write with dryRun=All first
 ///     maxEvents: 50          # per plan (TooManyEvents)
 ///     maxHttpRequests: 32    # per plan (TooManyHttpRequests)
 ///     minRequeueMs: 1000     # shorter requeueAfterMs (0 too) wait this long
@@ -151,9 +153,18 @@ pub struct PluginConfig {
     /// Most applies in one plan (default 500).
     #[serde(default)]
     pub max_applies: Option<usize>,
-    /// Most deletes in one plan (default 500).
+    /// Per-reconcile deletion budget: most deletes in one plan (default
+    /// 500).
     #[serde(default)]
     pub max_deletes: Option<usize>,
+    /// Per-minute deletion budget: most deletes the plugin's plans execute
+    /// in any minute, across its primaries (default 1000).
+    #[serde(default)]
+    pub max_deletes_per_minute: Option<usize>,
+    /// Dry-run every write of a plan (`dryRun=All`) before making any
+    /// (default false).
+    #[serde(default)]
+    pub dry_run_first: Option<bool>,
     /// Most Events in one plan (default 50).
     #[serde(default)]
     pub max_events: Option<usize>,
@@ -514,6 +525,12 @@ pub(crate) fn load_options(
                 min_requeue_ms: conf
                     .and_then(|c| c.min_requeue_ms)
                     .unwrap_or(defaults.plan.min_requeue_ms),
+                max_deletes_per_minute: conf
+                    .and_then(|c| c.max_deletes_per_minute)
+                    .unwrap_or(defaults.plan.max_deletes_per_minute),
+                dry_run_first: conf
+                    .and_then(|c| c.dry_run_first)
+                    .unwrap_or(defaults.plan.dry_run_first),
             },
         },
         cache,
@@ -645,6 +662,7 @@ mod tests {
             (a.max_events, a.min_requeue_ms, a.max_http_requests),
             (5, 0, 2)
         );
+        assert!(!a.dry_run_first);
         assert_eq!(a.max_applies, PlanLimits::default().max_applies);
         let b = load_options(&file, "b", None).limits.plan;
         assert_eq!(b, PlanLimits::default());
@@ -659,6 +677,22 @@ mod tests {
             crate::cli::Command::Run(args) => Ok(*args),
             other => panic!("parsed as {other:?}"),
         }
+    }
+
+    #[test]
+    fn deletion_budgets_and_dry_runs_are_configurable_per_plugin() {
+        let file: OperatorFile = serde_yaml::from_str(
+            "plugins: {a: {maxDeletes: 10, maxDeletesPerMinute: 20, dryRunFirst: true}}",
+        )
+        .unwrap();
+        let a = load_options(&file, "a", None).limits.plan;
+        assert_eq!((a.max_deletes, a.max_deletes_per_minute), (10, 20));
+        assert!(a.dry_run_first);
+        let b = load_options(&file, "b", None).limits.plan;
+        assert_eq!(
+            (b.max_deletes, b.max_deletes_per_minute, b.dry_run_first),
+            (500, 1000, false)
+        );
     }
 
     #[test]

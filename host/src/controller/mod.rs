@@ -171,6 +171,9 @@ pub struct Operator {
     tasks: Mutex<Vec<tokio::task::AbortHandle>>,
     observer: Arc<Observer>,
     secrets: Arc<SecretReads>,
+    /// Deletes each plugin executed in the last minute (its per-minute
+    /// deletion budget).
+    deletion_budgets: crate::execute::budget::DeletionBudgets,
 }
 
 impl std::fmt::Debug for Operator {
@@ -195,6 +198,7 @@ impl Operator {
         let op = Arc::new(Self {
             reporter: Reporter::new(client.clone(), &config.reporter),
             secrets: SecretReads::new(client.clone()),
+            deletion_budgets: Default::default(),
             client,
             cache,
             controllers: RwLock::new(BTreeMap::new()),
