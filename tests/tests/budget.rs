@@ -11,7 +11,10 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
-use wasmop::{Limits, LoadOptions, LoadedPlugin, PlanLimits};
+use wasmop::cli::config_watch::ConfigWatch;
+use wasmop::cli::run::read_config;
+use wasmop::plugin::hotswap::PluginDir;
+use wasmop::{CompileCache, Limits, LoadOptions, LoadedPlugin, PlanLimits};
 use wasmop_tests::interpose::Interposer;
 use wasmop_tests::operator::{RunningOperator, plugin_path, sandbox, test_config};
 use wasmop_tests::status::wait_event;
@@ -68,6 +71,64 @@ async fn start(
 ) -> Result<RunningOperator> {
     apply_test_crds(&ns.client).await?;
     RunningOperator::start_with(client, vec![ns.name.clone()], vec![plugin], test_config()).await
+}
+
+/// An operator whose plugins come from a directory and whose plugin
+/// configuration comes from an operator configuration file, both watched
+/// as `wasmop run --plugins DIR --config FILE` watches them.
+struct Configured {
+    op: RunningOperator,
+    dir: std::path::PathBuf,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Configured {
+    async fn start(ns: &TestNamespace, plugin: &str, config: &str) -> Result<Self> {
+        apply_test_crds(&ns.client).await?;
+        let dir =
+            std::env::temp_dir().join(format!("wasmop-budget-{}-{}", ns.name, std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        std::fs::copy(plugin_path(plugin)?, dir.join(format!("{plugin}.wasm")))?;
+        let mut this = Self {
+            op: RunningOperator::start(ns.client.clone(), vec![ns.name.clone()], vec![]).await?,
+            dir,
+            tasks: Vec::new(),
+        };
+        this.write_config(config)?;
+        let path = this.dir.join("config.yaml");
+        let watch = ConfigWatch::new(path.clone(), read_config(&path)?);
+        let options = watch.options_for(CompileCache::default_dir().map(CompileCache::new));
+        let mut plugins = PluginDir::new(
+            this.dir.clone(),
+            sandbox(),
+            this.op.operator.clone(),
+            options,
+        );
+        let first = plugins.scan(false).await;
+        assert_eq!(first.activated.len(), 1, "{first:?}");
+        let poll = std::time::Duration::from_millis(100);
+        this.tasks.push(tokio::spawn(plugins.watch(poll)));
+        this.tasks.push(tokio::spawn(watch.watch(poll)));
+        Ok(this)
+    }
+
+    /// Replaces the configuration file atomically, as a ConfigMap volume
+    /// update does.
+    fn write_config(&self, text: &str) -> Result<()> {
+        let tmp = self.dir.join("config.yaml.tmp");
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, self.dir.join("config.yaml"))?;
+        Ok(())
+    }
+}
+
+impl Drop for Configured {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// Waits until `name`'s `Reconciled` condition has `reason` at the
@@ -151,11 +212,7 @@ async fn wait_fanned_out(cms: &Api<ConfigMap>, prefix: &str, count: u64) -> Resu
 async fn a_plan_over_the_per_reconcile_deletion_budget_writes_nothing_until_it_is_raised()
 -> Result<()> {
     let ns = TestNamespace::new("budget-plan").await?;
-    let budget = PlanLimits {
-        max_deletes: 10,
-        ..PlanLimits::default()
-    };
-    let op = start(ns.client.clone(), &ns, load("fanout", budget)?).await?;
+    let op = Configured::start(&ns, "fanout", "plugins: {fanout: {maxDeletes: 10}}\n").await?;
     let fanouts = test_kind(&ns, "Fanout", "fanouts");
     let cms = ns.api::<ConfigMap>();
     create(&fanouts, "Fanout", "f", json!({"count": 60})).await?;
@@ -207,13 +264,30 @@ async fn a_plan_over_the_per_reconcile_deletion_budget_writes_nothing_until_it_i
     }
     assert_eq!(fanouts.get("f").await?.data["status"]["count"], 60);
 
-    // A person raises the budget (the plugin reloads with the new limits
-    // through the hot-swap path): the deletes proceed.
-    let raised = PlanLimits {
-        max_deletes: 50,
-        ..PlanLimits::default()
+    // A bad configuration file changes nothing (the running one stays);
+    // then a person raises the budget in the file, the plugin is reloaded
+    // with it through the hot-swap path, and the deletes proceed.
+    let refused = || {
+        wasmop::metrics::global()
+            .get("wasmop_config_reload_failures_total", &[])
+            .unwrap_or(0.0)
     };
-    op.operator.add_plugin(load("fanout", raised)?).await?;
+    let before = refused();
+    op.write_config("plugins: {fanout: {maxDeletes: fifty}}\n")?;
+    wait_for(
+        "the bad configuration refused",
+        DEFAULT_DEADLINE,
+        || async {
+            if refused() > before {
+                Ok(Some(()))
+            } else {
+                bail!("not read yet")
+            }
+        },
+    )
+    .await?;
+    assert_eq!(fanned_out(&cms, "f").await?.len(), 60);
+    op.write_config("plugins: {fanout: {maxDeletes: 50}}\n")?;
     wait_fanned_out(&cms, "f", 10).await?;
     wait_reason(&fanouts, "f", "Reconciled").await?;
     assert_eq!(fanouts.get("f").await?.data["status"]["count"], 10);
@@ -226,11 +300,12 @@ async fn a_plan_over_the_per_reconcile_deletion_budget_writes_nothing_until_it_i
 #[tokio::test]
 async fn deletes_over_the_per_minute_budget_are_held_until_it_is_raised() -> Result<()> {
     let ns = TestNamespace::new("budget-minute").await?;
-    let budget = PlanLimits {
-        max_deletes_per_minute: 8,
-        ..PlanLimits::default()
-    };
-    let op = start(ns.client.clone(), &ns, load("fanout", budget)?).await?;
+    let op = Configured::start(
+        &ns,
+        "fanout",
+        "plugins: {fanout: {maxDeletesPerMinute: 8}}\n",
+    )
+    .await?;
     let fanouts = test_kind(&ns, "Fanout", "fanouts");
     let cms = ns.api::<ConfigMap>();
     for name in ["g", "h"] {
@@ -277,12 +352,8 @@ async fn deletes_over_the_per_minute_budget_are_held_until_it_is_raised() -> Res
     assert_eq!(fanned_out(&cms, "h").await?, (0..10).collect::<Vec<_>>());
     assert_eq!(fanouts.get("h").await?.data["status"]["count"], 10);
 
-    // Raised: h's deletes proceed.
-    let raised = PlanLimits {
-        max_deletes_per_minute: 20,
-        ..PlanLimits::default()
-    };
-    op.operator.add_plugin(load("fanout", raised)?).await?;
+    // Raised in the configuration file: h's deletes proceed.
+    op.write_config("plugins: {fanout: {maxDeletesPerMinute: 20}}\n")?;
     wait_fanned_out(&cms, "h", 5).await?;
     wait_reason(&fanouts, "h", "Reconciled").await?;
     Ok(())

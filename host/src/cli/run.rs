@@ -24,6 +24,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use thiserror::Error;
 
+use crate::cli::config_watch::ConfigWatch;
 use crate::controller::leader::{self, LeaderConfig};
 use crate::controller::{Operator, OperatorConfig};
 use crate::metrics;
@@ -63,7 +64,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
     /// Operator configuration (YAML): workers and per-plugin settings and
-    /// limits, keyed by plugin file name without `.wasm`.
+    /// limits, keyed by plugin file name without `.wasm`. Re-read when it
+    /// changes: plugins whose settings or limits changed are reloaded; a
+    /// bad file is reported and the running configuration stays.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Directory of the compiled-plugin cache
@@ -212,7 +215,12 @@ pub enum RunError {
     Runtime(std::io::Error),
 }
 
-pub(crate) fn read_config(path: &Path) -> Result<OperatorFile, RunError> {
+/// Reads and parses the operator configuration file.
+///
+/// # Errors
+/// [`RunError::Config`] when it cannot be read or is not a valid
+/// configuration (unknown keys included).
+pub fn read_config(path: &Path) -> Result<OperatorFile, RunError> {
     let text = std::fs::read_to_string(path).map_err(|e| RunError::Config {
         path: path.to_owned(),
         reason: e.to_string(),
@@ -366,9 +374,13 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
         .or_else(CompileCache::default_dir)
         .map(CompileCache::new);
     let grace = largest_deadline(&file) + SHUTDOWN_SLACK;
-    let file = Arc::new(file);
-    let options: OptionsFor =
-        Arc::new(move |stem: &str| load_options(&file, stem, compile_cache.clone()));
+    // The configuration file is re-read when it changes; plugins whose
+    // settings or limits changed are reloaded by the plugin directory.
+    let config_watch = ConfigWatch::new(args.config.clone().unwrap_or_default(), file);
+    let options: OptionsFor = config_watch.options_for(compile_cache);
+    let config_task = args.config.is_some().then(|| {
+        tokio::spawn(config_watch.watch(Duration::from_millis(args.poll_interval_ms.max(100))))
+    });
     let mut plugin_dirs = dirs.clone();
     let mirror_task = match mirror {
         Some(mut mirror) => {
@@ -413,6 +425,9 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
         }
     }
     watcher.abort();
+    if let Some(task) = config_task {
+        task.abort();
+    }
     if let Some(task) = mirror_task {
         task.abort();
     }

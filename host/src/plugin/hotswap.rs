@@ -13,6 +13,10 @@
 //! - A removed file stops its plugin's controllers; nothing is deleted.
 //! - The same bytes are never compiled twice by this process, and the
 //!   compile cache (by digest) spares recompiling after a restart.
+//! - A file whose load options changed (settings or limits, from a re-read
+//!   operator configuration) is reloaded with them through the same
+//!   validate-before-swap path, once per change: a plugin that refuses the
+//!   new settings keeps running with the old ones.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -55,6 +59,14 @@ struct Known {
     plugin: Option<String>,
     /// Changed since it was last tried.
     pending: bool,
+    /// [`options_key`] of the options it was last tried with.
+    options: Option<String>,
+}
+
+/// What identifies load options: the settings and the limits (the compile
+/// cache does not change what runs).
+fn options_key(options: &LoadOptions) -> String {
+    format!("{} {:?}", options.settings, options.limits)
 }
 
 /// Keeps an operator's plugins in step with one or more directories (the
@@ -190,7 +202,13 @@ impl PluginDir {
                     continue;
                 }
             }
-            if !known.pending {
+            // Tried before with other options (the configuration changed):
+            // load the same bytes again with the new ones.
+            let options_changed = known
+                .options
+                .as_ref()
+                .is_some_and(|k| *k != options_key(&(self.options)(&stem(&path))));
+            if !known.pending && !options_changed {
                 continue;
             }
             known.pending = false;
@@ -207,8 +225,11 @@ impl PluginDir {
                 }
             };
             let d = digest(&bytes);
-            if known.digest.as_deref() == Some(d.as_str()) {
+            if known.digest.as_deref() == Some(d.as_str()) && !options_changed {
                 continue;
+            }
+            if options_changed {
+                tracing::info!(file = %path.display(), "plugin configuration changed; reloading");
             }
             known.digest = Some(d);
             self.load(&path, bytes, &mut report).await;
@@ -218,6 +239,9 @@ impl PluginDir {
 
     async fn load(&mut self, path: &Path, bytes: Vec<u8>, report: &mut ScanReport) {
         let options = (self.options)(&stem(path));
+        if let Some(k) = self.known.get_mut(path) {
+            k.options = Some(options_key(&options));
+        }
         let sandbox = self.sandbox.clone();
         let origin = path.display().to_string();
         let loaded = tokio::task::spawn_blocking(move || {
