@@ -403,7 +403,7 @@ async fn writes(
             .await
         {
             Ok(()) => {
-                if let Some(r) = reservation.as_deref_mut() {
+                if let Some(r) = reservation {
                     r.used();
                 }
             }

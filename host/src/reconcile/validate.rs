@@ -1066,7 +1066,7 @@ mod count_tests {
         plan.delete.truncate(10);
         assert!(check_counts(&plan, &limits).is_empty());
         assert_eq!(PlanLimits::default().max_deletes, DEFAULT_MAX_DELETES);
-        assert!(DEFAULT_MAX_DELETES_PER_MINUTE >= DEFAULT_MAX_DELETES);
+        const { assert!(DEFAULT_MAX_DELETES_PER_MINUTE >= DEFAULT_MAX_DELETES) };
     }
 
     #[test]
