@@ -204,10 +204,15 @@ impl PluginDir {
             }
             // Tried before with other options (the configuration changed):
             // load the same bytes again with the new ones.
-            let options_changed = known
-                .options
-                .as_ref()
-                .is_some_and(|k| *k != options_key(&(self.options)(&stem(&path))));
+            // (Once per change, even when the file cannot be read.)
+            let options_changed = known.options.is_some() && {
+                let key = options_key(&(self.options)(&stem(&path)));
+                let changed = known.options.as_ref() != Some(&key);
+                if changed {
+                    known.options = Some(key);
+                }
+                changed
+            };
             if !known.pending && !options_changed {
                 continue;
             }
