@@ -461,3 +461,66 @@ async fn a_dry_run_catches_a_cel_invalid_object_before_any_write_of_the_plan() -
     assert_eq!(guarded.get("h-a").await?.data["spec"]["size"], 1);
     Ok(())
 }
+
+/// The real `wasmop run --config FILE`: a plan over the per-reconcile
+/// deletion budget is held, and editing the file (as a ConfigMap update
+/// does) raises the budget in the running process, without a restart.
+#[tokio::test]
+async fn wasmop_run_rereads_its_configuration_and_a_raised_budget_lets_the_deletes_proceed()
+-> Result<()> {
+    let ns = TestNamespace::new("budget-run").await?;
+    apply_test_crds(&ns.client).await?;
+    let dir = std::env::temp_dir().join(format!("wasmop-budget-run-{}", std::process::id()));
+    let plugins = dir.join("plugins");
+    std::fs::create_dir_all(&plugins)?;
+    std::fs::copy(plugin_path("fanout")?, plugins.join("fanout.wasm"))?;
+    let config = dir.join("operator.yaml");
+    let write_config = |text: &str| -> Result<()> {
+        let tmp = dir.join("operator.yaml.tmp");
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, &config)?;
+        Ok(())
+    };
+    write_config("plugins: {fanout: {maxDeletes: 10}}\n")?;
+    let _child = tokio::process::Command::new(env!("CARGO_BIN_EXE_wasmop-under-test"))
+        .arg("run")
+        .arg("--plugins")
+        .arg(&plugins)
+        .arg("--config")
+        .arg(&config)
+        .arg("--poll-interval-ms")
+        .arg("200")
+        .arg("--kubeconfig")
+        .arg(wasmop_tests::kubeconfig_path())
+        .arg("--namespace")
+        .arg(&ns.name)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()?;
+    let fanouts = test_kind(&ns, "Fanout", "fanouts");
+    let cms = ns.api::<ConfigMap>();
+    create(&fanouts, "Fanout", "r", json!({"count": 30})).await?;
+    wait_reason(&fanouts, "r", "Reconciled").await?;
+    wait_fanned_out(&cms, "r", 30).await?;
+
+    merge_spec(&fanouts, "r", json!({"count": 5})).await?;
+    let cond = wait_reason(&fanouts, "r", "PlanRejected").await?;
+    assert_names(
+        "the condition",
+        cond["message"].as_str().unwrap_or_default(),
+        &[
+            "DeletionBudgetExceeded",
+            "deletes 25 objects",
+            "deletion budget of 10",
+        ],
+    );
+    assert_eq!(fanned_out(&cms, "r").await?.len(), 30);
+
+    write_config("plugins: {fanout: {maxDeletes: 25}}\n")?;
+    wait_fanned_out(&cms, "r", 5).await?;
+    wait_reason(&fanouts, "r", "Reconciled").await?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
