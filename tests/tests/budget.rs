@@ -287,8 +287,19 @@ async fn a_plan_over_the_per_reconcile_deletion_budget_writes_nothing_until_it_i
     )
     .await?;
     assert_eq!(fanned_out(&cms, "f").await?.len(), 60);
+    let deleted = || {
+        wasmop::metrics::global()
+            .get("wasmop_deletes_total", &[("plugin", "fanout")])
+            .unwrap_or(0.0)
+    };
+    let deleted_before = deleted();
     op.write_config("plugins: {fanout: {maxDeletes: 50}}\n")?;
     wait_fanned_out(&cms, "f", 10).await?;
+    assert!(
+        deleted() >= deleted_before + 50.0,
+        "the 50 deletes are counted: {deleted_before} then {}",
+        deleted()
+    );
     wait_reason(&fanouts, "f", "Reconciled").await?;
     assert_eq!(fanouts.get("f").await?.data["status"]["count"], 10);
     Ok(())

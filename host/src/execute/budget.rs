@@ -181,9 +181,11 @@ pub struct Reservation<'a> {
 }
 
 impl Reservation<'_> {
-    /// One reserved delete was executed.
+    /// One reserved delete was executed (counted in
+    /// `wasmop_deletes_total{plugin}` too, to size the budget by).
     pub fn used(&mut self) {
         self.used = (self.used + 1).min(self.reserved);
+        crate::metrics::global().inc("wasmop_deletes_total", &[("plugin", &self.plugin)]);
     }
 }
 
