@@ -24,6 +24,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use thiserror::Error;
 
+use crate::cli::config_watch::ConfigWatch;
 use crate::controller::leader::{self, LeaderConfig};
 use crate::controller::{Operator, OperatorConfig};
 use crate::metrics;
@@ -70,7 +71,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
     /// Operator configuration (YAML): workers and per-plugin settings and
-    /// limits, keyed by plugin file name without `.wasm`.
+    /// limits, keyed by plugin file name without `.wasm`. Re-read when it
+    /// changes: plugins whose settings or limits changed are reloaded; a
+    /// bad file is reported and the running configuration stays.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Directory of the compiled-plugin cache
@@ -126,7 +129,9 @@ pub struct RunArgs {
 ///     deadlineMs: 2000       # per call
 ///     memoryMiB: 64          # per call, all memories and tables together
 ///     maxApplies: 500        # per plan; more is PlanRejected (TooManyApplies)
-///     maxDeletes: 500        # per plan (TooManyDeletes)
+///     maxDeletes: 500        # deletion budget per plan (DeletionBudgetExceeded)
+///     maxDeletesPerMinute: 1000  # deletion budget per minute, all primaries
+///     dryRunFirst: false     # send every write with dryRun=All first
 ///     maxEvents: 50          # per plan (TooManyEvents)
 ///     maxHttpRequests: 32    # per plan (TooManyHttpRequests)
 ///     minRequeueMs: 1000     # shorter requeueAfterMs (0 too) wait this long
@@ -158,9 +163,18 @@ pub struct PluginConfig {
     /// Most applies in one plan (default 500).
     #[serde(default)]
     pub max_applies: Option<usize>,
-    /// Most deletes in one plan (default 500).
+    /// Per-reconcile deletion budget: most deletes in one plan (default
+    /// 500).
     #[serde(default)]
     pub max_deletes: Option<usize>,
+    /// Per-minute deletion budget: most deletes the plugin's plans execute
+    /// in any minute, across its primaries (default 1000).
+    #[serde(default)]
+    pub max_deletes_per_minute: Option<usize>,
+    /// Dry-run every write of a plan (`dryRun=All`) before making any
+    /// (default false).
+    #[serde(default)]
+    pub dry_run_first: Option<bool>,
     /// Most Events in one plan (default 50).
     #[serde(default)]
     pub max_events: Option<usize>,
@@ -208,7 +222,12 @@ pub enum RunError {
     Runtime(std::io::Error),
 }
 
-pub(crate) fn read_config(path: &Path) -> Result<OperatorFile, RunError> {
+/// Reads and parses the operator configuration file.
+///
+/// # Errors
+/// [`RunError::Config`] when it cannot be read or is not a valid
+/// configuration (unknown keys included).
+pub fn read_config(path: &Path) -> Result<OperatorFile, RunError> {
     let text = std::fs::read_to_string(path).map_err(|e| RunError::Config {
         path: path.to_owned(),
         reason: e.to_string(),
@@ -372,9 +391,13 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
         .or_else(CompileCache::default_dir)
         .map(CompileCache::new);
     let grace = largest_deadline(&file) + SHUTDOWN_SLACK;
-    let file = Arc::new(file);
-    let options: OptionsFor =
-        Arc::new(move |stem: &str| load_options(&file, stem, compile_cache.clone()));
+    // The configuration file is re-read when it changes; plugins whose
+    // settings or limits changed are reloaded by the plugin directory.
+    let config_watch = ConfigWatch::new(args.config.clone().unwrap_or_default(), file);
+    let options: OptionsFor = config_watch.options_for(compile_cache);
+    let config_task = args.config.is_some().then(|| {
+        tokio::spawn(config_watch.watch(Duration::from_millis(args.poll_interval_ms.max(100))))
+    });
     let mut plugin_dirs = dirs.clone();
     let mirror_task = match mirror {
         Some(mut mirror) => {
@@ -419,6 +442,9 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
         }
     }
     watcher.abort();
+    if let Some(task) = config_task {
+        task.abort();
+    }
     if let Some(task) = mirror_task {
         task.abort();
     }
@@ -531,6 +557,12 @@ pub(crate) fn load_options(
                 min_requeue_ms: conf
                     .and_then(|c| c.min_requeue_ms)
                     .unwrap_or(defaults.plan.min_requeue_ms),
+                max_deletes_per_minute: conf
+                    .and_then(|c| c.max_deletes_per_minute)
+                    .unwrap_or(defaults.plan.max_deletes_per_minute),
+                dry_run_first: conf
+                    .and_then(|c| c.dry_run_first)
+                    .unwrap_or(defaults.plan.dry_run_first),
             },
         },
         cache,
@@ -674,6 +706,7 @@ mod tests {
             (a.max_events, a.min_requeue_ms, a.max_http_requests),
             (5, 0, 2)
         );
+        assert!(!a.dry_run_first);
         assert_eq!(a.max_applies, PlanLimits::default().max_applies);
         let b = load_options(&file, "b", None).limits.plan;
         assert_eq!(b, PlanLimits::default());
@@ -688,6 +721,22 @@ mod tests {
             crate::cli::Command::Run(args) => Ok(*args),
             other => panic!("parsed as {other:?}"),
         }
+    }
+
+    #[test]
+    fn deletion_budgets_and_dry_runs_are_configurable_per_plugin() {
+        let file: OperatorFile = serde_yaml::from_str(
+            "plugins: {a: {maxDeletes: 10, maxDeletesPerMinute: 20, dryRunFirst: true}}",
+        )
+        .unwrap();
+        let a = load_options(&file, "a", None).limits.plan;
+        assert_eq!((a.max_deletes, a.max_deletes_per_minute), (10, 20));
+        assert!(a.dry_run_first);
+        let b = load_options(&file, "b", None).limits.plan;
+        assert_eq!(
+            (b.max_deletes, b.max_deletes_per_minute, b.dry_run_first),
+            (500, 1000, false)
+        );
     }
 
     #[test]

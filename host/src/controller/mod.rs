@@ -178,6 +178,9 @@ pub struct Operator {
     shadows: RwLock<BTreeMap<String, Arc<LoadedPlugin>>>,
     /// Shadow calls in flight (bounded by the worker count).
     shadow_inflight: Arc<std::sync::atomic::AtomicUsize>,
+    /// Deletes each plugin executed in the last minute (its per-minute
+    /// deletion budget).
+    deletion_budgets: crate::execute::budget::DeletionBudgets,
 }
 
 impl std::fmt::Debug for Operator {
@@ -202,6 +205,7 @@ impl Operator {
         let op = Arc::new(Self {
             reporter: Reporter::new(client.clone(), &config.reporter),
             secrets: SecretReads::new(client.clone()),
+            deletion_budgets: Default::default(),
             client,
             cache,
             controllers: RwLock::new(BTreeMap::new()),

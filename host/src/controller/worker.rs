@@ -197,6 +197,7 @@ impl Operator {
                     primary_resource: &a.primary_resource,
                     leader: &self.leader,
                     lease_until: &self.lease_until,
+                    budgets: &self.deletion_budgets,
                 };
                 match execute::execute(
                     target,

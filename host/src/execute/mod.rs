@@ -23,7 +23,19 @@
 //!   `observedGeneration` and the host's `Reconciled` condition.
 //! - Before each write the leadership fence is checked; a replica that
 //!   lost the Lease stops mid-plan.
+//! - Before the first write the plugin's per-minute deletion budget is
+//!   checked ([`budget`]): a plan over it writes nothing.
+//! - With the plugin's `dryRunFirst`, every write of the plan (finalizer,
+//!   primary patch, applies, deletes, status) is first sent with
+//!   `dryRun=All`, in the same order; when the API server refuses any of
+//!   them (schema, CEL rules, admission webhooks, quota) nothing is
+//!   written and the failure names the object and the server's message.
+//!   Each write is dry-run on its own against the current state: a write
+//!   that only works after an earlier one of the same plan (an object in a
+//!   namespace the plan creates) is refused by the dry run, and two
+//!   writes that are each within a quota are not summed.
 
+pub mod budget;
 pub mod prepare;
 pub mod report;
 pub mod writer;
@@ -37,7 +49,10 @@ use crate::conditions;
 use crate::object::{self, describe};
 use crate::plugin::LoadedPlugin;
 use crate::plugin::manifest::{Controller, KindRef};
-use crate::reconcile::validate::{self as plan, ApplyJudgement, Judgement, Plan, Precondition};
+use crate::reconcile::validate::{
+    self as plan, ApplyJudgement, Judgement, Plan, Precondition, Violation,
+};
+use budget::{DeletionBudgets, Reservation};
 use writer::{ApplyError, Fence, Writer};
 
 pub use report::Reporter;
@@ -83,6 +98,8 @@ pub struct Target<'a> {
     /// The local-clock end of the Lease term (see
     /// [`crate::controller::leader::LeaseDeadline`]).
     pub lease_until: &'a std::sync::Mutex<Option<std::time::Instant>>,
+    /// The operator's per-minute deletion budgets, by plugin.
+    pub budgets: &'a DeletionBudgets,
 }
 
 impl std::fmt::Debug for Target<'_> {
@@ -103,6 +120,22 @@ pub enum ExecuteError {
     /// it is left to the new leader.
     #[error("leadership lost mid-plan; the remaining writes were not made")]
     LostLeadership,
+    /// The plan was rejected before its first write (the plugin's
+    /// per-minute deletion budget); nothing was written.
+    #[error("plan rejected, nothing written: {}", violations(.0))]
+    Rejected(Vec<Violation>),
+    /// The API server refused a write of the plan's dry run
+    /// (`dryRunFirst`); nothing was written.
+    #[error("dry run refused, nothing written: {0}")]
+    DryRunRefused(ApplyError),
+}
+
+/// Violations as the worker reports a rejected plan: each with its rule.
+fn violations(list: &[Violation]) -> String {
+    list.iter()
+        .map(|v| format!("{v} ({})", v.rule.as_str()))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 impl ExecuteError {
@@ -111,6 +144,8 @@ impl ExecuteError {
         match self {
             ExecuteError::Write(e) => e.reason(),
             ExecuteError::LostLeadership => "LeadershipLost",
+            ExecuteError::Rejected(_) => "PlanRejected",
+            ExecuteError::DryRunRefused(_) => "DryRunRefused",
         }
     }
 
@@ -141,7 +176,8 @@ fn still_leader(t: &Target<'_>) -> Result<(), ExecuteError> {
 /// # Errors
 ///
 /// [`ExecuteError`]: the first failed write (all failures named when there
-/// are several), or lost leadership.
+/// are several), lost leadership, a plan over the per-minute deletion
+/// budget, or a write the dry run was refused.
 pub async fn execute(
     t: Target<'_>,
     primary: &Value,
@@ -150,10 +186,83 @@ pub async fn execute(
     now: &str,
     reporter: &Reporter,
 ) -> Result<Executed, ExecuteError> {
+    let limits = t.plugin.limits().plan;
+    let deleting = object::is_deleting(primary);
+    let mut reservation = t
+        .budgets
+        .reserve(
+            t.plugin.name(),
+            plan.delete.len(),
+            limits.max_deletes_per_minute,
+        )
+        .map_err(|v| ExecuteError::Rejected(vec![v]))?;
+    if limits.dry_run_first {
+        let dry = t.writer.dry_run();
+        let dry_target = Target { writer: &dry, ..t };
+        match writes(dry_target, primary, plan, judgement, now, None).await {
+            Ok(_) => {}
+            Err(ExecuteError::Write(e)) if !matches!(e, ApplyError::Conflict { .. }) => {
+                return Err(ExecuteError::DryRunRefused(e));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let (primary, done) = writes(t, primary, plan, judgement, now, Some(&mut reservation)).await?;
+    for name in &done.adopted {
+        still_leader(&t)?;
+        reporter
+            .event(
+                &primary,
+                false,
+                "Adopted",
+                &format!("adopted {name}, which nothing controlled"),
+            )
+            .await;
+    }
+    for e in &plan.events {
+        still_leader(&t)?;
+        reporter
+            .event(
+                &primary,
+                e.event_type == plan::EventType::Warning,
+                &e.reason,
+                &e.message,
+            )
+            .await;
+    }
+    if deleting
+        && plan.cleanup_complete
+        && let Some(f) = &t.spec.finalizer
+    {
+        let list: Vec<String> = object::finalizers(&primary)
+            .into_iter()
+            .filter(|x| x != f)
+            .collect();
+        still_leader(&t)?;
+        t.writer
+            .set_finalizers(t.primary_resource, &primary, &list)
+            .await?;
+    }
+    Ok(done)
+}
+
+/// The writes of a plan, up to its status: the finalizer, the primary
+/// patch, applies, deletes and the status. With a dry-run writer nothing
+/// is persisted, so the primary's resourceVersion is not followed.
+/// Returns the primary as last written, and what was done.
+async fn writes(
+    t: Target<'_>,
+    primary: &Value,
+    plan: &Plan,
+    judgement: &Judgement,
+    now: &str,
+    mut reservation: Option<&mut Reservation<'_>>,
+) -> Result<(Value, Executed), ExecuteError> {
     let mut primary = primary.clone();
     let mut done = Executed::default();
     let deleting = object::is_deleting(&primary);
     let w = t.writer;
+    let dry = w.is_dry_run();
     // A delete of the primary itself (validated: the controller declares
     // `delete-primary`). Its resourceVersion precondition is the one the
     // plugin saw, so nothing here may move the primary's version before
@@ -170,10 +279,13 @@ pub async fn execute(
         if !deleting && !list.iter().any(|x| x == f) {
             list.push(f.clone());
             still_leader(&t)?;
-            primary = w
+            let updated = w
                 .set_finalizers(t.primary_resource, &primary, &list)
                 .await?;
-            strip_managed_fields(&mut primary);
+            if !dry {
+                primary = updated;
+                strip_managed_fields(&mut primary);
+            }
         }
     }
     // Fields of the primary (validated to be declared `primary-fields`)
@@ -193,7 +305,9 @@ pub async fn execute(
     if patch.as_object().is_some_and(|m| !m.is_empty()) {
         still_leader(&t)?;
         let updated = w.merge_patch(t.primary_resource, &primary, &patch).await?;
-        follow_version(&mut primary, &updated);
+        if !dry {
+            follow_version(&mut primary, &updated);
+        }
     }
     let mut failures: Vec<ApplyError> = Vec::new();
     for (op, judged) in plan.apply.iter().zip(
@@ -253,7 +367,7 @@ pub async fn execute(
         if let Some(owned) = t.spec.owned_kind(&d.target.api_version, &d.target.kind) {
             let ns = (!d.target.namespace.is_empty()).then_some(d.target.namespace.as_str());
             still_leader(&t)?;
-            if let Err(e) = w
+            match w
                 .delete(
                     &api_resource(&owned.kind),
                     ns,
@@ -263,7 +377,12 @@ pub async fn execute(
                 )
                 .await
             {
-                failures.push(e);
+                Ok(()) => {
+                    if let Some(r) = reservation.as_deref_mut() {
+                        r.used();
+                    }
+                }
+                Err(e) => failures.push(e),
             }
         }
     }
@@ -273,7 +392,7 @@ pub async fn execute(
     {
         let ns = (!d.target.namespace.is_empty()).then_some(d.target.namespace.as_str());
         still_leader(&t)?;
-        if let Err(e) = w
+        match w
             .delete(
                 t.primary_resource,
                 ns,
@@ -283,7 +402,12 @@ pub async fn execute(
             )
             .await
         {
-            failures.push(e);
+            Ok(()) => {
+                if let Some(r) = reservation {
+                    r.used();
+                }
+            }
+            Err(e) => failures.push(e),
         }
     }
     if let Some(first) = failures.first() {
@@ -332,43 +456,11 @@ pub async fn execute(
         let updated = w
             .write_status(t.primary_resource, &primary, &status)
             .await?;
-        follow_version(&mut primary, &updated);
+        if !dry {
+            follow_version(&mut primary, &updated);
+        }
     }
-    for name in &done.adopted {
-        still_leader(&t)?;
-        reporter
-            .event(
-                &primary,
-                false,
-                "Adopted",
-                &format!("adopted {name}, which nothing controlled"),
-            )
-            .await;
-    }
-    for e in &plan.events {
-        still_leader(&t)?;
-        reporter
-            .event(
-                &primary,
-                e.event_type == plan::EventType::Warning,
-                &e.reason,
-                &e.message,
-            )
-            .await;
-    }
-    if deleting
-        && plan.cleanup_complete
-        && let Some(f) = &t.spec.finalizer
-    {
-        let list: Vec<String> = object::finalizers(&primary)
-            .into_iter()
-            .filter(|x| x != f)
-            .collect();
-        still_leader(&t)?;
-        w.set_finalizers(t.primary_resource, &primary, &list)
-            .await?;
-    }
-    Ok(done)
+    Ok((primary, done))
 }
 
 /// Takes the resourceVersion of our own write, so a later preconditioned

@@ -13,6 +13,9 @@
 //! - Fields owned by another field manager are never overwritten unless the
 //!   plan asks for it: an apply is forced only when its op says `force`
 //!   (and the status always, which the plugin owns outright).
+//! - A [`Writer::dry_run`] writer sends every call with `dryRun=All`: the
+//!   API server runs validation, CEL rules, admission and quota and
+//!   persists nothing.
 
 use kube::Client;
 use kube::api::{
@@ -164,12 +167,14 @@ fn apply_params(field_manager: &str, force: bool) -> PatchParams {
 pub struct Writer {
     client: Client,
     field_manager: String,
+    dry_run: bool,
 }
 
 impl std::fmt::Debug for Writer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Writer")
             .field("field_manager", &self.field_manager)
+            .field("dry_run", &self.dry_run)
             .finish()
     }
 }
@@ -180,6 +185,28 @@ impl Writer {
         Self {
             client,
             field_manager: field_manager.into(),
+            dry_run: false,
+        }
+    }
+
+    /// The same writer, sending every call with `dryRun=All`: nothing it
+    /// does is persisted, everything is validated as a real write would be.
+    pub fn dry_run(&self) -> Self {
+        Self {
+            dry_run: true,
+            ..self.clone()
+        }
+    }
+
+    /// True for a [`Writer::dry_run`] writer.
+    pub fn is_dry_run(&self) -> bool {
+        self.dry_run
+    }
+
+    fn patch_params(&self, params: PatchParams) -> PatchParams {
+        PatchParams {
+            dry_run: self.dry_run,
+            ..params
         }
     }
 
@@ -208,7 +235,7 @@ impl Writer {
         let applied = api
             .patch(
                 name_of(obj),
-                &apply_params(&self.field_manager, force),
+                &self.patch_params(apply_params(&self.field_manager, force)),
                 &Patch::Apply(&body),
             )
             .await;
@@ -223,7 +250,7 @@ impl Writer {
             {
                 api.patch(
                     name_of(obj),
-                    &apply_params(&self.field_manager, true),
+                    &self.patch_params(apply_params(&self.field_manager, true)),
                     &Patch::Apply(&body),
                 )
                 .await
@@ -248,7 +275,7 @@ impl Writer {
         let api = api_for(&self.client, resource, ns_of(obj));
         let pp = PostParams {
             field_manager: Some(self.field_manager.clone()),
-            ..PostParams::default()
+            dry_run: self.dry_run,
         };
         api.create(&pp, &dynamic)
             .await
@@ -275,6 +302,7 @@ impl Writer {
                 uid: Some(uid.to_string()),
                 resource_version: Some(resource_version.to_string()),
             }),
+            dry_run: self.dry_run,
             ..DeleteParams::background()
         };
         let target = match namespace.filter(|n| !n.is_empty()) {
@@ -309,7 +337,7 @@ impl Writer {
         let api = api_for(&self.client, resource, ns_of(primary));
         api.patch_status(
             name_of(primary),
-            &PatchParams::apply(&self.field_manager).force(),
+            &self.patch_params(PatchParams::apply(&self.field_manager).force()),
             &Patch::Apply(&body),
         )
         .await
@@ -343,10 +371,10 @@ impl Writer {
         }
         let patch = &patch;
         let api = api_for(&self.client, resource, ns_of(obj));
-        let pp = PatchParams {
+        let pp = self.patch_params(PatchParams {
             field_manager: Some(self.field_manager.clone()),
             ..PatchParams::default()
-        };
+        });
         api.patch(name_of(obj), &pp, &Patch::Merge(patch))
             .await
             .map(|o| serde_json::to_value(o).unwrap_or_default())
@@ -371,7 +399,7 @@ impl Writer {
         let api = api_for(&self.client, resource, ns_of(primary));
         api.patch(
             name_of(primary),
-            &PatchParams::default(),
+            &self.patch_params(PatchParams::default()),
             &Patch::Merge(&patch),
         )
         .await

@@ -13,6 +13,10 @@
 //! - A removed file stops its plugin's controllers; nothing is deleted.
 //! - The same bytes are never compiled twice by this process, and the
 //!   compile cache (by digest) spares recompiling after a restart.
+//! - A file whose load options changed (settings or limits, from a re-read
+//!   operator configuration) is reloaded with them through the same
+//!   validate-before-swap path, once per change: a plugin that refuses the
+//!   new settings keeps running with the old ones.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -55,6 +59,14 @@ struct Known {
     plugin: Option<String>,
     /// Changed since it was last tried.
     pending: bool,
+    /// [`options_key`] of the options it was last tried with.
+    options: Option<String>,
+}
+
+/// What identifies load options: the settings and the limits (the compile
+/// cache does not change what runs).
+fn options_key(options: &LoadOptions) -> String {
+    format!("{} {:?}", options.settings, options.limits)
 }
 
 /// Keeps an operator's plugins in step with one or more directories (the
@@ -112,6 +124,16 @@ fn wasm_files(dir: &Path) -> Option<Vec<PathBuf>> {
 
 fn is_shadow(path: &Path) -> bool {
     stem(path).ends_with(crate::shadow::SUFFIX)
+}
+
+/// The stem whose options a file is loaded with: its own, or for a shadow
+/// `NAME.shadow.wasm` the shadowed plugin's `NAME`.
+fn options_stem(path: &Path) -> String {
+    let stem = stem(path);
+    match stem.strip_suffix(crate::shadow::SUFFIX) {
+        Some(base) => base.to_owned(),
+        None => stem,
+    }
 }
 
 fn stem(path: &Path) -> String {
@@ -201,7 +223,18 @@ impl PluginDir {
                     continue;
                 }
             }
-            if !known.pending {
+            // Tried before with other options (the configuration changed):
+            // load the same bytes again with the new ones.
+            // (Once per change, even when the file cannot be read.)
+            let options_changed = known.options.is_some() && {
+                let key = options_key(&(self.options)(&options_stem(&path)));
+                let changed = known.options.as_ref() != Some(&key);
+                if changed {
+                    known.options = Some(key);
+                }
+                changed
+            };
+            if !known.pending && !options_changed {
                 continue;
             }
             known.pending = false;
@@ -218,8 +251,11 @@ impl PluginDir {
                 }
             };
             let d = digest(&bytes);
-            if known.digest.as_deref() == Some(d.as_str()) {
+            if known.digest.as_deref() == Some(d.as_str()) && !options_changed {
                 continue;
+            }
+            if options_changed {
+                tracing::info!(file = %path.display(), "plugin configuration changed; reloading");
             }
             known.digest = Some(d);
             self.load(&path, bytes, &mut report).await;
@@ -241,7 +277,10 @@ impl PluginDir {
         // `NAME.shadow.wasm`: a shadow candidate, loaded with NAME's
         // settings and limits.
         let shadow_of = stem.strip_suffix(crate::shadow::SUFFIX).map(str::to_owned);
-        let options = (self.options)(shadow_of.as_deref().unwrap_or(&stem));
+        let options = (self.options)(&options_stem(path));
+        if let Some(k) = self.known.get_mut(path) {
+            k.options = Some(options_key(&options));
+        }
         let sandbox = self.sandbox.clone();
         let origin = path.display().to_string();
         let loaded = tokio::task::spawn_blocking(move || {

@@ -75,8 +75,12 @@ pub enum Rule {
     HttpTargetNotAllowed,
     /// More applies than the plugin's [`PlanLimits::max_applies`].
     TooManyApplies,
-    /// More deletes than the plugin's [`PlanLimits::max_deletes`].
-    TooManyDeletes,
+    /// More deletes than one of the plugin's deletion budgets: per
+    /// reconcile ([`PlanLimits::max_deletes`], checked with the other
+    /// counts) or per minute ([`PlanLimits::max_deletes_per_minute`],
+    /// checked by the executor against what the plugin deleted in the last
+    /// minute). The plan is rejected whole until a person raises the budget.
+    DeletionBudgetExceeded,
     /// More Events than the plugin's [`PlanLimits::max_events`].
     TooManyEvents,
     /// More HTTP requests than the plugin's [`PlanLimits::max_http_requests`].
@@ -205,7 +209,7 @@ impl Rule {
             Rule::DuplicateTarget => "DuplicateTarget",
             Rule::HttpTargetNotAllowed => "HttpTargetNotAllowed",
             Rule::TooManyApplies => "TooManyApplies",
-            Rule::TooManyDeletes => "TooManyDeletes",
+            Rule::DeletionBudgetExceeded => "DeletionBudgetExceeded",
             Rule::TooManyEvents => "TooManyEvents",
             Rule::TooManyHttpRequests => "TooManyHttpRequests",
             Rule::GaugeInvalid => "GaugeInvalid",
@@ -234,16 +238,25 @@ impl std::fmt::Display for Violation {
     }
 }
 
-/// How much one plan may ask for; configurable per plugin (operator file
-/// keys `maxApplies`, `maxDeletes`, `maxEvents`, `maxHttpRequests`,
-/// `minRequeueMs`). Each apply, delete, Event and HTTP request is an API
+/// How much one plan may ask for, and how it is executed; configurable per
+/// plugin (operator file keys `maxApplies`, `maxDeletes`,
+/// `maxDeletesPerMinute`, `maxEvents`, `maxHttpRequests`, `minRequeueMs`,
+/// `dryRunFirst`). Each apply, delete, Event and HTTP request is an API
 /// call or a connection, so their number is bounded whatever their size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PlanLimits {
     /// Most applies in one plan. Default 500.
     pub max_applies: usize,
-    /// Most deletes in one plan. Default 500.
+    /// The per-reconcile deletion budget: most deletes in one plan.
+    /// Default 500. A plan over it is rejected whole
+    /// ([`Rule::DeletionBudgetExceeded`]).
     pub max_deletes: usize,
+    /// The per-minute deletion budget: most deletes the plugin's plans may
+    /// execute in any 60 seconds, across all its primaries. Default 1000.
+    /// A plan that would go over it is rejected whole, and so is every
+    /// later plan of the plugin that deletes, until the budget is raised
+    /// (see [`crate::execute::budget`]).
+    pub max_deletes_per_minute: usize,
     /// Most Events in one plan. Default 50.
     pub max_events: usize,
     /// Most HTTP requests in one plan. Default 32.
@@ -251,16 +264,27 @@ pub struct PlanLimits {
     /// Shortest `requeueAfterMs` honoured; shorter ones (0 included) wait
     /// this long. Default 1000.
     pub min_requeue_ms: u64,
+    /// Send every write of a plan with `dryRun=All` first, and write
+    /// nothing when the API server refuses one (schema, CEL rules,
+    /// admission webhooks, quota). Default false.
+    pub dry_run_first: bool,
 }
+
+/// Default per-reconcile deletion budget ([`PlanLimits::max_deletes`]).
+pub const DEFAULT_MAX_DELETES: usize = 500;
+/// Default per-minute deletion budget ([`PlanLimits::max_deletes_per_minute`]).
+pub const DEFAULT_MAX_DELETES_PER_MINUTE: usize = 1000;
 
 impl Default for PlanLimits {
     fn default() -> Self {
         PlanLimits {
             max_applies: 500,
-            max_deletes: 500,
+            max_deletes: DEFAULT_MAX_DELETES,
+            max_deletes_per_minute: DEFAULT_MAX_DELETES_PER_MINUTE,
             max_events: 50,
             max_http_requests: 32,
             min_requeue_ms: 1000,
+            dry_run_first: false,
         }
     }
 }
@@ -275,10 +299,25 @@ impl PlanLimits {
 }
 
 /// Checks the counts of a plan against `limits`: one violation per list
-/// that is too long ([`Rule::TooManyApplies`], [`Rule::TooManyDeletes`],
+/// that is too long ([`Rule::TooManyApplies`],
+/// [`Rule::DeletionBudgetExceeded`] for the per-reconcile deletion budget,
 /// [`Rule::TooManyEvents`], [`Rule::TooManyHttpRequests`]). Cheap: it looks
 /// at lengths only, so it runs before the per-object rules of [`validate`].
 pub fn check_counts(plan: &Plan, limits: &PlanLimits) -> Vec<Violation> {
+    let mut out = Vec::new();
+    if plan.delete.len() > limits.max_deletes {
+        out.push(Violation {
+            rule: Rule::DeletionBudgetExceeded,
+            object: "delete".to_owned(),
+            message: format!(
+                "the plan deletes {} objects, more than the per-reconcile deletion budget of {}; \
+                 nothing is written until a person raises maxDeletes of this plugin in the \
+                 operator configuration",
+                plan.delete.len(),
+                limits.max_deletes
+            ),
+        });
+    }
     let lists = [
         (
             plan.apply.len(),
@@ -286,13 +325,6 @@ pub fn check_counts(plan: &Plan, limits: &PlanLimits) -> Vec<Violation> {
             Rule::TooManyApplies,
             "apply",
             "applies",
-        ),
-        (
-            plan.delete.len(),
-            limits.max_deletes,
-            Rule::TooManyDeletes,
-            "delete",
-            "deletes",
         ),
         (
             plan.events.len(),
@@ -309,15 +341,14 @@ pub fn check_counts(plan: &Plan, limits: &PlanLimits) -> Vec<Violation> {
             "HTTP requests",
         ),
     ];
-    lists
-        .into_iter()
-        .filter(|(len, max, ..)| len > max)
-        .map(|(len, max, rule, field, what)| Violation {
+    out.extend(lists.into_iter().filter(|(len, max, ..)| len > max).map(
+        |(len, max, rule, field, what)| Violation {
             rule,
             object: field.to_owned(),
             message: format!("the plan has {len} {what}, more than the {max} allowed"),
-        })
-        .collect()
+        },
+    ));
+    out
 }
 
 /// Checks a whole plan against DESIGN.md invariants 1–3 before any write.
@@ -989,7 +1020,7 @@ mod count_tests {
             max_deletes: 0,
             max_events: 2,
             max_http_requests: 0,
-            min_requeue_ms: 1000,
+            ..PlanLimits::default()
         };
         let mut plan: Plan = serde_json::from_value(json!({
             "apply": [{"object": {}}],
@@ -1008,10 +1039,34 @@ mod count_tests {
             .iter()
             .map(|v| v.rule.as_str())
             .collect();
-        assert_eq!(rules, ["TooManyDeletes", "TooManyHttpRequests"]);
+        assert_eq!(rules, ["DeletionBudgetExceeded", "TooManyHttpRequests"]);
         plan.delete.clear();
         plan.http_requests.clear();
         assert!(check_counts(&plan, &limits).is_empty());
+    }
+
+    #[test]
+    fn the_per_reconcile_deletion_budget_names_the_count_the_budget_and_the_setting() {
+        let limits = PlanLimits {
+            max_deletes: 10,
+            ..PlanLimits::default()
+        };
+        let one: Value = json!({"target": {"apiVersion": "v1", "kind": "ConfigMap", "name": "a"},
+                                "uid": "u", "resourceVersion": "1"});
+        let mut plan: Plan =
+            serde_json::from_value(json!({"delete": vec![one; 50]})).expect("plan");
+        let violations = check_counts(&plan, &limits);
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        let v = &violations[0];
+        assert_eq!(v.rule.as_str(), "DeletionBudgetExceeded");
+        for part in ["deletes 50 objects", "deletion budget of 10", "maxDeletes"] {
+            assert!(v.message.contains(part), "{part}: {v}");
+        }
+        // The budget is inclusive, and the other lists' rules are untouched.
+        plan.delete.truncate(10);
+        assert!(check_counts(&plan, &limits).is_empty());
+        assert_eq!(PlanLimits::default().max_deletes, DEFAULT_MAX_DELETES);
+        const { assert!(DEFAULT_MAX_DELETES_PER_MINUTE >= DEFAULT_MAX_DELETES) };
     }
 
     #[test]
