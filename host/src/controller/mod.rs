@@ -319,12 +319,14 @@ impl Operator {
                 resource: api_resource(&c.primary),
                 namespaced: c.primary.namespaced,
                 managed_only: false,
+                optional: false,
             }));
             for r in &c.reads {
                 caches.push(self.cache.ensure(WatchSpec {
                     resource: api_resource(&r.kind),
                     namespaced: r.kind.namespaced,
                     managed_only: false,
+                    optional: false,
                 }));
             }
             for o in &c.owns {
@@ -333,6 +335,7 @@ impl Operator {
                     resource: api_resource(&o.kind),
                     namespaced: o.kind.namespaced,
                     managed_only: !read_elsewhere,
+                    optional: o.optional,
                 }));
             }
             actives.push(Arc::new(Active {
@@ -538,6 +541,12 @@ pub(crate) struct CacheSource {
 }
 
 impl ObjectSource for CacheSource {
+    fn absent(&self, kind: &KindRef) -> bool {
+        self.cache
+            .kind(&kind_key(kind))
+            .is_some_and(|kc| kc.absent())
+    }
+
     fn owned_by(&self, kind: &KindRef, owner_uid: &str) -> Vec<Arc<Value>> {
         self.cache
             .kind(&kind_key(kind))

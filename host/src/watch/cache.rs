@@ -68,6 +68,10 @@ pub struct WatchSpec {
     pub namespaced: bool,
     /// Watch only objects the host manages (owned kinds no controller reads).
     pub managed_only: bool,
+    /// The kind's API may be absent (an optional owned kind): a list
+    /// answered 404 counts as synced, with no objects, and marks the cache
+    /// [`KindCache::absent`] until a list succeeds.
+    pub optional: bool,
 }
 
 /// One change of one object in the cache. `old` is absent for a new object,
@@ -133,6 +137,7 @@ pub struct KindCache {
     spec: WatchSpec,
     data: RwLock<Data>,
     synced: watch::Sender<bool>,
+    absent: std::sync::atomic::AtomicBool,
 }
 
 impl KindCache {
@@ -149,6 +154,12 @@ impl KindCache {
     /// True once every initial list of this kind completed.
     pub fn synced(&self) -> bool {
         *self.synced.borrow()
+    }
+
+    /// True while the API server does not serve this optional kind (its
+    /// last list was answered 404).
+    pub fn absent(&self) -> bool {
+        self.absent.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Waits until [`KindCache::synced`] is true.
@@ -323,6 +334,7 @@ impl Cache {
             spec: spec.clone(),
             data: RwLock::new(Data::default()),
             synced: watch::channel(false).0,
+            absent: std::sync::atomic::AtomicBool::new(false),
         });
         let scopes: Vec<Option<String>> = if spec.namespaced && !self.namespaces.is_empty() {
             self.namespaces.iter().cloned().map(Some).collect()
@@ -519,6 +531,22 @@ async fn run_watch(
         let event = match event {
             Ok(e) => e,
             Err(e) => {
+                if kc.spec.optional && not_served(&e) {
+                    // An optional kind whose API is not served: no objects,
+                    // and synced, so the controller loads and reconciles
+                    // without it. The retries below notice when it appears.
+                    if !kc.absent.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                        tracing::info!(kind = %kc.key, scope = scope_name,
+                            "optional kind not served; treated as absent");
+                    }
+                    replace_scope(&kc, scope.as_deref(), BTreeMap::new(), &changes);
+                    if !counted_sync {
+                        counted_sync = true;
+                        if pending.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+                            kc.synced.send_replace(true);
+                        }
+                    }
+                }
                 let failure = Failure::of(&e);
                 metrics::global().inc(
                     "wasmop_watch_errors_total",
@@ -594,6 +622,10 @@ async fn run_watch(
                 }
             }
             Event::InitDone => {
+                if kc.absent.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                    tracing::info!(kind = %kc.key, scope = scope_name,
+                        "optional kind is served again");
+                }
                 let fresh = buffer.take().unwrap_or_default();
                 replace_scope(&kc, scope.as_deref(), fresh, &changes);
                 listing = false;
@@ -644,6 +676,18 @@ async fn run_watch(
     // The watcher stream never ends on its own; if it does, say so loudly.
     tracing::error!(kind = %kc.key, "watch stream ended");
     tokio::time::sleep(Duration::from_secs(1)).await;
+}
+
+/// True when a watch error says the API server does not serve the kind
+/// (a 404 answering the list or watch request).
+fn not_served(err: &watcher::Error) -> bool {
+    match err {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status.code == 404,
+        watcher::Error::WatchError(status) => status.code == 404,
+        _ => false,
+    }
 }
 
 /// Replaces the objects of one scope with a fresh list and reports the

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use wasmop_sdk::conditions::{conditions_of, find_condition, set_condition};
+use wasmop_sdk::conditions::{ConditionStatus, conditions_of, find_condition, set_condition};
 use wasmop_sdk::hash::stable_hash;
 use wasmop_sdk::k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use wasmop_sdk::{Plan, ReconcileError, Snapshot};
@@ -14,9 +14,13 @@ use crate::api::Fleet;
 use crate::names::*;
 use crate::render;
 use crate::reservation::{Binding, binding};
+use crate::routing;
 use crate::settings::Settings;
 use crate::validate;
-use crate::{CLAIMS_READ, PODS_READ, RESERVATIONS_READ, SERVICE_ACCOUNT_READ, STORAGE_CLASS_READ};
+use crate::{
+    CLAIMS_READ, INGRESSES_READ, PODS_READ, RESERVATIONS_READ, SERVICE_ACCOUNT_READ,
+    STORAGE_CLASS_READ,
+};
 
 /// Fallback requeue while something is in motion (owned and read objects
 /// re-trigger the fleet sooner).
@@ -202,6 +206,22 @@ impl Status<'_> {
         );
     }
 
+    fn set_any(&mut self, type_: &str, status: ConditionStatus, reason: &str, message: &str) {
+        set_condition(
+            &mut self.conditions,
+            type_,
+            status,
+            reason,
+            message,
+            self.generation,
+            &self.now,
+        );
+    }
+
+    fn drop_condition(&mut self, type_: &str) {
+        self.conditions.retain(|c| c.type_ != type_);
+    }
+
     fn was(&self, type_: &str) -> Option<&Condition> {
         find_condition(&self.conditions, type_)
     }
@@ -250,8 +270,9 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         now: snapshot.now()?,
         primary: &snapshot.primary,
     };
+    let routes = routing::Owned::of(snapshot, &fleet);
     if snapshot.deleting {
-        return deletion(&fleet, &observed, &mut st);
+        return deletion(&fleet, &observed, &routes, &mut st);
     }
     st.set(types::DELETING, false, "NotDeleting", "");
     let c = counts(&observed.pods);
@@ -327,6 +348,41 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         .apply(render::peers_service_object(&fleet))
         .apply(render::network_policy(&fleet, &settings))
         .apply(render::disruption_budget(&fleet));
+    // Routing: its own condition; never touches the workload or the
+    // reservation and never blocks them.
+    let world = routing::World {
+        gateway_api: !snapshot.kind_absent(&routing::http_route_kind()),
+        service: observed.infrastructure.iter().any(|o| {
+            o["kind"] == "Service" && o["metadata"]["name"] == fleet.metadata.name.as_str()
+        }),
+        isolation: observed.infrastructure.iter().any(|o| {
+            o["kind"] == "NetworkPolicy" && o["metadata"]["name"] == fleet.metadata.name.as_str()
+        }),
+        foreign_ingress: snapshot.related(INGRESSES_READ).any(|i| {
+            i["metadata"]["name"] == routing::routing_name(&fleet.metadata.name).as_str()
+                && i["metadata"]["labels"][FLEET_UID_LABEL].as_str()
+                    != Some(fleet.metadata.uid.as_str())
+        }),
+        owned: routes,
+    };
+    let (with_routing, verdict) = routing::reconcile(
+        plan,
+        &fleet,
+        snapshot.primary["spec"].get("routing"),
+        &world,
+    )?;
+    plan = with_routing;
+    match verdict {
+        None => st.drop_condition(routing::ROUTING_READY),
+        Some(v) => {
+            let status = match v.status {
+                "True" => ConditionStatus::True,
+                "False" => ConditionStatus::False,
+                _ => ConditionStatus::Unknown,
+            };
+            st.set_any(routing::ROUTING_READY, status, v.reason, &v.message);
+        }
+    }
     if observed.infrastructure_complete() {
         st.set(
             types::INFRASTRUCTURE_READY,
@@ -723,10 +779,19 @@ pub fn replacement<'a>(
 /// Deletion, in order: compute (the workload; its Pods go with it), then
 /// claims and the remaining objects; the reservation is kept; then the
 /// finalizer comes off.
-fn deletion(fleet: &Fleet, observed: &Observed, st: &mut Status) -> Result<Plan, ReconcileError> {
+fn deletion(
+    fleet: &Fleet,
+    observed: &Observed,
+    routes: &routing::Owned,
+    st: &mut Status,
+) -> Result<Plan, ReconcileError> {
     let c = counts(&observed.pods);
     let applied = observed.workload.map(|w| int_at(w, &["spec", "replicas"]));
     let mut plan = Plan::new();
+    // Routing closes when deletion starts, without delaying the rest.
+    for o in routes.all().into_iter().filter(|o| !terminating(o)) {
+        plan = plan.delete_owned(o)?;
+    }
     let (phase, message) = if let Some(w) = observed.workload {
         plan = plan.delete_owned(w)?;
         (
@@ -752,6 +817,11 @@ fn deletion(fleet: &Fleet, observed: &Observed, st: &mut Status) -> Result<Plan,
              PodDisruptionBudget; the storage reservation is kept",
                 observed.claims.len()
             ),
+        )
+    } else if !routes.all().is_empty() {
+        (
+            "RemovingRouting",
+            "waiting for the route and its policy to go".to_owned(),
         )
     } else {
         st.set(

@@ -61,6 +61,11 @@ pub const PLUGIN_LABEL: &str = "wasmop.dev/plugin";
 /// The label holding the UID of the primary that owns an object under
 /// [`Ownership::OwnerLabel`].
 pub const OWNER_UID_LABEL: &str = "wasmop.dev/owner-uid";
+/// The read id under which a snapshot lists the optional owned kinds whose
+/// API the server does not serve (see [`OwnedKind::optional`]): one object
+/// `{"apiVersion":"wasmop.dev/v1","kind":"AbsentKind","metadata":{"name":
+/// "<plural>.<group>"},"spec":{"group","version","kind","plural"}}` each.
+pub const ABSENT_KIND_READ: &str = "wasmop.dev/absent-kinds";
 
 /// The string at a dotted path of a JSON object (`metadata.name`), if any.
 pub fn str_at<'a>(object: &'a serde_json::Value, dotted: &str) -> Option<&'a str> {

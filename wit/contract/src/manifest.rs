@@ -265,6 +265,13 @@ pub struct OwnedKind {
     /// refuses the whole plan.
     #[serde(default)]
     pub adopt: bool,
+    /// When true, the kind's API may be absent (an optional CRD such as
+    /// Gateway API's): the controller loads without it, each snapshot
+    /// names it in the read [`crate::ABSENT_KIND_READ`] while it is not
+    /// served, and its objects appear once it is. A plan must not apply or
+    /// delete objects of an absent kind (the API server would refuse them).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
 }
 
 impl OwnedKind {
@@ -274,6 +281,7 @@ impl OwnedKind {
             kind,
             ownership: Ownership::OwnerReference,
             adopt: false,
+            optional: false,
         }
     }
 
@@ -283,6 +291,7 @@ impl OwnedKind {
             kind,
             ownership: Ownership::OwnerLabel { extra_label: None },
             adopt: false,
+            optional: false,
         }
     }
 
@@ -298,6 +307,12 @@ impl OwnedKind {
     /// Lets the host adopt orphans of this kind (see [`OwnedKind::adopt`]).
     pub fn adopt_orphans(mut self) -> Self {
         self.adopt = true;
+        self
+    }
+
+    /// Marks the kind's API as optional (see [`OwnedKind::optional`]).
+    pub fn optional(mut self) -> Self {
+        self.optional = true;
         self
     }
 
