@@ -517,11 +517,19 @@ mod tests {
     #[test]
     fn absent_optional_kinds_are_named_in_the_snapshot() {
         let mut c = controller();
-        let route = KindRef::namespaced("gateway.networking.k8s.io", "v1", "HTTPRoute", "httproutes");
+        let route =
+            KindRef::namespaced("gateway.networking.k8s.io", "v1", "HTTPRoute", "httproutes");
         c.owns
             .push(crate::plugin::manifest::OwnedKind::label(route.clone()).optional());
         let marker = absent_kind(&route);
-        let s = build_snapshot(&c, Arc::new(primary()), &source(), "now", &json!({}), vec![]);
+        let s = build_snapshot(
+            &c,
+            Arc::new(primary()),
+            &source(),
+            "now",
+            &json!({}),
+            vec![],
+        );
         assert!(
             !s.related
                 .iter()
@@ -529,7 +537,14 @@ mod tests {
         );
         let mut with_marker = source();
         with_marker.insert(Arc::new(marker.clone()));
-        let s = build_snapshot(&c, Arc::new(primary()), &with_marker, "now", &json!({}), vec![]);
+        let s = build_snapshot(
+            &c,
+            Arc::new(primary()),
+            &with_marker,
+            "now",
+            &json!({}),
+            vec![],
+        );
         let absent: Vec<&Value> = s
             .related
             .iter()

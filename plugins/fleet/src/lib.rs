@@ -21,6 +21,7 @@
 //! they are this fleet's too and its plans may delete them.
 
 pub mod api;
+pub mod application;
 pub mod names;
 pub mod reconcile;
 pub mod render;
@@ -85,6 +86,11 @@ impl Plugin for FleetPlugin {
                         .optional(),
                 )
                 .finalizer(names::FINALIZER)
+                .http_target(
+                    application::MEMBERS_TARGET,
+                    KindRef::of::<Pod>(),
+                    &[names::PEER_PORT as u16],
+                )
                 .reads(Read::new(
                     PODS_READ,
                     KindRef::of::<Pod>(),

@@ -11,6 +11,7 @@ use wasmop_sdk::k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time
 use wasmop_sdk::{Plan, ReconcileError, Snapshot};
 
 use crate::api::Fleet;
+use crate::application;
 use crate::names::*;
 use crate::render;
 use crate::reservation::{Binding, binding};
@@ -528,7 +529,31 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         }
     }
     ready_condition(&fleet, c, &mut st);
-    let status = st.document(&fleet, c, applied, None);
+    // Application observation: reported, never gating anything above.
+    let mut application_status = None;
+    if settings.observe_applications {
+        plan = application::plan(plan, &observed.pods);
+        let summary = application::summarise(snapshot, &observed.pods, &st.now);
+        let status = match summary.condition {
+            "True" => ConditionStatus::True,
+            "False" => ConditionStatus::False,
+            _ => ConditionStatus::Unknown,
+        };
+        st.set_any(
+            application::APPLICATION_CONVERGED,
+            status,
+            summary.reason,
+            &summary.message,
+        );
+        application_status = Some(summary.status);
+        if c.nonterminal > 0 {
+            requeue = Some(requeue.map_or(application::INTERVAL, |r| r.min(application::INTERVAL)));
+        }
+    }
+    let mut status = st.document(&fleet, c, applied, None);
+    if let Some(a) = application_status {
+        status["application"] = a;
+    }
     plan = plan.status(status);
     if let Some(after) = requeue {
         plan = plan.requeue_after(after);
