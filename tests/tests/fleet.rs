@@ -219,8 +219,14 @@ async fn delete_fleet(ns: &TestNamespace, name: &str) -> Result<()> {
 /// Labels the fake Node with the test zone (idempotent) and creates the
 /// runtime ServiceAccount; applies the CRDs; starts an operator with the
 /// fleet plugin watching the namespace.
-async fn start(ns: &TestNamespace, settings: Value) -> Result<RunningOperator> {
+async fn start(ns: &TestNamespace, mut settings: Value) -> Result<RunningOperator> {
     let _ = logs();
+    // Members run in kwok and have no /state: application observation
+    // would send requests to Pod IPs. Only the test that points members at
+    // loopback servers turns it on.
+    if settings.get("observeApplications").is_none() {
+        settings["observeApplications"] = json!(false);
+    }
     apply_project_crds(&ns.client).await?;
     let nodes = Api::<Node>::all(ns.client.clone());
     for node in nodes
@@ -240,9 +246,16 @@ async fn start(ns: &TestNamespace, settings: Value) -> Result<RunningOperator> {
     }
     let sa: ServiceAccount =
         serde_json::from_value(json!({"metadata": {"name": "celld-runtime"}}))?;
-    ns.api::<ServiceAccount>()
+    match ns
+        .api::<ServiceAccount>()
         .create(&PostParams::default(), &sa)
-        .await?;
+        .await
+    {
+        Ok(_) => {}
+        // A second operator in the same namespace.
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
     let plugin = load_plugin("fleet", settings)?;
     RunningOperator::start(ns.client.clone(), vec![ns.name.clone()], vec![plugin]).await
 }
@@ -1234,4 +1247,205 @@ async fn routing_is_added_switched_and_removed_without_touching_the_workload() -
         "routing changed the reservation"
     );
     delete_fleet(&ns, "rf").await
+}
+
+// ---- application observation ------------------------------------------------------
+
+/// Loopback `/state` servers standing in for members, one per address on
+/// the peer port; each answers the body currently set for its address.
+struct StateServers {
+    bodies: Arc<Mutex<std::collections::HashMap<String, String>>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for StateServers {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl StateServers {
+    async fn start(addresses: &[String]) -> Result<Self> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let bodies: Arc<Mutex<std::collections::HashMap<String, String>>> = Arc::default();
+        let mut tasks = Vec::new();
+        for address in addresses {
+            let listener = tokio::net::TcpListener::bind((address.as_str(), 8081))
+                .await
+                .with_context(|| format!("binding {address}:8081"))?;
+            let (bodies, address) = (bodies.clone(), address.clone());
+            tasks.push(tokio::spawn(async move {
+                while let Ok((mut sock, _)) = listener.accept().await {
+                    let body = bodies
+                        .lock()
+                        .expect("bodies lock")
+                        .get(&address)
+                        .cloned()
+                        .unwrap_or_default();
+                    tokio::spawn(async move {
+                        let mut buf = vec![0u8; 8192];
+                        let _ = sock.read(&mut buf).await;
+                        let head = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                            body.len()
+                        );
+                        let _ = sock.write_all(head.as_bytes()).await;
+                        let _ = sock.write_all(body.as_bytes()).await;
+                    });
+                }
+            }));
+        }
+        Ok(StateServers { bodies, tasks })
+    }
+
+    fn set(&self, address: &str, body: String) {
+        self.bodies
+            .lock()
+            .expect("bodies lock")
+            .insert(address.to_owned(), body);
+    }
+}
+
+fn state(version: &str, pending: i64) -> String {
+    json!({"deployment": {"version": version, "prefix": format!("apps/{version}/")},
+           "cells": {"pending": pending, "swapping": 0}})
+    .to_string()
+}
+
+async fn wait_application(
+    ns: &TestNamespace,
+    name: &str,
+    status: &str,
+    reason: &str,
+) -> Result<DynamicObject> {
+    let api = fleets(ns);
+    wait_for(
+        &format!("{name} ApplicationConverged={status}/{reason}"),
+        DEADLINE,
+        || {
+            let api = api.clone();
+            async move {
+                let f = api.get(name).await?;
+                let c = condition(&f, "ApplicationConverged");
+                if c["status"] == status && c["reason"] == reason {
+                    Ok(Some(f))
+                } else {
+                    bail!(
+                        "ApplicationConverged: {c}; application: {}",
+                        f.data["status"]["application"]
+                    )
+                }
+            }
+        },
+    )
+    .await
+}
+
+/// Every ApplicationConverged outcome against loopback `/state` servers
+/// standing in for the members: the members' Pod IPs are pointed at
+/// loopback addresses before observation is turned on (nothing is sent to
+/// a real Pod IP). Converged, MixedVersions, Converging, and Unknown for a
+/// stale, an oversized and a malformed response; the fleet stays Ready and
+/// Provisioned throughout.
+#[tokio::test]
+async fn application_observation_reports_every_outcome() -> Result<()> {
+    let ns = TestNamespace::new("fleet-app").await?;
+    let op = start(&ns, json!({})).await?;
+    let fleet = create_fleet(&ns, "af", spec(&ns, "Bucket", 2, "app")).await?;
+    let uid = fleet.metadata.uid.clone().unwrap_or_default();
+    wait_provisioned(&ns, "af").await?;
+    op.stop().await;
+
+    let pods = member_pods(&ns, &uid).await?;
+    assert_eq!(pods.len(), 2);
+    let seed = std::process::id();
+    let addresses: Vec<String> = (1..=2)
+        .map(|i| format!("127.{}.{}.{i}", 100 + seed % 100, (seed / 100) % 250))
+        .collect();
+    let servers = StateServers::start(&addresses).await?;
+    for a in &addresses {
+        servers.set(a, state("v1", 0));
+    }
+    for (pod, address) in pods.iter().zip(&addresses) {
+        ns.api::<Pod>()
+            .patch_status(
+                &pod.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"podIP": address, "podIPs": [{"ip": address}]}})),
+            )
+            .await?;
+    }
+    let _op = start(&ns, json!({"observeApplications": true})).await?;
+
+    let f = wait_application(&ns, "af", "True", "Converged").await?;
+    let app = &f.data["status"]["application"];
+    assert_eq!(
+        app["observedVersion"],
+        json!({"version": "v1", "prefix": "apps/v1/"})
+    );
+    assert_eq!(app["expectedNodes"], 2);
+    assert_eq!(app["observedNodes"], 2);
+
+    servers.set(&addresses[1], state("v2", 0));
+    let f = wait_application(&ns, "af", "False", "MixedVersions").await?;
+    assert!(f.data["status"]["application"]["observedVersion"].is_null());
+    assert_eq!(
+        f.data["status"]["application"]["versions"]
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
+
+    servers.set(&addresses[0], state("v2", 3));
+    let f = wait_application(&ns, "af", "False", "Converging").await?;
+    assert_eq!(f.data["status"]["application"]["pendingCells"], 3);
+
+    let mut stale: Value = serde_json::from_str(&state("v2", 0))?;
+    stale["sampledAt"] = json!("2020-01-01T00:00:00Z");
+    servers.set(&addresses[0], stale.to_string());
+    let f = wait_application(&ns, "af", "Unknown", "ObservationIncomplete").await?;
+    let nodes = f.data["status"]["application"]["nodes"].to_string();
+    assert!(nodes.contains("Stale"), "{nodes}");
+
+    let mut big: Value = serde_json::from_str(&state("v2", 0))?;
+    big["padding"] = json!("x".repeat(1100 * 1024));
+    servers.set(&addresses[0], big.to_string());
+    wait_for("an oversized response reported", DEADLINE, || {
+        let api = fleets(&ns);
+        async move {
+            let f = api.get("af").await?;
+            let nodes = f.data["status"]["application"]["nodes"].to_string();
+            let c = condition(&f, "ApplicationConverged");
+            if nodes.contains("Oversized") && c["status"] == "Unknown" {
+                Ok(Some(()))
+            } else {
+                bail!("{c} {nodes}")
+            }
+        }
+    })
+    .await?;
+
+    servers.set(&addresses[0], "not json".to_owned());
+    wait_for("a malformed response reported", DEADLINE, || {
+        let api = fleets(&ns);
+        async move {
+            let f = api.get("af").await?;
+            let nodes = f.data["status"]["application"]["nodes"].to_string();
+            let c = condition(&f, "ApplicationConverged");
+            if nodes.contains("Malformed") && c["status"] == "Unknown" {
+                Ok(Some(()))
+            } else {
+                bail!("{c} {nodes}")
+            }
+        }
+    })
+    .await?;
+
+    // Observation never gates the fleet.
+    let f = fleets(&ns).get("af").await?;
+    assert_eq!(condition(&f, "Ready")["status"], "True");
+    assert_eq!(condition(&f, "Provisioned")["status"], "True");
+    delete_fleet(&ns, "af").await
 }
