@@ -14,6 +14,10 @@
 //!   — defaults for the command-line options, so a fixture file is
 //!   self-contained.
 //!
+//! A `kind: AbsentKind` document of the same apiVersion, named
+//! `<plural>.<group>`, says an optional owned kind's API is not served
+//! (see `OwnedKind::optional`); it is kept as an object of the source.
+//!
 //! The first object whose kind is a controller's primary is the primary.
 //! Missing `metadata.uid`s are filled deterministically (the primary gets
 //! [`PRIMARY_UID`], so fixtures can name it in ownerReferences), as are
