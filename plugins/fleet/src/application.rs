@@ -306,10 +306,11 @@ pub fn summarise(snapshot: &Snapshot, pods: &[&Value], now: &Time) -> Summary {
         "nodes": diagnostics,
     });
     let complete = expected > 0 && observed == expected;
-    if complete && versions.len() == 1 {
-        if let Some(((v, p), _)) = versions.iter().next() {
-            status["observedVersion"] = json!({"version": v, "prefix": p});
-        }
+    if complete
+        && versions.len() == 1
+        && let Some(((v, p), _)) = versions.iter().next()
+    {
+        status["observedVersion"] = json!({"version": v, "prefix": p});
     }
     let (condition, reason, message) = if !complete {
         (

@@ -419,7 +419,7 @@ pub fn reconcile(
     }
     let source = r.source.clone().unwrap_or_default();
     plan = plan.apply(policy(fleet, &source));
-    let verdict = if let Some(g) = &r.gateway {
+    let state = if let Some(g) = &r.gateway {
         plan = plan.apply(http_route(fleet, &r, g));
         route_verdict(fleet, owned.http_route, g)
     } else if let Some(i) = &r.ingress {
@@ -428,7 +428,7 @@ pub fn reconcile(
     } else {
         verdict("False", reasons::INVALID_CONFIGURATION, "no route kind")
     };
-    Ok((plan, Some(verdict)))
+    Ok((plan, Some(state)))
 }
 
 /// The checks before an existing route is removed: the API of the route
