@@ -285,6 +285,7 @@ fn terminating(o: &Value) -> bool {
 }
 
 /// What the snapshot says about the world routing depends on.
+#[derive(Debug)]
 pub struct World<'a> {
     /// The fleet's routing objects.
     pub owned: Owned<'a>,
