@@ -881,8 +881,8 @@ fn a_switch_deletes_the_old_route_first_with_preconditions() {
 #[test]
 fn a_failed_preflight_keeps_the_route() {
     let mut w = World::running(bucket_fleet(), 3);
-    w.owned
-        .retain(|o| !(o["kind"] == "NetworkPolicy" && o["metadata"]["name"] == "f"));
+    let isolation = |o: &Value| o["kind"] == "NetworkPolicy" && o["metadata"]["name"] == "f";
+    w.owned.retain(|o| !isolation(o));
     w.owned
         .push(routing_owned("Ingress", "networking.k8s.io/v1"));
     w.owned
