@@ -22,6 +22,7 @@
 
 pub mod api;
 pub mod application;
+pub mod mesh;
 pub mod names;
 pub mod reconcile;
 pub mod render;
@@ -85,6 +86,20 @@ impl Plugin for FleetPlugin {
                         .extra_label(FLEET_UID_LABEL)
                         .optional(),
                 )
+                .owns_kind(
+                    OwnedKind::label(mesh::authorization_policy_kind())
+                        .extra_label(FLEET_UID_LABEL)
+                        .optional(),
+                )
+                .owns_kind(
+                    OwnedKind::label(mesh::peer_authentication_kind())
+                        .extra_label(FLEET_UID_LABEL)
+                        .optional(),
+                )
+                .primary_field(&format!(
+                    "metadata.annotations.{}",
+                    mesh::ISTIO_CONTROL_PLANE_ANNOTATION
+                ))
                 .finalizer(names::FINALIZER)
                 .http_target(
                     application::MEMBERS_TARGET,

@@ -12,6 +12,7 @@ use wasmop_sdk::{Plan, ReconcileError, Snapshot};
 
 use crate::api::Fleet;
 use crate::application;
+use crate::mesh;
 use crate::names::*;
 use crate::render;
 use crate::reservation::{Binding, binding};
@@ -55,6 +56,8 @@ pub mod reasons {
     pub const STORAGE_CLASS_MISSING: &str = "StorageClassMissing";
     /// The bucket is reserved by another fleet UID, or the hash no longer verifies.
     pub const STORAGE_SCOPE_CONFLICT: &str = "StorageScopeConflict";
+    /// An API the spec needs (Istio's `security.istio.io/v1`) is not served.
+    pub const INFRASTRUCTURE_BLOCKED: &str = "InfrastructureBlocked";
 }
 
 /// What the fleet's objects look like in this snapshot.
@@ -272,8 +275,15 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         primary: &snapshot.primary,
     };
     let routes = routing::Owned::of(snapshot, &fleet);
+    let mesh_name = mesh::mesh_name(&fleet.metadata.name);
+    let mesh_objects: Vec<&Value> = ["AuthorizationPolicy", "PeerAuthentication"]
+        .into_iter()
+        .filter_map(|k| snapshot.owned_named(k, &mesh_name))
+        .collect();
     if snapshot.deleting {
-        return deletion(&fleet, &observed, &routes, &mut st);
+        let mut closing = routes.all();
+        closing.extend(mesh_objects.iter().copied());
+        return deletion(&fleet, &observed, &closing, &mut st);
     }
     st.set(types::DELETING, false, "NotDeleting", "");
     let c = counts(&observed.pods);
@@ -343,12 +353,70 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
     }
     st.set(types::BLOCKED, false, "NotBlocked", "");
 
+    // The mesh: every member Pod (terminating ones too) must run a proxy
+    // before the peer port goes strict; on departure istiod egress and the
+    // mesh objects stay until the last proxy has exited.
+    let istio = fleet.spec.istio().cloned();
+    let any_proxy = observed.pods.iter().any(|p| mesh::has_proxy(p));
+    let all_proxied = !observed.pods.is_empty() && observed.pods.iter().all(|p| mesh::has_proxy(p));
+    let recorded_plane = fleet
+        .metadata
+        .annotations
+        .get(mesh::ISTIO_CONTROL_PLANE_ANNOTATION)
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let istiod = match &istio {
+        Some(i) => Some(i.control_plane().to_owned()),
+        None if any_proxy => Some(
+            recorded_plane
+                .clone()
+                .unwrap_or_else(|| "istio-system".to_owned()),
+        ),
+        None => None,
+    };
+
     // Infrastructure: never held by maintenance.
     plan = plan
         .apply(render::application_service(&fleet))
         .apply(render::peers_service_object(&fleet))
-        .apply(render::network_policy(&fleet, &settings))
+        .apply(render::network_policy_with(
+            &fleet,
+            &settings,
+            istiod.as_deref(),
+        ))
         .apply(render::disruption_budget(&fleet));
+    match &istio {
+        Some(i) => {
+            if recorded_plane.as_deref() != Some(i.control_plane()) {
+                plan = plan.primary_patch(json!({"metadata": {"annotations": {
+                    (mesh::ISTIO_CONTROL_PLANE_ANNOTATION): i.control_plane()
+                }}}));
+            }
+            plan = plan.apply(mesh::authorization_policy(
+                &fleet,
+                i,
+                &settings,
+                all_proxied,
+            ));
+            if !all_proxied {
+                plan = plan.apply(mesh::peer_authentication(&fleet));
+            } else if let Some(pa) = snapshot
+                .owned_named("PeerAuthentication", &mesh_name)
+                .filter(|o| o["metadata"]["deletionTimestamp"].is_null())
+            {
+                plan = plan.delete_owned(pa)?;
+            }
+        }
+        None if !any_proxy => {
+            for o in mesh_objects
+                .iter()
+                .filter(|o| o["metadata"]["deletionTimestamp"].is_null())
+            {
+                plan = plan.delete_owned(o)?;
+            }
+        }
+        None => {}
+    }
     // Routing: its own condition; never touches the workload or the
     // reservation and never blocks them.
     let world = routing::World {
@@ -453,6 +521,12 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
     }) && c.nonterminal == desired
         && c.ready == desired
         && c.terminating == 0;
+    if progress.is_none() && istio.is_some() && !all_proxied && !paused {
+        progress = Some((
+            "Provisioning",
+            "waiting for the Istio proxy in every member Pod".into(),
+        ));
+    }
     if progress.is_none() && !settled_now {
         progress = Some(match observed.workload {
             None => (
@@ -620,6 +694,14 @@ fn blocker(
                     .into(),
             ));
         }
+    }
+    if fleet.spec.istio().is_some() && snapshot.kind_absent(&mesh::authorization_policy_kind()) {
+        return Some((
+            reasons::INFRASTRUCTURE_BLOCKED,
+            "spec.mesh.istio needs security.istio.io/v1 (AuthorizationPolicy, \
+             PeerAuthentication), which the API server does not serve"
+                .into(),
+        ));
     }
     if !observed.service_account {
         return Some((
@@ -807,14 +889,15 @@ pub fn replacement<'a>(
 fn deletion(
     fleet: &Fleet,
     observed: &Observed,
-    routes: &routing::Owned,
+    closing: &[&Value],
     st: &mut Status,
 ) -> Result<Plan, ReconcileError> {
     let c = counts(&observed.pods);
     let applied = observed.workload.map(|w| int_at(w, &["spec", "replicas"]));
     let mut plan = Plan::new();
-    // Routing closes when deletion starts, without delaying the rest.
-    for o in routes.all().into_iter().filter(|o| !terminating(o)) {
+    // Routing and the mesh policies close when deletion starts, without
+    // delaying the rest.
+    for o in closing.iter().filter(|o| !terminating(o)) {
         plan = plan.delete_owned(o)?;
     }
     let (phase, message) = if let Some(w) = observed.workload {
@@ -843,10 +926,10 @@ fn deletion(
                 observed.claims.len()
             ),
         )
-    } else if !routes.all().is_empty() {
+    } else if !closing.is_empty() {
         (
-            "RemovingRouting",
-            "waiting for the route and its policy to go".to_owned(),
+            "RemovingPolicies",
+            "waiting for the route and the mesh policies to go".to_owned(),
         )
     } else {
         st.set(

@@ -1040,3 +1040,109 @@ fn an_observation_of_an_earlier_incarnation_does_not_count() {
     let nodes = plan.status.as_ref().unwrap()["application"]["nodes"].to_string();
     assert!(nodes.contains("MembershipChanged"), "{nodes}");
 }
+
+// ---- mesh ---------------------------------------------------------------------
+
+fn meshed() -> Value {
+    let mut f = bucket_fleet();
+    f["spec"]["mesh"] = json!({"istio": {}});
+    f
+}
+
+fn with_proxy(mut p: Value, native: bool) -> Value {
+    let proxy = json!({"name": "istio-proxy", "image": "proxy", "restartPolicy": "Always"});
+    if native {
+        p["spec"]["initContainers"] = json!([proxy]);
+    } else {
+        p["spec"]["containers"] = json!([{"name": "celld", "image": "x"}, proxy]);
+    }
+    p
+}
+
+#[test]
+fn mesh_join_keeps_permissive_until_every_member_has_a_proxy() {
+    let mut w = World::running(meshed(), 2);
+    let plan = w.plan();
+    let template = &applied(&plan, "Deployment", "f").unwrap()["spec"]["template"]["metadata"];
+    assert_eq!(template["labels"]["sidecar.istio.io/inject"], "true");
+    assert_eq!(template["labels"]["celld.eric.dev/fleet"], "f");
+    assert_eq!(
+        template["annotations"]["sidecar.istio.io/nativeSidecar"],
+        "true"
+    );
+    let np = applied(&plan, "NetworkPolicy", "f").unwrap().to_string();
+    assert!(np.contains("15012") && np.contains("istio-system"), "{np}");
+    let ap = applied(&plan, "AuthorizationPolicy", "f-mesh").expect("authorization policy");
+    assert!(
+        ap["spec"]["rules"][0].get("from").is_none(),
+        "peer rule has no identity while permissive"
+    );
+    assert_eq!(
+        ap["spec"]["rules"][1]["to"][0]["operation"]["ports"],
+        json!(["8080"])
+    );
+    assert!(applied(&plan, "PeerAuthentication", "f-mesh").is_some());
+    assert_eq!(condition(&plan, "Provisioned")["status"], "False");
+    assert_eq!(
+        plan.primary_patch.as_ref().unwrap()["metadata"]["annotations"]["celld.eric.dev/istio-control-plane"],
+        "istio-system"
+    );
+
+    // One member with a native sidecar, one with a proxy container.
+    w.pods = vec![
+        with_proxy(pod("f-abc-0", true), true),
+        with_proxy(pod("f-abc-1", true), false),
+    ];
+    let mut pa = routing_owned("PeerAuthentication", "security.istio.io/v1");
+    pa["metadata"]["name"] = json!("f-mesh");
+    w.owned.push(pa);
+    let plan = w.plan();
+    let ap = applied(&plan, "AuthorizationPolicy", "f-mesh").unwrap();
+    assert_eq!(
+        ap["spec"]["rules"][0]["from"][0]["source"]["principals"],
+        json!(["*/ns/ns/sa/celld-runtime", "*/ns/wasmop/sa/wasmop"])
+    );
+    assert!(applied(&plan, "PeerAuthentication", "f-mesh").is_none());
+    assert_eq!(plan.delete.len(), 1);
+    assert_eq!(plan.delete[0].target.kind, "PeerAuthentication");
+}
+
+#[test]
+fn mesh_departure_waits_for_the_last_proxy() {
+    let mut f = bucket_fleet();
+    f["metadata"]["annotations"] = json!({"celld.eric.dev/istio-control-plane": "mesh-system"});
+    let mut w = World::running(f, 2);
+    w.pods[0] = with_proxy(w.pods[0].clone(), true);
+    let mut ap = routing_owned("AuthorizationPolicy", "security.istio.io/v1");
+    ap["metadata"]["name"] = json!("f-mesh");
+    w.owned.push(ap);
+    let plan = w.plan();
+    let np = applied(&plan, "NetworkPolicy", "f").unwrap().to_string();
+    assert!(np.contains("15012") && np.contains("mesh-system"), "{np}");
+    assert!(plan.delete.is_empty());
+    let template = &applied(&plan, "Deployment", "f").unwrap()["spec"]["template"]["metadata"];
+    assert_eq!(template["labels"]["sidecar.istio.io/inject"], "false");
+
+    w.pods[0] = pod("f-abc-0", true);
+    let plan = w.plan();
+    let np = applied(&plan, "NetworkPolicy", "f").unwrap().to_string();
+    assert!(!np.contains("15012"), "{np}");
+    assert_eq!(plan.delete.len(), 1);
+    assert_eq!(plan.delete[0].target.kind, "AuthorizationPolicy");
+}
+
+#[test]
+fn mesh_without_istio_crds_is_infrastructure_blocked() {
+    let mut w = World::running(meshed(), 2);
+    w.extra.push((
+        wasmop_sdk::contract::ABSENT_KIND_READ.to_owned(),
+        json!({"apiVersion": "wasmop.dev/v1", "kind": "AbsentKind",
+               "metadata": {"name": "authorizationpolicies.security.istio.io"}}),
+    ));
+    let plan = w.plan();
+    assert_eq!(
+        condition(&plan, "Blocked")["reason"],
+        "InfrastructureBlocked"
+    );
+    assert!(plan.apply.is_empty());
+}
