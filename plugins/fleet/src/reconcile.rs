@@ -27,6 +27,9 @@ use crate::{
 /// Fallback requeue while something is in motion (owned and read objects
 /// re-trigger the fleet sooner).
 pub const PROGRESS_REQUEUE: Duration = Duration::from_secs(5);
+/// How often a fleet waiting for an optional API (Gateway API, Istio)
+/// looks again: an API that appears raises no event for it.
+pub const API_POLL: Duration = Duration::from_secs(30);
 
 /// Condition types, as upstream.
 pub mod types {
@@ -441,9 +444,14 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         &world,
     )?;
     plan = with_routing;
+    // A missing optional API raises no watch event when it appears: poll.
+    let mut api_poll = None;
     match verdict {
         None => st.drop_condition(routing::ROUTING_READY),
         Some(v) => {
+            if v.reason == routing::reasons::GATEWAY_API_UNAVAILABLE {
+                api_poll = Some(API_POLL);
+            }
             let status = match v.status {
                 "True" => ConditionStatus::True,
                 "False" => ConditionStatus::False,
@@ -554,11 +562,13 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
     }
 
     // Member replacement (PersistentFleet): one per reconcile.
-    let mut requeue = None;
+    let mut requeue = api_poll;
     if fleet.spec.persistent() && !paused {
         match replacement(&fleet, &observed, &settings, &st.now) {
             Replacement::None => {}
-            Replacement::Later(after) => requeue = Some(after),
+            Replacement::Later(after) => {
+                requeue = Some(requeue.map_or(after, |r: Duration| r.min(after)));
+            }
             Replacement::Now { pod, claim, why } => {
                 // Only the claim: the member's Pod is controlled by the
                 // StatefulSet, and the host lets a plan delete only objects
@@ -769,7 +779,10 @@ fn blocked(
     pause_condition(fleet, st);
     ready_condition(fleet, c, st);
     let status = st.document(fleet, c, applied, Some(since));
-    let plan = Plan::new().status(status);
+    let mut plan = Plan::new().status(status);
+    if reason == reasons::INFRASTRUCTURE_BLOCKED {
+        plan = plan.requeue_after(API_POLL);
+    }
     if already {
         plan
     } else {
