@@ -803,7 +803,7 @@ fn gateway_routing() -> Value {
            "source": {"namespace": "edge", "podLabels": {"app": "gw"}}})
 }
 
-fn applied<'p>(plan: &'p Plan, kind: &str, name: &str) -> Option<&'p Value> {
+fn applied_named<'p>(plan: &'p Plan, kind: &str, name: &str) -> Option<&'p Value> {
     plan.apply
         .iter()
         .map(|a| &a.object)
@@ -821,20 +821,20 @@ fn ingress_routing_adds_route_and_policy_without_touching_the_workload() {
     let w = World::running(with_routing(ingress_routing()), 3);
     let plain = World::running(bucket_fleet(), 3).plan();
     let plan = w.plan();
-    let ing = applied(&plan, "Ingress", "f-routing").expect("ingress");
+    let ing = applied_named(&plan, "Ingress", "f-routing").expect("ingress");
     assert_eq!(
         ing["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]["port"]["number"],
         8080
     );
     assert_eq!(ing["metadata"]["annotations"]["a.example/x"], "1");
-    let policy = applied(&plan, "NetworkPolicy", "f-routing").expect("policy");
+    let policy = applied_named(&plan, "NetworkPolicy", "f-routing").expect("policy");
     assert_eq!(
         policy["spec"]["ingress"][0]["ports"],
         json!([{"protocol": "TCP", "port": 8080}])
     );
     assert_eq!(
-        applied(&plan, "Deployment", "f"),
-        applied(&plain, "Deployment", "f")
+        applied_named(&plan, "Deployment", "f"),
+        applied_named(&plain, "Deployment", "f")
     );
     assert_eq!(condition(&plan, "RoutingReady")["status"], "Unknown");
     assert_eq!(
@@ -860,7 +860,7 @@ fn gateway_routing_without_the_api_reports_gateway_api_unavailable_and_keeps_the
         "GatewayAPIUnavailable"
     );
     assert!(plan.delete.is_empty(), "{:?}", plan.delete);
-    assert!(applied(&plan, "HTTPRoute", "f-routing").is_none());
+    assert!(applied_named(&plan, "HTTPRoute", "f-routing").is_none());
     assert_eq!(condition(&plan, "Provisioned")["status"], "True");
 }
 
@@ -874,7 +874,7 @@ fn a_switch_deletes_the_old_route_first_with_preconditions() {
     assert_eq!(plan.delete[0].target.kind, "Ingress");
     assert_eq!(plan.delete[0].uid, "Ingress-uid");
     assert_eq!(plan.delete[0].resource_version, "9");
-    assert!(applied(&plan, "HTTPRoute", "f-routing").is_none());
+    assert!(applied_named(&plan, "HTTPRoute", "f-routing").is_none());
     assert_eq!(condition(&plan, "RoutingReady")["reason"], "Reconciling");
 }
 
@@ -1063,16 +1063,19 @@ fn with_proxy(mut p: Value, native: bool) -> Value {
 fn mesh_join_keeps_permissive_until_every_member_has_a_proxy() {
     let mut w = World::running(meshed(), 2);
     let plan = w.plan();
-    let template = &applied(&plan, "Deployment", "f").unwrap()["spec"]["template"]["metadata"];
+    let template =
+        &applied_named(&plan, "Deployment", "f").unwrap()["spec"]["template"]["metadata"];
     assert_eq!(template["labels"]["sidecar.istio.io/inject"], "true");
     assert_eq!(template["labels"]["celld.eric.dev/fleet"], "f");
     assert_eq!(
         template["annotations"]["sidecar.istio.io/nativeSidecar"],
         "true"
     );
-    let np = applied(&plan, "NetworkPolicy", "f").unwrap().to_string();
+    let np = applied_named(&plan, "NetworkPolicy", "f")
+        .unwrap()
+        .to_string();
     assert!(np.contains("15012") && np.contains("istio-system"), "{np}");
-    let ap = applied(&plan, "AuthorizationPolicy", "f-mesh").expect("authorization policy");
+    let ap = applied_named(&plan, "AuthorizationPolicy", "f-mesh").expect("authorization policy");
     assert!(
         ap["spec"]["rules"][0].get("from").is_none(),
         "peer rule has no identity while permissive"
@@ -1081,7 +1084,7 @@ fn mesh_join_keeps_permissive_until_every_member_has_a_proxy() {
         ap["spec"]["rules"][1]["to"][0]["operation"]["ports"],
         json!(["8080"])
     );
-    assert!(applied(&plan, "PeerAuthentication", "f-mesh").is_some());
+    assert!(applied_named(&plan, "PeerAuthentication", "f-mesh").is_some());
     assert_eq!(condition(&plan, "Provisioned")["status"], "False");
     assert_eq!(
         plan.primary_patch.as_ref().unwrap()["metadata"]["annotations"]["celld.eric.dev/istio-control-plane"],
@@ -1097,12 +1100,12 @@ fn mesh_join_keeps_permissive_until_every_member_has_a_proxy() {
     pa["metadata"]["name"] = json!("f-mesh");
     w.owned.push(pa);
     let plan = w.plan();
-    let ap = applied(&plan, "AuthorizationPolicy", "f-mesh").unwrap();
+    let ap = applied_named(&plan, "AuthorizationPolicy", "f-mesh").unwrap();
     assert_eq!(
         ap["spec"]["rules"][0]["from"][0]["source"]["principals"],
         json!(["*/ns/ns/sa/celld-runtime", "*/ns/wasmop/sa/wasmop"])
     );
-    assert!(applied(&plan, "PeerAuthentication", "f-mesh").is_none());
+    assert!(applied_named(&plan, "PeerAuthentication", "f-mesh").is_none());
     assert_eq!(plan.delete.len(), 1);
     assert_eq!(plan.delete[0].target.kind, "PeerAuthentication");
 }
@@ -1117,15 +1120,20 @@ fn mesh_departure_waits_for_the_last_proxy() {
     ap["metadata"]["name"] = json!("f-mesh");
     w.owned.push(ap);
     let plan = w.plan();
-    let np = applied(&plan, "NetworkPolicy", "f").unwrap().to_string();
+    let np = applied_named(&plan, "NetworkPolicy", "f")
+        .unwrap()
+        .to_string();
     assert!(np.contains("15012") && np.contains("mesh-system"), "{np}");
     assert!(plan.delete.is_empty());
-    let template = &applied(&plan, "Deployment", "f").unwrap()["spec"]["template"]["metadata"];
+    let template =
+        &applied_named(&plan, "Deployment", "f").unwrap()["spec"]["template"]["metadata"];
     assert_eq!(template["labels"]["sidecar.istio.io/inject"], "false");
 
     w.pods[0] = pod("f-abc-0", true);
     let plan = w.plan();
-    let np = applied(&plan, "NetworkPolicy", "f").unwrap().to_string();
+    let np = applied_named(&plan, "NetworkPolicy", "f")
+        .unwrap()
+        .to_string();
     assert!(!np.contains("15012"), "{np}");
     assert_eq!(plan.delete.len(), 1);
     assert_eq!(plan.delete[0].target.kind, "AuthorizationPolicy");
