@@ -219,8 +219,14 @@ async fn delete_fleet(ns: &TestNamespace, name: &str) -> Result<()> {
 /// Labels the fake Node with the test zone (idempotent) and creates the
 /// runtime ServiceAccount; applies the CRDs; starts an operator with the
 /// fleet plugin watching the namespace.
-async fn start(ns: &TestNamespace, settings: Value) -> Result<RunningOperator> {
+async fn start(ns: &TestNamespace, mut settings: Value) -> Result<RunningOperator> {
     let _ = logs();
+    // Members run in kwok and have no /state: application observation
+    // would send requests to Pod IPs. Only the test that points members at
+    // loopback servers turns it on.
+    if settings.get("observeApplications").is_none() {
+        settings["observeApplications"] = json!(false);
+    }
     apply_project_crds(&ns.client).await?;
     let nodes = Api::<Node>::all(ns.client.clone());
     for node in nodes
@@ -240,9 +246,16 @@ async fn start(ns: &TestNamespace, settings: Value) -> Result<RunningOperator> {
     }
     let sa: ServiceAccount =
         serde_json::from_value(json!({"metadata": {"name": "celld-runtime"}}))?;
-    ns.api::<ServiceAccount>()
+    match ns
+        .api::<ServiceAccount>()
         .create(&PostParams::default(), &sa)
-        .await?;
+        .await
+    {
+        Ok(_) => {}
+        // A second operator in the same namespace.
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
     let plugin = load_plugin("fleet", settings)?;
     RunningOperator::start(ns.client.clone(), vec![ns.name.clone()], vec![plugin]).await
 }
@@ -989,4 +1002,515 @@ async fn a_member_whose_claim_is_lost_is_replaced() -> Result<()> {
     );
     delete_fleet(&ns, "f").await?;
     Ok(())
+}
+
+// ---- routing ---------------------------------------------------------------------
+
+fn dynamic(
+    ns: &TestNamespace,
+    group: &str,
+    version: &str,
+    kind: &str,
+    plural: &str,
+) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        ns.client.clone(),
+        &ns.name,
+        &ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural),
+    )
+}
+
+fn ingresses(ns: &TestNamespace) -> Api<DynamicObject> {
+    dynamic(ns, "networking.k8s.io", "v1", "Ingress", "ingresses")
+}
+
+fn http_routes(ns: &TestNamespace) -> Api<DynamicObject> {
+    dynamic(
+        ns,
+        "gateway.networking.k8s.io",
+        "v1",
+        "HTTPRoute",
+        "httproutes",
+    )
+}
+
+/// Waits until `api` has (`true`) or lacks (`false`) an object `name`
+/// that `check` accepts.
+async fn wait_object(
+    api: &Api<DynamicObject>,
+    name: &str,
+    present: bool,
+    check: impl Fn(&DynamicObject) -> bool + Clone,
+) -> Result<Option<DynamicObject>> {
+    wait_for(
+        &format!("{name} {}", if present { "present" } else { "gone" }),
+        DEADLINE,
+        || {
+            let (api, check) = (api.clone(), check.clone());
+            async move {
+                let got = api.get_opt(name).await?;
+                match (present, got) {
+                    (true, Some(o)) if check(&o) => Ok(Some(Some(o))),
+                    (false, None) => Ok(Some(None)),
+                    (_, o) => bail!("not yet: {:?}", o.map(|o| o.data)),
+                }
+            }
+        },
+    )
+    .await
+}
+
+async fn wait_routing(
+    ns: &TestNamespace,
+    name: &str,
+    status: &str,
+    reason: &str,
+) -> Result<DynamicObject> {
+    let api = fleets(ns);
+    wait_for(
+        &format!("{name} RoutingReady={status}/{reason}"),
+        DEADLINE,
+        || {
+            let api = api.clone();
+            async move {
+                let f = api.get(name).await?;
+                let c = condition(&f, "RoutingReady");
+                if c["status"] == status
+                    && c["reason"] == reason
+                    && c["observedGeneration"].as_i64() == f.metadata.generation
+                {
+                    Ok(Some(f))
+                } else {
+                    bail!("RoutingReady: {c}")
+                }
+            }
+        },
+    )
+    .await
+}
+
+/// Routing added as an Ingress, its annotations edited (a removed managed
+/// annotation is pruned, another manager's kept), switched to an HTTPRoute
+/// while the Gateway API CRDs are absent (GatewayAPIUnavailable: the
+/// preflight fails and the Ingress and its policy are kept, the runtime
+/// stays Provisioned), switched once they are installed (the Ingress is
+/// gone before the HTTPRoute exists), back to an Ingress, and removed
+/// (route, then policy) — with the workload's generation and the
+/// reservation untouched throughout.
+///
+/// The Gateway API CRDs are cluster-wide: this is the only test that
+/// installs or removes them, and it starts by removing them so the fleet
+/// sees the API absent.
+#[tokio::test]
+async fn routing_is_added_switched_and_removed_without_touching_the_workload() -> Result<()> {
+    let ns = TestNamespace::new("fleet-routing").await?;
+    let gateway_crds = wasmop_tests::crd_names_in(&wasmop_tests::gateway_api_crd_dir()?)?;
+    wasmop_tests::delete_crds(&ns.client, &gateway_crds).await?;
+    let _op = start(&ns, json!({})).await?;
+    let mut s = spec(&ns, "Bucket", 1, "routing");
+    s["routing"] = json!({
+        "hostnames": ["app.example.com"],
+        "ingress": {"className": "nginx", "annotations": {"example.com/a": "1", "example.com/b": "2"}},
+        "source": {"namespace": "edge", "podLabels": {"app": "public-gateway"}},
+    });
+    let fleet = create_fleet(&ns, "rf", s).await?;
+    let uid = fleet.metadata.uid.clone().unwrap_or_default();
+    wait_provisioned(&ns, "rf").await?;
+    let deployments = ns.api::<Deployment>();
+    let before = deployments.get("rf").await?;
+    let reservation_name = fleets(&ns).get("rf").await?.data["status"]["reservation"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let reservation_before = reservations(&ns.client).get(&reservation_name).await?;
+
+    // Added: the Ingress forwards / to rf:8080, the policy admits the data plane to 8080 only.
+    let ing = wait_object(&ingresses(&ns), "rf-routing", true, |o| {
+        o.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key("example.com/b"))
+    })
+    .await?
+    .context("ingress")?;
+    assert_eq!(ing.labels().get(UID_LABEL), Some(&uid));
+    let rule = &ing.data["spec"]["rules"][0];
+    assert_eq!(rule["host"], "app.example.com");
+    assert_eq!(rule["http"]["paths"][0]["path"], "/");
+    assert_eq!(
+        rule["http"]["paths"][0]["backend"]["service"],
+        json!({"name": "rf", "port": {"number": 8080}})
+    );
+    assert_eq!(ing.data["spec"]["ingressClassName"], "nginx");
+    let policy = ns.api::<NetworkPolicy>().get("rf-routing").await?;
+    let pspec = serde_json::to_value(&policy.spec)?;
+    assert_eq!(pspec["ingress"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        pspec["ingress"][0]["ports"],
+        json!([{"port": 8080, "protocol": "TCP"}])
+    );
+    assert_eq!(
+        pspec["ingress"][0]["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "edge"
+    );
+    wait_routing(&ns, "rf", "Unknown", "AwaitingAddress").await?;
+
+    // Another controller's annotation survives; a removed managed one is pruned.
+    ingresses(&ns)
+        .patch(
+            "rf-routing",
+            &PatchParams::apply("someone-else"),
+            &Patch::Apply(json!({
+                "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+                "metadata": {"name": "rf-routing", "annotations": {"other.example/keep": "yes"}},
+            })),
+        )
+        .await?;
+    patch_spec(
+        &ns,
+        "rf",
+        json!({"routing": {"ingress": {"annotations": {"example.com/b": null}}}}),
+    )
+    .await?;
+    let ing = wait_object(&ingresses(&ns), "rf-routing", true, |o| {
+        o.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| !a.contains_key("example.com/b"))
+    })
+    .await?
+    .context("ingress")?;
+    let annotations = ing.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        annotations.get("example.com/a").map(String::as_str),
+        Some("1")
+    );
+    assert_eq!(
+        annotations.get("other.example/keep").map(String::as_str),
+        Some("yes")
+    );
+
+    // An address makes the Ingress route ready.
+    ingresses(&ns)
+        .patch_status(
+            "rf-routing",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.10"}]}}})),
+        )
+        .await?;
+    wait_routing(&ns, "rf", "True", "AddressAssigned").await?;
+
+    // Switch to an HTTPRoute while the Gateway API is absent: the preflight
+    // fails, the Ingress and its policy stay, the runtime is not blocked.
+    patch_spec(
+        &ns,
+        "rf",
+        json!({"routing": {"ingress": null, "gateway": {"name": "public", "namespace": ns.name}}}),
+    )
+    .await?;
+    wait_routing(&ns, "rf", "False", "GatewayAPIUnavailable").await?;
+    wait_provisioned(&ns, "rf").await?;
+    assert!(
+        ingresses(&ns).get_opt("rf-routing").await?.is_some(),
+        "the Ingress was kept"
+    );
+    assert!(
+        ns.api::<NetworkPolicy>()
+            .get_opt("rf-routing")
+            .await?
+            .is_some(),
+        "the policy was kept"
+    );
+
+    // With the CRDs installed the switch completes: the Ingress goes first.
+    let watcher = {
+        let (ing, routes) = (ingresses(&ns), http_routes(&ns));
+        tokio::spawn(async move {
+            // Records whether both routes were ever seen at once.
+            let mut overlap = false;
+            loop {
+                let i = ing.get_opt("rf-routing").await.ok().flatten();
+                let r = routes.get_opt("rf-routing").await.ok().flatten();
+                if i.is_some() && r.is_some() {
+                    overlap = true;
+                }
+                if i.is_none() && r.is_some() {
+                    return overlap;
+                }
+                // Sampling period of a monitor, not synchronisation.
+                tokio::time::sleep(SAMPLE_EVERY).await;
+            }
+        })
+    };
+    wasmop_tests::apply_gateway_api_crds(&ns.client).await?;
+    let route = wait_object(&http_routes(&ns), "rf-routing", true, |_| true)
+        .await?
+        .context("route")?;
+    let overlap = tokio::time::timeout(DEADLINE, watcher).await??;
+    assert!(
+        !overlap,
+        "the HTTPRoute existed while the Ingress was still there"
+    );
+    assert_eq!(route.data["spec"]["parentRefs"][0]["name"], "public");
+    assert_eq!(route.data["spec"]["hostnames"], json!(["app.example.com"]));
+    assert_eq!(
+        route.data["spec"]["rules"][0]["backendRefs"][0]["port"],
+        8080
+    );
+    wait_routing(&ns, "rf", "Unknown", "AwaitingAcceptance").await?;
+    let generation = route.metadata.generation.unwrap_or(1);
+    let now = "2026-01-01T00:00:00Z";
+    let cond = |t: &str| {
+        json!({"type": t, "status": "True", "reason": t, "message": "",
+                               "observedGeneration": generation, "lastTransitionTime": now})
+    };
+    http_routes(&ns)
+        .patch_status(
+            "rf-routing",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"parents": [{
+                "parentRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                              "name": "public", "namespace": ns.name},
+                "controllerName": "example.com/gateway",
+                "conditions": [cond("Accepted"), cond("ResolvedRefs")],
+            }]}})),
+        )
+        .await?;
+    wait_routing(&ns, "rf", "True", "Accepted").await?;
+
+    // Back to an Ingress, then removed: route first, then its policy.
+    patch_spec(
+        &ns,
+        "rf",
+        json!({"routing": {"gateway": null, "ingress": {"className": "nginx"}}}),
+    )
+    .await?;
+    wait_object(&http_routes(&ns), "rf-routing", false, |_| true).await?;
+    wait_object(&ingresses(&ns), "rf-routing", true, |_| true).await?;
+    wait_routing(&ns, "rf", "Unknown", "AwaitingAddress").await?;
+    patch_spec(&ns, "rf", json!({"routing": null})).await?;
+    wait_object(&ingresses(&ns), "rf-routing", false, |_| true).await?;
+    wait_for("the routing policy to go", DEADLINE, || {
+        let api = ns.api::<NetworkPolicy>();
+        async move { Ok(api.get_opt("rf-routing").await?.is_none().then_some(())) }
+    })
+    .await?;
+    let f = wait_provisioned(&ns, "rf").await?;
+    assert!(
+        condition(&f, "RoutingReady").is_null(),
+        "RoutingReady stays after removal"
+    );
+
+    let after = deployments.get("rf").await?;
+    assert_eq!(
+        before.metadata.generation, after.metadata.generation,
+        "routing changed the workload"
+    );
+    let reservation_after = reservations(&ns.client).get(&reservation_name).await?;
+    assert_eq!(
+        reservation_before.metadata.resource_version, reservation_after.metadata.resource_version,
+        "routing changed the reservation"
+    );
+    delete_fleet(&ns, "rf").await
+}
+
+// ---- application observation ------------------------------------------------------
+
+/// Loopback `/state` servers standing in for members, one per address on
+/// the peer port; each answers the body currently set for its address.
+struct StateServers {
+    bodies: Arc<Mutex<std::collections::HashMap<String, String>>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for StateServers {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl StateServers {
+    async fn start(addresses: &[String]) -> Result<Self> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let bodies: Arc<Mutex<std::collections::HashMap<String, String>>> = Arc::default();
+        let mut tasks = Vec::new();
+        for address in addresses {
+            let listener = tokio::net::TcpListener::bind((address.as_str(), 8081))
+                .await
+                .with_context(|| format!("binding {address}:8081"))?;
+            let (bodies, address) = (bodies.clone(), address.clone());
+            tasks.push(tokio::spawn(async move {
+                while let Ok((mut sock, _)) = listener.accept().await {
+                    let body = bodies
+                        .lock()
+                        .expect("bodies lock")
+                        .get(&address)
+                        .cloned()
+                        .unwrap_or_default();
+                    tokio::spawn(async move {
+                        let mut buf = vec![0u8; 8192];
+                        let _ = sock.read(&mut buf).await;
+                        let head = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                            body.len()
+                        );
+                        let _ = sock.write_all(head.as_bytes()).await;
+                        let _ = sock.write_all(body.as_bytes()).await;
+                    });
+                }
+            }));
+        }
+        Ok(StateServers { bodies, tasks })
+    }
+
+    fn set(&self, address: &str, body: String) {
+        self.bodies
+            .lock()
+            .expect("bodies lock")
+            .insert(address.to_owned(), body);
+    }
+}
+
+fn state(version: &str, pending: i64) -> String {
+    json!({"deployment": {"version": version, "prefix": format!("apps/{version}/")},
+           "cells": {"pending": pending, "swapping": 0}})
+    .to_string()
+}
+
+async fn wait_application(
+    ns: &TestNamespace,
+    name: &str,
+    status: &str,
+    reason: &str,
+) -> Result<DynamicObject> {
+    let api = fleets(ns);
+    wait_for(
+        &format!("{name} ApplicationConverged={status}/{reason}"),
+        DEADLINE,
+        || {
+            let api = api.clone();
+            async move {
+                let f = api.get(name).await?;
+                let c = condition(&f, "ApplicationConverged");
+                if c["status"] == status && c["reason"] == reason {
+                    Ok(Some(f))
+                } else {
+                    bail!(
+                        "ApplicationConverged: {c}; application: {}",
+                        f.data["status"]["application"]
+                    )
+                }
+            }
+        },
+    )
+    .await
+}
+
+/// Every ApplicationConverged outcome against loopback `/state` servers
+/// standing in for the members: the members' Pod IPs are pointed at
+/// loopback addresses before observation is turned on (nothing is sent to
+/// a real Pod IP). Converged, MixedVersions, Converging, and Unknown for a
+/// stale, an oversized and a malformed response; the fleet stays Ready and
+/// Provisioned throughout.
+#[tokio::test]
+async fn application_observation_reports_every_outcome() -> Result<()> {
+    let ns = TestNamespace::new("fleet-app").await?;
+    let op = start(&ns, json!({})).await?;
+    let fleet = create_fleet(&ns, "af", spec(&ns, "Bucket", 2, "app")).await?;
+    let uid = fleet.metadata.uid.clone().unwrap_or_default();
+    wait_provisioned(&ns, "af").await?;
+    op.stop().await;
+
+    let pods = member_pods(&ns, &uid).await?;
+    assert_eq!(pods.len(), 2);
+    let seed = std::process::id();
+    let addresses: Vec<String> = (1..=2)
+        .map(|i| format!("127.{}.{}.{i}", 100 + seed % 100, (seed / 100) % 250))
+        .collect();
+    let servers = StateServers::start(&addresses).await?;
+    for a in &addresses {
+        servers.set(a, state("v1", 0));
+    }
+    for (pod, address) in pods.iter().zip(&addresses) {
+        ns.api::<Pod>()
+            .patch_status(
+                &pod.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"podIP": address, "podIPs": [{"ip": address}]}})),
+            )
+            .await?;
+    }
+    let _op = start(&ns, json!({"observeApplications": true})).await?;
+
+    let f = wait_application(&ns, "af", "True", "Converged").await?;
+    let app = &f.data["status"]["application"];
+    assert_eq!(
+        app["observedVersion"],
+        json!({"version": "v1", "prefix": "apps/v1/"})
+    );
+    assert_eq!(app["expectedNodes"], 2);
+    assert_eq!(app["observedNodes"], 2);
+
+    servers.set(&addresses[1], state("v2", 0));
+    let f = wait_application(&ns, "af", "False", "MixedVersions").await?;
+    assert!(f.data["status"]["application"]["observedVersion"].is_null());
+    assert_eq!(
+        f.data["status"]["application"]["versions"]
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
+
+    servers.set(&addresses[0], state("v2", 3));
+    let f = wait_application(&ns, "af", "False", "Converging").await?;
+    assert_eq!(f.data["status"]["application"]["pendingCells"], 3);
+
+    let mut stale: Value = serde_json::from_str(&state("v2", 0))?;
+    stale["sampledAt"] = json!("2020-01-01T00:00:00Z");
+    servers.set(&addresses[0], stale.to_string());
+    let f = wait_application(&ns, "af", "Unknown", "ObservationIncomplete").await?;
+    let nodes = f.data["status"]["application"]["nodes"].to_string();
+    assert!(nodes.contains("Stale"), "{nodes}");
+
+    let mut big: Value = serde_json::from_str(&state("v2", 0))?;
+    big["padding"] = json!("x".repeat(1100 * 1024));
+    servers.set(&addresses[0], big.to_string());
+    wait_for("an oversized response reported", DEADLINE, || {
+        let api = fleets(&ns);
+        async move {
+            let f = api.get("af").await?;
+            let nodes = f.data["status"]["application"]["nodes"].to_string();
+            let c = condition(&f, "ApplicationConverged");
+            if nodes.contains("Oversized") && c["status"] == "Unknown" {
+                Ok(Some(()))
+            } else {
+                bail!("{c} {nodes}")
+            }
+        }
+    })
+    .await?;
+
+    servers.set(&addresses[0], "not json".to_owned());
+    wait_for("a malformed response reported", DEADLINE, || {
+        let api = fleets(&ns);
+        async move {
+            let f = api.get("af").await?;
+            let nodes = f.data["status"]["application"]["nodes"].to_string();
+            let c = condition(&f, "ApplicationConverged");
+            if nodes.contains("Malformed") && c["status"] == "Unknown" {
+                Ok(Some(()))
+            } else {
+                bail!("{c} {nodes}")
+            }
+        }
+    })
+    .await?;
+
+    // Observation never gates the fleet.
+    let f = fleets(&ns).get("af").await?;
+    assert_eq!(condition(&f, "Ready")["status"], "True");
+    assert_eq!(condition(&f, "Provisioned")["status"], "True");
+    delete_fleet(&ns, "af").await
 }

@@ -53,6 +53,8 @@ pub struct Meta {
     pub uid: String,
     /// Generation.
     pub generation: Option<i64>,
+    /// Annotations (the retained `celld.eric.dev/istio-control-plane`).
+    pub annotations: Map<String, Value>,
 }
 
 /// `spec` of a CelldFleet.
@@ -94,6 +96,42 @@ pub struct FleetSpec {
     /// Change export.
     #[serde(default)]
     pub export: Option<Export>,
+    /// Service mesh.
+    #[serde(default)]
+    pub mesh: Option<Mesh>,
+}
+
+/// `spec.mesh`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Mesh {
+    /// Istio sidecar mesh.
+    pub istio: Option<Istio>,
+}
+
+/// `spec.mesh.istio`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Istio {
+    /// `AllowAll` (default) or `Policies`.
+    pub application_access: Option<String>,
+    /// Namespace of istiod (default `istio-system`).
+    pub control_plane_namespace: Option<String>,
+}
+
+impl Istio {
+    /// The istiod namespace.
+    pub fn control_plane(&self) -> &str {
+        self.control_plane_namespace
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .unwrap_or("istio-system")
+    }
+
+    /// Port 8080 open to any caller.
+    pub fn allow_all(&self) -> bool {
+        self.application_access.as_deref() != Some("Policies")
+    }
 }
 
 impl FleetSpec {
@@ -125,6 +163,11 @@ impl FleetSpec {
             .as_ref()
             .and_then(|m| m.restart_token.as_deref())
             .unwrap_or("")
+    }
+
+    /// `spec.mesh.istio`, when the fleet is in the mesh.
+    pub fn istio(&self) -> Option<&Istio> {
+        self.mesh.as_ref().and_then(|m| m.istio.as_ref())
     }
 
     /// True when placement is Relaxed (preferred spreading).

@@ -122,6 +122,8 @@ struct World {
     storage_class: bool,
     deleting: bool,
     settings: Value,
+    extra: Vec<(String, Value)>,
+    observations: Vec<wasmop_sdk::Observation>,
 }
 
 impl World {
@@ -135,7 +137,10 @@ impl World {
             service_account: true,
             storage_class: true,
             deleting: false,
-            settings: json!({}),
+            // Application observation has its own tests below.
+            settings: json!({"observeApplications": false}),
+            extra: Vec::new(),
+            observations: Vec::new(),
         }
     }
 
@@ -185,6 +190,12 @@ impl World {
                 json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
                        "metadata": {"name": "standard"}}),
             );
+        }
+        for e in &self.extra {
+            b = b.related(&e.0, &e.1);
+        }
+        for o in &self.observations {
+            b = b.observation(o.clone());
         }
         run::<FleetPlugin>(&b.build()).unwrap()
     }
@@ -772,4 +783,377 @@ fn upstream_sample_shapes_parse() {
     let docs = objects_from_yaml(include_str!("../tests/golden/bucket-first-workload.yaml"));
     let fleet = docs.iter().find(|d| d["kind"] == "CelldFleet").unwrap();
     let _: Fleet = serde_json::from_value(fleet.clone()).unwrap();
+}
+
+// ---- routing -----------------------------------------------------------------
+
+fn with_routing(routing: Value) -> Value {
+    let mut f = bucket_fleet();
+    f["spec"]["routing"] = routing;
+    f
+}
+
+fn ingress_routing() -> Value {
+    json!({"hostnames": ["app.example.com"],
+           "ingress": {"className": "nginx", "annotations": {"a.example/x": "1"}},
+           "source": {"namespace": "edge", "podLabels": {"app": "gw"}}})
+}
+
+fn gateway_routing() -> Value {
+    json!({"hostnames": ["app.example.com"], "gateway": {"name": "public"},
+           "source": {"namespace": "edge", "podLabels": {"app": "gw"}}})
+}
+
+fn applied_named<'p>(plan: &'p Plan, kind: &str, name: &str) -> Option<&'p Value> {
+    plan.apply
+        .iter()
+        .map(|a| &a.object)
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+}
+
+fn routing_owned(kind: &str, api: &str) -> Value {
+    json!({"apiVersion": api, "kind": kind,
+           "metadata": {"name": "f-routing", "namespace": "ns", "uid": format!("{kind}-uid"),
+                        "resourceVersion": "9", "labels": { FLEET_UID_LABEL: UID }}})
+}
+
+#[test]
+fn ingress_routing_adds_route_and_policy_without_touching_the_workload() {
+    let w = World::running(with_routing(ingress_routing()), 3);
+    let plain = World::running(bucket_fleet(), 3).plan();
+    let plan = w.plan();
+    let ing = applied_named(&plan, "Ingress", "f-routing").expect("ingress");
+    assert_eq!(
+        ing["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]["port"]["number"],
+        8080
+    );
+    assert_eq!(ing["metadata"]["annotations"]["a.example/x"], "1");
+    let policy = applied_named(&plan, "NetworkPolicy", "f-routing").expect("policy");
+    assert_eq!(
+        policy["spec"]["ingress"][0]["ports"],
+        json!([{"protocol": "TCP", "port": 8080}])
+    );
+    assert_eq!(
+        applied_named(&plan, "Deployment", "f"),
+        applied_named(&plain, "Deployment", "f")
+    );
+    assert_eq!(condition(&plan, "RoutingReady")["status"], "Unknown");
+    assert_eq!(
+        condition(&plan, "RoutingReady")["reason"],
+        "AwaitingAddress"
+    );
+    assert_eq!(condition(&plan, "Provisioned")["status"], "True");
+}
+
+#[test]
+fn gateway_routing_without_the_api_reports_gateway_api_unavailable_and_keeps_the_ingress() {
+    let mut w = World::running(with_routing(gateway_routing()), 3);
+    w.owned
+        .push(routing_owned("Ingress", "networking.k8s.io/v1"));
+    w.extra.push((
+        wasmop_sdk::contract::ABSENT_KIND_READ.to_owned(),
+        json!({"apiVersion": "wasmop.dev/v1", "kind": "AbsentKind",
+               "metadata": {"name": "httproutes.gateway.networking.k8s.io"}}),
+    ));
+    let plan = w.plan();
+    assert_eq!(
+        condition(&plan, "RoutingReady")["reason"],
+        "GatewayAPIUnavailable"
+    );
+    assert!(plan.delete.is_empty(), "{:?}", plan.delete);
+    assert!(applied_named(&plan, "HTTPRoute", "f-routing").is_none());
+    assert_eq!(condition(&plan, "Provisioned")["status"], "True");
+}
+
+#[test]
+fn a_switch_deletes_the_old_route_first_with_preconditions() {
+    let mut w = World::running(with_routing(gateway_routing()), 3);
+    w.owned
+        .push(routing_owned("Ingress", "networking.k8s.io/v1"));
+    let plan = w.plan();
+    assert_eq!(plan.delete.len(), 1);
+    assert_eq!(plan.delete[0].target.kind, "Ingress");
+    assert_eq!(plan.delete[0].uid, "Ingress-uid");
+    assert_eq!(plan.delete[0].resource_version, "9");
+    assert!(applied_named(&plan, "HTTPRoute", "f-routing").is_none());
+    assert_eq!(condition(&plan, "RoutingReady")["reason"], "Reconciling");
+}
+
+#[test]
+fn a_failed_preflight_keeps_the_route() {
+    let mut w = World::running(bucket_fleet(), 3);
+    let isolation = |o: &Value| o["kind"] == "NetworkPolicy" && o["metadata"]["name"] == "f";
+    w.owned.retain(|o| !isolation(o));
+    w.owned
+        .push(routing_owned("Ingress", "networking.k8s.io/v1"));
+    w.owned
+        .push(routing_owned("NetworkPolicy", "networking.k8s.io/v1"));
+    let plan = w.plan();
+    assert!(plan.delete.is_empty(), "{:?}", plan.delete);
+    assert_eq!(
+        condition(&plan, "RoutingReady")["reason"],
+        "PreflightFailed"
+    );
+}
+
+#[test]
+fn removal_deletes_the_route_then_the_policy() {
+    let mut w = World::running(bucket_fleet(), 3);
+    w.owned
+        .push(routing_owned("Ingress", "networking.k8s.io/v1"));
+    w.owned
+        .push(routing_owned("NetworkPolicy", "networking.k8s.io/v1"));
+    let plan = w.plan();
+    let kinds: Vec<&str> = plan.delete.iter().map(|d| d.target.kind.as_str()).collect();
+    assert_eq!(kinds, ["Ingress"]);
+    w.owned.retain(|o| o["kind"] != "Ingress");
+    let plan = w.plan();
+    let kinds: Vec<&str> = plan.delete.iter().map(|d| d.target.kind.as_str()).collect();
+    assert_eq!(kinds, ["NetworkPolicy"]);
+    let conditions = plan.status.as_ref().unwrap()["conditions"].to_string();
+    assert!(!conditions.contains("RoutingReady"), "{conditions}");
+}
+
+#[test]
+fn an_accepted_http_route_is_routing_ready() {
+    let mut w = World::running(with_routing(gateway_routing()), 3);
+    let mut route = routing_owned("HTTPRoute", "gateway.networking.k8s.io/v1");
+    route["metadata"]["generation"] = json!(2);
+    let cond = |t: &str, g: i64| json!({"type": t, "status": "True", "observedGeneration": g});
+    route["status"] = json!({"parents": [{"parentRef": {"name": "public"},
+        "conditions": [cond("Accepted", 2), cond("ResolvedRefs", 1)]}]});
+    w.owned.push(route.clone());
+    assert_eq!(
+        condition(&w.plan(), "RoutingReady")["reason"],
+        "AwaitingAcceptance"
+    );
+    route["status"]["parents"][0]["conditions"] =
+        json!([cond("Accepted", 2), cond("ResolvedRefs", 2)]);
+    w.owned.retain(|o| o["kind"] != "HTTPRoute");
+    w.owned.push(route);
+    let plan = w.plan();
+    assert_eq!(condition(&plan, "RoutingReady")["status"], "True");
+    assert_eq!(condition(&plan, "RoutingReady")["reason"], "Accepted");
+}
+
+// ---- application observation -------------------------------------------------
+
+fn member(name: &str, ip: &str) -> Value {
+    let mut p = pod(name, true);
+    p["status"]["podIP"] = json!(ip);
+    p["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "f-abc", "uid": "rs", "controller": true}]);
+    p
+}
+
+fn observed(id: &str, body: &str, error: Option<&str>) -> wasmop_sdk::Observation {
+    wasmop_sdk::Observation {
+        id: id.to_owned(),
+        status: if error.is_some() { None } else { Some(200) },
+        body: body.to_owned(),
+        error: error.map(str::to_owned),
+        observed_at: NOW.to_owned(),
+        age_ms: 1000,
+    }
+}
+
+fn observing(bodies: &[(&str, Option<&str>)]) -> Plan {
+    let mut fleet = bucket_fleet();
+    fleet["spec"]["replicas"] = json!(bodies.len());
+    let mut w = World::running(fleet, bodies.len() as i32);
+    w.settings = json!({});
+    w.pods.clear();
+    for (i, (body, error)) in bodies.iter().enumerate() {
+        let name = format!("f-abc-{i}");
+        let ip = format!("10.0.0.{i}");
+        w.pods.push(member(&name, &ip));
+        w.observations
+            .push(observed(&format!("state.pod-{name}.0-.{ip}"), body, *error));
+    }
+    w.plan()
+}
+
+fn app(version: &str, pending: i64) -> String {
+    json!({"deployment": {"version": version, "prefix": "p/"}, "cells": {"pending": pending, "swapping": 0}})
+        .to_string()
+}
+
+#[test]
+fn application_observation_outcomes() {
+    let plan = observing(&[(&app("v1", 0), None), (&app("v1", 0), None)]);
+    assert_eq!(plan.http_requests.len(), 2);
+    assert_eq!(plan.http_requests[0].port, 8081);
+    assert_eq!(plan.http_requests[0].path, "/state");
+    assert_eq!(plan.http_requests[0].timeout_ms, 10_000);
+    assert_eq!(plan.http_requests[0].max_response_bytes, 1024 * 1024);
+    assert_eq!(plan.http_requests[0].max_age_ms, 90_000);
+    assert_eq!(
+        condition(&plan, "ApplicationConverged")["reason"],
+        "Converged"
+    );
+    assert_eq!(
+        plan.status.as_ref().unwrap()["application"]["observedVersion"]["version"],
+        "v1"
+    );
+    assert_eq!(plan.requeue_after_ms, Some(15_000));
+
+    let plan = observing(&[(&app("v1", 0), None), (&app("v2", 0), None)]);
+    assert_eq!(
+        condition(&plan, "ApplicationConverged")["reason"],
+        "MixedVersions"
+    );
+    let plan = observing(&[(&app("v1", 4), None), (&app("v1", 0), None)]);
+    assert_eq!(
+        condition(&plan, "ApplicationConverged")["reason"],
+        "Converging"
+    );
+    for (body, error) in [
+        (
+            "",
+            Some("response body exceeds the cap of 1048576 bytes and was cut at 1048576 bytes"),
+        ),
+        ("nope", None),
+        ("{}", None),
+        (
+            r#"{"sampledAt":"2020-01-01T00:00:00Z","deployment":{"version":"v1","prefix":"p/"}}"#,
+            None,
+        ),
+    ] {
+        let plan = observing(&[(body, error), (&app("v1", 0), None)]);
+        let c = condition(&plan, "ApplicationConverged");
+        assert_eq!(c["status"], "Unknown", "{body}");
+        assert_eq!(condition(&plan, "Ready")["status"], "True");
+    }
+}
+
+#[test]
+fn an_observation_of_an_earlier_incarnation_does_not_count() {
+    let mut w = World::running(bucket_fleet(), 1);
+    w.settings = json!({});
+    w.pods = vec![member("f-abc-0", "10.0.0.9")];
+    w.observations.push(observed(
+        "state.pod-f-abc-0.0-.10.0.0.1",
+        &app("v1", 0),
+        None,
+    ));
+    let plan = w.plan();
+    assert_eq!(
+        condition(&plan, "ApplicationConverged")["status"],
+        "Unknown"
+    );
+    let nodes = plan.status.as_ref().unwrap()["application"]["nodes"].to_string();
+    assert!(nodes.contains("MembershipChanged"), "{nodes}");
+}
+
+// ---- mesh ---------------------------------------------------------------------
+
+fn meshed() -> Value {
+    let mut f = bucket_fleet();
+    f["spec"]["mesh"] = json!({"istio": {}});
+    f
+}
+
+fn with_proxy(mut p: Value, native: bool) -> Value {
+    let proxy = json!({"name": "istio-proxy", "image": "proxy", "restartPolicy": "Always"});
+    if native {
+        p["spec"]["initContainers"] = json!([proxy]);
+    } else {
+        p["spec"]["containers"] = json!([{"name": "celld", "image": "x"}, proxy]);
+    }
+    p
+}
+
+#[test]
+fn mesh_join_keeps_permissive_until_every_member_has_a_proxy() {
+    let mut w = World::running(meshed(), 2);
+    let plan = w.plan();
+    let template =
+        &applied_named(&plan, "Deployment", "f").unwrap()["spec"]["template"]["metadata"];
+    assert_eq!(template["labels"]["sidecar.istio.io/inject"], "true");
+    assert_eq!(template["labels"]["celld.eric.dev/fleet"], "f");
+    assert_eq!(
+        template["annotations"]["sidecar.istio.io/nativeSidecar"],
+        "true"
+    );
+    let np = applied_named(&plan, "NetworkPolicy", "f")
+        .unwrap()
+        .to_string();
+    assert!(np.contains("15012") && np.contains("istio-system"), "{np}");
+    let ap = applied_named(&plan, "AuthorizationPolicy", "f-mesh").expect("authorization policy");
+    assert!(
+        ap["spec"]["rules"][0].get("from").is_none(),
+        "peer rule has no identity while permissive"
+    );
+    assert_eq!(
+        ap["spec"]["rules"][1]["to"][0]["operation"]["ports"],
+        json!(["8080"])
+    );
+    assert!(applied_named(&plan, "PeerAuthentication", "f-mesh").is_some());
+    assert_eq!(condition(&plan, "Provisioned")["status"], "False");
+    assert_eq!(
+        plan.primary_patch.as_ref().unwrap()["metadata"]["annotations"]["celld.eric.dev/istio-control-plane"],
+        "istio-system"
+    );
+
+    // One member with a native sidecar, one with a proxy container.
+    w.pods = vec![
+        with_proxy(pod("f-abc-0", true), true),
+        with_proxy(pod("f-abc-1", true), false),
+    ];
+    let mut pa = routing_owned("PeerAuthentication", "security.istio.io/v1");
+    pa["metadata"]["name"] = json!("f-mesh");
+    w.owned.push(pa);
+    let plan = w.plan();
+    let ap = applied_named(&plan, "AuthorizationPolicy", "f-mesh").unwrap();
+    assert_eq!(
+        ap["spec"]["rules"][0]["from"][0]["source"]["principals"],
+        json!(["*/ns/ns/sa/runtime", "*/ns/wasmop/sa/wasmop"])
+    );
+    assert!(applied_named(&plan, "PeerAuthentication", "f-mesh").is_none());
+    assert_eq!(plan.delete.len(), 1);
+    assert_eq!(plan.delete[0].target.kind, "PeerAuthentication");
+}
+
+#[test]
+fn mesh_departure_waits_for_the_last_proxy() {
+    let mut f = bucket_fleet();
+    f["metadata"]["annotations"] = json!({"celld.eric.dev/istio-control-plane": "mesh-system"});
+    let mut w = World::running(f, 2);
+    w.pods[0] = with_proxy(w.pods[0].clone(), true);
+    let mut ap = routing_owned("AuthorizationPolicy", "security.istio.io/v1");
+    ap["metadata"]["name"] = json!("f-mesh");
+    w.owned.push(ap);
+    let plan = w.plan();
+    let np = applied_named(&plan, "NetworkPolicy", "f")
+        .unwrap()
+        .to_string();
+    assert!(np.contains("15012") && np.contains("mesh-system"), "{np}");
+    assert!(plan.delete.is_empty());
+    let template =
+        &applied_named(&plan, "Deployment", "f").unwrap()["spec"]["template"]["metadata"];
+    assert_eq!(template["labels"]["sidecar.istio.io/inject"], "false");
+
+    w.pods[0] = pod("f-abc-0", true);
+    let plan = w.plan();
+    let np = applied_named(&plan, "NetworkPolicy", "f")
+        .unwrap()
+        .to_string();
+    assert!(!np.contains("15012"), "{np}");
+    assert_eq!(plan.delete.len(), 1);
+    assert_eq!(plan.delete[0].target.kind, "AuthorizationPolicy");
+}
+
+#[test]
+fn mesh_without_istio_crds_is_infrastructure_blocked() {
+    let mut w = World::running(meshed(), 2);
+    w.extra.push((
+        wasmop_sdk::contract::ABSENT_KIND_READ.to_owned(),
+        json!({"apiVersion": "wasmop.dev/v1", "kind": "AbsentKind",
+               "metadata": {"name": "authorizationpolicies.security.istio.io"}}),
+    ));
+    let plan = w.plan();
+    assert_eq!(
+        condition(&plan, "Blocked")["reason"],
+        "InfrastructureBlocked"
+    );
+    assert!(plan.apply.is_empty());
 }

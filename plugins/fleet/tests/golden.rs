@@ -12,7 +12,11 @@
 use std::path::{Path, PathBuf};
 
 /// One fixture per profile and per mutation.
-const FIXTURES: [&str; 20] = [
+const FIXTURES: [&str; 31] = [
+    "application-converged",
+    "application-converging",
+    "application-mixed",
+    "application-unknown",
     "bucket-first-workload",
     "bucket-reserve",
     "bucket-settled",
@@ -33,6 +37,13 @@ const FIXTURES: [&str; 20] = [
     "persistent-lost-claim",
     "persistent-member-down",
     "recreated-same-name",
+    "routing-gateway-accepted",
+    "routing-gateway-unavailable",
+    "routing-ingress-added",
+    "routing-preflight-failed",
+    "routing-removed",
+    "routing-removed-policy",
+    "routing-switch-deletes-ingress",
 ];
 
 fn golden_dir() -> PathBuf {
