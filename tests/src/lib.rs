@@ -11,6 +11,7 @@
 
 pub mod admission;
 pub mod faults;
+pub mod injector;
 pub mod interpose;
 pub mod logs;
 pub mod operator;

@@ -567,6 +567,40 @@ mod tests {
             marker["metadata"]["name"],
             "httproutes.gateway.networking.k8s.io"
         );
+
+        // An optional read's kind is named the same way; a kind a required
+        // read also names never is (the controller waits for it instead).
+        let policy = KindRef::namespaced(
+            "security.istio.io",
+            "v1",
+            "AuthorizationPolicy",
+            "authorizationpolicies",
+        );
+        c.reads
+            .push(Read::new("policies", policy.clone(), Selector::SameNamespace).optional());
+        let mut both = with_marker;
+        both.insert(Arc::new(absent_kind(&policy)));
+        let named = |c: &Controller, source: &MemorySource| -> Vec<String> {
+            build_snapshot(c, Arc::new(primary()), source, "now", &json!({}), vec![])
+                .related
+                .iter()
+                .filter(|r| r.read == wasmop_contract::ABSENT_KIND_READ)
+                .map(|r| r.object["metadata"]["name"].as_str().unwrap_or("").to_owned())
+                .collect()
+        };
+        assert_eq!(
+            named(&c, &both),
+            vec![
+                "httproutes.gateway.networking.k8s.io",
+                "authorizationpolicies.security.istio.io"
+            ]
+        );
+        c.reads
+            .push(Read::new("required", route.clone(), Selector::SameNamespace));
+        assert_eq!(
+            named(&c, &both),
+            vec!["authorizationpolicies.security.istio.io"]
+        );
     }
 
     #[test]

@@ -59,6 +59,11 @@ pub const SERVICE_ACCOUNT_READ: &str = "serviceaccount";
 /// Read: Ingresses of the namespace (a same-named Ingress of another owner
 /// is left alone).
 pub const INGRESSES_READ: &str = "ingresses";
+/// Read (optional API): Istio AuthorizationPolicies of the namespace (a
+/// same-named policy of another owner blocks the mesh).
+pub const AUTHORIZATION_POLICIES_READ: &str = "authorizationpolicies";
+/// Read (optional API): Istio PeerAuthentications of the namespace.
+pub const PEER_AUTHENTICATIONS_READ: &str = "peerauthentications";
 /// Read: the PersistentFleet StorageClass.
 pub const STORAGE_CLASS_READ: &str = "storageclass";
 
@@ -134,6 +139,22 @@ impl Plugin for FleetPlugin {
                     routing::ingress_kind(),
                     Selector::SameNamespace,
                 ))
+                .reads(
+                    Read::new(
+                        AUTHORIZATION_POLICIES_READ,
+                        mesh::authorization_policy_kind(),
+                        Selector::SameNamespace,
+                    )
+                    .optional(),
+                )
+                .reads(
+                    Read::new(
+                        PEER_AUTHENTICATIONS_READ,
+                        mesh::peer_authentication_kind(),
+                        Selector::SameNamespace,
+                    )
+                    .optional(),
+                )
                 .reads(Read::new(
                     STORAGE_CLASS_READ,
                     KindRef::of::<StorageClass>(),

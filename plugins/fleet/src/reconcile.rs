@@ -20,8 +20,8 @@ use crate::routing;
 use crate::settings::Settings;
 use crate::validate;
 use crate::{
-    CLAIMS_READ, INGRESSES_READ, PODS_READ, RESERVATIONS_READ, SERVICE_ACCOUNT_READ,
-    STORAGE_CLASS_READ,
+    AUTHORIZATION_POLICIES_READ, CLAIMS_READ, INGRESSES_READ, PEER_AUTHENTICATIONS_READ,
+    PODS_READ, RESERVATIONS_READ, SERVICE_ACCOUNT_READ, STORAGE_CLASS_READ,
 };
 
 /// Fallback requeue while something is in motion (owned and read objects
@@ -717,6 +717,28 @@ fn blocker(
              PeerAuthentication), which the API server does not serve"
                 .into(),
         ));
+    }
+    if fleet.spec.istio().is_some() {
+        let name = mesh::mesh_name(&fleet.metadata.name);
+        for (read, kind) in [
+            (AUTHORIZATION_POLICIES_READ, "AuthorizationPolicy"),
+            (PEER_AUTHENTICATIONS_READ, "PeerAuthentication"),
+        ] {
+            let foreign = snapshot.related(read).any(|o| {
+                o["metadata"]["name"] == name.as_str()
+                    && o["metadata"]["labels"][FLEET_UID_LABEL].as_str()
+                        != Some(fleet.metadata.uid.as_str())
+            });
+            if foreign {
+                return Some((
+                    reasons::INFRASTRUCTURE_BLOCKED,
+                    format!(
+                        "{kind} {name} exists and does not belong to this fleet; \
+                         remove or rename it so the fleet can own its mesh policies"
+                    ),
+                ));
+            }
+        }
     }
     if !observed.service_account {
         return Some((

@@ -123,6 +123,8 @@ struct World {
     deleting: bool,
     settings: Value,
     extra: Vec<(String, Value)>,
+    /// Optional kinds the host names as not served.
+    absent: Vec<wasmop_sdk::KindRef>,
     observations: Vec<wasmop_sdk::Observation>,
 }
 
@@ -140,6 +142,7 @@ impl World {
             // Application observation has its own tests below.
             settings: json!({"observeApplications": false}),
             extra: Vec::new(),
+            absent: Vec::new(),
             observations: Vec::new(),
         }
     }
@@ -193,6 +196,9 @@ impl World {
         }
         for e in &self.extra {
             b = b.related(&e.0, &e.1);
+        }
+        for k in &self.absent {
+            b = b.absent_kind(k);
         }
         for o in &self.observations {
             b = b.observation(o.clone());
@@ -850,11 +856,7 @@ fn gateway_routing_without_the_api_reports_gateway_api_unavailable_and_keeps_the
     let mut w = World::running(with_routing(gateway_routing()), 3);
     w.owned
         .push(routing_owned("Ingress", "networking.k8s.io/v1"));
-    w.extra.push((
-        wasmop_sdk::contract::ABSENT_KIND_READ.to_owned(),
-        json!({"apiVersion": "wasmop.dev/v1", "kind": "AbsentKind",
-               "metadata": {"name": "httproutes.gateway.networking.k8s.io"}}),
-    ));
+    w.absent.push(crate::routing::http_route_kind());
     let plan = w.plan();
     assert_eq!(
         condition(&plan, "RoutingReady")["reason"],
@@ -1145,15 +1147,48 @@ fn mesh_departure_waits_for_the_last_proxy() {
 #[test]
 fn mesh_without_istio_crds_is_infrastructure_blocked() {
     let mut w = World::running(meshed(), 2);
-    w.extra.push((
-        wasmop_sdk::contract::ABSENT_KIND_READ.to_owned(),
-        json!({"apiVersion": "wasmop.dev/v1", "kind": "AbsentKind",
-               "metadata": {"name": "authorizationpolicies.security.istio.io"}}),
-    ));
+    w.absent.push(crate::mesh::authorization_policy_kind());
     let plan = w.plan();
     assert_eq!(
         condition(&plan, "Blocked")["reason"],
         "InfrastructureBlocked"
     );
     assert!(plan.apply.is_empty());
+}
+
+#[test]
+fn a_same_named_mesh_policy_of_another_owner_is_infrastructure_blocked() {
+    for (read, kind) in [
+        (
+            crate::AUTHORIZATION_POLICIES_READ,
+            "AuthorizationPolicy",
+        ),
+        (crate::PEER_AUTHENTICATIONS_READ, "PeerAuthentication"),
+    ] {
+        let mut w = World::running(meshed(), 2);
+        w.extra.push((
+            read.to_owned(),
+            json!({"apiVersion": "security.istio.io/v1", "kind": kind,
+                   "metadata": {"name": "f-mesh", "namespace": "ns", "uid": "someone"}}),
+        ));
+        let plan = w.plan();
+        let blocked = condition(&plan, "Blocked");
+        assert_eq!(blocked["reason"], "InfrastructureBlocked");
+        assert!(
+            blocked["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(kind) && m.contains("f-mesh")),
+            "{blocked}"
+        );
+        assert!(plan.apply.is_empty());
+        assert!(plan.delete.is_empty());
+    }
+    // The fleet's own policy, seen through the read, does not block.
+    let mut w = World::running(meshed(), 2);
+    let mut own = routing_owned("AuthorizationPolicy", "security.istio.io/v1");
+    own["metadata"]["name"] = json!("f-mesh");
+    w.extra
+        .push((crate::AUTHORIZATION_POLICIES_READ.to_owned(), own));
+    let plan = w.plan();
+    assert_ne!(condition(&plan, "Blocked")["reason"], "InfrastructureBlocked");
 }
