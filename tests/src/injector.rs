@@ -27,13 +27,20 @@ pub const PROXY_CONTAINER: &str = "istio-proxy";
 const MAX_REQUEST: usize = 4 * 1024 * 1024;
 
 /// One running injector.
-#[derive(Debug)]
 pub struct Injector {
     client: Client,
     /// Name of its MutatingWebhookConfiguration.
     pub configuration: String,
     injected: Arc<AtomicUsize>,
     task: tokio::task::AbortHandle,
+}
+
+impl std::fmt::Debug for Injector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Injector")
+            .field("configuration", &self.configuration)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Injector {

@@ -29,6 +29,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
+use wasmop_tests::injector::{Injector, PROXY_CONTAINER};
 use wasmop_tests::operator::{RunningOperator, load_plugin};
 use wasmop_tests::{FIELD_MANAGER, TestNamespace, apply_project_crds, repo_root, wait_for};
 
@@ -1513,4 +1514,313 @@ async fn application_observation_reports_every_outcome() -> Result<()> {
     assert_eq!(condition(&f, "Ready")["status"], "True");
     assert_eq!(condition(&f, "Provisioned")["status"], "True");
     delete_fleet(&ns, "af").await
+}
+
+// ---- mesh ------------------------------------------------------------------------
+
+fn authorization_policies(ns: &TestNamespace) -> Api<DynamicObject> {
+    dynamic(
+        ns,
+        "security.istio.io",
+        "v1",
+        "AuthorizationPolicy",
+        "authorizationpolicies",
+    )
+}
+
+fn peer_authentications(ns: &TestNamespace) -> Api<DynamicObject> {
+    dynamic(
+        ns,
+        "security.istio.io",
+        "v1",
+        "PeerAuthentication",
+        "peerauthentications",
+    )
+}
+
+/// True when the Pod runs the injected proxy (a container or a native
+/// sidecar).
+fn proxied(p: &Pod) -> bool {
+    let Some(spec) = p.spec.as_ref() else {
+        return false;
+    };
+    spec.containers.iter().any(|c| c.name == PROXY_CONTAINER)
+        || spec.init_containers.iter().flatten().any(|c| {
+            c.name == PROXY_CONTAINER && c.restart_policy.as_deref() == Some("Always")
+        })
+}
+
+/// The AuthorizationPolicy's peer-port rule requires an identity (strict).
+fn strict(policy: &DynamicObject) -> bool {
+    !policy.data["spec"]["rules"][0]["from"].is_null()
+}
+
+/// The fleet NetworkPolicy has istiod egress.
+async fn istiod_egress(ns: &TestNamespace, name: &str) -> Result<bool> {
+    let np = ns.api::<NetworkPolicy>().get(name).await?;
+    Ok(serde_json::to_value(&np.spec)?["egress"]
+        .as_array()
+        .is_some_and(|rules| {
+            rules
+                .iter()
+                .any(|r| r["ports"] == json!([{"port": 15012, "protocol": "TCP"}]))
+        }))
+}
+
+/// Waits until the fleet is Blocked with `reason` and a message holding `text`.
+async fn wait_blocked(
+    ns: &TestNamespace,
+    name: &str,
+    reason: &str,
+    text: &str,
+) -> Result<DynamicObject> {
+    let api = fleets(ns);
+    wait_for(&format!("{name} Blocked/{reason}"), DEADLINE, || {
+        let api = api.clone();
+        async move {
+            let f = api.get(name).await?;
+            let c = condition(&f, "Blocked");
+            let current = c["observedGeneration"].as_i64() == f.metadata.generation;
+            if c["status"] == "True"
+                && c["reason"] == reason
+                && current
+                && c["message"].as_str().is_some_and(|m| m.contains(text))
+            {
+                Ok(Some(f))
+            } else {
+                bail!("Blocked: {c}")
+            }
+        }
+    })
+    .await
+}
+
+/// Samples the mesh objects, then the member Pods, until stopped; returns
+/// the first sample that broke `ok(policy, peer_authentication, pods)`.
+/// The objects are read before the Pods: while joining, unproxied members
+/// only ever go away, and while departing proxied ones only go away, so a
+/// strict policy (join) or a missing one (departure) read first must agree
+/// with Pods read after it.
+fn mesh_monitor(
+    ns: &TestNamespace,
+    uid: &str,
+    ok: fn(Option<&DynamicObject>, Option<&DynamicObject>, &[Pod]) -> bool,
+) -> (Arc<AtomicBool>, JoinHandle<Result<Option<String>>>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (flag, aps, pas, pods, name, selector) = (
+        stop.clone(),
+        authorization_policies(ns),
+        peer_authentications(ns),
+        ns.api::<Pod>(),
+        "mf-mesh".to_owned(),
+        format!("{UID_LABEL}={uid}"),
+    );
+    let task = tokio::spawn(async move {
+        while !flag.load(Ordering::SeqCst) {
+            let ap = aps.get_opt(&name).await?;
+            let pa = pas.get_opt(&name).await?;
+            let members = pods
+                .list(&ListParams::default().labels(&selector))
+                .await?
+                .items;
+            if !ok(ap.as_ref(), pa.as_ref(), &members) {
+                let proxies: Vec<(String, bool)> =
+                    members.iter().map(|p| (p.name_any(), proxied(p))).collect();
+                return Ok(Some(format!(
+                    "policy {:?}, peer authentication present: {}, members (name, proxied): {proxies:?}",
+                    ap.map(|a| a.data["spec"].clone()),
+                    pa.is_some()
+                )));
+            }
+            // Sampling period of a monitor, not synchronisation.
+            tokio::time::sleep(SAMPLE_EVERY).await;
+        }
+        Ok(None)
+    });
+    (stop, task)
+}
+
+/// Mesh join and departure with Istio's real CRDs and the test playing the
+/// sidecar injector (a mutating webhook adding a native-sidecar proxy to
+/// Pods labelled for injection). Without the CRDs a fleet asking for the
+/// mesh is InfrastructureBlocked and nothing changes; once they exist it
+/// keeps PeerAuthentication `F-mesh` (port 8081 PERMISSIVE) and an
+/// identity-free peer rule until every member Pod runs a proxy, then makes
+/// the rule strict and deletes the PeerAuthentication. On departure the
+/// template disables injection, istiod egress and the policy stay while any
+/// proxy runs, and both mesh objects go after the last. A same-named policy
+/// another owner holds is InfrastructureBlocked.
+///
+/// Istio's CRDs are cluster-wide: this is the only test that installs or
+/// removes them, and it starts by removing them.
+#[tokio::test]
+async fn mesh_join_and_departure_follow_the_proxies() -> Result<()> {
+    let ns = TestNamespace::new("fleet-mesh").await?;
+    let istio_crds = wasmop_tests::crd_names_in(&wasmop_tests::istio_crd_dir()?)?;
+    wasmop_tests::delete_crds(&ns.client, &istio_crds).await?;
+    let injector = Injector::start(ns.client.clone(), &ns.name).await?;
+    let _op = start(&ns, json!({})).await?;
+    let fleet = create_fleet(&ns, "mf", spec(&ns, "Bucket", 2, "mesh")).await?;
+    let uid = fleet.metadata.uid.clone().unwrap_or_default();
+    wait_provisioned(&ns, "mf").await?;
+    let deployments = ns.api::<Deployment>();
+    let unmeshed = deployments.get("mf").await?;
+    assert!(member_pods(&ns, &uid).await?.iter().all(|p| !proxied(p)));
+
+    // Without security.istio.io/v1: blocked, nothing running changes.
+    patch_spec(&ns, "mf", json!({"mesh": {"istio": {}}})).await?;
+    wait_blocked(&ns, "mf", "InfrastructureBlocked", "security.istio.io/v1").await?;
+    assert_eq!(
+        deployments.get("mf").await?.metadata.generation,
+        unmeshed.metadata.generation,
+        "a blocked mesh changed the workload"
+    );
+
+    // The CRDs appear: the join starts, PERMISSIVE until every member has a proxy.
+    wasmop_tests::apply_istio_crds(&ns.client).await?;
+    let (stop, monitor) = mesh_monitor(&ns, &uid, |ap, _pa, pods| {
+        ap.is_none_or(|ap| !strict(ap)) || pods.iter().all(proxied)
+    });
+    let pa = wait_object(&peer_authentications(&ns), "mf-mesh", true, |_| true)
+        .await?
+        .context("peer authentication")?;
+    assert_eq!(pa.labels().get(UID_LABEL), Some(&uid));
+    assert_eq!(
+        pa.data["spec"]["portLevelMtls"],
+        json!({"8081": {"mode": "PERMISSIVE"}})
+    );
+    assert_eq!(
+        pa.data["spec"]["selector"]["matchLabels"][UID_LABEL],
+        json!(uid)
+    );
+    assert!(istiod_egress(&ns, "mf").await?, "istiod egress on 15012");
+    let template = deployments.get("mf").await?.spec.context("spec")?.template;
+    let meta = template.metadata.context("template metadata")?;
+    assert_eq!(
+        meta.labels.unwrap_or_default().get("sidecar.istio.io/inject"),
+        Some(&"true".to_owned())
+    );
+    assert_eq!(
+        meta.annotations
+            .unwrap_or_default()
+            .get("sidecar.istio.io/nativeSidecar"),
+        Some(&"true".to_owned())
+    );
+
+    // Every member replaced with a proxy: strict rule, no PeerAuthentication.
+    wait_object(&peer_authentications(&ns), "mf-mesh", false, |_| true).await?;
+    let ap = wait_object(&authorization_policies(&ns), "mf-mesh", true, strict)
+        .await?
+        .context("authorization policy")?;
+    stop.store(true, Ordering::SeqCst);
+    if let Some(broken) = monitor.await?? {
+        bail!("the peer rule went strict while a member had no proxy: {broken}");
+    }
+    assert_eq!(
+        ap.data["spec"]["rules"][0]["from"][0]["source"]["principals"],
+        json!([
+            format!("*/ns/{}/sa/celld-runtime", ns.name),
+            "*/ns/wasmop/sa/wasmop"
+        ])
+    );
+    assert_eq!(
+        ap.data["spec"]["rules"][0]["to"][0]["operation"]["ports"],
+        json!(["8081"])
+    );
+    assert_eq!(
+        ap.data["spec"]["rules"][1]["to"][0]["operation"]["ports"],
+        json!(["8080"]),
+        "applicationAccess AllowAll opens 8080"
+    );
+    let f = wait_provisioned(&ns, "mf").await?;
+    assert_eq!(
+        f.metadata
+            .annotations
+            .clone()
+            .unwrap_or_default()
+            .get("celld.eric.dev/istio-control-plane")
+            .map(String::as_str),
+        Some("istio-system")
+    );
+    let members = member_pods(&ns, &uid).await?;
+    assert!(
+        members.len() >= 2 && members.iter().all(proxied),
+        "every member runs a proxy"
+    );
+    assert!(injector.injected() >= 2, "the injector gave the proxies");
+
+    // Departure: injection off, policy and istiod egress kept while a proxy
+    // runs, both mesh objects gone after the last one.
+    let (stop, monitor) = mesh_monitor(&ns, &uid, |ap, _pa, pods| {
+        ap.is_some() || pods.iter().all(|p| !proxied(p))
+    });
+    patch_spec(&ns, "mf", json!({"mesh": null})).await?;
+    wait_for("every member without a proxy", DEADLINE, || {
+        let ns = &ns;
+        let uid = uid.clone();
+        async move {
+            let pods = member_pods(ns, &uid).await?;
+            Ok((!pods.is_empty() && pods.iter().all(|p| !proxied(p))).then_some(()))
+        }
+    })
+    .await?;
+    wait_object(&authorization_policies(&ns), "mf-mesh", false, |_| true).await?;
+    stop.store(true, Ordering::SeqCst);
+    if let Some(broken) = monitor.await?? {
+        bail!("the mesh objects went while a member still had a proxy: {broken}");
+    }
+    assert!(
+        peer_authentications(&ns).get_opt("mf-mesh").await?.is_none(),
+        "no PeerAuthentication after departure"
+    );
+    wait_for("istiod egress closed", DEADLINE, || {
+        let ns = &ns;
+        async move { Ok((!istiod_egress(ns, "mf").await?).then_some(())) }
+    })
+    .await?;
+    let f = wait_provisioned(&ns, "mf").await?;
+    assert!(
+        f.metadata
+            .annotations
+            .clone()
+            .unwrap_or_default()
+            .contains_key("celld.eric.dev/istio-control-plane"),
+        "the opt-out record is kept"
+    );
+    let template = deployments.get("mf").await?.spec.context("spec")?.template;
+    assert_eq!(
+        template
+            .metadata
+            .and_then(|m| m.labels)
+            .unwrap_or_default()
+            .get("sidecar.istio.io/inject"),
+        Some(&"false".to_owned()),
+        "replacement Pods disable injection explicitly"
+    );
+
+    // A same-named policy the fleet does not own blocks the mesh, untouched.
+    let foreign: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+        "metadata": {"name": "xf-mesh"},
+        "spec": {"action": "ALLOW", "rules": [{}]},
+    }))?;
+    let foreign = authorization_policies(&ns)
+        .create(&PostParams::default(), &foreign)
+        .await?;
+    let mut s = spec(&ns, "Bucket", 1, "mesh-foreign");
+    s["mesh"] = json!({"istio": {}});
+    create_fleet(&ns, "xf", s).await?;
+    wait_blocked(&ns, "xf", "InfrastructureBlocked", "AuthorizationPolicy xf-mesh").await?;
+    let after = authorization_policies(&ns).get("xf-mesh").await?;
+    assert_eq!(
+        after.metadata.resource_version, foreign.metadata.resource_version,
+        "the foreign policy was not touched"
+    );
+    assert!(
+        deployments.get_opt("xf").await?.is_none(),
+        "a blocked fleet creates no workload"
+    );
+    delete_fleet(&ns, "xf").await?;
+    injector.stop().await?;
+    delete_fleet(&ns, "mf").await
 }
