@@ -1824,3 +1824,211 @@ async fn mesh_join_and_departure_follow_the_proxies() -> Result<()> {
     injector.stop().await?;
     delete_fleet(&ns, "mf").await
 }
+
+// ---- telemetry and export ----------------------------------------------------------
+
+/// The telemetry and export variables of the member container, in order.
+async fn exported_env(ns: &TestNamespace, name: &str) -> Result<Vec<Value>> {
+    let d = ns.api::<Deployment>().get(name).await?;
+    let pod = serde_json::to_value(d.spec.context("spec")?.template.spec.context("pod spec")?)?;
+    let container = pod["containers"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == "celld"))
+        .cloned()
+        .context("celld container")?;
+    Ok(container["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| {
+            let n = e["name"].as_str().unwrap_or("");
+            n.starts_with("CELLD_OTEL")
+                || n.starts_with("OTEL_")
+                || n.starts_with("CELLD_EXPORT")
+                || n == "POD_NAME"
+        })
+        .cloned()
+        .collect())
+}
+
+/// Waits until the workload's telemetry and export variables are `want`.
+async fn wait_env(ns: &TestNamespace, name: &str, want: &Value) -> Result<()> {
+    wait_for(&format!("{name} telemetry and export env"), DEADLINE, || async move {
+        let got = Value::Array(exported_env(ns, name).await?);
+        if &got == want {
+            Ok(Some(()))
+        } else {
+            bail!("env: {got}")
+        }
+    })
+    .await
+}
+
+/// Telemetry and export reach the member container exactly as the seed's
+/// table says (every field set; then the Bucket sink; then export removed),
+/// with the Kafka properties Secret mounted read-only at /etc/celld/export
+/// and one egress rule each for the collector and the brokers.
+#[tokio::test]
+async fn telemetry_and_export_env_follow_the_table() -> Result<()> {
+    let ns = TestNamespace::new("fleet-export").await?;
+    let _op = start(&ns, json!({})).await?;
+    let mut s = spec(&ns, "Bucket", 1, "export");
+    s["telemetry"] = json!({
+        "collectorURL": "http://otel-collector.fleets.svc:4318",
+        "egress": {"podLabels": {"app": "otel-collector"}},
+        "sampler": "parentbased_traceidratio",
+        "samplerArg": "0.1",
+        "flushMilliseconds": 5000,
+        "flushBytes": 1_048_576,
+        "headersSecretKeyRef": {"name": "otel-auth", "key": "headers"},
+    });
+    s["export"] = json!({
+        "sink": "Kafka",
+        "classes": ["Cart", "Order"],
+        "excludeTables": ["Cart.audit_log", "Order.audit_log"],
+        "maxTransactionBytes": 4_194_304,
+        "maxRecordBytes": 1_048_576,
+        "queueBytes": 268_435_456,
+        "kafka": {
+            "brokers": ["kafka-0.kafka.kafka.svc:9092", "kafka-1.kafka.kafka.svc:9093"],
+            "topic": "celld-changes",
+            "retryMilliseconds": 30000,
+            "propertiesSecretKeyRef": {"name": "kafka-client", "key": "kafka.properties"},
+            "egress": {"podLabels": {"app.kubernetes.io/name": "kafka"}, "namespace": "kafka"},
+        },
+    });
+    create_fleet(&ns, "ef", s).await?;
+    wait_provisioned(&ns, "ef").await?;
+    let lit = |n: &str, v: &str| json!({"name": n, "value": v});
+    let telemetry = vec![
+        lit("CELLD_OTEL", "http://otel-collector.fleets.svc:4318"),
+        json!({"name": "POD_NAME", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}}),
+        lit(
+            "OTEL_RESOURCE_ATTRIBUTES",
+            &format!(
+                "k8s.namespace.name={},k8s.pod.name=$(POD_NAME),celld.fleet.name=ef",
+                ns.name
+            ),
+        ),
+        lit("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+        lit("OTEL_TRACES_SAMPLER_ARG", "0.1"),
+        lit("CELLD_OTEL_FLUSH_MS", "5000"),
+        lit("CELLD_OTEL_FLUSH_BYTES", "1048576"),
+        json!({"name": "OTEL_EXPORTER_OTLP_HEADERS",
+               "valueFrom": {"secretKeyRef": {"name": "otel-auth", "key": "headers"}}}),
+    ];
+    let mut want = telemetry.clone();
+    want.extend([
+        lit("CELLD_EXPORT", "1"),
+        lit("CELLD_EXPORT_SINK", "Kafka"),
+        lit("CELLD_EXPORT_CLASSES", "Cart,Order"),
+        lit("CELLD_EXPORT_TABLES", "Cart.audit_log,Order.audit_log"),
+        lit("CELLD_EXPORT_MAX_TX_BYTES", "4194304"),
+        lit("CELLD_EXPORT_MAX_RECORD_BYTES", "1048576"),
+        lit("CELLD_EXPORT_QUEUE_BYTES", "268435456"),
+        lit(
+            "CELLD_EXPORT_KAFKA_BROKERS",
+            "kafka-0.kafka.kafka.svc:9092,kafka-1.kafka.kafka.svc:9093",
+        ),
+        lit("CELLD_EXPORT_TOPIC", "celld-changes"),
+        lit("CELLD_EXPORT_RETRY_MS", "30000"),
+        lit(
+            "CELLD_EXPORT_KAFKA_PROPERTIES",
+            "/etc/celld/export/kafka.properties",
+        ),
+    ]);
+    assert_eq!(Value::Array(exported_env(&ns, "ef").await?), json!(want));
+    let d = ns.api::<Deployment>().get("ef").await?;
+    let pod = serde_json::to_value(d.spec.context("spec")?.template.spec.context("pod spec")?)?;
+    assert!(
+        pod["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|v| v["name"] == "export" && v["secret"]["secretName"] == "kafka-client"),
+        "the whole Secret is a volume: {}",
+        pod["volumes"]
+    );
+    assert!(
+        pod["containers"][0]["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|m| m["name"] == "export"
+                && m["mountPath"] == "/etc/celld/export"
+                && m["readOnly"] == true),
+        "mounted read-only at /etc/celld/export"
+    );
+    let env_names: Vec<String> = pod["containers"][0]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["name"].as_str().map(str::to_owned))
+        .collect();
+    assert!(
+        !env_names.iter().any(|n| n == "CELLD_OTEL_SINK"),
+        "CELLD_OTEL_SINK is never emitted"
+    );
+    let np = serde_json::to_value(ns.api::<NetworkPolicy>().get("ef").await?.spec)?;
+    let egress = np["egress"].as_array().cloned().unwrap_or_default();
+    assert!(
+        egress.contains(&json!({
+            "to": [{"podSelector": {"matchLabels": {"app": "otel-collector"}}}],
+            "ports": [{"protocol": "TCP", "port": 4318}],
+        })),
+        "one collector rule: {np}"
+    );
+    let kafka: Vec<&Value> = egress
+        .iter()
+        .filter(|r| r["ports"].to_string().contains("9092"))
+        .collect();
+    assert_eq!(kafka.len(), 1, "{np}");
+    assert_eq!(
+        kafka[0]["ports"],
+        json!([{"protocol": "TCP", "port": 9092}, {"protocol": "TCP", "port": 9093}])
+    );
+    assert_eq!(
+        kafka[0]["to"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "kafka"
+    );
+
+    // The Bucket sink: its own fields; omitted ones are not emitted.
+    patch_spec(
+        &ns,
+        "ef",
+        json!({"export": {"sink": "Bucket", "kafka": null, "maxTransactionBytes": null,
+                          "maxRecordBytes": null, "queueBytes": null, "excludeTables": null,
+                          "bucket": {"name": format!("{}-exp", ns.name), "flushMilliseconds": 10000,
+                                     "flushBytes": 8_388_608, "retentionDays": 30}}}),
+    )
+    .await?;
+    let mut want = telemetry.clone();
+    want.extend([
+        lit("CELLD_EXPORT", "1"),
+        lit("CELLD_EXPORT_SINK", "Bucket"),
+        lit("CELLD_EXPORT_CLASSES", "Cart,Order"),
+        lit("CELLD_EXPORT_BUCKET", &format!("{}-exp", ns.name)),
+        lit("CELLD_EXPORT_FLUSH_MS", "10000"),
+        lit("CELLD_EXPORT_FLUSH_BYTES", "8388608"),
+        lit("CELLD_EXPORT_RETENTION", "30d"),
+    ]);
+    wait_env(&ns, "ef", &json!(want)).await?;
+    wait_provisioned(&ns, "ef").await?;
+
+    // Export removed: no CELLD_EXPORT variable, no export volume.
+    patch_spec(&ns, "ef", json!({"export": null})).await?;
+    wait_env(&ns, "ef", &json!(telemetry)).await?;
+    let d = ns.api::<Deployment>().get("ef").await?;
+    let pod = serde_json::to_value(d.spec.context("spec")?.template.spec.context("pod spec")?)?;
+    assert!(
+        !pod["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|v| v["name"] == "export"),
+        "{}",
+        pod["volumes"]
+    );
+    wait_provisioned(&ns, "ef").await?;
+    delete_fleet(&ns, "ef").await
+}
