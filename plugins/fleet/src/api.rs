@@ -99,6 +99,9 @@ pub struct FleetSpec {
     /// Service mesh.
     #[serde(default)]
     pub mesh: Option<Mesh>,
+    /// Preview pool configuration (raw; set once, immutable).
+    #[serde(default)]
+    pub previews: Option<Value>,
 }
 
 /// `spec.mesh`.
@@ -199,6 +202,19 @@ pub struct Storage {
     /// Scratch emptyDir request/limit (preview children).
     #[serde(default)]
     pub scratch: Option<Scratch>,
+    /// The preview pool (a fleet with `spec.previews`) a preview fleet
+    /// runs under; set together with `prefix`.
+    #[serde(default)]
+    pub preview_fleet_ref: Option<FleetRef>,
+}
+
+/// `storage.previewFleetRef`.
+#[derive(Clone, Debug, Deserialize)]
+pub struct FleetRef {
+    /// The pool fleet's name.
+    pub name: String,
+    /// Its UID.
+    pub uid: String,
 }
 
 impl Storage {

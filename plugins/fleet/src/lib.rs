@@ -24,6 +24,7 @@ pub mod api;
 pub mod application;
 pub mod mesh;
 pub mod names;
+pub mod previews;
 pub mod reconcile;
 pub mod render;
 pub mod reservation;

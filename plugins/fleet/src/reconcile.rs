@@ -13,6 +13,7 @@ use wasmop_sdk::{Plan, ReconcileError, Snapshot};
 use crate::api::Fleet;
 use crate::application;
 use crate::mesh;
+use crate::previews;
 use crate::names::*;
 use crate::render;
 use crate::reservation::{Binding, binding};
@@ -74,8 +75,12 @@ pub struct Observed<'a> {
     pub pods: Vec<&'a Value>,
     /// Member claims (same label).
     pub claims: Vec<&'a Value>,
-    /// The reservation named after the bucket, whoever holds it.
+    /// The fleet's own reservation (named after the bucket, or after
+    /// bucket and prefix for a preview fleet), whoever holds it.
     pub reservation: Option<&'a Value>,
+    /// The reservation of the preview pool's bucket: a pool's preview
+    /// bucket, or the bucket a preview fleet runs in.
+    pub pool: Option<&'a Value>,
     /// The ServiceAccount exists.
     pub service_account: bool,
     /// The StorageClass exists.
@@ -109,15 +114,20 @@ impl<'a> Observed<'a> {
                     || named(o, &["NetworkPolicy", "PodDisruptionBudget"], &[name])
             })
             .collect();
-        let reservation_name = reservation_name(&fleet.spec.storage.bucket);
+        let reservation_name = previews::own_reservation_name(fleet);
+        let pool_name = previews::pool_reservation_name(fleet);
+        let reserved = |name: &str| {
+            snapshot
+                .related(RESERVATIONS_READ)
+                .find(|r| r["metadata"]["name"].as_str() == Some(name))
+        };
         Observed {
             workload,
             infrastructure,
             pods: labelled(snapshot.related(PODS_READ), &fleet.metadata.uid),
             claims: labelled(snapshot.related(CLAIMS_READ), &fleet.metadata.uid),
-            reservation: snapshot
-                .related(RESERVATIONS_READ)
-                .find(|r| r["metadata"]["name"].as_str() == Some(reservation_name.as_str())),
+            reservation: reserved(&reservation_name),
+            pool: pool_name.as_deref().and_then(reserved),
             service_account: snapshot.related(SERVICE_ACCOUNT_READ).next().is_some(),
             storage_class: snapshot.related(STORAGE_CLASS_READ).next().is_some(),
         }
@@ -247,7 +257,7 @@ impl Status<'_> {
             "terminatingReplicas": c.terminating,
             "observedReplicas": c.observed,
             "desiredReplicas": fleet.spec.replicas(),
-            "reservation": reservation_name(&fleet.spec.storage.bucket),
+            "reservation": previews::own_reservation_name(fleet),
             "conditions": self.conditions,
         });
         if let Some(a) = applied {
@@ -298,6 +308,17 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         ));
     }
 
+    if let Some(message) = previews::child_problem(&fleet, observed.pool) {
+        return Ok(blocked(
+            &fleet,
+            &observed,
+            &mut st,
+            c,
+            applied,
+            reasons::STORAGE_SCOPE_CONFLICT,
+            &message,
+        ));
+    }
     let mut plan = Plan::new();
     match binding(&fleet, &snapshot.primary, observed.reservation) {
         Binding::Conflict { message } => {
@@ -355,6 +376,38 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         }
     }
     st.set(types::BLOCKED, false, "NotBlocked", "");
+    // A pool's preview bucket: its own condition, never blocking the runtime.
+    match previews::pool(&fleet, observed.pool) {
+        Some(previews::Pool::Reserve { object }) => {
+            let bucket = previews::preview_bucket(&fleet).unwrap_or("");
+            plan = plan.apply_if_absent(object).event(
+                "PreviewStorageReserved",
+                format!("reserving preview bucket {bucket} for this fleet's previews"),
+            );
+            st.set_any(
+                previews::PREVIEWS_READY,
+                ConditionStatus::Unknown,
+                "ReservingStorage",
+                &format!("reserving preview bucket {bucket}"),
+            );
+        }
+        Some(previews::Pool::Reserved) => st.set(
+            previews::PREVIEWS_READY,
+            true,
+            "Reserved",
+            &format!(
+                "preview bucket {} is reserved to this fleet",
+                previews::preview_bucket(&fleet).unwrap_or("")
+            ),
+        ),
+        Some(previews::Pool::Conflict { message }) => st.set(
+            previews::PREVIEWS_READY,
+            false,
+            reasons::STORAGE_SCOPE_CONFLICT,
+            &message,
+        ),
+        None => {}
+    }
 
     // The mesh: every member Pod (terminating ones too) must run a proxy
     // before the peer port goes strict; on departure istiod egress and the

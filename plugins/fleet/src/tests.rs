@@ -1192,3 +1192,148 @@ fn a_same_named_mesh_policy_of_another_owner_is_infrastructure_blocked() {
     let plan = w.plan();
     assert_ne!(condition(&plan, "Blocked")["reason"], "InfrastructureBlocked");
 }
+
+// ---- previews ----------------------------------------------------------------------
+
+const POOL_UID: &str = "00000000-0000-0000-0000-0000000000aa";
+
+fn pool_fleet() -> Value {
+    let mut f = bucket_fleet();
+    f["spec"]["previews"] = json!({
+        "runtimeImage": IMAGE,
+        "serviceAccountName": "preview-runtime",
+        "zone": "us-east-1a",
+        "storage": {"bucket": "shared-previews", "region": "us-east-1"},
+        "routing": {"baseDomain": "previews.example.com",
+                    "ingress": {"className": "nginx"},
+                    "source": {"namespace": "ingress-nginx", "podLabels": {"app": "ingress"}}},
+    });
+    f
+}
+
+fn child_fleet(prefix: &str) -> Value {
+    let mut f = bucket_fleet();
+    f["spec"]["storage"]["bucket"] = json!("shared-previews");
+    f["spec"]["storage"]["prefix"] = json!(prefix);
+    f["spec"]["storage"]["previewFleetRef"] = json!({"name": "development", "uid": POOL_UID});
+    f
+}
+
+/// The preview bucket's reservation as the pool `uid` made it.
+fn pool_reservation(uid: &str) -> Value {
+    let mut pool = pool_fleet();
+    pool["metadata"]["uid"] = json!(uid);
+    pool["metadata"]["name"] = json!("development");
+    match crate::previews::pool(&typed(&pool), None) {
+        Some(crate::previews::Pool::Reserve { object }) => object,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_pool_reserves_its_preview_bucket_without_touching_its_runtime() {
+    let w = World::running(pool_fleet(), 3);
+    let plan = w.plan();
+    let name = crate::names::reservation_name("shared-previews");
+    let r = applied_named(&plan, "CelldStorageReservation", &name).expect("preview reservation");
+    assert_eq!(r["spec"]["bucket"], "shared-previews");
+    assert_eq!(r["spec"]["fleetUID"], UID);
+    assert_eq!(
+        r["metadata"]["annotations"]["celld.eric.dev/preview-pool"],
+        "true"
+    );
+    let op = plan
+        .apply
+        .iter()
+        .find(|a| a.object["metadata"]["name"] == name.as_str())
+        .unwrap();
+    assert_eq!(op.precondition, Some(wasmop_sdk::Precondition::Absent));
+    assert_eq!(condition(&plan, "PreviewsReady")["status"], "Unknown");
+    // The runtime is as without previews: previews are not in its hash.
+    let plain = World::running(bucket_fleet(), 3).plan();
+    assert_eq!(workload_of(&plan), workload_of(&plain));
+    assert_eq!(condition(&plan, "Blocked")["status"], "False");
+
+    // Reserved: True, nothing more applied.
+    let mut w = World::running(pool_fleet(), 3);
+    w.reservations.push(pool_reservation(UID));
+    let plan = w.plan();
+    assert!(applied_named(&plan, "CelldStorageReservation", &name).is_none());
+    assert_eq!(condition(&plan, "PreviewsReady")["reason"], "Reserved");
+
+    // Held by another fleet: PreviewsReady False, the runtime still runs.
+    let mut w = World::running(pool_fleet(), 3);
+    w.reservations.push(pool_reservation("someone-else"));
+    let plan = w.plan();
+    let c = condition(&plan, "PreviewsReady");
+    assert_eq!(c["status"], "False");
+    assert_eq!(c["reason"], "StorageScopeConflict");
+    assert_eq!(condition(&plan, "Blocked")["status"], "False");
+    assert!(workload_of(&plan).is_some());
+}
+
+#[test]
+fn a_preview_fleet_reserves_a_prefix_of_its_pools_bucket() {
+    // First reconcile: the pool holds the bucket; the child reserves its prefix.
+    let mut w = World::new(child_fleet("pr-1"));
+    w.reservations.push(pool_reservation(POOL_UID));
+    let plan = w.plan();
+    let own = crate::names::reservation_name("shared-previews/pr-1");
+    let r = applied_named(&plan, "CelldStorageReservation", &own).expect("prefix reservation");
+    assert_eq!(r["spec"]["prefix"], "pr-1");
+    assert_eq!(r["spec"]["bucket"], "shared-previews");
+    assert_eq!(r["spec"]["fleetUID"], UID);
+    assert!(
+        r["metadata"]["annotations"].is_null(),
+        "a preview fleet gets no tuning record: {r}"
+    );
+    assert!(workload_of(&plan).is_none(), "the reservation comes first");
+
+    // Bound: the workload runs in s3://shared-previews/pr-1.
+    let mut w = World::running(child_fleet("pr-1"), 3);
+    w.reservations.push(pool_reservation(POOL_UID));
+    let plan = w.plan();
+    assert_eq!(condition(&plan, "Blocked")["status"], "False");
+    let workload = workload_of(&plan).expect("workload").to_string();
+    assert!(workload.contains("s3://shared-previews/pr-1"), "{workload}");
+}
+
+#[test]
+fn a_preview_fleet_without_its_pool_or_with_a_held_prefix_is_blocked() {
+    let blocked_with = |w: &World, text: &str| {
+        let plan = w.plan();
+        let c = condition(&plan, "Blocked");
+        assert_eq!(c["reason"], "StorageScopeConflict", "{c}");
+        assert!(
+            c["message"].as_str().is_some_and(|m| m.contains(text)),
+            "{c}"
+        );
+        assert!(plan.apply.is_empty(), "nothing is created");
+    };
+    // No pool reservation yet.
+    let w = World::new(child_fleet("pr-1"));
+    blocked_with(&w, "is not reserved by preview pool development");
+    // The bucket is another fleet's runtime bucket.
+    let mut w = World::new(child_fleet("pr-1"));
+    let mut runtime = pool_reservation(POOL_UID);
+    runtime["metadata"]["annotations"] = json!({});
+    w.reservations.push(runtime);
+    blocked_with(&w, "for its runtime");
+    // Another pool holds it.
+    let mut w = World::new(child_fleet("pr-1"));
+    w.reservations.push(pool_reservation("another-pool"));
+    blocked_with(&w, "that storage.previewFleetRef names");
+    // Another child holds the prefix: prefixes are disjoint.
+    let mut w = World::new(child_fleet("pr-1"));
+    w.reservations.push(pool_reservation(POOL_UID));
+    let mut other = child_fleet("pr-1");
+    other["metadata"]["uid"] = json!("other-child");
+    w.reservations.push(reservation_of(&other));
+    blocked_with(&w, "prefix pr-1 of bucket shared-previews");
+    // A different prefix is free.
+    let mut w = World::new(child_fleet("pr-2"));
+    w.reservations.push(pool_reservation(POOL_UID));
+    w.reservations.push(reservation_of(&other));
+    let plan = w.plan();
+    assert_eq!(condition(&plan, "Blocked")["status"], "False");
+}
