@@ -336,11 +336,15 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
             // The reservation comes first, alone: nothing else is created
             // until the bucket is bound to this UID (its creation re-triggers).
             st.set(types::BLOCKED, false, "NotBlocked", "");
+            let scope = match previews::child_prefix(&fleet) {
+                Some(prefix) => format!("prefix {prefix} of bucket {}", fleet.spec.storage.bucket),
+                None => format!("bucket {}", fleet.spec.storage.bucket),
+            };
             st.set(
                 types::INFRASTRUCTURE_READY,
                 false,
                 "ReservingStorage",
-                &format!("reserving bucket {}", fleet.spec.storage.bucket),
+                &format!("reserving {scope}"),
             );
             st.set(
                 types::PROVISIONED,
@@ -360,13 +364,7 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
             return Ok(plan
                 .apply_if_absent(object)
                 .status(status)
-                .event(
-                    "StorageReserved",
-                    format!(
-                        "reserving bucket {} for this fleet",
-                        fleet.spec.storage.bucket
-                    ),
-                )
+                .event("StorageReserved", format!("reserving {scope} for this fleet"))
                 .requeue_after(PROGRESS_REQUEUE));
         }
         Binding::Bound { record } => {

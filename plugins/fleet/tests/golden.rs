@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 
 /// One fixture per profile and per mutation.
-const FIXTURES: [&str; 31] = [
+const FIXTURES: [&str; 35] = [
     "application-converged",
     "application-converging",
     "application-mixed",
@@ -36,6 +36,10 @@ const FIXTURES: [&str; 31] = [
     "persistent-first-workload",
     "persistent-lost-claim",
     "persistent-member-down",
+    "previews-child-foreign-pool",
+    "previews-child-prefix-held",
+    "previews-child-reserves-prefix",
+    "previews-pool-reserves",
     "recreated-same-name",
     "routing-gateway-accepted",
     "routing-gateway-unavailable",
