@@ -2032,3 +2032,119 @@ async fn telemetry_and_export_env_follow_the_table() -> Result<()> {
     wait_provisioned(&ns, "ef").await?;
     delete_fleet(&ns, "ef").await
 }
+
+// ---- previews ----------------------------------------------------------------------
+
+/// A pool's previews, the upstream sample's shape, in `bucket`.
+fn previews(bucket: &str) -> Value {
+    json!({
+        "runtimeImage": IMAGE,
+        "serviceAccountName": "celld-runtime",
+        "zone": ZONE,
+        "storage": {"bucket": bucket, "region": "us-east-1"},
+        "routing": {"baseDomain": "previews.example.com", "scheme": "https",
+                    "ingress": {"className": "nginx", "tlsSecretName": "previews-tls"},
+                    "source": {"namespace": "ingress-nginx", "podLabels": {"app": "ingress"}}},
+    })
+}
+
+/// `spec.previews` may be added once and is immutable after that (CEL);
+/// it reserves the preview bucket to the pool's UID without touching the
+/// pool's runtime; preview fleets run under disjoint prefixes of it (a
+/// second one asking for a held prefix is StorageScopeConflict).
+#[tokio::test]
+async fn previews_reserve_a_bucket_and_children_get_disjoint_prefixes() -> Result<()> {
+    let ns = TestNamespace::new("fleet-previews").await?;
+    let _op = start(&ns, json!({})).await?;
+    let pool = create_fleet(&ns, "pool", spec(&ns, "Bucket", 1, "pool")).await?;
+    let pool_uid = pool.metadata.uid.clone().unwrap_or_default();
+    wait_provisioned(&ns, "pool").await?;
+    let runtime = ns.api::<Deployment>().get("pool").await?;
+    let preview_bucket = format!("{}-previews", ns.name);
+
+    // Added once.
+    patch_spec(&ns, "pool", json!({"previews": previews(&preview_bucket)})).await?;
+    let f = wait_condition(&ns, "pool", "PreviewsReady", "True").await?;
+    assert_eq!(
+        ns.api::<Deployment>().get("pool").await?.metadata.generation,
+        runtime.metadata.generation,
+        "previews changed the pool's runtime"
+    );
+    assert_eq!(condition(&f, "Provisioned")["status"], "True");
+    let preview_reservation = reservations(&ns.client)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .find(|r| r.data["spec"]["bucket"] == preview_bucket.as_str())
+        .context("the preview bucket's reservation")?;
+    assert_eq!(preview_reservation.data["spec"]["fleetUID"], json!(pool_uid));
+    assert_eq!(
+        preview_reservation
+            .metadata
+            .annotations
+            .clone()
+            .unwrap_or_default()
+            .get("celld.eric.dev/preview-pool")
+            .map(String::as_str),
+        Some("true")
+    );
+
+    // Immutable after that: changed or removed, the API server refuses.
+    let mut changed = previews(&preview_bucket);
+    changed["zone"] = json!("us-east-1b");
+    for patch in [json!({"previews": changed}), json!({"previews": null})] {
+        let err = patch_spec(&ns, "pool", patch)
+            .await
+            .expect_err("previews are immutable");
+        assert!(
+            err.to_string()
+                .contains("preview configuration cannot change once enabled"),
+            "{err}"
+        );
+    }
+
+    // A preview fleet under prefix pr-1 runs; a second one on pr-1 is refused.
+    let child = |prefix: &str| {
+        let mut s = spec(&ns, "Bucket", 1, "unused");
+        s["storage"]["bucket"] = json!(preview_bucket);
+        s["storage"]["prefix"] = json!(prefix);
+        s["storage"]["previewFleetRef"] = json!({"name": "pool", "uid": pool_uid});
+        s
+    };
+    create_fleet(&ns, "pr-1", child("pr-1")).await?;
+    let f = wait_provisioned(&ns, "pr-1").await?;
+    let own = f.data["status"]["reservation"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let r = reservations(&ns.client).get(&own).await?;
+    assert_eq!(r.data["spec"]["prefix"], "pr-1");
+    assert_eq!(r.data["spec"]["bucket"], json!(preview_bucket));
+    assert_ne!(
+        own,
+        preview_reservation.name_any(),
+        "the child reserves its prefix, not the bucket"
+    );
+    let d = ns.api::<Deployment>().get("pr-1").await?;
+    assert!(
+        serde_json::to_string(&d.spec)?.contains(&format!("s3://{preview_bucket}/pr-1")),
+        "the child runs in its prefix"
+    );
+    create_fleet(&ns, "pr-1-again", child("pr-1")).await?;
+    wait_blocked(&ns, "pr-1-again", "StorageScopeConflict", "prefix pr-1 of bucket").await?;
+    assert!(
+        ns.api::<Deployment>().get_opt("pr-1-again").await?.is_none(),
+        "a refused preview fleet creates nothing"
+    );
+    create_fleet(&ns, "pr-2", child("pr-2")).await?;
+    wait_provisioned(&ns, "pr-2").await?;
+
+    for name in ["pr-1-again", "pr-2", "pr-1", "pool"] {
+        delete_fleet(&ns, name).await?;
+    }
+    reservations(&ns.client)
+        .delete(&preview_reservation.name_any(), &DeleteParams::default())
+        .await?;
+    Ok(())
+}
