@@ -101,7 +101,9 @@ impl Injector {
         Api::<MutatingWebhookConfiguration>::all(client.clone())
             .create(&PostParams::default(), &webhook)
             .await
-            .with_context(|| format!("cannot create MutatingWebhookConfiguration {configuration}"))?;
+            .with_context(|| {
+                format!("cannot create MutatingWebhookConfiguration {configuration}")
+            })?;
         Ok(Injector {
             client,
             configuration,

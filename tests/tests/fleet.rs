@@ -1545,9 +1545,11 @@ fn proxied(p: &Pod) -> bool {
         return false;
     };
     spec.containers.iter().any(|c| c.name == PROXY_CONTAINER)
-        || spec.init_containers.iter().flatten().any(|c| {
-            c.name == PROXY_CONTAINER && c.restart_policy.as_deref() == Some("Always")
-        })
+        || spec
+            .init_containers
+            .iter()
+            .flatten()
+            .any(|c| c.name == PROXY_CONTAINER && c.restart_policy.as_deref() == Some("Always"))
 }
 
 /// The AuthorizationPolicy's peer-port rule requires an identity (strict).
@@ -1697,7 +1699,9 @@ async fn mesh_join_and_departure_follow_the_proxies() -> Result<()> {
     let template = deployments.get("mf").await?.spec.context("spec")?.template;
     let meta = template.metadata.context("template metadata")?;
     assert_eq!(
-        meta.labels.unwrap_or_default().get("sidecar.istio.io/inject"),
+        meta.labels
+            .unwrap_or_default()
+            .get("sidecar.istio.io/inject"),
         Some(&"true".to_owned())
     );
     assert_eq!(
@@ -1770,7 +1774,10 @@ async fn mesh_join_and_departure_follow_the_proxies() -> Result<()> {
         bail!("the mesh objects went while a member still had a proxy: {broken}");
     }
     assert!(
-        peer_authentications(&ns).get_opt("mf-mesh").await?.is_none(),
+        peer_authentications(&ns)
+            .get_opt("mf-mesh")
+            .await?
+            .is_none(),
         "no PeerAuthentication after departure"
     );
     wait_for("istiod egress closed", DEADLINE, || {
@@ -1810,7 +1817,13 @@ async fn mesh_join_and_departure_follow_the_proxies() -> Result<()> {
     let mut s = spec(&ns, "Bucket", 1, "mesh-foreign");
     s["mesh"] = json!({"istio": {}});
     create_fleet(&ns, "xf", s).await?;
-    wait_blocked(&ns, "xf", "InfrastructureBlocked", "AuthorizationPolicy xf-mesh").await?;
+    wait_blocked(
+        &ns,
+        "xf",
+        "InfrastructureBlocked",
+        "AuthorizationPolicy xf-mesh",
+    )
+    .await?;
     let after = authorization_policies(&ns).get("xf-mesh").await?;
     assert_eq!(
         after.metadata.resource_version, foreign.metadata.resource_version,
@@ -1853,14 +1866,18 @@ async fn exported_env(ns: &TestNamespace, name: &str) -> Result<Vec<Value>> {
 
 /// Waits until the workload's telemetry and export variables are `want`.
 async fn wait_env(ns: &TestNamespace, name: &str, want: &Value) -> Result<()> {
-    wait_for(&format!("{name} telemetry and export env"), DEADLINE, || async move {
-        let got = Value::Array(exported_env(ns, name).await?);
-        if &got == want {
-            Ok(Some(()))
-        } else {
-            bail!("env: {got}")
-        }
-    })
+    wait_for(
+        &format!("{name} telemetry and export env"),
+        DEADLINE,
+        || async move {
+            let got = Value::Array(exported_env(ns, name).await?);
+            if &got == want {
+                Ok(Some(()))
+            } else {
+                bail!("env: {got}")
+            }
+        },
+    )
     .await
 }
 
@@ -2066,7 +2083,11 @@ async fn previews_reserve_a_bucket_and_children_get_disjoint_prefixes() -> Resul
     patch_spec(&ns, "pool", json!({"previews": previews(&preview_bucket)})).await?;
     let f = wait_condition(&ns, "pool", "PreviewsReady", "True").await?;
     assert_eq!(
-        ns.api::<Deployment>().get("pool").await?.metadata.generation,
+        ns.api::<Deployment>()
+            .get("pool")
+            .await?
+            .metadata
+            .generation,
         runtime.metadata.generation,
         "previews changed the pool's runtime"
     );
@@ -2078,7 +2099,10 @@ async fn previews_reserve_a_bucket_and_children_get_disjoint_prefixes() -> Resul
         .into_iter()
         .find(|r| r.data["spec"]["bucket"] == preview_bucket.as_str())
         .context("the preview bucket's reservation")?;
-    assert_eq!(preview_reservation.data["spec"]["fleetUID"], json!(pool_uid));
+    assert_eq!(
+        preview_reservation.data["spec"]["fleetUID"],
+        json!(pool_uid)
+    );
     assert_eq!(
         preview_reservation
             .metadata
@@ -2132,9 +2156,18 @@ async fn previews_reserve_a_bucket_and_children_get_disjoint_prefixes() -> Resul
         "the child runs in its prefix"
     );
     create_fleet(&ns, "pr-1-again", child("pr-1")).await?;
-    wait_blocked(&ns, "pr-1-again", "StorageScopeConflict", "prefix pr-1 of bucket").await?;
+    wait_blocked(
+        &ns,
+        "pr-1-again",
+        "StorageScopeConflict",
+        "prefix pr-1 of bucket",
+    )
+    .await?;
     assert!(
-        ns.api::<Deployment>().get_opt("pr-1-again").await?.is_none(),
+        ns.api::<Deployment>()
+            .get_opt("pr-1-again")
+            .await?
+            .is_none(),
         "a refused preview fleet creates nothing"
     );
     create_fleet(&ns, "pr-2", child("pr-2")).await?;

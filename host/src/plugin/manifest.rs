@@ -236,7 +236,10 @@ pub fn problems(manifest: &Manifest) -> Vec<ManifestProblem> {
             } else if read.id == wasmop_contract::ABSENT_KIND_READ {
                 problem(
                     format!("{path}.id"),
-                    format!("read id {:?} is the host's (absent optional kinds)", read.id),
+                    format!(
+                        "read id {:?} is the host's (absent optional kinds)",
+                        read.id
+                    ),
                 );
             } else if !read_ids.insert(read.id.as_str()) {
                 problem(

@@ -585,7 +585,12 @@ mod tests {
                 .related
                 .iter()
                 .filter(|r| r.read == wasmop_contract::ABSENT_KIND_READ)
-                .map(|r| r.object["metadata"]["name"].as_str().unwrap_or("").to_owned())
+                .map(|r| {
+                    r.object["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_owned()
+                })
                 .collect()
         };
         assert_eq!(
@@ -595,8 +600,11 @@ mod tests {
                 "authorizationpolicies.security.istio.io"
             ]
         );
-        c.reads
-            .push(Read::new("required", route.clone(), Selector::SameNamespace));
+        c.reads.push(Read::new(
+            "required",
+            route.clone(),
+            Selector::SameNamespace,
+        ));
         assert_eq!(
             named(&c, &both),
             vec!["authorizationpolicies.security.istio.io"]

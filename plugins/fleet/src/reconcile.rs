@@ -13,16 +13,16 @@ use wasmop_sdk::{Plan, ReconcileError, Snapshot};
 use crate::api::Fleet;
 use crate::application;
 use crate::mesh;
-use crate::previews;
 use crate::names::*;
+use crate::previews;
 use crate::render;
 use crate::reservation::{Binding, binding};
 use crate::routing;
 use crate::settings::Settings;
 use crate::validate;
 use crate::{
-    AUTHORIZATION_POLICIES_READ, CLAIMS_READ, INGRESSES_READ, PEER_AUTHENTICATIONS_READ,
-    PODS_READ, RESERVATIONS_READ, SERVICE_ACCOUNT_READ, STORAGE_CLASS_READ,
+    AUTHORIZATION_POLICIES_READ, CLAIMS_READ, INGRESSES_READ, PEER_AUTHENTICATIONS_READ, PODS_READ,
+    RESERVATIONS_READ, SERVICE_ACCOUNT_READ, STORAGE_CLASS_READ,
 };
 
 /// Fallback requeue while something is in motion (owned and read objects
@@ -364,7 +364,10 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
             return Ok(plan
                 .apply_if_absent(object)
                 .status(status)
-                .event("StorageReserved", format!("reserving {scope} for this fleet"))
+                .event(
+                    "StorageReserved",
+                    format!("reserving {scope} for this fleet"),
+                )
                 .requeue_after(PROGRESS_REQUEUE));
         }
         Binding::Bound { record } => {

@@ -1159,10 +1159,7 @@ fn mesh_without_istio_crds_is_infrastructure_blocked() {
 #[test]
 fn a_same_named_mesh_policy_of_another_owner_is_infrastructure_blocked() {
     for (read, kind) in [
-        (
-            crate::AUTHORIZATION_POLICIES_READ,
-            "AuthorizationPolicy",
-        ),
+        (crate::AUTHORIZATION_POLICIES_READ, "AuthorizationPolicy"),
         (crate::PEER_AUTHENTICATIONS_READ, "PeerAuthentication"),
     ] {
         let mut w = World::running(meshed(), 2);
@@ -1190,7 +1187,10 @@ fn a_same_named_mesh_policy_of_another_owner_is_infrastructure_blocked() {
     w.extra
         .push((crate::AUTHORIZATION_POLICIES_READ.to_owned(), own));
     let plan = w.plan();
-    assert_ne!(condition(&plan, "Blocked")["reason"], "InfrastructureBlocked");
+    assert_ne!(
+        condition(&plan, "Blocked")["reason"],
+        "InfrastructureBlocked"
+    );
 }
 
 // ---- previews ----------------------------------------------------------------------
