@@ -1,7 +1,7 @@
 //! The CelldFleet API as the plugin reads it (`crds/celld.eric.dev_celldfleets.yaml`).
 //!
 //! Only the fields the plugin acts on are typed; the rest of the spec
-//! (capacity, routing, mesh, previews) is accepted by the CRD and carried
+//! (capacity, most of previews) is accepted by the CRD and carried
 //! through untouched. The fixed and tuning parts are also read as raw JSON
 //! ([`fixed_config`], [`tuning`]) so their hashes do not depend on which
 //! fields this crate happens to type.

@@ -60,6 +60,9 @@ pub const SERVICE_ACCOUNT_READ: &str = "serviceaccount";
 /// Read: Ingresses of the namespace (a same-named Ingress of another owner
 /// is left alone).
 pub const INGRESSES_READ: &str = "ingresses";
+/// Read (optional API): HTTPRoutes of the namespace (a same-named route of
+/// another owner is left alone).
+pub const HTTP_ROUTES_READ: &str = "httproutes";
 /// Read (optional API): Istio AuthorizationPolicies of the namespace (a
 /// same-named policy of another owner blocks the mesh).
 pub const AUTHORIZATION_POLICIES_READ: &str = "authorizationpolicies";
@@ -140,6 +143,14 @@ impl Plugin for FleetPlugin {
                     routing::ingress_kind(),
                     Selector::SameNamespace,
                 ))
+                .reads(
+                    Read::new(
+                        HTTP_ROUTES_READ,
+                        routing::http_route_kind(),
+                        Selector::SameNamespace,
+                    )
+                    .optional(),
+                )
                 .reads(
                     Read::new(
                         AUTHORIZATION_POLICIES_READ,

@@ -21,8 +21,9 @@ use crate::routing;
 use crate::settings::Settings;
 use crate::validate;
 use crate::{
-    AUTHORIZATION_POLICIES_READ, CLAIMS_READ, INGRESSES_READ, PEER_AUTHENTICATIONS_READ, PODS_READ,
-    RESERVATIONS_READ, SERVICE_ACCOUNT_READ, STORAGE_CLASS_READ,
+    AUTHORIZATION_POLICIES_READ, CLAIMS_READ, HTTP_ROUTES_READ, INGRESSES_READ,
+    PEER_AUTHENTICATIONS_READ, PODS_READ, RESERVATIONS_READ, SERVICE_ACCOUNT_READ,
+    STORAGE_CLASS_READ,
 };
 
 /// Fallback requeue while something is in motion (owned and read objects
@@ -485,6 +486,11 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
             o["kind"] == "NetworkPolicy" && o["metadata"]["name"] == fleet.metadata.name.as_str()
         }),
         foreign_ingress: snapshot.related(INGRESSES_READ).any(|i| {
+            i["metadata"]["name"] == routing::routing_name(&fleet.metadata.name).as_str()
+                && i["metadata"]["labels"][FLEET_UID_LABEL].as_str()
+                    != Some(fleet.metadata.uid.as_str())
+        }),
+        foreign_route: snapshot.related(HTTP_ROUTES_READ).any(|i| {
             i["metadata"]["name"] == routing::routing_name(&fleet.metadata.name).as_str()
                 && i["metadata"]["labels"][FLEET_UID_LABEL].as_str()
                     != Some(fleet.metadata.uid.as_str())

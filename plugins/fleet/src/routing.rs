@@ -297,6 +297,8 @@ pub struct World<'a> {
     pub isolation: bool,
     /// A same-named Ingress that is not this fleet's.
     pub foreign_ingress: bool,
+    /// A same-named HTTPRoute that is not this fleet's.
+    pub foreign_route: bool,
 }
 
 /// Routing's part of the plan, and its condition. Never fails the
@@ -388,14 +390,15 @@ pub fn reconcile(
             )),
         ));
     }
-    if !want_gateway && w.foreign_ingress {
+    if (!want_gateway && w.foreign_ingress) || (want_gateway && w.foreign_route) {
         return Ok((
             plan,
             Some(verdict(
                 "False",
                 reasons::ROUTE_CONFLICT,
                 format!(
-                    "Ingress {} exists and is not this fleet's; it is left alone",
+                    "{} {} exists and is not this fleet's; it is left alone",
+                    if want_gateway { "HTTPRoute" } else { "Ingress" },
                     routing_name(&fleet.metadata.name)
                 ),
             )),

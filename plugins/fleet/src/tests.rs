@@ -1337,3 +1337,38 @@ fn a_preview_fleet_without_its_pool_or_with_a_held_prefix_is_blocked() {
     let plan = w.plan();
     assert_eq!(condition(&plan, "Blocked")["status"], "False");
 }
+
+#[test]
+fn a_same_named_route_of_another_owner_is_a_route_conflict_and_left_alone() {
+    for (routing, read, kind, api) in [
+        (
+            gateway_routing(),
+            crate::HTTP_ROUTES_READ,
+            "HTTPRoute",
+            "gateway.networking.k8s.io/v1",
+        ),
+        (
+            ingress_routing(),
+            crate::INGRESSES_READ,
+            "Ingress",
+            "networking.k8s.io/v1",
+        ),
+    ] {
+        let mut w = World::running(with_routing(routing), 3);
+        w.extra.push((
+            read.to_owned(),
+            json!({"apiVersion": api, "kind": kind,
+                   "metadata": {"name": "f-routing", "namespace": "ns", "uid": "theirs"}}),
+        ));
+        let plan = w.plan();
+        let c = condition(&plan, "RoutingReady");
+        assert_eq!(c["reason"], "RouteConflict", "{c}");
+        assert!(
+            c["message"].as_str().is_some_and(|m| m.contains(kind)),
+            "{c}"
+        );
+        assert!(applied_named(&plan, kind, "f-routing").is_none());
+        assert!(plan.delete.is_empty());
+        assert!(workload_of(&plan).is_some(), "the runtime is not held");
+    }
+}
