@@ -387,10 +387,18 @@ async fn upstream_samples_are_accepted_except_those_with_qualification() -> Resu
     Ok(())
 }
 
-/// The CRD refuses changes to fixed fields and reserved env names, and
-/// accepts changes to the mutable tuning.
+/// The CRD refuses changes to fixed fields, reserved env names and
+/// reserved or oversized Ingress annotations, and accepts changes to the
+/// mutable tuning.
 #[tokio::test]
 async fn admission_refuses_fixed_fields_and_reserved_env() -> Result<()> {
+    fn ingress_annotations(annotations: Value) -> Value {
+        json!({"routing": {
+            "hostnames": ["app.example.com"],
+            "ingress": {"className": "nginx", "annotations": annotations},
+            "source": {"namespace": "edge", "podLabels": {"app": "gw"}},
+        }})
+    }
     let ns = TestNamespace::new("fleet-admission").await?;
     apply_project_crds(&ns.client).await?;
     create_fleet(&ns, "f", spec(&ns, "Bucket", 1, "a")).await?;
@@ -416,6 +424,18 @@ async fn admission_refuses_fixed_fields_and_reserved_env() -> Result<()> {
         (
             json!({"env": [{"name": "CELLD_BUCKET", "value": "x"}]}),
             "reserved",
+        ),
+        (
+            ingress_annotations(json!({"celld.eric.dev/anything": "x"})),
+            "reserved",
+        ),
+        (
+            ingress_annotations(json!({"kubernetes.io/ingress.class": "nginx"})),
+            "reserved",
+        ),
+        (
+            ingress_annotations(json!({"example.com/big": "x".repeat(4097)})),
+            "must not exceed 4096 bytes",
         ),
     ] {
         let err = patch_spec(&ns, "f", patch.clone())
