@@ -703,6 +703,37 @@ mod tests {
     }
 
     #[test]
+    fn optional_reads_and_owned_kinds_are_not_required() {
+        let route =
+            KindRef::namespaced("gateway.networking.k8s.io", "v1", "HTTPRoute", "httproutes");
+        let policy = KindRef::namespaced("security.istio.io", "v1", "AuthorizationPolicy", "aps");
+        let cm = KindRef::namespaced("", "v1", "ConfigMap", "configmaps");
+        let c = Controller::new("c", KindRef::namespaced("g", "v1", "K", "ks"))
+            .owns(cm.clone())
+            .owns_kind(OwnedKind::label(route.clone()).optional())
+            .reads(Read::new("policies", policy.clone(), Selector::SameNamespace).optional());
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(v["owns"][1]["optional"], true);
+        assert!(
+            v["owns"][0].get("optional").is_none(),
+            "false is not written"
+        );
+        let required = c.required_kinds();
+        assert!(required.contains(&&cm));
+        assert!(!required.contains(&&route));
+        assert!(!required.contains(&&policy));
+        // A kind a required read also names is required.
+        let c = c.reads(Read::new("routes", route.clone(), Selector::SameNamespace));
+        assert!(c.required_kinds().contains(&&route));
+        // An older manifest without the field means "required".
+        let old: OwnedKind = serde_json::from_value(json!({
+            "group": "", "version": "v1", "kind": "ConfigMap", "plural": "configmaps",
+            "namespaced": true, "ownership": "ownerReference", "adopt": false}))
+        .unwrap();
+        assert!(!old.optional);
+    }
+
+    #[test]
     fn owned_kinds_flatten_the_kind_and_name_their_ownership() {
         let c = Controller::new("c", KindRef::namespaced("g", "v1", "K", "ks"))
             .owns(KindRef::namespaced("", "v1", "ConfigMap", "configmaps"))
