@@ -86,16 +86,18 @@ HELM="$HELM_BIN/helm"
 [[ -x $HELM ]] || fail "$HELM missing (tests/cluster/build.sh builds it)"
 export HELM_CACHE_HOME="$shipped/helm/cache" HELM_CONFIG_HOME="$shipped/helm/config" HELM_DATA_HOME="$shipped/helm/data"
 "$HELM" lint --strict deploy/chart >/dev/null || { "$HELM" lint --strict deploy/chart; fail "helm lint"; }
-"$HELM" lint --strict deploy/chart --set replicaCount=2 --set 'plugins.oci[0].ref=registry.example/p@sha256:0000000000000000000000000000000000000000000000000000000000000000' --set 'plugins.oci[0].file=p.wasm' --set admission.enabled=true >/dev/null \
+"$HELM" lint --strict deploy/chart --set replicaCount=2 --set 'plugins.oci[0]=oci://registry.example/p@sha256:0000000000000000000000000000000000000000000000000000000000000000' --set plugins.registryAuthSecret=regcred --set admission.enabled=true >/dev/null \
   || fail "helm lint with replicas, OCI plugins and admission"
 restricted_ns wasmop-helm
 trap '"$KUBECTL" delete namespace wasmop wasmop-helm --wait=false >/dev/null 2>&1 || true; rm -rf "$shipped"' EXIT
 "$HELM" template wasmop deploy/chart -n wasmop-helm > "$shipped/chart.yaml"
 dry_run_clean -f "$shipped/chart.yaml" || fail "helm template | kubectl apply --dry-run=server (above)"
 "$HELM" template wasmop deploy/chart -n wasmop-helm --set replicaCount=2 \
-  --set 'plugins.oci[0].ref=registry.example/p@sha256:0000000000000000000000000000000000000000000000000000000000000000' \
-  --set 'plugins.oci[0].file=p.wasm' > "$shipped/chart-oci.yaml"
+  --set 'plugins.oci[0]=oci://registry.example/p@sha256:0000000000000000000000000000000000000000000000000000000000000000' \
+  --set plugins.registryAuthSecret=regcred > "$shipped/chart-oci.yaml"
 grep -q -- "--leader-elect" "$shipped/chart-oci.yaml" || fail "two replicas do not turn on leader election"
+grep -q -- "--plugins=oci://registry.example/p@sha256:0000" "$shipped/chart-oci.yaml" || fail "the chart does not pass its OCI plugins to the operator"
+grep -q -- "--registry-auth=" "$shipped/chart-oci.yaml" || fail "the chart does not pass the registry credentials"
 dry_run_clean -f "$shipped/chart-oci.yaml" || fail "the chart with OCI plugins and two replicas (above)"
 ok "helm lint; helm template | kubectl apply --dry-run=server into a restricted namespace, no warning"
 "$HELM" install wasmop deploy/chart -n wasmop-helm >/dev/null || fail "helm install"

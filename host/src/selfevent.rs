@@ -56,14 +56,20 @@ pub async fn init(client: Client) -> Option<String> {
 /// [`init`] found one; returns at once (the Event is sent in the
 /// background).
 pub fn plugin_rejected(file: &str, reason: &str, message: &str) {
+    let message = format!("plugin file {file} rejected ({reason}): {message}");
+    warning("PluginRejected", &message);
+}
+
+/// Raises a Warning Event with `reason` on the operator's Pod, when
+/// [`init`] found one; returns at once (the Event is sent in the
+/// background).
+pub fn warning(reason: &str, message: &str) {
     let Some(me) = SELF.get() else { return };
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    let message = format!("plugin file {file} rejected ({reason}): {message}");
+    let (reason, message) = (reason.to_owned(), message.to_owned());
     runtime.spawn(async move {
-        me.reporter
-            .event(&me.pod, true, "PluginRejected", &message)
-            .await;
+        me.reporter.event(&me.pod, true, &reason, &message).await;
     });
 }

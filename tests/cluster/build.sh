@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
-# kwok and helm from their Go modules at the versions pinned in versions.env, and
-# fetches cert-manager's CRDs (deploy/crds/*.yaml of its Go module), Gateway
-# API's standard CRDs (config/crd/standard/*.yaml of sigs.k8s.io/gateway-api)
-# and Istio's (kubernetes/customresourcedefinitions.gen.yaml of istio.io/api).
+# kwok, helm and an OCI registry (distribution) from their Go modules at the
+# versions pinned in versions.env, and fetches cert-manager's CRDs
+# (deploy/crds/*.yaml of its Go module), Gateway API's standard CRDs
+# (config/crd/standard/*.yaml of sigs.k8s.io/gateway-api) and Istio's
+# (kubernetes/customresourcedefinitions.gen.yaml of istio.io/api).
 # Results are cached outside the repo ($WASMOP_CACHE/bin/<component>-<version>);
 # a second run finds them and builds nothing.
 set -euo pipefail
@@ -127,6 +128,24 @@ build_helm() {
   log "helm $HELM_VERSION: built into $out"
 }
 
+build_registry() {
+  local out="$REGISTRY_BIN"
+  if [[ -x "$out/registry" ]]; then log "registry $REGISTRY_VERSION: cached in $out"; return; fi
+  log "registry $REGISTRY_VERSION: building"
+  local work; work="$(mktemp -d)"
+  (
+    cd "$work"
+    go mod init wasmop.local/registry-build >/dev/null 2>&1
+    go get "github.com/distribution/distribution/v3@$REGISTRY_VERSION" >/dev/null
+    mkdir -p "$out.tmp"
+    go build -trimpath -ldflags "-s -w" -o "$out.tmp/registry" \
+      github.com/distribution/distribution/v3/cmd/registry
+  )
+  rm -rf "$work" "$out"
+  mv "$out.tmp" "$out"
+  log "registry $REGISTRY_VERSION: built into $out"
+}
+
 fetch_cert_manager_crds() {
   local out="$CERT_MANAGER_CRDS"
   if compgen -G "$out/*.yaml" >/dev/null; then log "cert-manager $CERT_MANAGER_VERSION CRDs: cached in $out"; return; fi
@@ -183,4 +202,5 @@ build_etcd
 build_kwok
 build_k8s
 build_helm
+build_registry
 log "control plane binaries ready in $(( $(date +%s) - start ))s"

@@ -15,6 +15,7 @@ pub mod injector;
 pub mod interpose;
 pub mod logs;
 pub mod operator;
+pub mod registry;
 pub mod status;
 
 use std::future::Future;
@@ -314,6 +315,54 @@ fn yaml_files(dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Where `tests/cluster/build.sh` keeps cert-manager's CRDs:
+/// A version pinned in `tests/cluster/versions.env` (`KEY=value`).
+///
+/// # Errors
+/// When the file is unreadable or does not pin `key`.
+pub fn pinned_version(key: &str) -> Result<String> {
+    let versions = repo_root().join("tests/cluster/versions.env");
+    let text = std::fs::read_to_string(&versions)
+        .with_context(|| format!("cannot read {}", versions.display()))?;
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix(key)?.strip_prefix('='))
+        .map(|v| v.trim().trim_matches('"').to_owned())
+        .ok_or_else(|| anyhow!("{} pins no {key}", versions.display()))
+}
+
+/// The `wasmop` binary `tests/run.sh` builds before the tests:
+/// `$WASMOP_BIN`, else `$CARGO_TARGET_DIR/debug/wasmop`, else
+/// `target/debug/wasmop`.
+///
+/// # Errors
+/// When it does not exist (with what to run).
+pub fn wasmop_bin() -> Result<PathBuf> {
+    let path = std::env::var_os("WASMOP_BIN")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("CARGO_TARGET_DIR").map(|d| PathBuf::from(d).join("debug/wasmop"))
+        })
+        .unwrap_or_else(|| repo_root().join("target/debug/wasmop"));
+    if !path.is_file() {
+        bail!(
+            "{} not found: build it first (`cargo build -p wasmop`, as tests/run.sh does)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// The cache of built tools, as `tests/cluster/lib.sh` resolves it.
+///
+/// # Errors
+/// When neither `WASMOP_CACHE`, `XDG_CACHE_HOME` nor `HOME` is set.
+pub fn wasmop_cache() -> Result<PathBuf> {
+    std::env::var_os("WASMOP_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("wasmop")))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/wasmop")))
+        .ok_or_else(|| anyhow!("neither WASMOP_CACHE, XDG_CACHE_HOME nor HOME is set"))
+}
+
 /// `$WASMOP_CACHE/crds/cert-manager-<CERT_MANAGER_VERSION>` (the cache as
 /// `tests/cluster/lib.sh` resolves it, the version from `versions.env`).
 ///
@@ -406,20 +455,8 @@ pub fn crd_names_in(dir: &Path) -> Result<Vec<String>> {
 }
 
 fn cached_crd_dir(version_key: &str, name: &str) -> Result<PathBuf> {
-    let versions = repo_root().join("tests/cluster/versions.env");
-    let text = std::fs::read_to_string(&versions)
-        .with_context(|| format!("cannot read {}", versions.display()))?;
-    let prefix = format!("{version_key}=");
-    let version = text
-        .lines()
-        .find_map(|l| l.trim().strip_prefix(prefix.as_str()))
-        .map(|v| v.trim().trim_matches('"').to_owned())
-        .ok_or_else(|| anyhow!("{} pins no {version_key}", versions.display()))?;
-    let cache = std::env::var_os("WASMOP_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("wasmop")))
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/wasmop")))
-        .ok_or_else(|| anyhow!("neither WASMOP_CACHE, XDG_CACHE_HOME nor HOME is set"))?;
+    let version = pinned_version(version_key)?;
+    let cache = wasmop_cache()?;
     let dir = cache.join(format!("crds/{name}-{version}"));
     if !dir.is_dir() {
         bail!(

@@ -6,6 +6,7 @@
 
 pub mod admission;
 pub mod new;
+pub mod oci;
 pub mod rbac;
 pub mod run;
 
@@ -52,9 +53,12 @@ pub enum Command {
     /// Print the least-privilege RBAC (ClusterRole, or Roles per
     /// namespace) the plugins in a directory and the operator need.
     Rbac(crate::cli::rbac::RbacArgs),
-    /// Run the operator: reconcile with the plugins in a directory, and
-    /// hot-swap them as the directory changes.
+    /// Run the operator: reconcile with the plugins in directories or OCI
+    /// registries, and hot-swap them as they change.
     Run(Box<crate::cli::run::RunArgs>),
+    /// Publish a plugin to an OCI registry (a wasm artifact, as the CNCF
+    /// wasm working group lays it out); prints its digest reference.
+    Push(crate::cli::oci::PushArgs),
 }
 
 /// Output formats.
@@ -202,6 +206,12 @@ pub enum CliError {
         /// What is wrong.
         reason: String,
     },
+    /// A registry could not be used (bad reference, credentials or push).
+    #[error("{reason}")]
+    Registry {
+        /// What went wrong.
+        reason: String,
+    },
     /// The result could not be printed.
     #[error("cannot print the result: {reason}")]
     Render {
@@ -250,6 +260,7 @@ pub fn execute(cli: Cli) -> Result<ExitCode, CliError> {
         Command::New(args) => crate::cli::new::new_command(args),
         Command::Rbac(args) => crate::cli::rbac::rbac_command(args),
         Command::Run(args) => Ok(crate::cli::run::run(*args)?),
+        Command::Push(args) => crate::cli::oci::push_command(args),
     }
 }
 

@@ -35,9 +35,26 @@ use crate::sandbox::{Limits, Sandbox, SandboxConfig};
 /// Arguments of `wasmop run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Directory of plugin components (`*.wasm`).
-    #[arg(long, value_name = "DIR")]
-    pub plugins: PathBuf,
+    /// Where plugins come from: a directory of components (`*.wasm`,
+    /// watched for changes) or one plugin in an OCI registry,
+    /// `[NAME=]oci://HOST[:PORT]/REPOSITORY:TAG` or `…@sha256:…` (a tag is
+    /// polled and a new digest hot-swapped; NAME defaults to the
+    /// repository's last segment). Repeat for several.
+    #[arg(long, value_name = "DIR|oci://REF", required = true)]
+    pub plugins: Vec<crate::plugin::oci::PluginSource>,
+    /// Registry access for `oci://` plugins.
+    #[command(flatten)]
+    pub registry: crate::cli::oci::RegistryArgs,
+    /// How often `oci://` tags are resolved again.
+    #[arg(long, value_name = "MS", default_value_t = 60_000)]
+    pub oci_poll_interval_ms: u64,
+    /// Cache of plugins pulled from registries, by digest
+    /// [default: ${XDG_CACHE_HOME:-$HOME/.cache}/wasmop/oci].
+    #[arg(long, env = "WASMOP_OCI_CACHE", value_name = "DIR")]
+    pub oci_cache: Option<PathBuf>,
+    /// The largest plugin pulled from a registry, in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = crate::plugin::oci::DEFAULT_MAX_BYTES >> 20)]
+    pub oci_max_mib: u64,
     /// Namespace to watch; repeat for several. Default: all namespaces.
     #[arg(long = "namespace", short = 'n', value_name = "NS")]
     pub namespaces: Vec<String>,
@@ -167,6 +184,9 @@ pub enum RunError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// `oci://` plugins cannot be set up (credentials, cache directory).
+    #[error("OCI plugins: {0}")]
+    Oci(String),
     /// No usable Kubernetes configuration.
     #[error("no Kubernetes configuration: {0}")]
     Kube(String),
@@ -234,17 +254,37 @@ fn largest_deadline(file: &OperatorFile) -> Duration {
 async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunError> {
     let sandbox =
         Sandbox::new(SandboxConfig::default()).map_err(|e| RunError::Sandbox(e.to_string()))?;
-    if !args.plugins.is_dir() {
-        return Err(RunError::PluginDir {
-            path: args.plugins.clone(),
-            source: std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory"),
-        });
-    }
+    let (dirs, oci_sources) = split_sources(&args.plugins)?;
     for name in file.plugins.keys() {
-        if !args.plugins.join(format!("{name}.wasm")).is_file() {
-            tracing::warn!(plugin = %name, "configuration names a plugin that is not in the plugin directory");
+        if !dirs
+            .iter()
+            .any(|d| d.join(format!("{name}.wasm")).is_file())
+            && !oci_sources.iter().any(|s| &s.name == name)
+        {
+            tracing::warn!(plugin = %name, "configuration names a plugin that is in no plugin directory and no oci:// source");
         }
     }
+    let mirror = if oci_sources.is_empty() {
+        None
+    } else {
+        let registry = args
+            .registry
+            .options()
+            .map_err(|e| RunError::Oci(e.to_string()))?;
+        let root = args
+            .oci_cache
+            .clone()
+            .or_else(|| CompileCache::default_dir().and_then(|d| d.parent().map(|p| p.join("oci"))))
+            .ok_or_else(|| RunError::Oci("no cache directory: pass --oci-cache".to_owned()))?;
+        let mirror = crate::plugin::oci::OciMirror::new(
+            root.clone(),
+            oci_sources,
+            registry,
+            args.oci_max_mib.saturating_mul(1 << 20),
+        )
+        .map_err(|e| RunError::Oci(format!("cache {}: {e}", root.display())))?;
+        Some(mirror)
+    };
     let election = leader_config(&args)?;
     let admission = args.admission.config(&args.namespaces)?;
     let client = client(args.kubeconfig.as_deref()).await?;
@@ -318,7 +358,19 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
     let file = Arc::new(file);
     let options: OptionsFor =
         Arc::new(move |stem: &str| load_options(&file, stem, compile_cache.clone()));
-    let mut dir = PluginDir::new(args.plugins.clone(), sandbox, operator.clone(), options);
+    let mut plugin_dirs = dirs.clone();
+    let mirror_task = match mirror {
+        Some(mut mirror) => {
+            plugin_dirs.push(mirror.active_dir().to_owned());
+            // Before the first scan, so registry plugins start with the rest.
+            mirror.sync().await;
+            Some(tokio::spawn(mirror.watch(Duration::from_millis(
+                args.oci_poll_interval_ms.max(100),
+            ))))
+        }
+        None => None,
+    };
+    let mut dir = PluginDir::with_dirs(plugin_dirs, sandbox, operator.clone(), options);
     {
         let op = operator.clone();
         health.add_ready_check("caches", Box::new(move || op.caches_synced()));
@@ -326,7 +378,7 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
     let first = dir.scan(false).await;
     scanned.store(true, std::sync::atomic::Ordering::SeqCst);
     if first.activated.is_empty() {
-        tracing::warn!(dir = %args.plugins.display(), "no plugin active yet; watching the directory for plugins");
+        tracing::warn!(sources = ?args.plugins, "no plugin active yet; watching the plugin sources");
     }
     tracing::info!(plugins = ?operator.plugins(), "operator running");
     let watcher = tokio::spawn(dir.watch(Duration::from_millis(args.poll_interval_ms)));
@@ -350,6 +402,9 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
         }
     }
     watcher.abort();
+    if let Some(task) = mirror_task {
+        task.abort();
+    }
     for task in admission_tasks {
         task.abort();
     }
@@ -366,6 +421,44 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
     }
     tracing::info!("operator stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The directories (each must be one) and the OCI references of `sources`.
+fn split_sources(
+    sources: &[crate::plugin::oci::PluginSource],
+) -> Result<(Vec<PathBuf>, Vec<crate::plugin::oci::OciSource>), RunError> {
+    use crate::plugin::oci::PluginSource;
+    let mut dirs = Vec::new();
+    let mut oci = Vec::new();
+    for source in sources {
+        match source {
+            PluginSource::Dir(path) => {
+                if !path.is_dir() {
+                    return Err(RunError::PluginDir {
+                        path: path.clone(),
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::NotFound,
+                            "not a directory",
+                        ),
+                    });
+                }
+                dirs.push(path.clone());
+            }
+            PluginSource::Oci(s) => {
+                if oci
+                    .iter()
+                    .any(|o: &crate::plugin::oci::OciSource| o.name == s.name)
+                {
+                    return Err(RunError::Oci(format!(
+                        "two oci:// sources are named {}; name one with NAME=oci://…",
+                        s.name
+                    )));
+                }
+                oci.push(s.clone());
+            }
+        }
+    }
+    Ok((dirs, oci))
 }
 
 /// The leader-election configuration `args` ask for, if any.
@@ -474,6 +567,60 @@ async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parse(extra: &[&str]) -> Result<RunArgs, clap::Error> {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            run: RunArgs,
+        }
+        Wrap::try_parse_from(std::iter::once("wasmop").chain(extra.iter().copied())).map(|w| w.run)
+    }
+
+    #[test]
+    fn plugins_come_from_directories_and_oci_references() {
+        let dir = std::env::temp_dir();
+        let dir_text = dir.display().to_string();
+        let args = parse(&[
+            "--plugins",
+            &dir_text,
+            "--plugins",
+            "oci://127.0.0.1:5000/wasmop/good:v1",
+            "--plugins",
+            "other=oci://ghcr.io/x/good@sha256:0000000000000000000000000000000000000000000000000000000000000000",
+            "--insecure-registry",
+            "127.0.0.1:5000",
+        ])
+        .unwrap();
+        assert_eq!(args.registry.insecure_registries, vec!["127.0.0.1:5000"]);
+        let (dirs, oci) = split_sources(&args.plugins).unwrap();
+        assert_eq!(dirs, vec![dir.clone()]);
+        let names: Vec<&str> = oci.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["good", "other"]);
+        // Two references under one name, a missing directory, no source,
+        // and a malformed reference are refused before anything runs.
+        let twice = parse(&[
+            "--plugins",
+            "oci://ghcr.io/a/good:1",
+            "--plugins",
+            "oci://ghcr.io/b/good:1",
+        ])
+        .unwrap();
+        let err = split_sources(&twice.plugins).unwrap_err().to_string();
+        assert!(err.contains("two oci:// sources are named good"), "{err}");
+        let missing = parse(&["--plugins", "/nonexistent/wasmop-plugins"]).unwrap();
+        assert!(matches!(
+            split_sources(&missing.plugins),
+            Err(RunError::PluginDir { .. })
+        ));
+        assert!(parse(&[]).is_err());
+        let err = parse(&["--plugins", "oci://ghcr.io/UPPER/x:1"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("not an OCI reference"), "{err}");
+    }
 
     #[test]
     fn operator_file_rejects_unknown_keys() {

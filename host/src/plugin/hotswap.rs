@@ -57,9 +57,12 @@ struct Known {
     pending: bool,
 }
 
-/// Keeps an operator's plugins in step with a directory.
+/// Keeps an operator's plugins in step with one or more directories (the
+/// user's plugin directories and the OCI mirror's, see
+/// [`super::oci::OciMirror`]). A plugin name provided by two files is
+/// refused for the second (`DuplicatePlugin`).
 pub struct PluginDir {
-    dir: PathBuf,
+    dirs: Vec<PathBuf>,
     sandbox: Arc<Sandbox>,
     operator: Arc<Operator>,
     options: OptionsFor,
@@ -69,7 +72,7 @@ pub struct PluginDir {
 impl std::fmt::Debug for PluginDir {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PluginDir")
-            .field("dir", &self.dir)
+            .field("dirs", &self.dirs)
             .finish_non_exhaustive()
     }
 }
@@ -122,8 +125,18 @@ impl PluginDir {
         operator: Arc<Operator>,
         options: OptionsFor,
     ) -> Self {
+        Self::with_dirs(vec![dir], sandbox, operator, options)
+    }
+
+    /// Plugin directories feeding `operator`.
+    pub fn with_dirs(
+        dirs: Vec<PathBuf>,
+        sandbox: Arc<Sandbox>,
+        operator: Arc<Operator>,
+        options: OptionsFor,
+    ) -> Self {
         Self {
-            dir,
+            dirs,
             sandbox,
             operator,
             options,
@@ -138,10 +151,14 @@ impl PluginDir {
         let mut report = ScanReport::default();
         // A directory that cannot be listed (e.g. a volume being remounted)
         // says nothing about the plugins: keep every one running.
-        let Some(files) = wasm_files(&self.dir) else {
-            tracing::warn!(dir = %self.dir.display(), "cannot list the plugin directory; keeping the running plugins");
-            return report;
-        };
+        let mut files = Vec::new();
+        for dir in &self.dirs {
+            let Some(mut found) = wasm_files(dir) else {
+                tracing::warn!(dir = %dir.display(), "cannot list the plugin directory; keeping the running plugins");
+                return report;
+            };
+            files.append(&mut found);
+        }
         let present: HashMap<PathBuf, Option<Stat>> =
             files.iter().map(|p| (p.clone(), stat(p))).collect();
 

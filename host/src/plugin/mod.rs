@@ -27,6 +27,7 @@ mod cache;
 mod convert;
 pub mod hotswap;
 pub mod manifest;
+pub mod oci;
 pub mod rbac;
 
 use std::path::{Path, PathBuf};
