@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
-# kwok, helm and an OCI registry (distribution) from their Go modules at the versions pinned in versions.env, and
-# fetches cert-manager's CRDs (deploy/crds/*.yaml of its Go module).
+# kwok, helm and an OCI registry (distribution) from their Go modules at the
+# versions pinned in versions.env, and fetches cert-manager's CRDs
+# (deploy/crds/*.yaml of its Go module), Gateway API's standard CRDs
+# (config/crd/standard/*.yaml of sigs.k8s.io/gateway-api) and Istio's
+# (kubernetes/customresourcedefinitions.gen.yaml of istio.io/api).
 # Results are cached outside the repo ($WASMOP_CACHE/bin/<component>-<version>);
 # a second run finds them and builds nothing.
 set -euo pipefail
@@ -164,8 +167,37 @@ fetch_cert_manager_crds() {
   log "cert-manager $CERT_MANAGER_VERSION CRDs: in $out"
 }
 
+# fetch_module_files NAME MODULE VERSION OUT FILE... copies FILEs (globs
+# relative to the module root) of the Go module MODULE@VERSION into OUT,
+# unless OUT already holds YAML files.
+fetch_module_files() {
+  local name="$1" module="$2" version="$3" out="$4"; shift 4
+  if compgen -G "$out/*.yaml" >/dev/null; then log "$name $version CRDs: cached in $out"; return; fi
+  log "$name $version CRDs: downloading the Go module"
+  local work; work="$(mktemp -d)"
+  (
+    cd "$work"
+    go mod init "wasmop.local/$name-crds" >/dev/null 2>&1
+    local dir f
+    dir="$(go mod download -json "$module@$version" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+    [[ -d "$dir" ]] || die "could not download $module@$version"
+    rm -rf "$out.tmp"
+    mkdir -p "$out.tmp"
+    for f in "$@"; do
+      compgen -G "$dir/$f" >/dev/null || die "$module@$version has no $f"
+      cp "$dir"/$f "$out.tmp/"
+    done
+    chmod -R u+w "$out.tmp"
+  )
+  rm -rf "$work" "$out"
+  mv "$out.tmp" "$out"
+  log "$name $version CRDs: in $out"
+}
+
 start=$(date +%s)
 fetch_cert_manager_crds
+fetch_module_files gateway-api sigs.k8s.io/gateway-api "$GATEWAY_API_VERSION" "$GATEWAY_API_CRDS" 'config/crd/standard/*.yaml'
+fetch_module_files istio istio.io/api "$ISTIO_API_VERSION" "$ISTIO_CRDS" kubernetes/customresourcedefinitions.gen.yaml
 build_etcd
 build_kwok
 build_k8s

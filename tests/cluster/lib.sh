@@ -13,6 +13,8 @@ ETCD_BIN="$WASMOP_CACHE/bin/etcd-$ETCD_VERSION"
 KWOK_BIN="$WASMOP_CACHE/bin/kwok-$KWOK_VERSION"
 CERT_MANAGER_CRDS="$WASMOP_CACHE/crds/cert-manager-$CERT_MANAGER_VERSION"
 HELM_BIN="$WASMOP_CACHE/bin/helm-$HELM_VERSION"
+GATEWAY_API_CRDS="$WASMOP_CACHE/crds/gateway-api-$GATEWAY_API_VERSION"
+ISTIO_CRDS="$WASMOP_CACHE/crds/istio-$ISTIO_API_VERSION"
 REGISTRY_BIN="$WASMOP_CACHE/bin/registry-$REGISTRY_VERSION"
 
 # Runtime state of one local cluster (certs, data, logs, pids, kubeconfig).

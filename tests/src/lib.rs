@@ -11,6 +11,7 @@
 
 pub mod admission;
 pub mod faults;
+pub mod injector;
 pub mod interpose;
 pub mod logs;
 pub mod operator;
@@ -370,12 +371,97 @@ pub fn wasmop_cache() -> Result<PathBuf> {
 /// When the version is not pinned or the directory does not exist (with
 /// what to run).
 pub fn cert_manager_crd_dir() -> Result<PathBuf> {
-    let version = pinned_version("CERT_MANAGER_VERSION")?;
+    cached_crd_dir("CERT_MANAGER_VERSION", "cert-manager")
+}
+
+/// Where `tests/cluster/build.sh` keeps Gateway API's standard CRDs:
+/// `$WASMOP_CACHE/crds/gateway-api-<GATEWAY_API_VERSION>`.
+///
+/// # Errors
+/// As [`cert_manager_crd_dir`].
+pub fn gateway_api_crd_dir() -> Result<PathBuf> {
+    cached_crd_dir("GATEWAY_API_VERSION", "gateway-api")
+}
+
+/// Where `tests/cluster/build.sh` keeps Istio's CRDs:
+/// `$WASMOP_CACHE/crds/istio-<ISTIO_API_VERSION>`.
+///
+/// # Errors
+/// As [`cert_manager_crd_dir`].
+pub fn istio_crd_dir() -> Result<PathBuf> {
+    cached_crd_dir("ISTIO_API_VERSION", "istio")
+}
+
+/// Applies Gateway API's standard CRDs ([`gateway_api_crd_dir`]).
+///
+/// # Errors
+/// As [`apply_crd_files`].
+pub async fn apply_gateway_api_crds(client: &Client) -> Result<Vec<String>> {
+    apply_crd_files(client, &yaml_files(&gateway_api_crd_dir()?)?).await
+}
+
+/// Applies Istio's CRDs ([`istio_crd_dir`]).
+///
+/// # Errors
+/// As [`apply_crd_files`].
+pub async fn apply_istio_crds(client: &Client) -> Result<Vec<String>> {
+    apply_crd_files(client, &yaml_files(&istio_crd_dir()?)?).await
+}
+
+/// Deletes the named CRDs and waits until each is gone (with every object
+/// of its kind).
+///
+/// # Errors
+/// When a delete is refused or a CRD is still there at the deadline.
+pub async fn delete_crds(client: &Client, names: &[String]) -> Result<()> {
+    let api = Api::<CustomResourceDefinition>::all(client.clone());
+    for name in names {
+        match api.delete(name, &kube::api::DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e).with_context(|| format!("cannot delete CRD {name}")),
+        }
+    }
+    for name in names {
+        wait_for(&format!("CRD {name} gone"), DEFAULT_DEADLINE, || {
+            let api = api.clone();
+            let name = name.clone();
+            async move { Ok(api.get_opt(&name).await?.is_none().then_some(())) }
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// The CRD names in the YAML files of `dir`.
+///
+/// # Errors
+/// When a file cannot be read or parsed.
+pub fn crd_names_in(dir: &Path) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for file in yaml_files(dir)? {
+        let text = std::fs::read_to_string(&file)
+            .with_context(|| format!("cannot read {}", file.display()))?;
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let value = <serde_json::Value as serde::Deserialize>::deserialize(doc)
+                .with_context(|| format!("invalid YAML in {}", file.display()))?;
+            if value["kind"] == "CustomResourceDefinition"
+                && let Some(name) = value["metadata"]["name"].as_str()
+            {
+                names.push(name.to_owned());
+            }
+        }
+    }
+    Ok(names)
+}
+
+fn cached_crd_dir(version_key: &str, name: &str) -> Result<PathBuf> {
+    let version = pinned_version(version_key)?;
     let cache = wasmop_cache()?;
-    let dir = cache.join(format!("crds/cert-manager-{version}"));
+    let dir = cache.join(format!("crds/{name}-{version}"));
     if !dir.is_dir() {
         bail!(
-            "cert-manager {version} CRDs not found in {}: run `bash tests/cluster/build.sh`",
+            "{name} {version} CRDs not found in {}: run `bash tests/cluster/build.sh`",
             dir.display()
         );
     }

@@ -29,6 +29,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
+use wasmop_tests::injector::{Injector, PROXY_CONTAINER};
 use wasmop_tests::operator::{RunningOperator, load_plugin};
 use wasmop_tests::{FIELD_MANAGER, TestNamespace, apply_project_crds, repo_root, wait_for};
 
@@ -219,8 +220,14 @@ async fn delete_fleet(ns: &TestNamespace, name: &str) -> Result<()> {
 /// Labels the fake Node with the test zone (idempotent) and creates the
 /// runtime ServiceAccount; applies the CRDs; starts an operator with the
 /// fleet plugin watching the namespace.
-async fn start(ns: &TestNamespace, settings: Value) -> Result<RunningOperator> {
+async fn start(ns: &TestNamespace, mut settings: Value) -> Result<RunningOperator> {
     let _ = logs();
+    // Members run in kwok and have no /state: application observation
+    // would send requests to Pod IPs. Only the test that points members at
+    // loopback servers turns it on.
+    if settings.get("observeApplications").is_none() {
+        settings["observeApplications"] = json!(false);
+    }
     apply_project_crds(&ns.client).await?;
     let nodes = Api::<Node>::all(ns.client.clone());
     for node in nodes
@@ -240,9 +247,16 @@ async fn start(ns: &TestNamespace, settings: Value) -> Result<RunningOperator> {
     }
     let sa: ServiceAccount =
         serde_json::from_value(json!({"metadata": {"name": "celld-runtime"}}))?;
-    ns.api::<ServiceAccount>()
+    match ns
+        .api::<ServiceAccount>()
         .create(&PostParams::default(), &sa)
-        .await?;
+        .await
+    {
+        Ok(_) => {}
+        // A second operator in the same namespace.
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
     let plugin = load_plugin("fleet", settings)?;
     RunningOperator::start(ns.client.clone(), vec![ns.name.clone()], vec![plugin]).await
 }
@@ -373,10 +387,18 @@ async fn upstream_samples_are_accepted_except_those_with_qualification() -> Resu
     Ok(())
 }
 
-/// The CRD refuses changes to fixed fields and reserved env names, and
-/// accepts changes to the mutable tuning.
+/// The CRD refuses changes to fixed fields, reserved env names and
+/// reserved or oversized Ingress annotations, and accepts changes to the
+/// mutable tuning.
 #[tokio::test]
 async fn admission_refuses_fixed_fields_and_reserved_env() -> Result<()> {
+    fn ingress_annotations(annotations: Value) -> Value {
+        json!({"routing": {
+            "hostnames": ["app.example.com"],
+            "ingress": {"className": "nginx", "annotations": annotations},
+            "source": {"namespace": "edge", "podLabels": {"app": "gw"}},
+        }})
+    }
     let ns = TestNamespace::new("fleet-admission").await?;
     apply_project_crds(&ns.client).await?;
     create_fleet(&ns, "f", spec(&ns, "Bucket", 1, "a")).await?;
@@ -402,6 +424,18 @@ async fn admission_refuses_fixed_fields_and_reserved_env() -> Result<()> {
         (
             json!({"env": [{"name": "CELLD_BUCKET", "value": "x"}]}),
             "reserved",
+        ),
+        (
+            ingress_annotations(json!({"celld.eric.dev/anything": "x"})),
+            "reserved",
+        ),
+        (
+            ingress_annotations(json!({"kubernetes.io/ingress.class": "nginx"})),
+            "reserved",
+        ),
+        (
+            ingress_annotations(json!({"example.com/big": "x".repeat(4097)})),
+            "must not exceed 4096 bytes",
         ),
     ] {
         let err = patch_spec(&ns, "f", patch.clone())
@@ -988,5 +1022,1182 @@ async fn a_member_whose_claim_is_lost_is_replaced() -> Result<()> {
         "the healthy member was not touched"
     );
     delete_fleet(&ns, "f").await?;
+    Ok(())
+}
+
+// ---- routing ---------------------------------------------------------------------
+
+fn dynamic(
+    ns: &TestNamespace,
+    group: &str,
+    version: &str,
+    kind: &str,
+    plural: &str,
+) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        ns.client.clone(),
+        &ns.name,
+        &ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural),
+    )
+}
+
+fn ingresses(ns: &TestNamespace) -> Api<DynamicObject> {
+    dynamic(ns, "networking.k8s.io", "v1", "Ingress", "ingresses")
+}
+
+fn http_routes(ns: &TestNamespace) -> Api<DynamicObject> {
+    dynamic(
+        ns,
+        "gateway.networking.k8s.io",
+        "v1",
+        "HTTPRoute",
+        "httproutes",
+    )
+}
+
+/// Waits until `api` has (`true`) or lacks (`false`) an object `name`
+/// that `check` accepts.
+async fn wait_object(
+    api: &Api<DynamicObject>,
+    name: &str,
+    present: bool,
+    check: impl Fn(&DynamicObject) -> bool + Clone,
+) -> Result<Option<DynamicObject>> {
+    wait_for(
+        &format!("{name} {}", if present { "present" } else { "gone" }),
+        DEADLINE,
+        || {
+            let (api, check) = (api.clone(), check.clone());
+            async move {
+                let got = api.get_opt(name).await?;
+                match (present, got) {
+                    (true, Some(o)) if check(&o) => Ok(Some(Some(o))),
+                    (false, None) => Ok(Some(None)),
+                    (_, o) => bail!("not yet: {:?}", o.map(|o| o.data)),
+                }
+            }
+        },
+    )
+    .await
+}
+
+async fn wait_routing(
+    ns: &TestNamespace,
+    name: &str,
+    status: &str,
+    reason: &str,
+) -> Result<DynamicObject> {
+    let api = fleets(ns);
+    wait_for(
+        &format!("{name} RoutingReady={status}/{reason}"),
+        DEADLINE,
+        || {
+            let api = api.clone();
+            async move {
+                let f = api.get(name).await?;
+                let c = condition(&f, "RoutingReady");
+                if c["status"] == status
+                    && c["reason"] == reason
+                    && c["observedGeneration"].as_i64() == f.metadata.generation
+                {
+                    Ok(Some(f))
+                } else {
+                    bail!("RoutingReady: {c}")
+                }
+            }
+        },
+    )
+    .await
+}
+
+/// Routing added as an Ingress, its annotations edited (a removed managed
+/// annotation is pruned, another manager's kept), switched to an HTTPRoute
+/// while the Gateway API CRDs are absent (GatewayAPIUnavailable: the
+/// preflight fails and the Ingress and its policy are kept, the runtime
+/// stays Provisioned), switched once they are installed (the Ingress is
+/// gone before the HTTPRoute exists), back to an Ingress, and removed
+/// (route, then policy) — with the workload's generation and the
+/// reservation untouched throughout.
+///
+/// The Gateway API CRDs are cluster-wide: this is the only test that
+/// installs or removes them, and it starts by removing them so the fleet
+/// sees the API absent.
+#[tokio::test]
+async fn routing_is_added_switched_and_removed_without_touching_the_workload() -> Result<()> {
+    let ns = TestNamespace::new("fleet-routing").await?;
+    let gateway_crds = wasmop_tests::crd_names_in(&wasmop_tests::gateway_api_crd_dir()?)?;
+    wasmop_tests::delete_crds(&ns.client, &gateway_crds).await?;
+    let _op = start(&ns, json!({})).await?;
+    let mut s = spec(&ns, "Bucket", 1, "routing");
+    s["routing"] = json!({
+        "hostnames": ["app.example.com"],
+        "ingress": {"className": "nginx", "annotations": {"example.com/a": "1", "example.com/b": "2"}},
+        "source": {"namespace": "edge", "podLabels": {"app": "public-gateway"}},
+    });
+    let fleet = create_fleet(&ns, "rf", s).await?;
+    let uid = fleet.metadata.uid.clone().unwrap_or_default();
+    wait_provisioned(&ns, "rf").await?;
+    let deployments = ns.api::<Deployment>();
+    let before = deployments.get("rf").await?;
+    let reservation_name = fleets(&ns).get("rf").await?.data["status"]["reservation"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let reservation_before = reservations(&ns.client).get(&reservation_name).await?;
+
+    // Added: the Ingress forwards / to rf:8080, the policy admits the data plane to 8080 only.
+    let ing = wait_object(&ingresses(&ns), "rf-routing", true, |o| {
+        o.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key("example.com/b"))
+    })
+    .await?
+    .context("ingress")?;
+    assert_eq!(ing.labels().get(UID_LABEL), Some(&uid));
+    let rule = &ing.data["spec"]["rules"][0];
+    assert_eq!(rule["host"], "app.example.com");
+    assert_eq!(rule["http"]["paths"][0]["path"], "/");
+    assert_eq!(
+        rule["http"]["paths"][0]["backend"]["service"],
+        json!({"name": "rf", "port": {"number": 8080}})
+    );
+    assert_eq!(ing.data["spec"]["ingressClassName"], "nginx");
+    let policy = ns.api::<NetworkPolicy>().get("rf-routing").await?;
+    let pspec = serde_json::to_value(&policy.spec)?;
+    assert_eq!(pspec["ingress"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        pspec["ingress"][0]["ports"],
+        json!([{"port": 8080, "protocol": "TCP"}])
+    );
+    assert_eq!(
+        pspec["ingress"][0]["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "edge"
+    );
+    wait_routing(&ns, "rf", "Unknown", "AwaitingAddress").await?;
+
+    // Another controller's annotation survives; a removed managed one is pruned.
+    ingresses(&ns)
+        .patch(
+            "rf-routing",
+            &PatchParams::apply("someone-else"),
+            &Patch::Apply(json!({
+                "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+                "metadata": {"name": "rf-routing", "annotations": {"other.example/keep": "yes"}},
+            })),
+        )
+        .await?;
+    patch_spec(
+        &ns,
+        "rf",
+        json!({"routing": {"ingress": {"annotations": {"example.com/b": null}}}}),
+    )
+    .await?;
+    let ing = wait_object(&ingresses(&ns), "rf-routing", true, |o| {
+        o.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| !a.contains_key("example.com/b"))
+    })
+    .await?
+    .context("ingress")?;
+    let annotations = ing.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        annotations.get("example.com/a").map(String::as_str),
+        Some("1")
+    );
+    assert_eq!(
+        annotations.get("other.example/keep").map(String::as_str),
+        Some("yes")
+    );
+
+    // An address makes the Ingress route ready.
+    ingresses(&ns)
+        .patch_status(
+            "rf-routing",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.10"}]}}})),
+        )
+        .await?;
+    wait_routing(&ns, "rf", "True", "AddressAssigned").await?;
+
+    // Switch to an HTTPRoute while the Gateway API is absent: the preflight
+    // fails, the Ingress and its policy stay, the runtime is not blocked.
+    patch_spec(
+        &ns,
+        "rf",
+        json!({"routing": {"ingress": null, "gateway": {"name": "public", "namespace": ns.name}}}),
+    )
+    .await?;
+    wait_routing(&ns, "rf", "False", "GatewayAPIUnavailable").await?;
+    wait_provisioned(&ns, "rf").await?;
+    assert!(
+        ingresses(&ns).get_opt("rf-routing").await?.is_some(),
+        "the Ingress was kept"
+    );
+    assert!(
+        ns.api::<NetworkPolicy>()
+            .get_opt("rf-routing")
+            .await?
+            .is_some(),
+        "the policy was kept"
+    );
+
+    // With the CRDs installed the switch completes: the Ingress goes first.
+    let watcher = {
+        let (ing, routes) = (ingresses(&ns), http_routes(&ns));
+        tokio::spawn(async move {
+            // Records whether both routes were ever seen at once.
+            let mut overlap = false;
+            loop {
+                let i = ing.get_opt("rf-routing").await.ok().flatten();
+                let r = routes.get_opt("rf-routing").await.ok().flatten();
+                if i.is_some() && r.is_some() {
+                    overlap = true;
+                }
+                if i.is_none() && r.is_some() {
+                    return overlap;
+                }
+                // Sampling period of a monitor, not synchronisation.
+                tokio::time::sleep(SAMPLE_EVERY).await;
+            }
+        })
+    };
+    wasmop_tests::apply_gateway_api_crds(&ns.client).await?;
+    let route = wait_object(&http_routes(&ns), "rf-routing", true, |_| true)
+        .await?
+        .context("route")?;
+    let overlap = tokio::time::timeout(DEADLINE, watcher).await??;
+    assert!(
+        !overlap,
+        "the HTTPRoute existed while the Ingress was still there"
+    );
+    assert_eq!(route.data["spec"]["parentRefs"][0]["name"], "public");
+    assert_eq!(route.data["spec"]["hostnames"], json!(["app.example.com"]));
+    assert_eq!(
+        route.data["spec"]["rules"][0]["backendRefs"][0]["port"],
+        8080
+    );
+    wait_routing(&ns, "rf", "Unknown", "AwaitingAcceptance").await?;
+    let generation = route.metadata.generation.unwrap_or(1);
+    let now = "2026-01-01T00:00:00Z";
+    let cond = |t: &str| {
+        json!({"type": t, "status": "True", "reason": t, "message": "",
+                               "observedGeneration": generation, "lastTransitionTime": now})
+    };
+    http_routes(&ns)
+        .patch_status(
+            "rf-routing",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"parents": [{
+                "parentRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                              "name": "public", "namespace": ns.name},
+                "controllerName": "example.com/gateway",
+                "conditions": [cond("Accepted"), cond("ResolvedRefs")],
+            }]}})),
+        )
+        .await?;
+    wait_routing(&ns, "rf", "True", "Accepted").await?;
+
+    // Back to an Ingress, then removed: route first, then its policy.
+    patch_spec(
+        &ns,
+        "rf",
+        json!({"routing": {"gateway": null, "ingress": {"className": "nginx"}}}),
+    )
+    .await?;
+    wait_object(&http_routes(&ns), "rf-routing", false, |_| true).await?;
+    wait_object(&ingresses(&ns), "rf-routing", true, |_| true).await?;
+    wait_routing(&ns, "rf", "Unknown", "AwaitingAddress").await?;
+    patch_spec(&ns, "rf", json!({"routing": null})).await?;
+    wait_object(&ingresses(&ns), "rf-routing", false, |_| true).await?;
+    wait_for("the routing policy to go", DEADLINE, || {
+        let api = ns.api::<NetworkPolicy>();
+        async move { Ok(api.get_opt("rf-routing").await?.is_none().then_some(())) }
+    })
+    .await?;
+    let f = wait_provisioned(&ns, "rf").await?;
+    assert!(
+        condition(&f, "RoutingReady").is_null(),
+        "RoutingReady stays after removal"
+    );
+
+    let after = deployments.get("rf").await?;
+    assert_eq!(
+        before.metadata.generation, after.metadata.generation,
+        "routing changed the workload"
+    );
+    let reservation_after = reservations(&ns.client).get(&reservation_name).await?;
+    assert_eq!(
+        reservation_before.metadata.resource_version, reservation_after.metadata.resource_version,
+        "routing changed the reservation"
+    );
+    delete_fleet(&ns, "rf").await
+}
+
+// ---- application observation ------------------------------------------------------
+
+/// Loopback `/state` servers standing in for members, one per address on
+/// the peer port; each answers the body currently set for its address.
+struct StateServers {
+    bodies: Arc<Mutex<std::collections::HashMap<String, String>>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for StateServers {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl StateServers {
+    async fn start(addresses: &[String]) -> Result<Self> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let bodies: Arc<Mutex<std::collections::HashMap<String, String>>> = Arc::default();
+        let mut tasks = Vec::new();
+        for address in addresses {
+            let listener = tokio::net::TcpListener::bind((address.as_str(), 8081))
+                .await
+                .with_context(|| format!("binding {address}:8081"))?;
+            let (bodies, address) = (bodies.clone(), address.clone());
+            tasks.push(tokio::spawn(async move {
+                while let Ok((mut sock, _)) = listener.accept().await {
+                    let body = bodies
+                        .lock()
+                        .expect("bodies lock")
+                        .get(&address)
+                        .cloned()
+                        .unwrap_or_default();
+                    tokio::spawn(async move {
+                        let mut buf = vec![0u8; 8192];
+                        let _ = sock.read(&mut buf).await;
+                        let head = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                            body.len()
+                        );
+                        let _ = sock.write_all(head.as_bytes()).await;
+                        let _ = sock.write_all(body.as_bytes()).await;
+                    });
+                }
+            }));
+        }
+        Ok(StateServers { bodies, tasks })
+    }
+
+    fn set(&self, address: &str, body: String) {
+        self.bodies
+            .lock()
+            .expect("bodies lock")
+            .insert(address.to_owned(), body);
+    }
+}
+
+fn state(version: &str, pending: i64) -> String {
+    json!({"deployment": {"version": version, "prefix": format!("apps/{version}/")},
+           "cells": {"pending": pending, "swapping": 0}})
+    .to_string()
+}
+
+async fn wait_application(
+    ns: &TestNamespace,
+    name: &str,
+    status: &str,
+    reason: &str,
+) -> Result<DynamicObject> {
+    let api = fleets(ns);
+    wait_for(
+        &format!("{name} ApplicationConverged={status}/{reason}"),
+        DEADLINE,
+        || {
+            let api = api.clone();
+            async move {
+                let f = api.get(name).await?;
+                let c = condition(&f, "ApplicationConverged");
+                if c["status"] == status && c["reason"] == reason {
+                    Ok(Some(f))
+                } else {
+                    bail!(
+                        "ApplicationConverged: {c}; application: {}",
+                        f.data["status"]["application"]
+                    )
+                }
+            }
+        },
+    )
+    .await
+}
+
+/// Every ApplicationConverged outcome against loopback `/state` servers
+/// standing in for the members: the members' Pod IPs are pointed at
+/// loopback addresses before observation is turned on (nothing is sent to
+/// a real Pod IP). Converged, MixedVersions, Converging, and Unknown for a
+/// stale, an oversized and a malformed response; the fleet stays Ready and
+/// Provisioned throughout.
+#[tokio::test]
+async fn application_observation_reports_every_outcome() -> Result<()> {
+    let ns = TestNamespace::new("fleet-app").await?;
+    let op = start(&ns, json!({})).await?;
+    let fleet = create_fleet(&ns, "af", spec(&ns, "Bucket", 2, "app")).await?;
+    let uid = fleet.metadata.uid.clone().unwrap_or_default();
+    wait_provisioned(&ns, "af").await?;
+    op.stop().await;
+
+    let pods = member_pods(&ns, &uid).await?;
+    assert_eq!(pods.len(), 2);
+    let seed = std::process::id();
+    let addresses: Vec<String> = (1..=2)
+        .map(|i| format!("127.{}.{}.{i}", 100 + seed % 100, (seed / 100) % 250))
+        .collect();
+    let servers = StateServers::start(&addresses).await?;
+    for a in &addresses {
+        servers.set(a, state("v1", 0));
+    }
+    for (pod, address) in pods.iter().zip(&addresses) {
+        ns.api::<Pod>()
+            .patch_status(
+                &pod.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"podIP": address, "podIPs": [{"ip": address}]}})),
+            )
+            .await?;
+    }
+    let _op = start(&ns, json!({"observeApplications": true})).await?;
+
+    let f = wait_application(&ns, "af", "True", "Converged").await?;
+    let app = &f.data["status"]["application"];
+    assert_eq!(
+        app["observedVersion"],
+        json!({"version": "v1", "prefix": "apps/v1/"})
+    );
+    assert_eq!(app["expectedNodes"], 2);
+    assert_eq!(app["observedNodes"], 2);
+
+    servers.set(&addresses[1], state("v2", 0));
+    let f = wait_application(&ns, "af", "False", "MixedVersions").await?;
+    assert!(f.data["status"]["application"]["observedVersion"].is_null());
+    assert_eq!(
+        f.data["status"]["application"]["versions"]
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
+
+    servers.set(&addresses[0], state("v2", 3));
+    let f = wait_application(&ns, "af", "False", "Converging").await?;
+    assert_eq!(f.data["status"]["application"]["pendingCells"], 3);
+
+    let mut stale: Value = serde_json::from_str(&state("v2", 0))?;
+    stale["sampledAt"] = json!("2020-01-01T00:00:00Z");
+    servers.set(&addresses[0], stale.to_string());
+    let f = wait_application(&ns, "af", "Unknown", "ObservationIncomplete").await?;
+    let nodes = f.data["status"]["application"]["nodes"].to_string();
+    assert!(nodes.contains("Stale"), "{nodes}");
+
+    let mut big: Value = serde_json::from_str(&state("v2", 0))?;
+    big["padding"] = json!("x".repeat(1100 * 1024));
+    servers.set(&addresses[0], big.to_string());
+    wait_for("an oversized response reported", DEADLINE, || {
+        let api = fleets(&ns);
+        async move {
+            let f = api.get("af").await?;
+            let nodes = f.data["status"]["application"]["nodes"].to_string();
+            let c = condition(&f, "ApplicationConverged");
+            if nodes.contains("Oversized") && c["status"] == "Unknown" {
+                Ok(Some(()))
+            } else {
+                bail!("{c} {nodes}")
+            }
+        }
+    })
+    .await?;
+
+    servers.set(&addresses[0], "not json".to_owned());
+    wait_for("a malformed response reported", DEADLINE, || {
+        let api = fleets(&ns);
+        async move {
+            let f = api.get("af").await?;
+            let nodes = f.data["status"]["application"]["nodes"].to_string();
+            let c = condition(&f, "ApplicationConverged");
+            if nodes.contains("Malformed") && c["status"] == "Unknown" {
+                Ok(Some(()))
+            } else {
+                bail!("{c} {nodes}")
+            }
+        }
+    })
+    .await?;
+
+    // Observation never gates the fleet.
+    let f = fleets(&ns).get("af").await?;
+    assert_eq!(condition(&f, "Ready")["status"], "True");
+    assert_eq!(condition(&f, "Provisioned")["status"], "True");
+    delete_fleet(&ns, "af").await
+}
+
+// ---- mesh ------------------------------------------------------------------------
+
+fn authorization_policies(ns: &TestNamespace) -> Api<DynamicObject> {
+    dynamic(
+        ns,
+        "security.istio.io",
+        "v1",
+        "AuthorizationPolicy",
+        "authorizationpolicies",
+    )
+}
+
+fn peer_authentications(ns: &TestNamespace) -> Api<DynamicObject> {
+    dynamic(
+        ns,
+        "security.istio.io",
+        "v1",
+        "PeerAuthentication",
+        "peerauthentications",
+    )
+}
+
+/// True when the Pod runs the injected proxy (a container or a native
+/// sidecar).
+fn proxied(p: &Pod) -> bool {
+    let Some(spec) = p.spec.as_ref() else {
+        return false;
+    };
+    spec.containers.iter().any(|c| c.name == PROXY_CONTAINER)
+        || spec
+            .init_containers
+            .iter()
+            .flatten()
+            .any(|c| c.name == PROXY_CONTAINER && c.restart_policy.as_deref() == Some("Always"))
+}
+
+/// The AuthorizationPolicy's peer-port rule requires an identity (strict).
+fn strict(policy: &DynamicObject) -> bool {
+    !policy.data["spec"]["rules"][0]["from"].is_null()
+}
+
+/// The fleet NetworkPolicy has istiod egress.
+async fn istiod_egress(ns: &TestNamespace, name: &str) -> Result<bool> {
+    let np = ns.api::<NetworkPolicy>().get(name).await?;
+    Ok(serde_json::to_value(&np.spec)?["egress"]
+        .as_array()
+        .is_some_and(|rules| {
+            rules
+                .iter()
+                .any(|r| r["ports"] == json!([{"port": 15012, "protocol": "TCP"}]))
+        }))
+}
+
+/// Waits until the fleet is Blocked with `reason` and a message holding `text`.
+async fn wait_blocked(
+    ns: &TestNamespace,
+    name: &str,
+    reason: &str,
+    text: &str,
+) -> Result<DynamicObject> {
+    let api = fleets(ns);
+    wait_for(&format!("{name} Blocked/{reason}"), DEADLINE, || {
+        let api = api.clone();
+        async move {
+            let f = api.get(name).await?;
+            let c = condition(&f, "Blocked");
+            let current = c["observedGeneration"].as_i64() == f.metadata.generation;
+            if c["status"] == "True"
+                && c["reason"] == reason
+                && current
+                && c["message"].as_str().is_some_and(|m| m.contains(text))
+            {
+                Ok(Some(f))
+            } else {
+                bail!("Blocked: {c}")
+            }
+        }
+    })
+    .await
+}
+
+/// Samples the mesh objects, then the member Pods, until stopped; returns
+/// the first sample that broke `ok(policy, peer_authentication, pods)`.
+/// The objects are read before the Pods: while joining, unproxied members
+/// only ever go away, and while departing proxied ones only go away, so a
+/// strict policy (join) or a missing one (departure) read first must agree
+/// with Pods read after it.
+fn mesh_monitor(
+    ns: &TestNamespace,
+    uid: &str,
+    ok: fn(Option<&DynamicObject>, Option<&DynamicObject>, &[Pod]) -> bool,
+) -> (Arc<AtomicBool>, JoinHandle<Result<Option<String>>>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (flag, aps, pas, pods, name, selector) = (
+        stop.clone(),
+        authorization_policies(ns),
+        peer_authentications(ns),
+        ns.api::<Pod>(),
+        "mf-mesh".to_owned(),
+        format!("{UID_LABEL}={uid}"),
+    );
+    let task = tokio::spawn(async move {
+        while !flag.load(Ordering::SeqCst) {
+            let ap = aps.get_opt(&name).await?;
+            let pa = pas.get_opt(&name).await?;
+            let members = pods
+                .list(&ListParams::default().labels(&selector))
+                .await?
+                .items;
+            if !ok(ap.as_ref(), pa.as_ref(), &members) {
+                let proxies: Vec<(String, bool)> =
+                    members.iter().map(|p| (p.name_any(), proxied(p))).collect();
+                return Ok(Some(format!(
+                    "policy {:?}, peer authentication present: {}, members (name, proxied): {proxies:?}",
+                    ap.map(|a| a.data["spec"].clone()),
+                    pa.is_some()
+                )));
+            }
+            // Sampling period of a monitor, not synchronisation.
+            tokio::time::sleep(SAMPLE_EVERY).await;
+        }
+        Ok(None)
+    });
+    (stop, task)
+}
+
+/// Mesh join and departure with Istio's real CRDs and the test playing the
+/// sidecar injector (a mutating webhook adding a native-sidecar proxy to
+/// Pods labelled for injection). Without the CRDs a fleet asking for the
+/// mesh is InfrastructureBlocked and nothing changes; once they exist it
+/// keeps PeerAuthentication `F-mesh` (port 8081 PERMISSIVE) and an
+/// identity-free peer rule until every member Pod runs a proxy, then makes
+/// the rule strict and deletes the PeerAuthentication. On departure the
+/// template disables injection, istiod egress and the policy stay while any
+/// proxy runs, and both mesh objects go after the last. A same-named policy
+/// another owner holds is InfrastructureBlocked.
+///
+/// Istio's CRDs are cluster-wide: this is the only test that installs or
+/// removes them, and it starts by removing them.
+#[tokio::test]
+async fn mesh_join_and_departure_follow_the_proxies() -> Result<()> {
+    let ns = TestNamespace::new("fleet-mesh").await?;
+    let istio_crds = wasmop_tests::crd_names_in(&wasmop_tests::istio_crd_dir()?)?;
+    wasmop_tests::delete_crds(&ns.client, &istio_crds).await?;
+    let injector = Injector::start(ns.client.clone(), &ns.name).await?;
+    let _op = start(&ns, json!({})).await?;
+    let fleet = create_fleet(&ns, "mf", spec(&ns, "Bucket", 2, "mesh")).await?;
+    let uid = fleet.metadata.uid.clone().unwrap_or_default();
+    wait_provisioned(&ns, "mf").await?;
+    let deployments = ns.api::<Deployment>();
+    let unmeshed = deployments.get("mf").await?;
+    assert!(member_pods(&ns, &uid).await?.iter().all(|p| !proxied(p)));
+
+    // Without security.istio.io/v1: blocked, nothing running changes.
+    patch_spec(&ns, "mf", json!({"mesh": {"istio": {}}})).await?;
+    wait_blocked(&ns, "mf", "InfrastructureBlocked", "security.istio.io/v1").await?;
+    assert_eq!(
+        deployments.get("mf").await?.metadata.generation,
+        unmeshed.metadata.generation,
+        "a blocked mesh changed the workload"
+    );
+
+    // The CRDs appear: the join starts, PERMISSIVE until every member has a proxy.
+    wasmop_tests::apply_istio_crds(&ns.client).await?;
+    let (stop, monitor) = mesh_monitor(&ns, &uid, |ap, _pa, pods| {
+        ap.is_none_or(|ap| !strict(ap)) || pods.iter().all(proxied)
+    });
+    let pa = wait_object(&peer_authentications(&ns), "mf-mesh", true, |_| true)
+        .await?
+        .context("peer authentication")?;
+    assert_eq!(pa.labels().get(UID_LABEL), Some(&uid));
+    assert_eq!(
+        pa.data["spec"]["portLevelMtls"],
+        json!({"8081": {"mode": "PERMISSIVE"}})
+    );
+    assert_eq!(
+        pa.data["spec"]["selector"]["matchLabels"][UID_LABEL],
+        json!(uid)
+    );
+    assert!(istiod_egress(&ns, "mf").await?, "istiod egress on 15012");
+    let template = deployments.get("mf").await?.spec.context("spec")?.template;
+    let meta = template.metadata.context("template metadata")?;
+    assert_eq!(
+        meta.labels
+            .unwrap_or_default()
+            .get("sidecar.istio.io/inject"),
+        Some(&"true".to_owned())
+    );
+    assert_eq!(
+        meta.annotations
+            .unwrap_or_default()
+            .get("sidecar.istio.io/nativeSidecar"),
+        Some(&"true".to_owned())
+    );
+
+    // Every member replaced with a proxy: strict rule, no PeerAuthentication.
+    wait_object(&peer_authentications(&ns), "mf-mesh", false, |_| true).await?;
+    let ap = wait_object(&authorization_policies(&ns), "mf-mesh", true, strict)
+        .await?
+        .context("authorization policy")?;
+    stop.store(true, Ordering::SeqCst);
+    if let Some(broken) = monitor.await?? {
+        bail!("the peer rule went strict while a member had no proxy: {broken}");
+    }
+    assert_eq!(
+        ap.data["spec"]["rules"][0]["from"][0]["source"]["principals"],
+        json!([
+            format!("*/ns/{}/sa/celld-runtime", ns.name),
+            "*/ns/wasmop/sa/wasmop"
+        ])
+    );
+    assert_eq!(
+        ap.data["spec"]["rules"][0]["to"][0]["operation"]["ports"],
+        json!(["8081"])
+    );
+    assert_eq!(
+        ap.data["spec"]["rules"][1]["to"][0]["operation"]["ports"],
+        json!(["8080"]),
+        "applicationAccess AllowAll opens 8080"
+    );
+    let f = wait_provisioned(&ns, "mf").await?;
+    assert_eq!(
+        f.metadata
+            .annotations
+            .clone()
+            .unwrap_or_default()
+            .get("celld.eric.dev/istio-control-plane")
+            .map(String::as_str),
+        Some("istio-system")
+    );
+    let members = member_pods(&ns, &uid).await?;
+    assert!(
+        members.len() >= 2 && members.iter().all(proxied),
+        "every member runs a proxy"
+    );
+    assert!(injector.injected() >= 2, "the injector gave the proxies");
+
+    // Departure: injection off, policy and istiod egress kept while a proxy
+    // runs, both mesh objects gone after the last one.
+    let (stop, monitor) = mesh_monitor(&ns, &uid, |ap, _pa, pods| {
+        ap.is_some() || pods.iter().all(|p| !proxied(p))
+    });
+    patch_spec(&ns, "mf", json!({"mesh": null})).await?;
+    wait_for("every member without a proxy", DEADLINE, || {
+        let ns = &ns;
+        let uid = uid.clone();
+        async move {
+            let pods = member_pods(ns, &uid).await?;
+            Ok((!pods.is_empty() && pods.iter().all(|p| !proxied(p))).then_some(()))
+        }
+    })
+    .await?;
+    wait_object(&authorization_policies(&ns), "mf-mesh", false, |_| true).await?;
+    stop.store(true, Ordering::SeqCst);
+    if let Some(broken) = monitor.await?? {
+        bail!("the mesh objects went while a member still had a proxy: {broken}");
+    }
+    assert!(
+        peer_authentications(&ns)
+            .get_opt("mf-mesh")
+            .await?
+            .is_none(),
+        "no PeerAuthentication after departure"
+    );
+    wait_for("istiod egress closed", DEADLINE, || {
+        let ns = &ns;
+        async move { Ok((!istiod_egress(ns, "mf").await?).then_some(())) }
+    })
+    .await?;
+    let f = wait_provisioned(&ns, "mf").await?;
+    assert!(
+        f.metadata
+            .annotations
+            .clone()
+            .unwrap_or_default()
+            .contains_key("celld.eric.dev/istio-control-plane"),
+        "the opt-out record is kept"
+    );
+    let template = deployments.get("mf").await?.spec.context("spec")?.template;
+    assert_eq!(
+        template
+            .metadata
+            .and_then(|m| m.labels)
+            .unwrap_or_default()
+            .get("sidecar.istio.io/inject"),
+        Some(&"false".to_owned()),
+        "replacement Pods disable injection explicitly"
+    );
+
+    // A same-named policy the fleet does not own blocks the mesh, untouched.
+    let foreign: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+        "metadata": {"name": "xf-mesh"},
+        "spec": {"action": "ALLOW", "rules": [{}]},
+    }))?;
+    let foreign = authorization_policies(&ns)
+        .create(&PostParams::default(), &foreign)
+        .await?;
+    let mut s = spec(&ns, "Bucket", 1, "mesh-foreign");
+    s["mesh"] = json!({"istio": {}});
+    create_fleet(&ns, "xf", s).await?;
+    wait_blocked(
+        &ns,
+        "xf",
+        "InfrastructureBlocked",
+        "AuthorizationPolicy xf-mesh",
+    )
+    .await?;
+    let after = authorization_policies(&ns).get("xf-mesh").await?;
+    assert_eq!(
+        after.metadata.resource_version, foreign.metadata.resource_version,
+        "the foreign policy was not touched"
+    );
+    assert!(
+        deployments.get_opt("xf").await?.is_none(),
+        "a blocked fleet creates no workload"
+    );
+    delete_fleet(&ns, "xf").await?;
+    injector.stop().await?;
+    delete_fleet(&ns, "mf").await
+}
+
+// ---- telemetry and export ----------------------------------------------------------
+
+/// The telemetry and export variables of the member container, in order.
+async fn exported_env(ns: &TestNamespace, name: &str) -> Result<Vec<Value>> {
+    let d = ns.api::<Deployment>().get(name).await?;
+    let pod = serde_json::to_value(d.spec.context("spec")?.template.spec.context("pod spec")?)?;
+    let container = pod["containers"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == "celld"))
+        .cloned()
+        .context("celld container")?;
+    Ok(container["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| {
+            let n = e["name"].as_str().unwrap_or("");
+            n.starts_with("CELLD_OTEL")
+                || n.starts_with("OTEL_")
+                || n.starts_with("CELLD_EXPORT")
+                || n == "POD_NAME"
+        })
+        .cloned()
+        .collect())
+}
+
+/// Waits until the workload's telemetry and export variables are `want`.
+async fn wait_env(ns: &TestNamespace, name: &str, want: &Value) -> Result<()> {
+    wait_for(
+        &format!("{name} telemetry and export env"),
+        DEADLINE,
+        || async move {
+            let got = Value::Array(exported_env(ns, name).await?);
+            if &got == want {
+                Ok(Some(()))
+            } else {
+                bail!("env: {got}")
+            }
+        },
+    )
+    .await
+}
+
+/// Telemetry and export reach the member container exactly as the seed's
+/// table says (every field set; then the Bucket sink; then export removed),
+/// with the Kafka properties Secret mounted read-only at /etc/celld/export
+/// and one egress rule each for the collector and the brokers.
+#[tokio::test]
+async fn telemetry_and_export_env_follow_the_table() -> Result<()> {
+    let ns = TestNamespace::new("fleet-export").await?;
+    let _op = start(&ns, json!({})).await?;
+    let mut s = spec(&ns, "Bucket", 1, "export");
+    s["telemetry"] = json!({
+        "collectorURL": "http://otel-collector.fleets.svc:4318",
+        "egress": {"podLabels": {"app": "otel-collector"}},
+        "sampler": "parentbased_traceidratio",
+        "samplerArg": "0.1",
+        "flushMilliseconds": 5000,
+        "flushBytes": 1_048_576,
+        "headersSecretKeyRef": {"name": "otel-auth", "key": "headers"},
+    });
+    s["export"] = json!({
+        "sink": "Kafka",
+        "classes": ["Cart", "Order"],
+        "excludeTables": ["Cart.audit_log", "Order.audit_log"],
+        "maxTransactionBytes": 4_194_304,
+        "maxRecordBytes": 1_048_576,
+        "queueBytes": 268_435_456,
+        "kafka": {
+            "brokers": ["kafka-0.kafka.kafka.svc:9092", "kafka-1.kafka.kafka.svc:9093"],
+            "topic": "celld-changes",
+            "retryMilliseconds": 30000,
+            "propertiesSecretKeyRef": {"name": "kafka-client", "key": "kafka.properties"},
+            "egress": {"podLabels": {"app.kubernetes.io/name": "kafka"}, "namespace": "kafka"},
+        },
+    });
+    create_fleet(&ns, "ef", s).await?;
+    wait_provisioned(&ns, "ef").await?;
+    let lit = |n: &str, v: &str| json!({"name": n, "value": v});
+    let telemetry = vec![
+        lit("CELLD_OTEL", "http://otel-collector.fleets.svc:4318"),
+        json!({"name": "POD_NAME", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}}),
+        lit(
+            "OTEL_RESOURCE_ATTRIBUTES",
+            &format!(
+                "k8s.namespace.name={},k8s.pod.name=$(POD_NAME),celld.fleet.name=ef",
+                ns.name
+            ),
+        ),
+        lit("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+        lit("OTEL_TRACES_SAMPLER_ARG", "0.1"),
+        lit("CELLD_OTEL_FLUSH_MS", "5000"),
+        lit("CELLD_OTEL_FLUSH_BYTES", "1048576"),
+        json!({"name": "OTEL_EXPORTER_OTLP_HEADERS",
+               "valueFrom": {"secretKeyRef": {"name": "otel-auth", "key": "headers"}}}),
+    ];
+    let mut want = telemetry.clone();
+    want.extend([
+        lit("CELLD_EXPORT", "1"),
+        lit("CELLD_EXPORT_SINK", "Kafka"),
+        lit("CELLD_EXPORT_CLASSES", "Cart,Order"),
+        lit("CELLD_EXPORT_TABLES", "Cart.audit_log,Order.audit_log"),
+        lit("CELLD_EXPORT_MAX_TX_BYTES", "4194304"),
+        lit("CELLD_EXPORT_MAX_RECORD_BYTES", "1048576"),
+        lit("CELLD_EXPORT_QUEUE_BYTES", "268435456"),
+        lit(
+            "CELLD_EXPORT_KAFKA_BROKERS",
+            "kafka-0.kafka.kafka.svc:9092,kafka-1.kafka.kafka.svc:9093",
+        ),
+        lit("CELLD_EXPORT_TOPIC", "celld-changes"),
+        lit("CELLD_EXPORT_RETRY_MS", "30000"),
+        lit(
+            "CELLD_EXPORT_KAFKA_PROPERTIES",
+            "/etc/celld/export/kafka.properties",
+        ),
+    ]);
+    assert_eq!(Value::Array(exported_env(&ns, "ef").await?), json!(want));
+    let d = ns.api::<Deployment>().get("ef").await?;
+    let pod = serde_json::to_value(d.spec.context("spec")?.template.spec.context("pod spec")?)?;
+    assert!(
+        pod["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|v| v["name"] == "export" && v["secret"]["secretName"] == "kafka-client"),
+        "the whole Secret is a volume: {}",
+        pod["volumes"]
+    );
+    assert!(
+        pod["containers"][0]["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|m| m["name"] == "export"
+                && m["mountPath"] == "/etc/celld/export"
+                && m["readOnly"] == true),
+        "mounted read-only at /etc/celld/export"
+    );
+    let env_names: Vec<String> = pod["containers"][0]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["name"].as_str().map(str::to_owned))
+        .collect();
+    assert!(
+        !env_names.iter().any(|n| n == "CELLD_OTEL_SINK"),
+        "CELLD_OTEL_SINK is never emitted"
+    );
+    let np = serde_json::to_value(ns.api::<NetworkPolicy>().get("ef").await?.spec)?;
+    let egress = np["egress"].as_array().cloned().unwrap_or_default();
+    assert!(
+        egress.contains(&json!({
+            "to": [{"podSelector": {"matchLabels": {"app": "otel-collector"}}}],
+            "ports": [{"protocol": "TCP", "port": 4318}],
+        })),
+        "one collector rule: {np}"
+    );
+    let kafka: Vec<&Value> = egress
+        .iter()
+        .filter(|r| r["ports"].to_string().contains("9092"))
+        .collect();
+    assert_eq!(kafka.len(), 1, "{np}");
+    assert_eq!(
+        kafka[0]["ports"],
+        json!([{"protocol": "TCP", "port": 9092}, {"protocol": "TCP", "port": 9093}])
+    );
+    assert_eq!(
+        kafka[0]["to"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "kafka"
+    );
+
+    // The Bucket sink: its own fields; omitted ones are not emitted.
+    patch_spec(
+        &ns,
+        "ef",
+        json!({"export": {"sink": "Bucket", "kafka": null, "maxTransactionBytes": null,
+                          "maxRecordBytes": null, "queueBytes": null, "excludeTables": null,
+                          "bucket": {"name": format!("{}-exp", ns.name), "flushMilliseconds": 10000,
+                                     "flushBytes": 8_388_608, "retentionDays": 30}}}),
+    )
+    .await?;
+    let mut want = telemetry.clone();
+    want.extend([
+        lit("CELLD_EXPORT", "1"),
+        lit("CELLD_EXPORT_SINK", "Bucket"),
+        lit("CELLD_EXPORT_CLASSES", "Cart,Order"),
+        lit("CELLD_EXPORT_BUCKET", &format!("{}-exp", ns.name)),
+        lit("CELLD_EXPORT_FLUSH_MS", "10000"),
+        lit("CELLD_EXPORT_FLUSH_BYTES", "8388608"),
+        lit("CELLD_EXPORT_RETENTION", "30d"),
+    ]);
+    wait_env(&ns, "ef", &json!(want)).await?;
+    wait_provisioned(&ns, "ef").await?;
+
+    // Export removed: no CELLD_EXPORT variable, no export volume.
+    patch_spec(&ns, "ef", json!({"export": null})).await?;
+    wait_env(&ns, "ef", &json!(telemetry)).await?;
+    let d = ns.api::<Deployment>().get("ef").await?;
+    let pod = serde_json::to_value(d.spec.context("spec")?.template.spec.context("pod spec")?)?;
+    assert!(
+        !pod["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|v| v["name"] == "export"),
+        "{}",
+        pod["volumes"]
+    );
+    wait_provisioned(&ns, "ef").await?;
+    delete_fleet(&ns, "ef").await
+}
+
+// ---- previews ----------------------------------------------------------------------
+
+/// A pool's previews, the upstream sample's shape, in `bucket`.
+fn previews(bucket: &str) -> Value {
+    json!({
+        "runtimeImage": IMAGE,
+        "serviceAccountName": "celld-runtime",
+        "zone": ZONE,
+        "storage": {"bucket": bucket, "region": "us-east-1"},
+        "routing": {"baseDomain": "previews.example.com", "scheme": "https",
+                    "ingress": {"className": "nginx", "tlsSecretName": "previews-tls"},
+                    "source": {"namespace": "ingress-nginx", "podLabels": {"app": "ingress"}}},
+    })
+}
+
+/// `spec.previews` may be added once and is immutable after that (CEL);
+/// it reserves the preview bucket to the pool's UID without touching the
+/// pool's runtime; preview fleets run under disjoint prefixes of it (a
+/// second one asking for a held prefix is StorageScopeConflict).
+#[tokio::test]
+async fn previews_reserve_a_bucket_and_children_get_disjoint_prefixes() -> Result<()> {
+    let ns = TestNamespace::new("fleet-previews").await?;
+    let _op = start(&ns, json!({})).await?;
+    let pool = create_fleet(&ns, "pool", spec(&ns, "Bucket", 1, "pool")).await?;
+    let pool_uid = pool.metadata.uid.clone().unwrap_or_default();
+    wait_provisioned(&ns, "pool").await?;
+    let runtime = ns.api::<Deployment>().get("pool").await?;
+    let preview_bucket = format!("{}-previews", ns.name);
+
+    // Added once.
+    patch_spec(&ns, "pool", json!({"previews": previews(&preview_bucket)})).await?;
+    let f = wait_condition(&ns, "pool", "PreviewsReady", "True").await?;
+    assert_eq!(
+        ns.api::<Deployment>()
+            .get("pool")
+            .await?
+            .metadata
+            .generation,
+        runtime.metadata.generation,
+        "previews changed the pool's runtime"
+    );
+    assert_eq!(condition(&f, "Provisioned")["status"], "True");
+    let preview_reservation = reservations(&ns.client)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .find(|r| r.data["spec"]["bucket"] == preview_bucket.as_str())
+        .context("the preview bucket's reservation")?;
+    assert_eq!(
+        preview_reservation.data["spec"]["fleetUID"],
+        json!(pool_uid)
+    );
+    assert_eq!(
+        preview_reservation
+            .metadata
+            .annotations
+            .clone()
+            .unwrap_or_default()
+            .get("celld.eric.dev/preview-pool")
+            .map(String::as_str),
+        Some("true")
+    );
+
+    // Immutable after that: changed or removed, the API server refuses.
+    let mut changed = previews(&preview_bucket);
+    changed["zone"] = json!("us-east-1b");
+    for patch in [json!({"previews": changed}), json!({"previews": null})] {
+        let err = patch_spec(&ns, "pool", patch)
+            .await
+            .expect_err("previews are immutable");
+        assert!(
+            err.to_string()
+                .contains("preview configuration cannot change once enabled"),
+            "{err}"
+        );
+    }
+
+    // A preview fleet under prefix pr-1 runs; a second one on pr-1 is refused.
+    let child = |prefix: &str| {
+        let mut s = spec(&ns, "Bucket", 1, "unused");
+        s["storage"]["bucket"] = json!(preview_bucket);
+        s["storage"]["prefix"] = json!(prefix);
+        s["storage"]["previewFleetRef"] = json!({"name": "pool", "uid": pool_uid});
+        s
+    };
+    create_fleet(&ns, "pr-1", child("pr-1")).await?;
+    let f = wait_provisioned(&ns, "pr-1").await?;
+    let own = f.data["status"]["reservation"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let r = reservations(&ns.client).get(&own).await?;
+    assert_eq!(r.data["spec"]["prefix"], "pr-1");
+    assert_eq!(r.data["spec"]["bucket"], json!(preview_bucket));
+    assert_ne!(
+        own,
+        preview_reservation.name_any(),
+        "the child reserves its prefix, not the bucket"
+    );
+    let d = ns.api::<Deployment>().get("pr-1").await?;
+    assert!(
+        serde_json::to_string(&d.spec)?.contains(&format!("s3://{preview_bucket}/pr-1")),
+        "the child runs in its prefix"
+    );
+    create_fleet(&ns, "pr-1-again", child("pr-1")).await?;
+    wait_blocked(
+        &ns,
+        "pr-1-again",
+        "StorageScopeConflict",
+        "prefix pr-1 of bucket",
+    )
+    .await?;
+    assert!(
+        ns.api::<Deployment>()
+            .get_opt("pr-1-again")
+            .await?
+            .is_none(),
+        "a refused preview fleet creates nothing"
+    );
+    create_fleet(&ns, "pr-2", child("pr-2")).await?;
+    wait_provisioned(&ns, "pr-2").await?;
+
+    for name in ["pr-1-again", "pr-2", "pr-1", "pool"] {
+        delete_fleet(&ns, name).await?;
+    }
+    reservations(&ns.client)
+        .delete(&preview_reservation.name_any(), &DeleteParams::default())
+        .await?;
     Ok(())
 }

@@ -149,8 +149,8 @@ struct Active {
     primary_resource: ApiResource,
     writer: Writer,
     route: Route,
-    /// Every kind its snapshots come from but those only optional reads
-    /// name; a reconcile waits until all of their caches have synced.
+    /// Every kind its snapshots come from but the optional ones (see
+    /// `Controller::required_kinds`); a reconcile waits until all of their caches have synced.
     kinds: Vec<KindKey>,
 }
 
@@ -376,7 +376,8 @@ impl Operator {
             }
         }
         let mut caches: Vec<Arc<KindCache>> = Vec::new();
-        // Kinds named only by optional reads: watched, not waited for.
+        // Optional kinds (named only by optional reads or optional owned
+        // kinds): watched, not waited for.
         let mut optional: Vec<Arc<KindCache>> = Vec::new();
         let mut actives = Vec::new();
         for c in &manifest.controllers {
@@ -404,11 +405,16 @@ impl Operator {
             // is deleted; nothing to watch for them.
             for o in c.owns.iter().filter(|o| !o.is_dependent()) {
                 let read_elsewhere = self.kind_is_read(&kind_key(&o.kind), &manifest.controllers);
-                caches.push(self.cache.ensure(WatchSpec {
+                let cache = self.cache.ensure(WatchSpec {
                     resource: api_resource(&o.kind),
                     namespaced: o.kind.namespaced,
                     managed_only: !read_elsewhere,
-                }));
+                });
+                if required.iter().any(|k| k.same_type(&o.kind)) {
+                    caches.push(cache);
+                } else {
+                    optional.push(cache);
+                }
             }
             actives.push(Arc::new(Active {
                 id: id.clone(),
@@ -441,8 +447,8 @@ impl Operator {
             tracing::info!(
                 plugin = plugin.name(),
                 kind = %c.key(),
-                "optional read not served yet (is its CRD installed?); \
-                 it selects nothing until its watch lists it"
+                "optional kind not served yet (is its CRD installed?); \
+                 snapshots name it absent until its watch lists it"
             );
         }
         let mut queued = Vec::new();
@@ -712,6 +718,12 @@ pub(crate) struct CacheSource {
 }
 
 impl ObjectSource for CacheSource {
+    fn absent(&self, kind: &KindRef) -> bool {
+        self.cache
+            .kind(&kind_key(kind))
+            .is_some_and(|kc| !kc.synced())
+    }
+
     fn owned_by(&self, kind: &KindRef, owner_uid: &str) -> Vec<Arc<Value>> {
         self.cache
             .kind(&kind_key(kind))

@@ -233,6 +233,14 @@ pub fn problems(manifest: &Manifest) -> Vec<ManifestProblem> {
             let path = format!("{at}.reads[{ri}]");
             if read.id.is_empty() {
                 problem(format!("{path}.id"), "read id is empty".into());
+            } else if read.id == wasmop_contract::ABSENT_KIND_READ {
+                problem(
+                    format!("{path}.id"),
+                    format!(
+                        "read id {:?} is the host's (absent optional kinds)",
+                        read.id
+                    ),
+                );
             } else if !read_ids.insert(read.id.as_str()) {
                 problem(
                     format!("{path}.id"),
@@ -507,6 +515,23 @@ pub(crate) mod tests {
         assert_eq!(
             messages(&m),
             vec!["controllers[0].reads[1].id: duplicate read id \"cm\""]
+        );
+    }
+
+    #[test]
+    fn the_absent_kinds_read_id_is_reserved() {
+        let mut m = manifest();
+        m.controllers[0].reads = vec![Read {
+            id: wasmop_contract::ABSENT_KIND_READ.into(),
+            kind: configmap(),
+            selector: Selector::SameNamespace,
+            optional: false,
+        }];
+        assert_eq!(
+            messages(&m),
+            vec![
+                "controllers[0].reads[0].id: read id \"wasmop.dev/absent-kinds\" is the host's (absent optional kinds)"
+            ]
         );
     }
 

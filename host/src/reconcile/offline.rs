@@ -24,6 +24,11 @@
 //! the other objects as what its rule's reads can select (see
 //! [`crate::admission::offline`]).
 //!
+//! A `kind: AbsentKind` document of the same apiVersion, named
+//! `<plural>.<group>`, says an optional kind's API is not served (an
+//! optional read's or owned kind's; see `Controller::required_kinds`); it
+//! is kept as an object of the source.
+//!
 //! The first object whose kind is a controller's primary is the primary.
 //! Missing `metadata.uid`s are filled deterministically (the primary gets
 //! [`PRIMARY_UID`], so fixtures can name it in ownerReferences), as are

@@ -36,6 +36,12 @@ pub trait ObjectSource {
     fn get_named(&self, kind: &KindRef, namespace: Option<&str>, name: &str) -> Option<Arc<Value>> {
         self.get(kind, namespace, name)
     }
+    /// True when `kind`, an optional kind of the controller (see
+    /// `Controller::required_kinds`), has not been listed: its API is not
+    /// served (e.g. its CRD is not installed) or its watch has not synced yet.
+    fn absent(&self, _kind: &KindRef) -> bool {
+        false
+    }
 }
 
 /// An object selected by a read, tagged with the read's id (WIT `related-object`).
@@ -144,6 +150,19 @@ pub fn build_snapshot(
         );
     }
 
+    // Optional kinds (only optional reads or optional owned kinds name
+    // them) that are not listed: named, so a plugin can tell "no objects"
+    // from "no API".
+    let required = controller.required_kinds();
+    for kind in controller.kinds() {
+        if !required.iter().any(|r| r.same_type(kind)) && source.absent(kind) {
+            related.push(RelatedObject {
+                read: wasmop_contract::ABSENT_KIND_READ.to_owned(),
+                object: Arc::new(absent_kind(kind)),
+            });
+        }
+    }
+
     Snapshot {
         controller: controller.name.clone(),
         deleting: object::is_deleting(&primary),
@@ -193,6 +212,17 @@ fn select(
                 .collect()
         }
     }
+}
+
+/// The object a snapshot carries under [`wasmop_contract::ABSENT_KIND_READ`]
+/// for an optional kind that is not listed.
+pub fn absent_kind(kind: &KindRef) -> Value {
+    serde_json::json!({
+        "apiVersion": "wasmop.dev/v1",
+        "kind": "AbsentKind",
+        "metadata": {"name": format!("{}.{}", kind.plural, kind.group)},
+        "spec": {"group": kind.group, "version": kind.version, "kind": kind.kind, "plural": kind.plural},
+    })
 }
 
 fn primary_namespace<'a>(controller: &Controller, primary: &'a Value) -> Option<&'a str> {
@@ -343,6 +373,18 @@ impl ObjectSource for MemorySource {
             .map(|(_, o)| o.clone())
             .collect()
     }
+
+    /// An optional kind is absent when the objects hold its
+    /// `wasmop.dev/v1 AbsentKind` marker (how a golden fixture or a
+    /// `wasmop plan` input says "this CRD is not installed").
+    fn absent(&self, kind: &KindRef) -> bool {
+        let marker: TypeKey = ("wasmop.dev".to_owned(), "AbsentKind".to_owned());
+        self.by_name.contains_key(&(
+            marker,
+            String::new(),
+            format!("{}.{}", kind.plural, kind.group),
+        ))
+    }
 }
 
 #[cfg(test)]
@@ -480,6 +522,92 @@ mod tests {
         assert_eq!(
             related(&s),
             vec!["mine: ConfigMap ns/a-owned", "mine: ConfigMap ns/b-owned"]
+        );
+    }
+
+    #[test]
+    fn absent_optional_kinds_are_named_in_the_snapshot() {
+        let mut c = controller();
+        let route =
+            KindRef::namespaced("gateway.networking.k8s.io", "v1", "HTTPRoute", "httproutes");
+        c.owns
+            .push(crate::plugin::manifest::OwnedKind::label(route.clone()).optional());
+        let marker = absent_kind(&route);
+        let s = build_snapshot(
+            &c,
+            Arc::new(primary()),
+            &source(),
+            "now",
+            &json!({}),
+            vec![],
+        );
+        assert!(
+            !s.related
+                .iter()
+                .any(|r| r.read == wasmop_contract::ABSENT_KIND_READ)
+        );
+        let mut with_marker = source();
+        with_marker.insert(Arc::new(marker.clone()));
+        let s = build_snapshot(
+            &c,
+            Arc::new(primary()),
+            &with_marker,
+            "now",
+            &json!({}),
+            vec![],
+        );
+        let absent: Vec<&Value> = s
+            .related
+            .iter()
+            .filter(|r| r.read == wasmop_contract::ABSENT_KIND_READ)
+            .map(|r| r.object.as_ref())
+            .collect();
+        assert_eq!(absent, vec![&marker]);
+        assert_eq!(
+            marker["metadata"]["name"],
+            "httproutes.gateway.networking.k8s.io"
+        );
+
+        // An optional read's kind is named the same way; a kind a required
+        // read also names never is (the controller waits for it instead).
+        let policy = KindRef::namespaced(
+            "security.istio.io",
+            "v1",
+            "AuthorizationPolicy",
+            "authorizationpolicies",
+        );
+        c.reads
+            .push(Read::new("policies", policy.clone(), Selector::SameNamespace).optional());
+        let mut both = with_marker;
+        both.insert(Arc::new(absent_kind(&policy)));
+        let named = |c: &Controller, source: &MemorySource| -> Vec<String> {
+            build_snapshot(c, Arc::new(primary()), source, "now", &json!({}), vec![])
+                .related
+                .iter()
+                .filter(|r| r.read == wasmop_contract::ABSENT_KIND_READ)
+                .map(|r| {
+                    r.object["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_owned()
+                })
+                .collect()
+        };
+        assert_eq!(
+            named(&c, &both),
+            vec![
+                "httproutes.gateway.networking.k8s.io",
+                "authorizationpolicies.security.istio.io"
+            ]
+        );
+        c.reads.push(Read::new(
+            "required",
+            route.clone(),
+            Selector::SameNamespace,
+        ));
+        assert_eq!(
+            named(&c, &both),
+            vec!["authorizationpolicies.security.istio.io"]
         );
     }
 

@@ -1,7 +1,7 @@
 //! The CelldFleet API as the plugin reads it (`crds/celld.eric.dev_celldfleets.yaml`).
 //!
 //! Only the fields the plugin acts on are typed; the rest of the spec
-//! (capacity, routing, mesh, previews) is accepted by the CRD and carried
+//! (capacity, most of previews) is accepted by the CRD and carried
 //! through untouched. The fixed and tuning parts are also read as raw JSON
 //! ([`fixed_config`], [`tuning`]) so their hashes do not depend on which
 //! fields this crate happens to type.
@@ -53,6 +53,8 @@ pub struct Meta {
     pub uid: String,
     /// Generation.
     pub generation: Option<i64>,
+    /// Annotations (the retained `celld.eric.dev/istio-control-plane`).
+    pub annotations: Map<String, Value>,
 }
 
 /// `spec` of a CelldFleet.
@@ -94,6 +96,45 @@ pub struct FleetSpec {
     /// Change export.
     #[serde(default)]
     pub export: Option<Export>,
+    /// Service mesh.
+    #[serde(default)]
+    pub mesh: Option<Mesh>,
+    /// Preview pool configuration (raw; set once, immutable).
+    #[serde(default)]
+    pub previews: Option<Value>,
+}
+
+/// `spec.mesh`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Mesh {
+    /// Istio sidecar mesh.
+    pub istio: Option<Istio>,
+}
+
+/// `spec.mesh.istio`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Istio {
+    /// `AllowAll` (default) or `Policies`.
+    pub application_access: Option<String>,
+    /// Namespace of istiod (default `istio-system`).
+    pub control_plane_namespace: Option<String>,
+}
+
+impl Istio {
+    /// The istiod namespace.
+    pub fn control_plane(&self) -> &str {
+        self.control_plane_namespace
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .unwrap_or("istio-system")
+    }
+
+    /// Port 8080 open to any caller.
+    pub fn allow_all(&self) -> bool {
+        self.application_access.as_deref() != Some("Policies")
+    }
 }
 
 impl FleetSpec {
@@ -127,6 +168,11 @@ impl FleetSpec {
             .unwrap_or("")
     }
 
+    /// `spec.mesh.istio`, when the fleet is in the mesh.
+    pub fn istio(&self) -> Option<&Istio> {
+        self.mesh.as_ref().and_then(|m| m.istio.as_ref())
+    }
+
     /// True when placement is Relaxed (preferred spreading).
     pub fn relaxed(&self) -> bool {
         self.placement.mode.as_deref() == Some("Relaxed")
@@ -156,6 +202,19 @@ pub struct Storage {
     /// Scratch emptyDir request/limit (preview children).
     #[serde(default)]
     pub scratch: Option<Scratch>,
+    /// The preview pool (a fleet with `spec.previews`) a preview fleet
+    /// runs under; set together with `prefix`.
+    #[serde(default)]
+    pub preview_fleet_ref: Option<FleetRef>,
+}
+
+/// `storage.previewFleetRef`.
+#[derive(Clone, Debug, Deserialize)]
+pub struct FleetRef {
+    /// The pool fleet's name.
+    pub name: String,
+    /// Its UID.
+    pub uid: String,
 }
 
 impl Storage {

@@ -21,10 +21,14 @@
 //! they are this fleet's too and its plans may delete them.
 
 pub mod api;
+pub mod application;
+pub mod mesh;
 pub mod names;
+pub mod previews;
 pub mod reconcile;
 pub mod render;
 pub mod reservation;
+pub mod routing;
 pub mod settings;
 pub mod validate;
 
@@ -39,8 +43,8 @@ use wasmop_sdk::k8s_openapi::api::networking::v1::NetworkPolicy;
 use wasmop_sdk::k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use wasmop_sdk::k8s_openapi::api::storage::v1::StorageClass;
 use wasmop_sdk::{
-    Controller, KindRef, Manifest, Plan, Plugin, Read, ReconcileError, Selector, SettingsProblem,
-    Snapshot,
+    Controller, KindRef, Manifest, OwnedKind, Plan, Plugin, Read, ReconcileError, Selector,
+    SettingsProblem, Snapshot,
 };
 
 /// Name of the CelldFleet controller.
@@ -53,6 +57,17 @@ pub const CLAIMS_READ: &str = "claims";
 pub const RESERVATIONS_READ: &str = "reservations";
 /// Read: the fleet's ServiceAccount.
 pub const SERVICE_ACCOUNT_READ: &str = "serviceaccount";
+/// Read: Ingresses of the namespace (a same-named Ingress of another owner
+/// is left alone).
+pub const INGRESSES_READ: &str = "ingresses";
+/// Read (optional API): HTTPRoutes of the namespace (a same-named route of
+/// another owner is left alone).
+pub const HTTP_ROUTES_READ: &str = "httproutes";
+/// Read (optional API): Istio AuthorizationPolicies of the namespace (a
+/// same-named policy of another owner blocks the mesh).
+pub const AUTHORIZATION_POLICIES_READ: &str = "authorizationpolicies";
+/// Read (optional API): Istio PeerAuthentications of the namespace.
+pub const PEER_AUTHENTICATIONS_READ: &str = "peerauthentications";
 /// Read: the PersistentFleet StorageClass.
 pub const STORAGE_CLASS_READ: &str = "storageclass";
 
@@ -77,7 +92,32 @@ impl Plugin for FleetPlugin {
                 // Member replacement deletes a member Pod; the StatefulSet
                 // (owned above) controls it, so it is a dependent kind.
                 .deletes_dependents(KindRef::of::<Pod>())
+                .owns_by_label(routing::ingress_kind(), Some(FLEET_UID_LABEL))
+                .owns_kind(
+                    OwnedKind::label(routing::http_route_kind())
+                        .extra_label(FLEET_UID_LABEL)
+                        .optional(),
+                )
+                .owns_kind(
+                    OwnedKind::label(mesh::authorization_policy_kind())
+                        .extra_label(FLEET_UID_LABEL)
+                        .optional(),
+                )
+                .owns_kind(
+                    OwnedKind::label(mesh::peer_authentication_kind())
+                        .extra_label(FLEET_UID_LABEL)
+                        .optional(),
+                )
+                .primary_field(&format!(
+                    "metadata.annotations.{}",
+                    mesh::ISTIO_CONTROL_PLANE_ANNOTATION
+                ))
                 .finalizer(names::FINALIZER)
+                .http_target(
+                    application::MEMBERS_TARGET,
+                    KindRef::of::<Pod>(),
+                    &[names::PEER_PORT as u16],
+                )
                 .reads(Read::new(
                     PODS_READ,
                     KindRef::of::<Pod>(),
@@ -98,6 +138,35 @@ impl Plugin for FleetPlugin {
                     KindRef::of::<ServiceAccount>(),
                     Selector::field("spec.serviceAccountName"),
                 ))
+                .reads(Read::new(
+                    INGRESSES_READ,
+                    routing::ingress_kind(),
+                    Selector::SameNamespace,
+                ))
+                .reads(
+                    Read::new(
+                        HTTP_ROUTES_READ,
+                        routing::http_route_kind(),
+                        Selector::SameNamespace,
+                    )
+                    .optional(),
+                )
+                .reads(
+                    Read::new(
+                        AUTHORIZATION_POLICIES_READ,
+                        mesh::authorization_policy_kind(),
+                        Selector::SameNamespace,
+                    )
+                    .optional(),
+                )
+                .reads(
+                    Read::new(
+                        PEER_AUTHENTICATIONS_READ,
+                        mesh::peer_authentication_kind(),
+                        Selector::SameNamespace,
+                    )
+                    .optional(),
+                )
                 .reads(Read::new(
                     STORAGE_CLASS_READ,
                     KindRef::of::<StorageClass>(),

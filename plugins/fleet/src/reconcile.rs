@@ -5,22 +5,33 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use wasmop_sdk::conditions::{conditions_of, find_condition, set_condition};
+use wasmop_sdk::conditions::{ConditionStatus, conditions_of, find_condition, set_condition};
 use wasmop_sdk::hash::stable_hash;
 use wasmop_sdk::k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use wasmop_sdk::{Plan, ReconcileError, Snapshot};
 
 use crate::api::Fleet;
+use crate::application;
+use crate::mesh;
 use crate::names::*;
+use crate::previews;
 use crate::render;
 use crate::reservation::{Binding, binding};
+use crate::routing;
 use crate::settings::Settings;
 use crate::validate;
-use crate::{CLAIMS_READ, PODS_READ, RESERVATIONS_READ, SERVICE_ACCOUNT_READ, STORAGE_CLASS_READ};
+use crate::{
+    AUTHORIZATION_POLICIES_READ, CLAIMS_READ, HTTP_ROUTES_READ, INGRESSES_READ,
+    PEER_AUTHENTICATIONS_READ, PODS_READ, RESERVATIONS_READ, SERVICE_ACCOUNT_READ,
+    STORAGE_CLASS_READ,
+};
 
 /// Fallback requeue while something is in motion (owned and read objects
 /// re-trigger the fleet sooner).
 pub const PROGRESS_REQUEUE: Duration = Duration::from_secs(5);
+/// How often a fleet waiting for an optional API (Gateway API, Istio)
+/// looks again: an API that appears raises no event for it.
+pub const API_POLL: Duration = Duration::from_secs(30);
 
 /// Condition types, as upstream.
 pub mod types {
@@ -50,6 +61,8 @@ pub mod reasons {
     pub const STORAGE_CLASS_MISSING: &str = "StorageClassMissing";
     /// The bucket is reserved by another fleet UID, or the hash no longer verifies.
     pub const STORAGE_SCOPE_CONFLICT: &str = "StorageScopeConflict";
+    /// An API the spec needs (Istio's `security.istio.io/v1`) is not served.
+    pub const INFRASTRUCTURE_BLOCKED: &str = "InfrastructureBlocked";
 }
 
 /// What the fleet's objects look like in this snapshot.
@@ -63,8 +76,12 @@ pub struct Observed<'a> {
     pub pods: Vec<&'a Value>,
     /// Member claims (same label).
     pub claims: Vec<&'a Value>,
-    /// The reservation named after the bucket, whoever holds it.
+    /// The fleet's own reservation (named after the bucket, or after
+    /// bucket and prefix for a preview fleet), whoever holds it.
     pub reservation: Option<&'a Value>,
+    /// The reservation of the preview pool's bucket: a pool's preview
+    /// bucket, or the bucket a preview fleet runs in.
+    pub pool: Option<&'a Value>,
     /// The ServiceAccount exists.
     pub service_account: bool,
     /// The StorageClass exists.
@@ -98,15 +115,20 @@ impl<'a> Observed<'a> {
                     || named(o, &["NetworkPolicy", "PodDisruptionBudget"], &[name])
             })
             .collect();
-        let reservation_name = reservation_name(&fleet.spec.storage.bucket);
+        let reservation_name = previews::own_reservation_name(fleet);
+        let pool_name = previews::pool_reservation_name(fleet);
+        let reserved = |name: &str| {
+            snapshot
+                .related(RESERVATIONS_READ)
+                .find(|r| r["metadata"]["name"].as_str() == Some(name))
+        };
         Observed {
             workload,
             infrastructure,
             pods: labelled(snapshot.related(PODS_READ), &fleet.metadata.uid),
             claims: labelled(snapshot.related(CLAIMS_READ), &fleet.metadata.uid),
-            reservation: snapshot
-                .related(RESERVATIONS_READ)
-                .find(|r| r["metadata"]["name"].as_str() == Some(reservation_name.as_str())),
+            reservation: reserved(&reservation_name),
+            pool: pool_name.as_deref().and_then(reserved),
             service_account: snapshot.related(SERVICE_ACCOUNT_READ).next().is_some(),
             storage_class: snapshot.related(STORAGE_CLASS_READ).next().is_some(),
         }
@@ -202,6 +224,22 @@ impl Status<'_> {
         );
     }
 
+    fn set_any(&mut self, type_: &str, status: ConditionStatus, reason: &str, message: &str) {
+        set_condition(
+            &mut self.conditions,
+            type_,
+            status,
+            reason,
+            message,
+            self.generation,
+            &self.now,
+        );
+    }
+
+    fn drop_condition(&mut self, type_: &str) {
+        self.conditions.retain(|c| c.type_ != type_);
+    }
+
     fn was(&self, type_: &str) -> Option<&Condition> {
         find_condition(&self.conditions, type_)
     }
@@ -220,7 +258,7 @@ impl Status<'_> {
             "terminatingReplicas": c.terminating,
             "observedReplicas": c.observed,
             "desiredReplicas": fleet.spec.replicas(),
-            "reservation": reservation_name(&fleet.spec.storage.bucket),
+            "reservation": previews::own_reservation_name(fleet),
             "conditions": self.conditions,
         });
         if let Some(a) = applied {
@@ -250,8 +288,16 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         now: snapshot.now()?,
         primary: &snapshot.primary,
     };
+    let routes = routing::Owned::of(snapshot, &fleet);
+    let mesh_name = mesh::mesh_name(&fleet.metadata.name);
+    let mesh_objects: Vec<&Value> = ["AuthorizationPolicy", "PeerAuthentication"]
+        .into_iter()
+        .filter_map(|k| snapshot.owned_named(k, &mesh_name))
+        .collect();
     if snapshot.deleting {
-        return deletion(&fleet, &observed, &mut st);
+        let mut closing = routes.all();
+        closing.extend(mesh_objects.iter().copied());
+        return deletion(&fleet, &observed, &closing, &mut st);
     }
     st.set(types::DELETING, false, "NotDeleting", "");
     let c = counts(&observed.pods);
@@ -263,6 +309,17 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         ));
     }
 
+    if let Some(message) = previews::child_problem(&fleet, observed.pool) {
+        return Ok(blocked(
+            &fleet,
+            &observed,
+            &mut st,
+            c,
+            applied,
+            reasons::STORAGE_SCOPE_CONFLICT,
+            &message,
+        ));
+    }
     let mut plan = Plan::new();
     match binding(&fleet, &snapshot.primary, observed.reservation) {
         Binding::Conflict { message } => {
@@ -280,11 +337,15 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
             // The reservation comes first, alone: nothing else is created
             // until the bucket is bound to this UID (its creation re-triggers).
             st.set(types::BLOCKED, false, "NotBlocked", "");
+            let scope = match previews::child_prefix(&fleet) {
+                Some(prefix) => format!("prefix {prefix} of bucket {}", fleet.spec.storage.bucket),
+                None => format!("bucket {}", fleet.spec.storage.bucket),
+            };
             st.set(
                 types::INFRASTRUCTURE_READY,
                 false,
                 "ReservingStorage",
-                &format!("reserving bucket {}", fleet.spec.storage.bucket),
+                &format!("reserving {scope}"),
             );
             st.set(
                 types::PROVISIONED,
@@ -306,10 +367,7 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
                 .status(status)
                 .event(
                     "StorageReserved",
-                    format!(
-                        "reserving bucket {} for this fleet",
-                        fleet.spec.storage.bucket
-                    ),
+                    format!("reserving {scope} for this fleet"),
                 )
                 .requeue_after(PROGRESS_REQUEUE));
         }
@@ -320,13 +378,148 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         }
     }
     st.set(types::BLOCKED, false, "NotBlocked", "");
+    // A pool's preview bucket: its own condition, never blocking the runtime.
+    match previews::pool(&fleet, observed.pool) {
+        Some(previews::Pool::Reserve { object }) => {
+            let bucket = previews::preview_bucket(&fleet).unwrap_or("");
+            plan = plan.apply_if_absent(object).event(
+                "PreviewStorageReserved",
+                format!("reserving preview bucket {bucket} for this fleet's previews"),
+            );
+            st.set_any(
+                previews::PREVIEWS_READY,
+                ConditionStatus::Unknown,
+                "ReservingStorage",
+                &format!("reserving preview bucket {bucket}"),
+            );
+        }
+        Some(previews::Pool::Reserved) => st.set(
+            previews::PREVIEWS_READY,
+            true,
+            "Reserved",
+            &format!(
+                "preview bucket {} is reserved to this fleet",
+                previews::preview_bucket(&fleet).unwrap_or("")
+            ),
+        ),
+        Some(previews::Pool::Conflict { message }) => st.set(
+            previews::PREVIEWS_READY,
+            false,
+            reasons::STORAGE_SCOPE_CONFLICT,
+            &message,
+        ),
+        None => {}
+    }
+
+    // The mesh: every member Pod (terminating ones too) must run a proxy
+    // before the peer port goes strict; on departure istiod egress and the
+    // mesh objects stay until the last proxy has exited.
+    let istio = fleet.spec.istio().cloned();
+    let any_proxy = observed.pods.iter().any(|p| mesh::has_proxy(p));
+    let all_proxied = !observed.pods.is_empty() && observed.pods.iter().all(|p| mesh::has_proxy(p));
+    let recorded_plane = fleet
+        .metadata
+        .annotations
+        .get(mesh::ISTIO_CONTROL_PLANE_ANNOTATION)
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let istiod = match &istio {
+        Some(i) => Some(i.control_plane().to_owned()),
+        None if any_proxy => Some(
+            recorded_plane
+                .clone()
+                .unwrap_or_else(|| "istio-system".to_owned()),
+        ),
+        None => None,
+    };
 
     // Infrastructure: never held by maintenance.
     plan = plan
         .apply(render::application_service(&fleet))
         .apply(render::peers_service_object(&fleet))
-        .apply(render::network_policy(&fleet, &settings))
+        .apply(render::network_policy_with(
+            &fleet,
+            &settings,
+            istiod.as_deref(),
+        ))
         .apply(render::disruption_budget(&fleet));
+    match &istio {
+        Some(i) => {
+            if recorded_plane.as_deref() != Some(i.control_plane()) {
+                plan = plan.primary_patch(json!({"metadata": {"annotations": {
+                    (mesh::ISTIO_CONTROL_PLANE_ANNOTATION): i.control_plane()
+                }}}));
+            }
+            plan = plan.apply(mesh::authorization_policy(
+                &fleet,
+                i,
+                &settings,
+                all_proxied,
+            ));
+            if !all_proxied {
+                plan = plan.apply(mesh::peer_authentication(&fleet));
+            } else if let Some(pa) = snapshot
+                .owned_named("PeerAuthentication", &mesh_name)
+                .filter(|o| o["metadata"]["deletionTimestamp"].is_null())
+            {
+                plan = plan.delete_owned(pa)?;
+            }
+        }
+        None if !any_proxy => {
+            for o in mesh_objects
+                .iter()
+                .filter(|o| o["metadata"]["deletionTimestamp"].is_null())
+            {
+                plan = plan.delete_owned(o)?;
+            }
+        }
+        None => {}
+    }
+    // Routing: its own condition; never touches the workload or the
+    // reservation and never blocks them.
+    let world = routing::World {
+        gateway_api: !snapshot.kind_absent(&routing::http_route_kind()),
+        service: observed.infrastructure.iter().any(|o| {
+            o["kind"] == "Service" && o["metadata"]["name"] == fleet.metadata.name.as_str()
+        }),
+        isolation: observed.infrastructure.iter().any(|o| {
+            o["kind"] == "NetworkPolicy" && o["metadata"]["name"] == fleet.metadata.name.as_str()
+        }),
+        foreign_ingress: snapshot.related(INGRESSES_READ).any(|i| {
+            i["metadata"]["name"] == routing::routing_name(&fleet.metadata.name).as_str()
+                && i["metadata"]["labels"][FLEET_UID_LABEL].as_str()
+                    != Some(fleet.metadata.uid.as_str())
+        }),
+        foreign_route: snapshot.related(HTTP_ROUTES_READ).any(|i| {
+            i["metadata"]["name"] == routing::routing_name(&fleet.metadata.name).as_str()
+                && i["metadata"]["labels"][FLEET_UID_LABEL].as_str()
+                    != Some(fleet.metadata.uid.as_str())
+        }),
+        owned: routes,
+    };
+    let (with_routing, verdict) = routing::reconcile(
+        plan,
+        &fleet,
+        snapshot.primary["spec"].get("routing"),
+        &world,
+    )?;
+    plan = with_routing;
+    // A missing optional API raises no watch event when it appears: poll.
+    let mut api_poll = None;
+    match verdict {
+        None => st.drop_condition(routing::ROUTING_READY),
+        Some(v) => {
+            if v.reason == routing::reasons::GATEWAY_API_UNAVAILABLE {
+                api_poll = Some(API_POLL);
+            }
+            let status = match v.status {
+                "True" => ConditionStatus::True,
+                "False" => ConditionStatus::False,
+                _ => ConditionStatus::Unknown,
+            };
+            st.set_any(routing::ROUTING_READY, status, v.reason, &v.message);
+        }
+    }
     if observed.infrastructure_complete() {
         st.set(
             types::INFRASTRUCTURE_READY,
@@ -396,6 +589,12 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
     }) && c.nonterminal == desired
         && c.ready == desired
         && c.terminating == 0;
+    if progress.is_none() && istio.is_some() && !all_proxied && !paused {
+        progress = Some((
+            "Provisioning",
+            "waiting for the Istio proxy in every member Pod".into(),
+        ));
+    }
     if progress.is_none() && !settled_now {
         progress = Some(match observed.workload {
             None => (
@@ -423,11 +622,13 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
     }
 
     // Member replacement (PersistentFleet): one per reconcile.
-    let mut requeue = None;
+    let mut requeue = api_poll;
     if fleet.spec.persistent() && !paused {
         match replacement(&fleet, &observed, &settings, &st.now) {
             Replacement::None => {}
-            Replacement::Later(after) => requeue = Some(after),
+            Replacement::Later(after) => {
+                requeue = Some(requeue.map_or(after, |r: Duration| r.min(after)));
+            }
             Replacement::Now { pod, claim, why } => {
                 // The claim, then the member's Pod (a dependent: the
                 // StatefulSet the fleet owns controls it). The claim stays
@@ -477,7 +678,31 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         }
     }
     ready_condition(&fleet, c, &mut st);
-    let status = st.document(&fleet, c, applied, None);
+    // Application observation: reported, never gating anything above.
+    let mut application_status = None;
+    if settings.observe_applications {
+        plan = application::plan(plan, &observed.pods);
+        let summary = application::summarise(snapshot, &observed.pods, &st.now);
+        let status = match summary.condition {
+            "True" => ConditionStatus::True,
+            "False" => ConditionStatus::False,
+            _ => ConditionStatus::Unknown,
+        };
+        st.set_any(
+            application::APPLICATION_CONVERGED,
+            status,
+            summary.reason,
+            &summary.message,
+        );
+        application_status = Some(summary.status);
+        if c.nonterminal > 0 {
+            requeue = Some(requeue.map_or(application::INTERVAL, |r| r.min(application::INTERVAL)));
+        }
+    }
+    let mut status = st.document(&fleet, c, applied, None);
+    if let Some(a) = application_status {
+        status["application"] = a;
+    }
     plan = plan.status(status);
     if let Some(after) = requeue {
         plan = plan.requeue_after(after);
@@ -543,6 +768,36 @@ fn blocker(
                  creation; restore them (nothing running was changed)"
                     .into(),
             ));
+        }
+    }
+    if fleet.spec.istio().is_some() && snapshot.kind_absent(&mesh::authorization_policy_kind()) {
+        return Some((
+            reasons::INFRASTRUCTURE_BLOCKED,
+            "spec.mesh.istio needs security.istio.io/v1 (AuthorizationPolicy, \
+             PeerAuthentication), which the API server does not serve"
+                .into(),
+        ));
+    }
+    if fleet.spec.istio().is_some() {
+        let name = mesh::mesh_name(&fleet.metadata.name);
+        for (read, kind) in [
+            (AUTHORIZATION_POLICIES_READ, "AuthorizationPolicy"),
+            (PEER_AUTHENTICATIONS_READ, "PeerAuthentication"),
+        ] {
+            let foreign = snapshot.related(read).any(|o| {
+                o["metadata"]["name"] == name.as_str()
+                    && o["metadata"]["labels"][FLEET_UID_LABEL].as_str()
+                        != Some(fleet.metadata.uid.as_str())
+            });
+            if foreign {
+                return Some((
+                    reasons::INFRASTRUCTURE_BLOCKED,
+                    format!(
+                        "{kind} {name} exists and does not belong to this fleet; \
+                         remove or rename it so the fleet can own its mesh policies"
+                    ),
+                ));
+            }
         }
     }
     if !observed.service_account {
@@ -611,7 +866,10 @@ fn blocked(
     pause_condition(fleet, st);
     ready_condition(fleet, c, st);
     let status = st.document(fleet, c, applied, Some(since));
-    let plan = Plan::new().status(status);
+    let mut plan = Plan::new().status(status);
+    if reason == reasons::INFRASTRUCTURE_BLOCKED {
+        plan = plan.requeue_after(API_POLL);
+    }
     if already {
         plan
     } else {
@@ -728,10 +986,20 @@ pub fn replacement<'a>(
 /// Deletion, in order: compute (the workload; its Pods go with it), then
 /// claims and the remaining objects; the reservation is kept; then the
 /// finalizer comes off.
-fn deletion(fleet: &Fleet, observed: &Observed, st: &mut Status) -> Result<Plan, ReconcileError> {
+fn deletion(
+    fleet: &Fleet,
+    observed: &Observed,
+    closing: &[&Value],
+    st: &mut Status,
+) -> Result<Plan, ReconcileError> {
     let c = counts(&observed.pods);
     let applied = observed.workload.map(|w| int_at(w, &["spec", "replicas"]));
     let mut plan = Plan::new();
+    // Routing and the mesh policies close when deletion starts, without
+    // delaying the rest.
+    for o in closing.iter().filter(|o| !terminating(o)) {
+        plan = plan.delete_owned(o)?;
+    }
     let (phase, message) = if let Some(w) = observed.workload {
         plan = plan.delete_owned(w)?;
         (
@@ -757,6 +1025,11 @@ fn deletion(fleet: &Fleet, observed: &Observed, st: &mut Status) -> Result<Plan,
              PodDisruptionBudget; the storage reservation is kept",
                 observed.claims.len()
             ),
+        )
+    } else if !closing.is_empty() {
+        (
+            "RemovingPolicies",
+            "waiting for the route and the mesh policies to go".to_owned(),
         )
     } else {
         st.set(

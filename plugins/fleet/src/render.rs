@@ -342,9 +342,16 @@ pub fn pod_template(fleet: &Fleet) -> Value {
     {
         o.insert("volumes".into(), json!(volumes));
     }
-    let mut metadata = json!({"labels": selector_labels(uid)});
+    let mut labels = Map::new();
+    labels.insert(FLEET_UID_LABEL.into(), json!(uid));
+    let mut annotations = Map::new();
     if !s.restart_token().is_empty() {
-        metadata["annotations"] = json!({ RESTART_TOKEN_ANNOTATION: s.restart_token() });
+        annotations.insert(RESTART_TOKEN_ANNOTATION.into(), json!(s.restart_token()));
+    }
+    crate::mesh::template_metadata(fleet, &mut labels, &mut annotations);
+    let mut metadata = json!({"labels": labels});
+    if !annotations.is_empty() {
+        metadata["annotations"] = json!(annotations);
     }
     json!({"metadata": metadata, "spec": pod})
 }
@@ -492,6 +499,12 @@ fn peer_of(egress: &Egress) -> Value {
 /// EKS Pod Identity agent, and one scoped rule per custom endpoint,
 /// telemetry collector and Kafka broker port set.
 pub fn network_policy(fleet: &Fleet, settings: &Settings) -> Value {
+    network_policy_with(fleet, settings, None)
+}
+
+/// NetworkPolicy `F` with, when `istiod` names its namespace, egress to
+/// istiod on 15012 (the mesh, and a departure until the last proxy exits).
+pub fn network_policy_with(fleet: &Fleet, settings: &Settings, istiod: Option<&str>) -> Value {
     let s = &fleet.spec;
     let same = json!({"podSelector": {"matchLabels": selector_labels(&fleet.metadata.uid)}});
     let operator = json!({
@@ -527,6 +540,9 @@ pub fn network_policy(fleet: &Fleet, settings: &Settings) -> Value {
             let ports: Vec<Value> = ports.into_iter().map(tcp).collect();
             egress.push(json!({"to": [peer_of(&k.egress)], "ports": ports}));
         }
+    }
+    if let Some(ns) = istiod {
+        egress.push(crate::mesh::istiod_egress(ns));
     }
     json!({
         "apiVersion": "networking.k8s.io/v1",

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use wasmop_sdk::hash::stable_hash;
 
 use crate::api::{API_VERSION, Fleet, fixed_config, tuning};
-use crate::names::{RESERVED_TUNING_ANNOTATION, reservation_name};
+use crate::names::RESERVED_TUNING_ANNOTATION;
 
 /// What the fleet's reservation looks like from this reconcile.
 #[derive(Clone, Debug, PartialEq)]
@@ -63,13 +63,20 @@ pub fn reservation(fleet: &Fleet, primary: &Value) -> Value {
     if let Some(e) = &s.storage.endpoint {
         spec["endpoint"] = json!(e.url);
     }
+    // A preview fleet gets no tuning record: its tuning stays tied to the
+    // reservation hash.
+    let metadata = if crate::previews::child_prefix(fleet).is_some() {
+        json!({"name": crate::previews::own_reservation_name(fleet)})
+    } else {
+        json!({
+            "name": crate::previews::own_reservation_name(fleet),
+            "annotations": { RESERVED_TUNING_ANNOTATION: record_text(&tune) },
+        })
+    };
     json!({
         "apiVersion": API_VERSION,
         "kind": "CelldStorageReservation",
-        "metadata": {
-            "name": reservation_name(&s.storage.bucket),
-            "annotations": { RESERVED_TUNING_ANNOTATION: record_text(&tune) },
-        },
+        "metadata": metadata,
         "spec": spec,
     })
 }
@@ -92,11 +99,14 @@ pub fn binding(fleet: &Fleet, primary: &Value, existing: Option<&Value>) -> Bind
     if owner_uid != fleet.metadata.uid
         || spec["bucket"].as_str() != Some(&fleet.spec.storage.bucket)
     {
+        let scope = match crate::previews::child_prefix(fleet) {
+            Some(prefix) => format!("prefix {prefix} of bucket {}", fleet.spec.storage.bucket),
+            None => format!("bucket {}", spec["bucket"].as_str().unwrap_or("?")),
+        };
         return Binding::Conflict {
             message: format!(
-                "bucket {} is reserved by fleet {}/{} (uid {}), not by this fleet (uid {}); \
+                "{scope} is reserved by fleet {}/{} (uid {}), not by this fleet (uid {}); \
                  a recreated fleet never inherits a reservation",
-                spec["bucket"].as_str().unwrap_or("?"),
                 spec["fleetNamespace"].as_str().unwrap_or("?"),
                 spec["fleetName"].as_str().unwrap_or("?"),
                 owner_uid,
@@ -109,8 +119,20 @@ pub fn binding(fleet: &Fleet, primary: &Value, existing: Option<&Value>) -> Bind
     let initial = spec["initialReplicas"]
         .as_i64()
         .unwrap_or_else(|| i64::from(fleet.spec.replicas()));
+    let child = crate::previews::child_prefix(fleet).is_some();
+    if child && spec["prefix"].as_str() != crate::previews::child_prefix(fleet) {
+        return Binding::Conflict {
+            message: format!(
+                "reservation {} is not for prefix {} of bucket {}",
+                existing["metadata"]["name"].as_str().unwrap_or("?"),
+                crate::previews::child_prefix(fleet).unwrap_or(""),
+                fleet.spec.storage.bucket
+            ),
+        };
+    }
     let recorded: Option<Value> = existing["metadata"]["annotations"][RESERVED_TUNING_ANNOTATION]
         .as_str()
+        .filter(|_| !child)
         .and_then(|t| serde_json::from_str(t).ok());
     if let Some(record) = &recorded
         && spec_hash(&fixed, initial, record) == want
@@ -118,6 +140,9 @@ pub fn binding(fleet: &Fleet, primary: &Value, existing: Option<&Value>) -> Bind
         return Binding::Bound { record: None };
     }
     let current = tuning(primary);
+    if child && spec_hash(&fixed, initial, &current) == want {
+        return Binding::Bound { record: None };
+    }
     if spec_hash(&fixed, initial, &current) == want {
         let object = json!({
             "apiVersion": API_VERSION,

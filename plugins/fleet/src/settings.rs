@@ -5,16 +5,20 @@
 //! | `operatorNamespace` | `wasmop` | namespace of the operator Pods, admitted to the peer port |
 //! | `operatorPodLabels` | `{"app.kubernetes.io/name": "wasmop"}` | labels of the operator Pods |
 //! | `memberReplacementDelaySeconds` | 300 | how long the one PersistentFleet member down may stay down, the rest ready, before it is replaced on a fresh claim |
+//! | `operatorServiceAccount` | `wasmop` | the operator's ServiceAccount, admitted to the peer port by the Istio AuthorizationPolicy |
+//! | `observeApplications` | true | read every member's `GET /state` on the peer port for `status.application` and `ApplicationConverged` |
 
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use wasmop_sdk::SettingsProblem;
 use wasmop_sdk::settings::{json_type, only_keys, optional_string};
 
-const KEYS: [&str; 3] = [
+const KEYS: [&str; 5] = [
     "operatorNamespace",
+    "operatorServiceAccount",
     "operatorPodLabels",
     "memberReplacementDelaySeconds",
+    "observeApplications",
 ];
 
 /// Default operator namespace (as `deploy/wasmop.yaml`).
@@ -30,8 +34,12 @@ pub struct Settings {
     pub operator_namespace: String,
     /// Labels of the operator Pods.
     pub operator_pod_labels: Map<String, Value>,
+    /// The operator's ServiceAccount.
+    pub operator_service_account: String,
     /// Member replacement delay in seconds.
     pub member_replacement_delay_seconds: u64,
+    /// Read members' `/state` (application observation).
+    pub observe_applications: bool,
 }
 
 impl Default for Settings {
@@ -40,7 +48,9 @@ impl Default for Settings {
         Settings {
             operator_namespace: DEFAULT_OPERATOR_NAMESPACE.to_owned(),
             operator_pod_labels: labels.as_object().cloned().unwrap_or_default(),
+            operator_service_account: "wasmop".to_owned(),
             member_replacement_delay_seconds: DEFAULT_REPLACEMENT_DELAY_SECONDS,
+            observe_applications: true,
         }
     }
 }
@@ -65,6 +75,9 @@ pub fn validate(settings: &Value) -> Result<(), Vec<SettingsProblem>> {
             "operatorNamespace",
             "must not be empty",
         ));
+    }
+    if let Err(p) = optional_string(settings, "operatorServiceAccount") {
+        problems.extend(p);
     }
     match settings.get("operatorPodLabels") {
         None => {}
@@ -93,6 +106,14 @@ pub fn validate(settings: &Value) -> Result<(), Vec<SettingsProblem>> {
             "memberReplacementDelaySeconds",
             format!("expected a positive integer, found {v}"),
         )),
+    }
+    if let Some(v) = settings.get("observeApplications")
+        && !v.is_boolean()
+    {
+        problems.push(SettingsProblem::new(
+            "observeApplications",
+            format!("expected true or false, found {}", json_type(v)),
+        ));
     }
     if problems.is_empty() {
         Ok(())

@@ -122,6 +122,10 @@ struct World {
     storage_class: bool,
     deleting: bool,
     settings: Value,
+    extra: Vec<(String, Value)>,
+    /// Optional kinds the host names as not served.
+    absent: Vec<wasmop_sdk::KindRef>,
+    observations: Vec<wasmop_sdk::Observation>,
 }
 
 impl World {
@@ -135,7 +139,11 @@ impl World {
             service_account: true,
             storage_class: true,
             deleting: false,
-            settings: json!({}),
+            // Application observation has its own tests below.
+            settings: json!({"observeApplications": false}),
+            extra: Vec::new(),
+            absent: Vec::new(),
+            observations: Vec::new(),
         }
     }
 
@@ -185,6 +193,15 @@ impl World {
                 json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
                        "metadata": {"name": "standard"}}),
             );
+        }
+        for e in &self.extra {
+            b = b.related(&e.0, &e.1);
+        }
+        for k in &self.absent {
+            b = b.absent_kind(k);
+        }
+        for o in &self.observations {
+            b = b.observation(o.clone());
         }
         run::<FleetPlugin>(&b.build()).unwrap()
     }
@@ -772,4 +789,586 @@ fn upstream_sample_shapes_parse() {
     let docs = objects_from_yaml(include_str!("../tests/golden/bucket-first-workload.yaml"));
     let fleet = docs.iter().find(|d| d["kind"] == "CelldFleet").unwrap();
     let _: Fleet = serde_json::from_value(fleet.clone()).unwrap();
+}
+
+// ---- routing -----------------------------------------------------------------
+
+fn with_routing(routing: Value) -> Value {
+    let mut f = bucket_fleet();
+    f["spec"]["routing"] = routing;
+    f
+}
+
+fn ingress_routing() -> Value {
+    json!({"hostnames": ["app.example.com"],
+           "ingress": {"className": "nginx", "annotations": {"a.example/x": "1"}},
+           "source": {"namespace": "edge", "podLabels": {"app": "gw"}}})
+}
+
+fn gateway_routing() -> Value {
+    json!({"hostnames": ["app.example.com"], "gateway": {"name": "public"},
+           "source": {"namespace": "edge", "podLabels": {"app": "gw"}}})
+}
+
+fn applied_named<'p>(plan: &'p Plan, kind: &str, name: &str) -> Option<&'p Value> {
+    plan.apply
+        .iter()
+        .map(|a| &a.object)
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+}
+
+fn routing_owned(kind: &str, api: &str) -> Value {
+    json!({"apiVersion": api, "kind": kind,
+           "metadata": {"name": "f-routing", "namespace": "ns", "uid": format!("{kind}-uid"),
+                        "resourceVersion": "9", "labels": { FLEET_UID_LABEL: UID }}})
+}
+
+#[test]
+fn ingress_routing_adds_route_and_policy_without_touching_the_workload() {
+    let w = World::running(with_routing(ingress_routing()), 3);
+    let plain = World::running(bucket_fleet(), 3).plan();
+    let plan = w.plan();
+    let ing = applied_named(&plan, "Ingress", "f-routing").expect("ingress");
+    assert_eq!(
+        ing["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]["port"]["number"],
+        8080
+    );
+    assert_eq!(ing["metadata"]["annotations"]["a.example/x"], "1");
+    let policy = applied_named(&plan, "NetworkPolicy", "f-routing").expect("policy");
+    assert_eq!(
+        policy["spec"]["ingress"][0]["ports"],
+        json!([{"protocol": "TCP", "port": 8080}])
+    );
+    assert_eq!(
+        applied_named(&plan, "Deployment", "f"),
+        applied_named(&plain, "Deployment", "f")
+    );
+    assert_eq!(condition(&plan, "RoutingReady")["status"], "Unknown");
+    assert_eq!(
+        condition(&plan, "RoutingReady")["reason"],
+        "AwaitingAddress"
+    );
+    assert_eq!(condition(&plan, "Provisioned")["status"], "True");
+}
+
+#[test]
+fn gateway_routing_without_the_api_reports_gateway_api_unavailable_and_keeps_the_ingress() {
+    let mut w = World::running(with_routing(gateway_routing()), 3);
+    w.owned
+        .push(routing_owned("Ingress", "networking.k8s.io/v1"));
+    w.absent.push(crate::routing::http_route_kind());
+    let plan = w.plan();
+    assert_eq!(
+        condition(&plan, "RoutingReady")["reason"],
+        "GatewayAPIUnavailable"
+    );
+    assert!(plan.delete.is_empty(), "{:?}", plan.delete);
+    assert!(applied_named(&plan, "HTTPRoute", "f-routing").is_none());
+    assert_eq!(condition(&plan, "Provisioned")["status"], "True");
+}
+
+#[test]
+fn a_switch_deletes_the_old_route_first_with_preconditions() {
+    let mut w = World::running(with_routing(gateway_routing()), 3);
+    w.owned
+        .push(routing_owned("Ingress", "networking.k8s.io/v1"));
+    let plan = w.plan();
+    assert_eq!(plan.delete.len(), 1);
+    assert_eq!(plan.delete[0].target.kind, "Ingress");
+    assert_eq!(plan.delete[0].uid, "Ingress-uid");
+    assert_eq!(plan.delete[0].resource_version, "9");
+    assert!(applied_named(&plan, "HTTPRoute", "f-routing").is_none());
+    assert_eq!(condition(&plan, "RoutingReady")["reason"], "Reconciling");
+}
+
+#[test]
+fn a_failed_preflight_keeps_the_route() {
+    let mut w = World::running(bucket_fleet(), 3);
+    let isolation = |o: &Value| o["kind"] == "NetworkPolicy" && o["metadata"]["name"] == "f";
+    w.owned.retain(|o| !isolation(o));
+    w.owned
+        .push(routing_owned("Ingress", "networking.k8s.io/v1"));
+    w.owned
+        .push(routing_owned("NetworkPolicy", "networking.k8s.io/v1"));
+    let plan = w.plan();
+    assert!(plan.delete.is_empty(), "{:?}", plan.delete);
+    assert_eq!(
+        condition(&plan, "RoutingReady")["reason"],
+        "PreflightFailed"
+    );
+}
+
+#[test]
+fn removal_deletes_the_route_then_the_policy() {
+    let mut w = World::running(bucket_fleet(), 3);
+    w.owned
+        .push(routing_owned("Ingress", "networking.k8s.io/v1"));
+    w.owned
+        .push(routing_owned("NetworkPolicy", "networking.k8s.io/v1"));
+    let plan = w.plan();
+    let kinds: Vec<&str> = plan.delete.iter().map(|d| d.target.kind.as_str()).collect();
+    assert_eq!(kinds, ["Ingress"]);
+    w.owned.retain(|o| o["kind"] != "Ingress");
+    let plan = w.plan();
+    let kinds: Vec<&str> = plan.delete.iter().map(|d| d.target.kind.as_str()).collect();
+    assert_eq!(kinds, ["NetworkPolicy"]);
+    let conditions = plan.status.as_ref().unwrap()["conditions"].to_string();
+    assert!(!conditions.contains("RoutingReady"), "{conditions}");
+}
+
+#[test]
+fn an_accepted_http_route_is_routing_ready() {
+    let mut w = World::running(with_routing(gateway_routing()), 3);
+    let mut route = routing_owned("HTTPRoute", "gateway.networking.k8s.io/v1");
+    route["metadata"]["generation"] = json!(2);
+    let cond = |t: &str, g: i64| json!({"type": t, "status": "True", "observedGeneration": g});
+    route["status"] = json!({"parents": [{"parentRef": {"name": "public"},
+        "conditions": [cond("Accepted", 2), cond("ResolvedRefs", 1)]}]});
+    w.owned.push(route.clone());
+    assert_eq!(
+        condition(&w.plan(), "RoutingReady")["reason"],
+        "AwaitingAcceptance"
+    );
+    route["status"]["parents"][0]["conditions"] =
+        json!([cond("Accepted", 2), cond("ResolvedRefs", 2)]);
+    w.owned.retain(|o| o["kind"] != "HTTPRoute");
+    w.owned.push(route);
+    let plan = w.plan();
+    assert_eq!(condition(&plan, "RoutingReady")["status"], "True");
+    assert_eq!(condition(&plan, "RoutingReady")["reason"], "Accepted");
+}
+
+// ---- application observation -------------------------------------------------
+
+fn member(name: &str, ip: &str) -> Value {
+    let mut p = pod(name, true);
+    p["status"]["podIP"] = json!(ip);
+    p["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "f-abc", "uid": "rs", "controller": true}]);
+    p
+}
+
+fn observed(id: &str, body: &str, error: Option<&str>) -> wasmop_sdk::Observation {
+    wasmop_sdk::Observation {
+        id: id.to_owned(),
+        status: if error.is_some() { None } else { Some(200) },
+        body: body.to_owned(),
+        error: error.map(str::to_owned),
+        observed_at: NOW.to_owned(),
+        age_ms: 1000,
+    }
+}
+
+fn observing(bodies: &[(&str, Option<&str>)]) -> Plan {
+    let mut fleet = bucket_fleet();
+    fleet["spec"]["replicas"] = json!(bodies.len());
+    let mut w = World::running(fleet, bodies.len() as i32);
+    w.settings = json!({});
+    w.pods.clear();
+    for (i, (body, error)) in bodies.iter().enumerate() {
+        let name = format!("f-abc-{i}");
+        let ip = format!("10.0.0.{i}");
+        w.pods.push(member(&name, &ip));
+        w.observations
+            .push(observed(&format!("state.pod-{name}.0-.{ip}"), body, *error));
+    }
+    w.plan()
+}
+
+fn app(version: &str, pending: i64) -> String {
+    json!({"deployment": {"version": version, "prefix": "p/"}, "cells": {"pending": pending, "swapping": 0}})
+        .to_string()
+}
+
+#[test]
+fn application_observation_outcomes() {
+    let plan = observing(&[(&app("v1", 0), None), (&app("v1", 0), None)]);
+    assert_eq!(plan.http_requests.len(), 2);
+    assert_eq!(plan.http_requests[0].port, 8081);
+    assert_eq!(plan.http_requests[0].path, "/state");
+    assert_eq!(plan.http_requests[0].timeout_ms, 10_000);
+    assert_eq!(plan.http_requests[0].max_response_bytes, 1024 * 1024);
+    assert_eq!(plan.http_requests[0].max_age_ms, 90_000);
+    assert_eq!(
+        condition(&plan, "ApplicationConverged")["reason"],
+        "Converged"
+    );
+    assert_eq!(
+        plan.status.as_ref().unwrap()["application"]["observedVersion"]["version"],
+        "v1"
+    );
+    assert_eq!(plan.requeue_after_ms, Some(15_000));
+
+    let plan = observing(&[(&app("v1", 0), None), (&app("v2", 0), None)]);
+    assert_eq!(
+        condition(&plan, "ApplicationConverged")["reason"],
+        "MixedVersions"
+    );
+    let plan = observing(&[(&app("v1", 4), None), (&app("v1", 0), None)]);
+    assert_eq!(
+        condition(&plan, "ApplicationConverged")["reason"],
+        "Converging"
+    );
+    for (body, error) in [
+        (
+            "",
+            Some("response body exceeds the cap of 1048576 bytes and was cut at 1048576 bytes"),
+        ),
+        ("nope", None),
+        ("{}", None),
+        (
+            r#"{"sampledAt":"2020-01-01T00:00:00Z","deployment":{"version":"v1","prefix":"p/"}}"#,
+            None,
+        ),
+    ] {
+        let plan = observing(&[(body, error), (&app("v1", 0), None)]);
+        let c = condition(&plan, "ApplicationConverged");
+        assert_eq!(c["status"], "Unknown", "{body}");
+        assert_eq!(condition(&plan, "Ready")["status"], "True");
+    }
+}
+
+#[test]
+fn an_observation_of_an_earlier_incarnation_does_not_count() {
+    let mut w = World::running(bucket_fleet(), 1);
+    w.settings = json!({});
+    w.pods = vec![member("f-abc-0", "10.0.0.9")];
+    w.observations.push(observed(
+        "state.pod-f-abc-0.0-.10.0.0.1",
+        &app("v1", 0),
+        None,
+    ));
+    let plan = w.plan();
+    assert_eq!(
+        condition(&plan, "ApplicationConverged")["status"],
+        "Unknown"
+    );
+    let nodes = plan.status.as_ref().unwrap()["application"]["nodes"].to_string();
+    assert!(nodes.contains("MembershipChanged"), "{nodes}");
+}
+
+// ---- mesh ---------------------------------------------------------------------
+
+fn meshed() -> Value {
+    let mut f = bucket_fleet();
+    f["spec"]["mesh"] = json!({"istio": {}});
+    f
+}
+
+fn with_proxy(mut p: Value, native: bool) -> Value {
+    let proxy = json!({"name": "istio-proxy", "image": "proxy", "restartPolicy": "Always"});
+    if native {
+        p["spec"]["initContainers"] = json!([proxy]);
+    } else {
+        p["spec"]["containers"] = json!([{"name": "celld", "image": "x"}, proxy]);
+    }
+    p
+}
+
+#[test]
+fn mesh_join_keeps_permissive_until_every_member_has_a_proxy() {
+    let mut w = World::running(meshed(), 2);
+    let plan = w.plan();
+    let template =
+        &applied_named(&plan, "Deployment", "f").unwrap()["spec"]["template"]["metadata"];
+    assert_eq!(template["labels"]["sidecar.istio.io/inject"], "true");
+    assert_eq!(template["labels"]["celld.eric.dev/fleet"], "f");
+    assert_eq!(
+        template["annotations"]["sidecar.istio.io/nativeSidecar"],
+        "true"
+    );
+    let np = applied_named(&plan, "NetworkPolicy", "f")
+        .unwrap()
+        .to_string();
+    assert!(np.contains("15012") && np.contains("istio-system"), "{np}");
+    let ap = applied_named(&plan, "AuthorizationPolicy", "f-mesh").expect("authorization policy");
+    assert!(
+        ap["spec"]["rules"][0].get("from").is_none(),
+        "peer rule has no identity while permissive"
+    );
+    assert_eq!(
+        ap["spec"]["rules"][1]["to"][0]["operation"]["ports"],
+        json!(["8080"])
+    );
+    assert!(applied_named(&plan, "PeerAuthentication", "f-mesh").is_some());
+    assert_eq!(condition(&plan, "Provisioned")["status"], "False");
+    assert_eq!(
+        plan.primary_patch.as_ref().unwrap()["metadata"]["annotations"]["celld.eric.dev/istio-control-plane"],
+        "istio-system"
+    );
+
+    // One member with a native sidecar, one with a proxy container.
+    w.pods = vec![
+        with_proxy(pod("f-abc-0", true), true),
+        with_proxy(pod("f-abc-1", true), false),
+    ];
+    let mut pa = routing_owned("PeerAuthentication", "security.istio.io/v1");
+    pa["metadata"]["name"] = json!("f-mesh");
+    w.owned.push(pa);
+    let plan = w.plan();
+    let ap = applied_named(&plan, "AuthorizationPolicy", "f-mesh").unwrap();
+    assert_eq!(
+        ap["spec"]["rules"][0]["from"][0]["source"]["principals"],
+        json!(["*/ns/ns/sa/runtime", "*/ns/wasmop/sa/wasmop"])
+    );
+    assert!(applied_named(&plan, "PeerAuthentication", "f-mesh").is_none());
+    assert_eq!(plan.delete.len(), 1);
+    assert_eq!(plan.delete[0].target.kind, "PeerAuthentication");
+}
+
+#[test]
+fn mesh_departure_waits_for_the_last_proxy() {
+    let mut f = bucket_fleet();
+    f["metadata"]["annotations"] = json!({"celld.eric.dev/istio-control-plane": "mesh-system"});
+    let mut w = World::running(f, 2);
+    w.pods[0] = with_proxy(w.pods[0].clone(), true);
+    let mut ap = routing_owned("AuthorizationPolicy", "security.istio.io/v1");
+    ap["metadata"]["name"] = json!("f-mesh");
+    w.owned.push(ap);
+    let plan = w.plan();
+    let np = applied_named(&plan, "NetworkPolicy", "f")
+        .unwrap()
+        .to_string();
+    assert!(np.contains("15012") && np.contains("mesh-system"), "{np}");
+    assert!(plan.delete.is_empty());
+    let template =
+        &applied_named(&plan, "Deployment", "f").unwrap()["spec"]["template"]["metadata"];
+    assert_eq!(template["labels"]["sidecar.istio.io/inject"], "false");
+
+    w.pods[0] = pod("f-abc-0", true);
+    let plan = w.plan();
+    let np = applied_named(&plan, "NetworkPolicy", "f")
+        .unwrap()
+        .to_string();
+    assert!(!np.contains("15012"), "{np}");
+    assert_eq!(plan.delete.len(), 1);
+    assert_eq!(plan.delete[0].target.kind, "AuthorizationPolicy");
+}
+
+#[test]
+fn mesh_without_istio_crds_is_infrastructure_blocked() {
+    let mut w = World::running(meshed(), 2);
+    w.absent.push(crate::mesh::authorization_policy_kind());
+    let plan = w.plan();
+    assert_eq!(
+        condition(&plan, "Blocked")["reason"],
+        "InfrastructureBlocked"
+    );
+    assert!(plan.apply.is_empty());
+}
+
+#[test]
+fn a_same_named_mesh_policy_of_another_owner_is_infrastructure_blocked() {
+    for (read, kind) in [
+        (crate::AUTHORIZATION_POLICIES_READ, "AuthorizationPolicy"),
+        (crate::PEER_AUTHENTICATIONS_READ, "PeerAuthentication"),
+    ] {
+        let mut w = World::running(meshed(), 2);
+        w.extra.push((
+            read.to_owned(),
+            json!({"apiVersion": "security.istio.io/v1", "kind": kind,
+                   "metadata": {"name": "f-mesh", "namespace": "ns", "uid": "someone"}}),
+        ));
+        let plan = w.plan();
+        let blocked = condition(&plan, "Blocked");
+        assert_eq!(blocked["reason"], "InfrastructureBlocked");
+        assert!(
+            blocked["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(kind) && m.contains("f-mesh")),
+            "{blocked}"
+        );
+        assert!(plan.apply.is_empty());
+        assert!(plan.delete.is_empty());
+    }
+    // The fleet's own policy, seen through the read, does not block.
+    let mut w = World::running(meshed(), 2);
+    let mut own = routing_owned("AuthorizationPolicy", "security.istio.io/v1");
+    own["metadata"]["name"] = json!("f-mesh");
+    w.extra
+        .push((crate::AUTHORIZATION_POLICIES_READ.to_owned(), own));
+    let plan = w.plan();
+    assert_ne!(
+        condition(&plan, "Blocked")["reason"],
+        "InfrastructureBlocked"
+    );
+}
+
+// ---- previews ----------------------------------------------------------------------
+
+const POOL_UID: &str = "00000000-0000-0000-0000-0000000000aa";
+
+fn pool_fleet() -> Value {
+    let mut f = bucket_fleet();
+    f["spec"]["previews"] = json!({
+        "runtimeImage": IMAGE,
+        "serviceAccountName": "preview-runtime",
+        "zone": "us-east-1a",
+        "storage": {"bucket": "shared-previews", "region": "us-east-1"},
+        "routing": {"baseDomain": "previews.example.com",
+                    "ingress": {"className": "nginx"},
+                    "source": {"namespace": "ingress-nginx", "podLabels": {"app": "ingress"}}},
+    });
+    f
+}
+
+fn child_fleet(prefix: &str) -> Value {
+    let mut f = bucket_fleet();
+    f["spec"]["storage"]["bucket"] = json!("shared-previews");
+    f["spec"]["storage"]["prefix"] = json!(prefix);
+    f["spec"]["storage"]["previewFleetRef"] = json!({"name": "development", "uid": POOL_UID});
+    f
+}
+
+/// The preview bucket's reservation as the pool `uid` made it.
+fn pool_reservation(uid: &str) -> Value {
+    let mut pool = pool_fleet();
+    pool["metadata"]["uid"] = json!(uid);
+    pool["metadata"]["name"] = json!("development");
+    match crate::previews::pool(&typed(&pool), None) {
+        Some(crate::previews::Pool::Reserve { object }) => object,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_pool_reserves_its_preview_bucket_without_touching_its_runtime() {
+    let w = World::running(pool_fleet(), 3);
+    let plan = w.plan();
+    let name = crate::names::reservation_name("shared-previews");
+    let r = applied_named(&plan, "CelldStorageReservation", &name).expect("preview reservation");
+    assert_eq!(r["spec"]["bucket"], "shared-previews");
+    assert_eq!(r["spec"]["fleetUID"], UID);
+    assert_eq!(
+        r["metadata"]["annotations"]["celld.eric.dev/preview-pool"],
+        "true"
+    );
+    let op = plan
+        .apply
+        .iter()
+        .find(|a| a.object["metadata"]["name"] == name.as_str())
+        .unwrap();
+    assert_eq!(op.precondition, Some(wasmop_sdk::Precondition::Absent));
+    assert_eq!(condition(&plan, "PreviewsReady")["status"], "Unknown");
+    // The runtime is as without previews: previews are not in its hash.
+    let plain = World::running(bucket_fleet(), 3).plan();
+    assert_eq!(workload_of(&plan), workload_of(&plain));
+    assert_eq!(condition(&plan, "Blocked")["status"], "False");
+
+    // Reserved: True, nothing more applied.
+    let mut w = World::running(pool_fleet(), 3);
+    w.reservations.push(pool_reservation(UID));
+    let plan = w.plan();
+    assert!(applied_named(&plan, "CelldStorageReservation", &name).is_none());
+    assert_eq!(condition(&plan, "PreviewsReady")["reason"], "Reserved");
+
+    // Held by another fleet: PreviewsReady False, the runtime still runs.
+    let mut w = World::running(pool_fleet(), 3);
+    w.reservations.push(pool_reservation("someone-else"));
+    let plan = w.plan();
+    let c = condition(&plan, "PreviewsReady");
+    assert_eq!(c["status"], "False");
+    assert_eq!(c["reason"], "StorageScopeConflict");
+    assert_eq!(condition(&plan, "Blocked")["status"], "False");
+    assert!(workload_of(&plan).is_some());
+}
+
+#[test]
+fn a_preview_fleet_reserves_a_prefix_of_its_pools_bucket() {
+    // First reconcile: the pool holds the bucket; the child reserves its prefix.
+    let mut w = World::new(child_fleet("pr-1"));
+    w.reservations.push(pool_reservation(POOL_UID));
+    let plan = w.plan();
+    let own = crate::names::reservation_name("shared-previews/pr-1");
+    let r = applied_named(&plan, "CelldStorageReservation", &own).expect("prefix reservation");
+    assert_eq!(r["spec"]["prefix"], "pr-1");
+    assert_eq!(r["spec"]["bucket"], "shared-previews");
+    assert_eq!(r["spec"]["fleetUID"], UID);
+    assert!(
+        r["metadata"]["annotations"].is_null(),
+        "a preview fleet gets no tuning record: {r}"
+    );
+    assert!(workload_of(&plan).is_none(), "the reservation comes first");
+
+    // Bound: the workload runs in s3://shared-previews/pr-1.
+    let mut w = World::running(child_fleet("pr-1"), 3);
+    w.reservations.push(pool_reservation(POOL_UID));
+    let plan = w.plan();
+    assert_eq!(condition(&plan, "Blocked")["status"], "False");
+    let workload = workload_of(&plan).expect("workload").to_string();
+    assert!(workload.contains("s3://shared-previews/pr-1"), "{workload}");
+}
+
+#[test]
+fn a_preview_fleet_without_its_pool_or_with_a_held_prefix_is_blocked() {
+    let blocked_with = |w: &World, text: &str| {
+        let plan = w.plan();
+        let c = condition(&plan, "Blocked");
+        assert_eq!(c["reason"], "StorageScopeConflict", "{c}");
+        assert!(
+            c["message"].as_str().is_some_and(|m| m.contains(text)),
+            "{c}"
+        );
+        assert!(plan.apply.is_empty(), "nothing is created");
+    };
+    // No pool reservation yet.
+    let w = World::new(child_fleet("pr-1"));
+    blocked_with(&w, "is not reserved by preview pool development");
+    // The bucket is another fleet's runtime bucket.
+    let mut w = World::new(child_fleet("pr-1"));
+    let mut runtime = pool_reservation(POOL_UID);
+    runtime["metadata"]["annotations"] = json!({});
+    w.reservations.push(runtime);
+    blocked_with(&w, "for its runtime");
+    // Another pool holds it.
+    let mut w = World::new(child_fleet("pr-1"));
+    w.reservations.push(pool_reservation("another-pool"));
+    blocked_with(&w, "that storage.previewFleetRef names");
+    // Another child holds the prefix: prefixes are disjoint.
+    let mut w = World::new(child_fleet("pr-1"));
+    w.reservations.push(pool_reservation(POOL_UID));
+    let mut other = child_fleet("pr-1");
+    other["metadata"]["uid"] = json!("other-child");
+    w.reservations.push(reservation_of(&other));
+    blocked_with(&w, "prefix pr-1 of bucket shared-previews");
+    // A different prefix is free.
+    let mut w = World::new(child_fleet("pr-2"));
+    w.reservations.push(pool_reservation(POOL_UID));
+    w.reservations.push(reservation_of(&other));
+    let plan = w.plan();
+    assert_eq!(condition(&plan, "Blocked")["status"], "False");
+}
+
+#[test]
+fn a_same_named_route_of_another_owner_is_a_route_conflict_and_left_alone() {
+    for (routing, read, kind, api) in [
+        (
+            gateway_routing(),
+            crate::HTTP_ROUTES_READ,
+            "HTTPRoute",
+            "gateway.networking.k8s.io/v1",
+        ),
+        (
+            ingress_routing(),
+            crate::INGRESSES_READ,
+            "Ingress",
+            "networking.k8s.io/v1",
+        ),
+    ] {
+        let mut w = World::running(with_routing(routing), 3);
+        w.extra.push((
+            read.to_owned(),
+            json!({"apiVersion": api, "kind": kind,
+                   "metadata": {"name": "f-routing", "namespace": "ns", "uid": "theirs"}}),
+        ));
+        let plan = w.plan();
+        let c = condition(&plan, "RoutingReady");
+        assert_eq!(c["reason"], "RouteConflict", "{c}");
+        assert!(
+            c["message"].as_str().is_some_and(|m| m.contains(kind)),
+            "{c}"
+        );
+        assert!(applied_named(&plan, kind, "f-routing").is_none());
+        assert!(plan.delete.is_empty());
+        assert!(workload_of(&plan).is_some(), "the runtime is not held");
+    }
 }

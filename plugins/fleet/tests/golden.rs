@@ -12,7 +12,11 @@
 use std::path::{Path, PathBuf};
 
 /// One fixture per profile and per mutation.
-const FIXTURES: [&str; 20] = [
+const FIXTURES: [&str; 35] = [
+    "application-converged",
+    "application-converging",
+    "application-mixed",
+    "application-unknown",
     "bucket-first-workload",
     "bucket-reserve",
     "bucket-settled",
@@ -32,7 +36,18 @@ const FIXTURES: [&str; 20] = [
     "persistent-first-workload",
     "persistent-lost-claim",
     "persistent-member-down",
+    "previews-child-foreign-pool",
+    "previews-child-prefix-held",
+    "previews-child-reserves-prefix",
+    "previews-pool-reserves",
     "recreated-same-name",
+    "routing-gateway-accepted",
+    "routing-gateway-unavailable",
+    "routing-ingress-added",
+    "routing-preflight-failed",
+    "routing-removed",
+    "routing-removed-policy",
+    "routing-switch-deletes-ingress",
 ];
 
 fn golden_dir() -> PathBuf {

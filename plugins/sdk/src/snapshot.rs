@@ -208,6 +208,16 @@ impl Snapshot {
         deserialize_related(read, first).map(Some)
     }
 
+    /// True when the API server does not serve `kind`, an optional owned
+    /// kind ([`crate::OwnedKind::optional`]) whose CRD is not installed:
+    /// the snapshot names it under [`wasmop_contract::ABSENT_KIND_READ`].
+    /// A plan must not apply or delete objects of an absent kind.
+    pub fn kind_absent(&self, kind: &crate::KindRef) -> bool {
+        let name = format!("{}.{}", kind.plural, kind.group);
+        self.related(wasmop_contract::ABSENT_KIND_READ)
+            .any(|o| str_at(o, &["metadata", "name"]) == name)
+    }
+
     /// The latest result of the HTTP request with this id, if any.
     pub fn observation(&self, id: &str) -> Option<&Observation> {
         self.observations.iter().find(|o| o.id == id)

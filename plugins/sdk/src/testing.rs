@@ -106,6 +106,21 @@ impl SnapshotBuilder {
         self
     }
 
+    /// Names `kind`, an optional read's or owned kind's, as not served (see
+    /// [`crate::Snapshot::kind_absent`]), as the host does.
+    pub fn absent_kind(self, kind: &crate::KindRef) -> Self {
+        self.related(
+            crate::contract::ABSENT_KIND_READ,
+            serde_json::json!({
+                "apiVersion": "wasmop.dev/v1",
+                "kind": "AbsentKind",
+                "metadata": {"name": format!("{}.{}", kind.plural, kind.group)},
+                "spec": {"group": kind.group, "version": kind.version,
+                         "kind": kind.kind, "plural": kind.plural},
+            }),
+        )
+    }
+
     /// Sets the current time (RFC 3339).
     pub fn now(mut self, rfc3339: &str) -> Self {
         self.snapshot.now = rfc3339.to_owned();

@@ -65,6 +65,13 @@ pub const PLUGIN_LABEL: &str = "wasmop.dev/plugin";
 /// The label holding the UID of the primary that owns an object under
 /// [`Ownership::OwnerLabel`].
 pub const OWNER_UID_LABEL: &str = "wasmop.dev/owner-uid";
+/// The read id under which a snapshot lists the controller's optional kinds
+/// (see [`Read::optional`](Read#structfield.optional) and
+/// [`OwnedKind::optional`](OwnedKind#structfield.optional)) that are not
+/// listed, because the API server does not serve them (yet): one object
+/// `{"apiVersion":"wasmop.dev/v1","kind":"AbsentKind","metadata":{"name":
+/// "<plural>.<group>"},"spec":{"group","version","kind","plural"}}` each.
+pub const ABSENT_KIND_READ: &str = "wasmop.dev/absent-kinds";
 
 /// The string at a dotted path of a JSON object (`metadata.name`), if any.
 pub fn str_at<'a>(object: &'a serde_json::Value, dotted: &str) -> Option<&'a str> {

@@ -198,7 +198,9 @@ pub struct Read {
     /// The kind may not be served (its CRD not installed): the plugin
     /// loads anyway, its reconciles do not wait for this kind, and the
     /// read selects nothing until the kind appears (its watch keeps
-    /// retrying). For optional integrations, e.g. another operator's CRD.
+    /// retrying). While it is not listed, and no required read or owned
+    /// kind names it, each snapshot names it under [`crate::ABSENT_KIND_READ`].
+    /// For optional integrations, e.g. another operator's CRD.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub optional: bool,
 }
@@ -298,6 +300,15 @@ pub struct OwnedKind {
     /// refuses the whole plan.
     #[serde(default)]
     pub adopt: bool,
+    /// When true, the kind's API may be absent (an optional CRD such as
+    /// Gateway API's), exactly as for an optional read
+    /// ([`Read::optional`](Read#structfield.optional)): the controller loads
+    /// and reconciles without waiting for it, each snapshot names it under
+    /// [`crate::ABSENT_KIND_READ`] while it is not listed, and its objects
+    /// appear once it is. A plan must not apply or delete objects of an
+    /// absent kind (the API server would refuse them).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
 }
 
 impl OwnedKind {
@@ -307,6 +318,7 @@ impl OwnedKind {
             kind,
             ownership: Ownership::OwnerReference,
             adopt: false,
+            optional: false,
         }
     }
 
@@ -319,6 +331,7 @@ impl OwnedKind {
                 collected: false,
             },
             adopt: false,
+            optional: false,
         }
     }
 
@@ -364,6 +377,7 @@ impl OwnedKind {
             kind,
             ownership: Ownership::Dependent,
             adopt: false,
+            optional: false,
         }
     }
 
@@ -375,6 +389,14 @@ impl OwnedKind {
     /// Lets the host adopt orphans of this kind (see [`OwnedKind::adopt`]).
     pub fn adopt_orphans(mut self) -> Self {
         self.adopt = true;
+        self
+    }
+
+    /// Marks the kind's API as optional (see
+    /// [`OwnedKind::optional`](OwnedKind#structfield.optional)).
+    #[must_use]
+    pub fn optional(mut self) -> Self {
+        self.optional = true;
         self
     }
 
@@ -569,12 +591,14 @@ impl Controller {
         out
     }
 
-    /// [`Controller::kinds`] without the kinds only optional reads name:
-    /// what must be served for the controller to run.
+    /// [`Controller::kinds`] without the optional kinds, those only
+    /// optional reads ([`Read::optional`](Read#structfield.optional)) and
+    /// optional owned kinds ([`OwnedKind::optional`](OwnedKind#structfield.optional))
+    /// name: what must be served for the controller to run.
     pub fn required_kinds(&self) -> Vec<&KindRef> {
         let only_optional = |kind: &KindRef| {
             !std::iter::once(&self.primary)
-                .chain(self.owns.iter().map(|o| &o.kind))
+                .chain(self.owns.iter().filter(|o| !o.optional).map(|o| &o.kind))
                 .chain(self.reads.iter().filter(|r| !r.optional).map(|r| &r.kind))
                 .chain(self.http_targets.iter().map(|t| &t.kind))
                 .any(|k| k.same_type(kind))
@@ -676,6 +700,37 @@ mod tests {
                 "primaryFields": [], "httpTargets": [], "deletePrimary": false
             })
         );
+    }
+
+    #[test]
+    fn optional_reads_and_owned_kinds_are_not_required() {
+        let route =
+            KindRef::namespaced("gateway.networking.k8s.io", "v1", "HTTPRoute", "httproutes");
+        let policy = KindRef::namespaced("security.istio.io", "v1", "AuthorizationPolicy", "aps");
+        let cm = KindRef::namespaced("", "v1", "ConfigMap", "configmaps");
+        let c = Controller::new("c", KindRef::namespaced("g", "v1", "K", "ks"))
+            .owns(cm.clone())
+            .owns_kind(OwnedKind::label(route.clone()).optional())
+            .reads(Read::new("policies", policy.clone(), Selector::SameNamespace).optional());
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(v["owns"][1]["optional"], true);
+        assert!(
+            v["owns"][0].get("optional").is_none(),
+            "false is not written"
+        );
+        let required = c.required_kinds();
+        assert!(required.contains(&&cm));
+        assert!(!required.contains(&&route));
+        assert!(!required.contains(&&policy));
+        // A kind a required read also names is required.
+        let c = c.reads(Read::new("routes", route.clone(), Selector::SameNamespace));
+        assert!(c.required_kinds().contains(&&route));
+        // An older manifest without the field means "required".
+        let old: OwnedKind = serde_json::from_value(json!({
+            "group": "", "version": "v1", "kind": "ConfigMap", "plural": "configmaps",
+            "namespaced": true, "ownership": "ownerReference", "adopt": false}))
+        .unwrap();
+        assert!(!old.optional);
     }
 
     #[test]
