@@ -500,3 +500,175 @@ fn child_fleet(
     };
     child(name, namespace, parent, prefix, host, init)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasmop_sdk::testing::SnapshotBuilder;
+
+    const UID: &str = "7e5b0c1d-aaaa-bbbb-cccc-000000000042";
+
+    fn preview(name: &str, ttl: i64) -> Value {
+        json!({
+            "apiVersion": API_VERSION, "kind": "CelldPreview",
+            "metadata": {"name": name, "namespace": "ns", "uid": UID, "generation": 1,
+                         "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"fleetRef": {"name": "pool"}, "source": "feature/x", "ttlSeconds": ttl},
+        })
+    }
+
+    fn pool() -> Value {
+        json!({
+            "apiVersion": API_VERSION, "kind": "CelldFleet",
+            "metadata": {"name": "pool", "namespace": "ns", "uid": "pool-uid"},
+            "spec": {"previews": {
+                "runtimeImage": "img", "serviceAccountName": "sa", "zone": "us-east-1a",
+                "storage": {"bucket": "pb", "region": "us-east-1"},
+                "routing": {"baseDomain": "p.example.com", "scheme": "http",
+                            "gateway": {"name": "gw", "namespace": "edge"},
+                            "source": {"namespace": "edge", "podLabels": {"a": "b"}}},
+            }},
+        })
+    }
+
+    fn run(b: SnapshotBuilder) -> Plan {
+        reconcile(&b.build()).expect("reconcile")
+    }
+
+    fn cond<'a>(plan: &'a Plan, type_: &str) -> &'a Value {
+        plan.status.as_ref().expect("status")["conditions"]
+            .as_array()
+            .expect("conditions")
+            .iter()
+            .find(|c| c["type"] == type_)
+            .expect("condition")
+    }
+
+    #[test]
+    fn prefix_is_a_label_unique_per_uid_and_bounded() {
+        assert_eq!(prefix("pr-42", UID), "pr-42-7e5b0c1d");
+        assert_ne!(prefix("pr-42", UID), prefix("pr-42", "00000000-1"));
+        let long = prefix(&format!("{}.x", "a".repeat(80)), UID);
+        assert!(long.len() <= 63, "{long}");
+        assert!(long.ends_with("-7e5b0c1d"));
+        assert_eq!(prefix("a.b", UID), "a-b-7e5b0c1d");
+    }
+
+    #[test]
+    fn fleet_names_are_dns_labels_of_at_most_40() {
+        assert!(fleet_name_ok("pr-42"));
+        assert!(!fleet_name_ok("a.b"));
+        assert!(!fleet_name_ok(&"a".repeat(41)));
+        assert!(!fleet_name_ok("-a"));
+        assert!(!fleet_name_ok(""));
+    }
+
+    #[test]
+    fn expiry_defaults_to_a_day() {
+        let mut p = preview("x", 0);
+        p["spec"].as_object_mut().map(|s| s.remove("ttlSeconds"));
+        assert_eq!(
+            expires_at(&p).map(|t| t.to_string()).as_deref(),
+            Some("2026-01-02T00:00:00Z")
+        );
+    }
+
+    #[test]
+    fn gateway_routing_and_http_scheme_carry_over() {
+        let plan = run(SnapshotBuilder::new(PREVIEW_CONTROLLER)
+            .primary(preview("pr-1", 3600))
+            .related(FLEETS_READ, pool())
+            .now("2026-01-01T00:10:00Z"));
+        let child = &plan.apply[0].object;
+        assert_eq!(child["metadata"]["namespace"], "ns");
+        assert_eq!(
+            child["spec"]["routing"],
+            json!({"hostnames": ["pr-1.p.example.com"], "gateway": {"name": "gw", "namespace": "edge"},
+                   "source": {"namespace": "edge", "podLabels": {"a": "b"}}})
+        );
+        assert!(child["spec"]["storage"].get("endpoint").is_none());
+        assert!(child["spec"].get("execution").is_none());
+        let status = plan.status.as_ref().expect("status");
+        assert_eq!(status["url"], "http://pr-1.p.example.com");
+        // Looked at again at expiry, at most every 5 minutes.
+        assert_eq!(plan.requeue_after_ms, Some(300_000));
+    }
+
+    #[test]
+    fn a_same_named_fleet_it_does_not_own_blocks() {
+        let mut other = pool();
+        other["metadata"]["name"] = json!("pr-1");
+        let plan = run(SnapshotBuilder::new(PREVIEW_CONTROLLER)
+            .primary(preview("pr-1", 3600))
+            .related(FLEETS_READ, pool())
+            .related(FLEETS_READ, other)
+            .now("2026-01-01T00:10:00Z"));
+        assert!(plan.apply.is_empty());
+        assert_eq!(cond(&plan, "Blocked")["reason"], "NameConflict");
+    }
+
+    #[test]
+    fn a_name_that_cannot_name_a_fleet_blocks() {
+        let plan = run(SnapshotBuilder::new(PREVIEW_CONTROLLER)
+            .primary(preview("a.b", 3600))
+            .related(FLEETS_READ, pool())
+            .now("2026-01-01T00:10:00Z"));
+        assert!(plan.apply.is_empty());
+        assert_eq!(cond(&plan, "Blocked")["reason"], "InvalidConfiguration");
+    }
+
+    #[test]
+    fn an_unknown_seed_source_blocks_and_creates_nothing() {
+        let mut p = preview("pr-1", 3600);
+        p["spec"]["seed"] = json!({"source": "staging", "objects": [{"class": "C", "id": "1"}]});
+        let mut parent = pool();
+        parent["spec"]["previews"]["seeding"] = json!({"executor": "e", "sources": [
+            {"name": "production", "fleetRef": {"name": "prod", "namespace": "a", "uid": "u"}}]});
+        let plan = run(SnapshotBuilder::new(PREVIEW_CONTROLLER)
+            .primary(p)
+            .related(FLEETS_READ, parent)
+            .now("2026-01-01T00:10:00Z"));
+        assert!(plan.apply.is_empty());
+        assert_eq!(cond(&plan, "Seeded")["reason"], "SeedSourceUnknown");
+        assert_eq!(cond(&plan, "Blocked")["status"], "True");
+    }
+
+    #[test]
+    fn an_existing_child_keeps_its_prefix_and_mirrors_ready() {
+        let child = json!({
+            "apiVersion": API_VERSION, "kind": "CelldFleet",
+            "metadata": {"name": "pr-1", "namespace": "ns", "uid": "c", "resourceVersion": "1"},
+            "spec": {"storage": {"prefix": "pr-1-older000"}},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        });
+        let plan = run(SnapshotBuilder::new(PREVIEW_CONTROLLER)
+            .primary(preview("pr-1", 3600))
+            .related(FLEETS_READ, pool())
+            .owned(child)
+            .now("2026-01-01T00:10:00Z"));
+        assert_eq!(
+            plan.apply[0].object["spec"]["storage"]["prefix"],
+            "pr-1-older000"
+        );
+        let status = plan.status.as_ref().expect("status");
+        assert_eq!(status["phase"], "Ready");
+        assert_eq!(status["storageURL"], "s3://pb/pr-1-older000");
+    }
+
+    #[test]
+    fn an_expired_child_already_deleting_is_not_deleted_again() {
+        let child = json!({
+            "apiVersion": API_VERSION, "kind": "CelldFleet",
+            "metadata": {"name": "pr-1", "namespace": "ns", "uid": "c", "resourceVersion": "1",
+                         "deletionTimestamp": "2026-01-01T01:00:01Z"},
+        });
+        let plan = run(SnapshotBuilder::new(PREVIEW_CONTROLLER)
+            .primary(preview("pr-1", 3600))
+            .related(FLEETS_READ, pool())
+            .owned(child)
+            .now("2026-01-01T01:00:05Z"));
+        assert!(plan.delete.is_empty() && plan.apply.is_empty());
+        assert_eq!(plan.status.as_ref().expect("status")["phase"], "Deleting");
+        assert_eq!(cond(&plan, "Expired")["status"], "True");
+    }
+}
