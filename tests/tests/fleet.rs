@@ -2271,11 +2271,15 @@ async fn celld_preview_generates_its_fleet_and_expires() -> Result<()> {
     let ns = TestNamespace::new("fleet-celldpreview").await?;
     let _op = start(&ns, json!({})).await?;
     let preview_bucket = format!("{}-previews", ns.name);
+    let plain = create_fleet(&ns, "plain", spec(&ns, "Bucket", 1, "plain")).await?;
     let mut pool_spec = spec(&ns, "Bucket", 1, "pool");
     pool_spec["previews"] = previews(&preview_bucket);
+    pool_spec["previews"]["seeding"] = json!({"executor": "celld-seed", "sources": [{
+        "name": "production",
+        "fleetRef": {"name": "plain", "namespace": ns.name, "uid": plain.metadata.uid},
+    }]});
     let pool = create_fleet(&ns, "pool", pool_spec).await?;
     let pool_uid = pool.metadata.uid.clone().unwrap_or_default();
-    create_fleet(&ns, "plain", spec(&ns, "Bucket", 1, "plain")).await?;
     wait_condition(&ns, "pool", "PreviewsReady", "True").await?;
 
     // Two previews: each its own fleet, prefix and host.
@@ -2351,14 +2355,50 @@ async fn celld_preview_generates_its_fleet_and_expires() -> Result<()> {
     assert_eq!(blocked["reason"], "PreviewsNotConfigured", "{blocked}");
     assert!(fleets(&ns).get_opt("pv-c").await?.is_none());
 
+    // A seeded preview: its fleet carries the selection as
+    // storage.initialization for the (external, not bundled) executor.
+    let seeded: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "celld.eric.dev/v1alpha1",
+        "kind": "CelldPreview",
+        "metadata": {"name": "pv-s"},
+        "spec": {"fleetRef": {"name": "pool"}, "source": "feature/seed",
+                 "seed": {"source": "production", "objects": [{"class": "Cart", "id": "cart-1"}]}},
+    }))?;
+    celld_previews(&ns)
+        .create(&PostParams::default(), &seeded)
+        .await?;
+    let child = wait_object(&fleets(&ns), "pv-s", true, |_| true)
+        .await?
+        .context("seeded child")?;
+    let init = &child.data["spec"]["storage"]["initialization"];
+    assert_eq!(init["executor"], "celld-seed", "{init}");
+    assert_eq!(init["sourceFleet"]["uid"], json!(plain.metadata.uid));
+    assert_eq!(init["selection"]["objects"][0]["id"], "cart-1");
+    assert_eq!(init["target"]["previewName"], "pv-s");
+    let s = wait_for("pv-s Seeded=Unknown/ExecutorRequired", DEADLINE, || {
+        let api = celld_previews(&ns);
+        async move {
+            let p = api.get("pv-s").await?;
+            let found = p.data["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Seeded" && c["reason"] == "ExecutorRequired");
+            Ok(found.then_some(p))
+        }
+    })
+    .await?;
+    assert_eq!(s.data["status"]["seedPhase"], "Pending");
+
     // Deleting a preview collects its fleet (ownerReference, through the
     // fleet's lifecycle finalizer).
-    for name in ["pv-a", "pv-b", "pv-c"] {
+    for name in ["pv-a", "pv-b", "pv-c", "pv-s"] {
         celld_previews(&ns)
             .delete(name, &DeleteParams::default())
             .await?;
     }
     wait_object(&fleets(&ns), "pv-a", false, |_| true).await?;
+    wait_object(&fleets(&ns), "pv-s", false, |_| true).await?;
     for name in ["plain", "pool"] {
         delete_fleet(&ns, name).await?;
     }

@@ -22,6 +22,8 @@
 //!   resourceVersion preconditions); the CelldPreview is kept with phase
 //!   `Expired` and `Expired=True`, so the developer sees what happened
 //!   (the CRD's phase enum has Expired; deleting it is the developer's).
+//! - A parent recreated under the same name (another UID) than the one the
+//!   child was made for gives `Blocked/ParentReplaced`.
 //! - A missing parent, a parent without `spec.previews`, a prefix whose
 //!   reservation another fleet holds, a same-named fleet the preview does
 //!   not own, or a seed the parent cannot serve give `Blocked=True` with
@@ -361,6 +363,14 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         return Ok(Plan::new().status(st.blocked("NameConflict", message)));
     }
     let parent_uid = parent["metadata"]["uid"].as_str().unwrap_or("");
+    let bound = child.and_then(|c| c["spec"]["storage"]["previewFleetRef"]["uid"].as_str());
+    if let Some(bound) = bound.filter(|b| *b != parent_uid) {
+        let message = format!(
+            "preview fleet {name} belongs to fleet {parent_name} with uid {bound}, which was \
+             replaced (uid {parent_uid}); delete and recreate the preview"
+        );
+        return Ok(Plan::new().status(st.blocked("ParentReplaced", message)));
+    }
     st.fields["parentFleetName"] = json!(parent_name);
     st.fields["parentFleetUID"] = json!(parent_uid);
 
@@ -653,6 +663,23 @@ mod tests {
         let status = plan.status.as_ref().expect("status");
         assert_eq!(status["phase"], "Ready");
         assert_eq!(status["storageURL"], "s3://pb/pr-1-older000");
+    }
+
+    #[test]
+    fn a_replaced_parent_blocks_instead_of_rebinding_the_child() {
+        let child = json!({
+            "apiVersion": API_VERSION, "kind": "CelldFleet",
+            "metadata": {"name": "pr-1", "namespace": "ns", "uid": "c", "resourceVersion": "1"},
+            "spec": {"storage": {"prefix": "pr-1-7e5b0c1d",
+                                 "previewFleetRef": {"name": "pool", "uid": "old-pool-uid"}}},
+        });
+        let plan = run(SnapshotBuilder::new(PREVIEW_CONTROLLER)
+            .primary(preview("pr-1", 3600))
+            .related(FLEETS_READ, pool())
+            .owned(child)
+            .now("2026-01-01T00:10:00Z"));
+        assert!(plan.apply.is_empty());
+        assert_eq!(cond(&plan, "Blocked")["reason"], "ParentReplaced");
     }
 
     #[test]
