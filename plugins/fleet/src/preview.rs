@@ -330,7 +330,9 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
             "the preview name {name} names its fleet, which must be a DNS label of at most 40 \
              characters"
         );
-        return Ok(Plan::new().status(st.blocked("InvalidConfiguration", message)));
+        return Ok(Plan::new()
+            .status(st.blocked("InvalidConfiguration", message))
+            .requeue_after(requeue));
     }
     let parent_name = preview["spec"]["fleetRef"]["name"].as_str().unwrap_or("");
     let fleets: Vec<&Value> = snapshot.related(FLEETS_READ).collect();
@@ -360,7 +362,9 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         let message = format!(
             "a CelldFleet named {name} exists that this preview does not own; rename the preview"
         );
-        return Ok(Plan::new().status(st.blocked("NameConflict", message)));
+        return Ok(Plan::new()
+            .status(st.blocked("NameConflict", message))
+            .requeue_after(requeue));
     }
     let parent_uid = parent["metadata"]["uid"].as_str().unwrap_or("");
     let bound = child.and_then(|c| c["spec"]["storage"]["previewFleetRef"]["uid"].as_str());
@@ -369,7 +373,9 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
             "preview fleet {name} belongs to fleet {parent_name} with uid {bound}, which was \
              replaced (uid {parent_uid}); delete and recreate the preview"
         );
-        return Ok(Plan::new().status(st.blocked("ParentReplaced", message)));
+        return Ok(Plan::new()
+            .status(st.blocked("ParentReplaced", message))
+            .requeue_after(requeue));
     }
     st.fields["parentFleetName"] = json!(parent_name);
     st.fields["parentFleetUID"] = json!(parent_uid);
@@ -393,7 +399,9 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
             r["spec"]["fleetName"].as_str().unwrap_or("?"),
             r["spec"]["fleetUID"].as_str().unwrap_or("?"),
         );
-        return Ok(Plan::new().status(st.blocked("StorageScopeConflict", message)));
+        return Ok(Plan::new()
+            .status(st.blocked("StorageScopeConflict", message))
+            .requeue_after(requeue));
     }
     let storage_url = format!("s3://{bucket}/{prefix}");
     let domain = previews["routing"]["baseDomain"].as_str().unwrap_or("");
