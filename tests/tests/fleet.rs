@@ -95,6 +95,14 @@ fn fleets(ns: &TestNamespace) -> Api<DynamicObject> {
     )
 }
 
+fn celld_previews(ns: &TestNamespace) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        ns.client.clone(),
+        &ns.name,
+        &ar("CelldPreview", "celldpreviews"),
+    )
+}
+
 fn reservations(client: &Client) -> Api<DynamicObject> {
     Api::all_with(
         client.clone(),
@@ -353,15 +361,30 @@ async fn upstream_samples_are_accepted_except_those_with_qualification() -> Resu
         .filter_map(|e| e.ok().map(|e| e.path()))
         .collect();
     files.sort();
-    let (mut accepted, mut refused) = (0, 0);
+    let (mut accepted, mut refused, mut previews_accepted) = (0, 0, 0);
     for file in files {
         let text = std::fs::read_to_string(&file)?;
         for doc in serde_yaml::Deserializer::from_str(&text) {
             let mut value = <Value as serde::Deserialize>::deserialize(doc)?;
+            value["metadata"]["namespace"] = json!(ns.name);
+            if value["kind"] == "CelldPreview" {
+                let name = value["metadata"]["name"].as_str().unwrap_or_default();
+                celld_previews(&ns)
+                    .patch(
+                        name,
+                        &PatchParams::apply(FIELD_MANAGER)
+                            .dry_run()
+                            .validation_strict(),
+                        &Patch::Apply(&value),
+                    )
+                    .await
+                    .with_context(|| format!("CelldPreview sample {name}"))?;
+                previews_accepted += 1;
+                continue;
+            }
             if value["kind"] != "CelldFleet" {
                 continue;
             }
-            value["metadata"]["namespace"] = json!(ns.name);
             let name = value["metadata"]["name"]
                 .as_str()
                 .unwrap_or_default()
@@ -384,6 +407,7 @@ async fn upstream_samples_are_accepted_except_those_with_qualification() -> Resu
         }
     }
     assert_eq!((accepted, refused), (10, 4), "samples accepted / refused");
+    assert_eq!(previews_accepted, 2, "both CelldPreview samples accepted");
     Ok(())
 }
 
@@ -2199,5 +2223,198 @@ async fn previews_reserve_a_bucket_and_children_get_disjoint_prefixes() -> Resul
     reservations(&ns.client)
         .delete(&preview_reservation.name_any(), &DeleteParams::default())
         .await?;
+    Ok(())
+}
+
+// ---- CelldPreview ------------------------------------------------------------------
+
+async fn create_preview(ns: &TestNamespace, name: &str, parent: &str, ttl: i64) -> Result<String> {
+    let obj: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "celld.eric.dev/v1alpha1",
+        "kind": "CelldPreview",
+        "metadata": {"name": name},
+        "spec": {"fleetRef": {"name": parent}, "source": format!("feature/{name}"),
+                 "revision": "0123abc", "ttlSeconds": ttl},
+    }))?;
+    let created = celld_previews(ns)
+        .create(&PostParams::default(), &obj)
+        .await
+        .with_context(|| format!("creating CelldPreview {name}"))?;
+    Ok(created.metadata.uid.unwrap_or_default())
+}
+
+/// Waits until the preview's status phase is `phase`.
+async fn wait_preview_phase(ns: &TestNamespace, name: &str, phase: &str) -> Result<DynamicObject> {
+    let api = celld_previews(ns);
+    wait_for(&format!("preview {name} phase {phase}"), DEADLINE, || {
+        let api = api.clone();
+        async move {
+            let p = api.get(name).await?;
+            if p.data["status"]["phase"] == phase {
+                Ok(Some(p))
+            } else {
+                bail!("status: {}", p.data["status"])
+            }
+        }
+    })
+    .await
+}
+
+/// A CelldPreview generates its preview fleet from the parent's
+/// `spec.previews`: its own prefix of the preview bucket, previewFleetRef
+/// to the parent, routed at `<preview>.<baseDomain>`; a second preview
+/// gets a disjoint prefix; a preview whose TTL passes loses its fleet and
+/// reports Expired; a preview under a fleet without previews is Blocked
+/// and creates nothing.
+#[tokio::test]
+async fn celld_preview_generates_its_fleet_and_expires() -> Result<()> {
+    let ns = TestNamespace::new("fleet-celldpreview").await?;
+    let _op = start(&ns, json!({})).await?;
+    let preview_bucket = format!("{}-previews", ns.name);
+    let plain = create_fleet(&ns, "plain", spec(&ns, "Bucket", 1, "plain")).await?;
+    let mut pool_spec = spec(&ns, "Bucket", 1, "pool");
+    pool_spec["previews"] = previews(&preview_bucket);
+    pool_spec["previews"]["seeding"] = json!({"executor": "celld-seed", "sources": [{
+        "name": "production",
+        "fleetRef": {"name": "plain", "namespace": ns.name, "uid": plain.metadata.uid},
+    }]});
+    let pool = create_fleet(&ns, "pool", pool_spec).await?;
+    let pool_uid = pool.metadata.uid.clone().unwrap_or_default();
+    wait_condition(&ns, "pool", "PreviewsReady", "True").await?;
+
+    // Two previews: each its own fleet, prefix and host.
+    let uid_a = create_preview(&ns, "pv-a", "pool", 86_400).await?;
+    let uid_b = create_preview(&ns, "pv-b", "pool", 60).await?;
+    let mut prefixes = Vec::new();
+    for (name, uid) in [("pv-a", &uid_a), ("pv-b", &uid_b)] {
+        let child = wait_object(&fleets(&ns), name, true, |_| true)
+            .await?
+            .context("child fleet")?;
+        let storage = &child.data["spec"]["storage"];
+        let short: String = uid.chars().filter(|c| *c != '-').take(8).collect();
+        assert_eq!(storage["prefix"], json!(format!("{name}-{short}")));
+        assert_eq!(storage["bucket"], json!(preview_bucket));
+        assert_eq!(
+            storage["previewFleetRef"],
+            json!({"name": "pool", "uid": pool_uid})
+        );
+        assert_eq!(
+            child.data["spec"]["routing"]["hostnames"],
+            json!([format!("{name}.previews.example.com")])
+        );
+        assert_eq!(
+            child.data["spec"]["routing"]["ingress"]["className"],
+            "nginx"
+        );
+        let owner = child.metadata.owner_references.clone().unwrap_or_default();
+        assert!(
+            owner
+                .iter()
+                .any(|o| o.uid == *uid && o.controller == Some(true)),
+            "{owner:?}"
+        );
+        prefixes.push(storage["prefix"].clone());
+    }
+    assert_ne!(prefixes[0], prefixes[1], "disjoint prefixes");
+
+    let a = wait_preview_phase(&ns, "pv-a", "Ready").await?;
+    assert_eq!(a.data["status"]["url"], "https://pv-a.previews.example.com");
+    assert_eq!(a.data["status"]["fleetName"], "pv-a");
+    assert_eq!(a.data["status"]["parentFleetUID"], json!(pool_uid));
+    assert!(a.data["status"]["expiresAt"].is_string());
+    let a_reservation = fleets(&ns).get("pv-a").await?.data["status"]["reservation"].clone();
+    assert_eq!(
+        reservations(&ns.client)
+            .get(a_reservation.as_str().context("pv-a reservation")?)
+            .await?
+            .data["spec"]["prefix"],
+        prefixes[0]
+    );
+
+    // pv-b's TTL (60 s, the CRD's minimum) passes: its fleet is deleted and
+    // the preview reports Expired.
+    let b = wait_preview_phase(&ns, "pv-b", "Expired").await?;
+    let expired = b.data["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Expired").cloned())
+        .unwrap_or_default();
+    assert_eq!(expired["status"], "True", "{expired}");
+    assert!(fleets(&ns).get_opt("pv-b").await?.is_none());
+    assert!(
+        fleets(&ns).get_opt("pv-a").await?.is_some(),
+        "pv-a lives on"
+    );
+
+    // A preview under a fleet without previews: Blocked, nothing created.
+    create_preview(&ns, "pv-c", "plain", 86_400).await?;
+    let c = wait_preview_phase(&ns, "pv-c", "Blocked").await?;
+    let blocked = c.data["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Blocked").cloned())
+        .unwrap_or_default();
+    assert_eq!(blocked["reason"], "PreviewsNotConfigured", "{blocked}");
+    assert!(fleets(&ns).get_opt("pv-c").await?.is_none());
+
+    // A seeded preview: its fleet carries the selection as
+    // storage.initialization for the (external, not bundled) executor.
+    let seeded: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "celld.eric.dev/v1alpha1",
+        "kind": "CelldPreview",
+        "metadata": {"name": "pv-s"},
+        "spec": {"fleetRef": {"name": "pool"}, "source": "feature/seed",
+                 "seed": {"source": "production", "objects": [{"class": "Cart", "id": "cart-1"}]}},
+    }))?;
+    celld_previews(&ns)
+        .create(&PostParams::default(), &seeded)
+        .await?;
+    let child = wait_object(&fleets(&ns), "pv-s", true, |_| true)
+        .await?
+        .context("seeded child")?;
+    let init = &child.data["spec"]["storage"]["initialization"];
+    assert_eq!(init["executor"], "celld-seed", "{init}");
+    assert_eq!(init["sourceFleet"]["uid"], json!(plain.metadata.uid));
+    assert_eq!(init["selection"]["objects"][0]["id"], "cart-1");
+    assert_eq!(init["target"]["previewName"], "pv-s");
+    let s = wait_for("pv-s Seeded=Unknown/ExecutorRequired", DEADLINE, || {
+        let api = celld_previews(&ns);
+        async move {
+            let p = api.get("pv-s").await?;
+            let found = p.data["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Seeded" && c["reason"] == "ExecutorRequired");
+            Ok(found.then_some(p))
+        }
+    })
+    .await?;
+    assert_eq!(s.data["status"]["seedPhase"], "Pending");
+
+    // Deleting a preview collects its fleet (ownerReference, through the
+    // fleet's lifecycle finalizer).
+    for name in ["pv-a", "pv-b", "pv-c", "pv-s"] {
+        celld_previews(&ns)
+            .delete(name, &DeleteParams::default())
+            .await?;
+    }
+    wait_object(&fleets(&ns), "pv-a", false, |_| true).await?;
+    wait_object(&fleets(&ns), "pv-s", false, |_| true).await?;
+    for name in ["plain", "pool"] {
+        delete_fleet(&ns, name).await?;
+    }
+    // Reservations outlive fleets by design: remove the preview bucket's
+    // and the children's.
+    for r in reservations(&ns.client)
+        .list(&ListParams::default())
+        .await?
+        .items
+    {
+        if r.data["spec"]["bucket"] == preview_bucket.as_str() {
+            reservations(&ns.client)
+                .delete(&r.name_any(), &DeleteParams::default())
+                .await
+                .ok();
+        }
+    }
     Ok(())
 }

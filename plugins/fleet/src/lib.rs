@@ -12,6 +12,7 @@
 //! | [`reconcile`] | blockers, scaling one member at a time, pause, member replacement, deletion order, status |
 //! | [`names`] | names, labels and annotations |
 //! | [`settings`] | the operator settings |
+//! | [`preview`] | CelldPreview: the generated preview fleet, its routing, seed and TTL |
 //!
 //! Objects are owned by label (owner-label ownership: the host stamps
 //! `wasmop.dev/owner-uid` and `celld.eric.dev/fleet-uid`), never by
@@ -24,6 +25,7 @@ pub mod api;
 pub mod application;
 pub mod mesh;
 pub mod names;
+pub mod preview;
 pub mod previews;
 pub mod reconcile;
 pub mod render;
@@ -77,102 +79,104 @@ pub struct FleetPlugin;
 
 impl Plugin for FleetPlugin {
     fn manifest() -> Manifest {
-        Manifest::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION")).controller(
-            Controller::new(FLEET_CONTROLLER, api::fleet_kind())
-                .owns_by_label(KindRef::of::<Deployment>(), Some(FLEET_UID_LABEL))
-                .owns_by_label(KindRef::of::<StatefulSet>(), Some(FLEET_UID_LABEL))
-                .owns_by_label(KindRef::of::<Service>(), Some(FLEET_UID_LABEL))
-                .owns_by_label(KindRef::of::<NetworkPolicy>(), Some(FLEET_UID_LABEL))
-                .owns_by_label(KindRef::of::<PodDisruptionBudget>(), Some(FLEET_UID_LABEL))
-                .owns_by_label(
-                    KindRef::of::<PersistentVolumeClaim>(),
-                    Some(FLEET_UID_LABEL),
-                )
-                .owns_by_label(api::reservation_kind(), Some(FLEET_UID_LABEL))
-                // Member replacement deletes a member Pod; the StatefulSet
-                // (owned above) controls it, so it is a dependent kind.
-                .deletes_dependents(KindRef::of::<Pod>())
-                .owns_by_label(routing::ingress_kind(), Some(FLEET_UID_LABEL))
-                .owns_kind(
-                    OwnedKind::label(routing::http_route_kind())
-                        .extra_label(FLEET_UID_LABEL)
-                        .optional(),
-                )
-                .owns_kind(
-                    OwnedKind::label(mesh::authorization_policy_kind())
-                        .extra_label(FLEET_UID_LABEL)
-                        .optional(),
-                )
-                .owns_kind(
-                    OwnedKind::label(mesh::peer_authentication_kind())
-                        .extra_label(FLEET_UID_LABEL)
-                        .optional(),
-                )
-                .primary_field(&format!(
-                    "metadata.annotations.{}",
-                    mesh::ISTIO_CONTROL_PLANE_ANNOTATION
-                ))
-                .finalizer(names::FINALIZER)
-                .http_target(
-                    application::MEMBERS_TARGET,
-                    KindRef::of::<Pod>(),
-                    &[names::PEER_PORT as u16],
-                )
-                .reads(Read::new(
-                    PODS_READ,
-                    KindRef::of::<Pod>(),
-                    Selector::Labels(names::FLEET_UID_LABEL.to_owned()),
-                ))
-                .reads(Read::new(
-                    CLAIMS_READ,
-                    KindRef::of::<PersistentVolumeClaim>(),
-                    Selector::Labels(names::FLEET_UID_LABEL.to_owned()),
-                ))
-                .reads(Read::new(
-                    RESERVATIONS_READ,
-                    api::reservation_kind(),
-                    Selector::ClusterWide,
-                ))
-                .reads(Read::new(
-                    SERVICE_ACCOUNT_READ,
-                    KindRef::of::<ServiceAccount>(),
-                    Selector::field("spec.serviceAccountName"),
-                ))
-                .reads(Read::new(
-                    INGRESSES_READ,
-                    routing::ingress_kind(),
-                    Selector::SameNamespace,
-                ))
-                .reads(
-                    Read::new(
-                        HTTP_ROUTES_READ,
-                        routing::http_route_kind(),
-                        Selector::SameNamespace,
+        Manifest::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"))
+            .controller(
+                Controller::new(FLEET_CONTROLLER, api::fleet_kind())
+                    .owns_by_label(KindRef::of::<Deployment>(), Some(FLEET_UID_LABEL))
+                    .owns_by_label(KindRef::of::<StatefulSet>(), Some(FLEET_UID_LABEL))
+                    .owns_by_label(KindRef::of::<Service>(), Some(FLEET_UID_LABEL))
+                    .owns_by_label(KindRef::of::<NetworkPolicy>(), Some(FLEET_UID_LABEL))
+                    .owns_by_label(KindRef::of::<PodDisruptionBudget>(), Some(FLEET_UID_LABEL))
+                    .owns_by_label(
+                        KindRef::of::<PersistentVolumeClaim>(),
+                        Some(FLEET_UID_LABEL),
                     )
-                    .optional(),
-                )
-                .reads(
-                    Read::new(
-                        AUTHORIZATION_POLICIES_READ,
-                        mesh::authorization_policy_kind(),
-                        Selector::SameNamespace,
+                    .owns_by_label(api::reservation_kind(), Some(FLEET_UID_LABEL))
+                    // Member replacement deletes a member Pod; the StatefulSet
+                    // (owned above) controls it, so it is a dependent kind.
+                    .deletes_dependents(KindRef::of::<Pod>())
+                    .owns_by_label(routing::ingress_kind(), Some(FLEET_UID_LABEL))
+                    .owns_kind(
+                        OwnedKind::label(routing::http_route_kind())
+                            .extra_label(FLEET_UID_LABEL)
+                            .optional(),
                     )
-                    .optional(),
-                )
-                .reads(
-                    Read::new(
-                        PEER_AUTHENTICATIONS_READ,
-                        mesh::peer_authentication_kind(),
-                        Selector::SameNamespace,
+                    .owns_kind(
+                        OwnedKind::label(mesh::authorization_policy_kind())
+                            .extra_label(FLEET_UID_LABEL)
+                            .optional(),
                     )
-                    .optional(),
-                )
-                .reads(Read::new(
-                    STORAGE_CLASS_READ,
-                    KindRef::of::<StorageClass>(),
-                    Selector::field("spec.storage.storageClassName"),
-                )),
-        )
+                    .owns_kind(
+                        OwnedKind::label(mesh::peer_authentication_kind())
+                            .extra_label(FLEET_UID_LABEL)
+                            .optional(),
+                    )
+                    .primary_field(&format!(
+                        "metadata.annotations.{}",
+                        mesh::ISTIO_CONTROL_PLANE_ANNOTATION
+                    ))
+                    .finalizer(names::FINALIZER)
+                    .http_target(
+                        application::MEMBERS_TARGET,
+                        KindRef::of::<Pod>(),
+                        &[names::PEER_PORT as u16],
+                    )
+                    .reads(Read::new(
+                        PODS_READ,
+                        KindRef::of::<Pod>(),
+                        Selector::Labels(names::FLEET_UID_LABEL.to_owned()),
+                    ))
+                    .reads(Read::new(
+                        CLAIMS_READ,
+                        KindRef::of::<PersistentVolumeClaim>(),
+                        Selector::Labels(names::FLEET_UID_LABEL.to_owned()),
+                    ))
+                    .reads(Read::new(
+                        RESERVATIONS_READ,
+                        api::reservation_kind(),
+                        Selector::ClusterWide,
+                    ))
+                    .reads(Read::new(
+                        SERVICE_ACCOUNT_READ,
+                        KindRef::of::<ServiceAccount>(),
+                        Selector::field("spec.serviceAccountName"),
+                    ))
+                    .reads(Read::new(
+                        INGRESSES_READ,
+                        routing::ingress_kind(),
+                        Selector::SameNamespace,
+                    ))
+                    .reads(
+                        Read::new(
+                            HTTP_ROUTES_READ,
+                            routing::http_route_kind(),
+                            Selector::SameNamespace,
+                        )
+                        .optional(),
+                    )
+                    .reads(
+                        Read::new(
+                            AUTHORIZATION_POLICIES_READ,
+                            mesh::authorization_policy_kind(),
+                            Selector::SameNamespace,
+                        )
+                        .optional(),
+                    )
+                    .reads(
+                        Read::new(
+                            PEER_AUTHENTICATIONS_READ,
+                            mesh::peer_authentication_kind(),
+                            Selector::SameNamespace,
+                        )
+                        .optional(),
+                    )
+                    .reads(Read::new(
+                        STORAGE_CLASS_READ,
+                        KindRef::of::<StorageClass>(),
+                        Selector::field("spec.storage.storageClassName"),
+                    )),
+            )
+            .controller(preview::controller())
     }
 
     fn validate_settings(settings: &Value) -> Result<(), Vec<SettingsProblem>> {
@@ -180,6 +184,9 @@ impl Plugin for FleetPlugin {
     }
 
     fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
+        if snapshot.controller == preview::PREVIEW_CONTROLLER {
+            return preview::reconcile(snapshot);
+        }
         reconcile::reconcile(snapshot)
     }
 }

@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 
 /// One fixture per profile and per mutation.
-const FIXTURES: [&str; 35] = [
+const FIXTURES: [&str; 43] = [
     "application-converged",
     "application-converging",
     "application-mixed",
@@ -36,6 +36,14 @@ const FIXTURES: [&str; 35] = [
     "persistent-first-workload",
     "persistent-lost-claim",
     "persistent-member-down",
+    "preview-created",
+    "preview-expired",
+    "preview-expired-gone",
+    "preview-parent-missing",
+    "preview-parent-without-previews",
+    "preview-prefix-held",
+    "preview-seed-unavailable",
+    "preview-seeded",
     "previews-child-foreign-pool",
     "previews-child-prefix-held",
     "previews-child-reserves-prefix",
