@@ -7,12 +7,57 @@
 #
 # Each crate is built in its own cargo invocation: `good-v2` links `good`
 # without its exports, and building both at once would unify their features.
+#
+# The shipped plugins (plugins/*) are built with the workspace's `plugin`
+# profile (size-optimised, LTO, one codegen unit, stripped, panic=abort),
+# then shrunk with binaryen's `wasm-opt -Oz` (tests/shrink-component.py),
+# and each must stay within 1 MiB, the most a ConfigMap holds: the script
+# fails naming any that does not. wasm-opt comes from the npm package
+# `binaryen` (a WebAssembly build run by Node.js), installed once into the
+# cache; shrunk files are cached by the digest of their input.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="${1:-${WASMOP_PLUGIN_OUT:-$root/target/plugins}}"
 target=wasm32-wasip2
 component_magic="0061736d0d000100"
+shipped_profile=plugin
+# The most a ConfigMap (and so the deploy/ delivery of a plugin) holds.
+max_shipped_bytes=1048576
+BINARYEN_VERSION=132.0.0
+cache="${WASMOP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/wasmop}"
+binaryen="$cache/bin/binaryen-$BINARYEN_VERSION"
+shrunk_cache="$cache/shrunk"
+
+ensure_wasm_opt() {
+  if [[ ! -x "$binaryen/node_modules/.bin/wasm-opt" ]]; then
+    command -v npm >/dev/null || {
+      echo "error: npm (Node.js) is needed to install binaryen's wasm-opt, which shrinks the shipped plugins" >&2
+      exit 1
+    }
+    echo "installing binaryen $BINARYEN_VERSION (wasm-opt) from the npm registry into $binaryen" >&2
+    rm -rf "$binaryen.tmp"
+    mkdir -p "$binaryen.tmp"
+    npm install --prefix "$binaryen.tmp" --no-save --no-audit --no-fund "binaryen@$BINARYEN_VERSION" >&2
+    rm -rf "$binaryen"
+    mv "$binaryen.tmp" "$binaryen"
+  fi
+  export PATH="$binaryen/node_modules/.bin:$PATH"
+}
+
+# shrink IN OUT: wasm-opt -Oz on IN's core module, cached by IN's digest.
+shrink() {
+  local digest cached
+  digest="$(sha256sum "$1" | cut -d' ' -f1)"
+  cached="$shrunk_cache/$digest-binaryen-$BINARYEN_VERSION.wasm"
+  if [[ ! -f "$cached" ]]; then
+    ensure_wasm_opt
+    mkdir -p "$shrunk_cache"
+    python3 tests/shrink-component.py "$1" "$cached.tmp" -Oz
+    mv "$cached.tmp" "$cached"
+  fi
+  cp "$cached" "$2"
+}
 
 if ! rustup target list --installed | grep -qx "$target"; then
   rustup target add "$target"
@@ -46,14 +91,26 @@ for dir in plugins/*/ tests/plugins/*/; do
     continue
   fi
   echo "building $name ($dir)" >&2
-  cargo build --release --target "$target" -p "$name"
-  wasm="$target_dir/$target/release/${name//-/_}.wasm"
+  profile=release
+  [[ "$dir" == plugins/* ]] && profile="$shipped_profile"
+  cargo build --profile "$profile" --target "$target" -p "$name"
+  wasm="$target_dir/$target/$profile/${name//-/_}.wasm"
   magic="$(head -c 8 "$wasm" | od -An -tx1 | tr -d ' \n')"
   if [[ "$magic" != "$component_magic" ]]; then
     echo "error: $wasm is not a WebAssembly component (header $magic)" >&2
     exit 1
   fi
-  cp "$wasm" "$out/$name.wasm"
+  if [[ "$dir" == plugins/* ]]; then
+    shrink "$wasm" "$out/$name.wasm"
+    size="$(wc -c <"$out/$name.wasm")"
+    echo "$name.wasm: $size bytes (at most $max_shipped_bytes)" >&2
+    if ((size > max_shipped_bytes)); then
+      echo "error: $name.wasm is $size bytes, over the $max_shipped_bytes bytes (1 MiB) a ConfigMap holds; shrink the plugin" >&2
+      exit 1
+    fi
+  else
+    cp "$wasm" "$out/$name.wasm"
+  fi
   built+=("$name")
 done
 
