@@ -19,34 +19,14 @@
 //! - `workers` is read at start only; a change is logged as needing a
 //!   restart.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use crate::cli::run::{OperatorFile, load_options, read_config};
 use crate::metrics;
 use crate::plugin::CompileCache;
-use crate::plugin::hotswap::OptionsFor;
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Stat {
-    len: u64,
-    modified: Option<SystemTime>,
-    ino: u64,
-}
-
-fn stat(path: &Path) -> Option<Stat> {
-    let m = std::fs::metadata(path).ok()?;
-    #[cfg(unix)]
-    let ino = std::os::unix::fs::MetadataExt::ino(&m);
-    #[cfg(not(unix))]
-    let ino = 0;
-    Some(Stat {
-        len: m.len(),
-        modified: m.modified().ok(),
-        ino,
-    })
-}
+use crate::plugin::hotswap::{OptionsFor, Stat, stat};
 
 /// What one [`ConfigWatch::check`] did.
 #[derive(Debug, PartialEq, Eq)]
@@ -160,6 +140,7 @@ impl ConfigWatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn write(path: &Path, text: &str) {
         // A new inode each time, as a ConfigMap volume's swap does, so the

@@ -42,8 +42,10 @@ pub struct ScanReport {
     pub removed: Vec<String>,
 }
 
+/// What a poll compares to tell a file changed: size, modification time
+/// and inode (an atomic rename changes the inode even when the rest holds).
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Stat {
+pub(crate) struct Stat {
     len: u64,
     modified: Option<SystemTime>,
     ino: u64,
@@ -89,7 +91,9 @@ impl std::fmt::Debug for PluginDir {
     }
 }
 
-fn stat(path: &Path) -> Option<Stat> {
+/// The [`Stat`] of the regular file at `path` (symlinks followed), or
+/// `None` when there is none.
+pub(crate) fn stat(path: &Path) -> Option<Stat> {
     let m = std::fs::metadata(path).ok()?;
     if !m.is_file() {
         return None;
