@@ -238,10 +238,8 @@ pub fn recording(
                     .collect::<Vec<_>>()
             })
             .unwrap_or_default();
-        let mut pairs = redactor.redact_secrets(objects.iter_mut().chain(plan_objects));
-        pairs.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
-        pairs.dedup();
-        pairs
+        // Unique (collected in a set) and longest first already.
+        redactor.redact_secrets(objects.iter_mut().chain(plan_objects))
     };
     let mut doc = json!({
         "apiVersion": "v1",
