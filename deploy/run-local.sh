@@ -150,7 +150,7 @@ resources=$(printf '%s\n' "${primaries[@]}" | awk '{print $1}' | sort -u | paste
 
 show_primaries() {
   "$KUBECTL" get "$resources" -A --sort-by=.kind \
-    -o custom-columns='KIND:.kind,NAMESPACE:.metadata.namespace,NAME:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,RECONCILED:.status.conditions[?(@.type=="Reconciled")].status,REASON:.status.conditions[?(@.type=="Reconciled")].reason,RECONCILED-BY:.metadata.annotations.wasmop\.dev/reconciled-by' || true
+    -o custom-columns='KIND:.kind,NAMESPACE:.metadata.namespace,NAME:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,RECONCILED:.status.conditions[?(@.type=="Reconciled")].status,REASON:.status.conditions[?(@.type=="Reconciled")].reason,RECONCILED-BY:.status.conditions[?(@.type=="Reconciled")].message' || true
 }
 
 # Prints the primaries that are not Ready=True yet.

@@ -10,6 +10,7 @@
 //! never sleep to synchronise.
 
 pub mod admission;
+pub mod apiwrites;
 pub mod faults;
 pub mod injector;
 pub mod interpose;

@@ -193,12 +193,6 @@ async fn new_version_takes_over_every_primary_while_primaries_keep_arriving() ->
                 let name = name.clone();
                 async move {
                     let w = api.get(&name).await?;
-                    let by = w
-                        .metadata
-                        .annotations
-                        .unwrap_or_default()
-                        .get("wasmop.dev/reconciled-by")
-                        .cloned();
                     let conds = w.data["status"]["conditions"]
                         .as_array()
                         .cloned()
@@ -207,7 +201,15 @@ async fn new_version_takes_over_every_primary_while_primaries_keep_arriving() ->
                         .iter()
                         .any(|c| c["type"] == "Reconciled" && c["status"] != "True");
                     assert!(!failed, "{name} has a failed reconcile: {conds:?}");
-                    Ok(by.filter(|b| b.starts_with("good 0.2.0 ")).map(|_| ()))
+                    // The Reconciled condition names the version (and digest).
+                    let by = conds
+                        .iter()
+                        .find(|c| c["type"] == "Reconciled")
+                        .and_then(|c| c["message"].as_str())
+                        .unwrap_or_default();
+                    Ok(by
+                        .starts_with("reconciled by plugin good 0.2.0 sha256:")
+                        .then_some(()))
                 }
             },
         )

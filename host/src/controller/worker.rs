@@ -190,6 +190,11 @@ impl Operator {
                 if !crate::controller::leader::may_write(&self.leader, &self.lease_until) {
                     return;
                 }
+                // The objects as cached, to skip applies that change nothing.
+                let current = CacheSource {
+                    cache: Arc::clone(&self.cache),
+                    secrets: None,
+                };
                 let target = Target {
                     spec: &a.spec,
                     plugin: &a.plugin,
@@ -198,6 +203,7 @@ impl Operator {
                     leader: &self.leader,
                     lease_until: &self.lease_until,
                     budgets: &self.deletion_budgets,
+                    current: Some(&current),
                 };
                 match execute::execute(
                     target,

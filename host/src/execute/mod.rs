@@ -20,7 +20,14 @@
 //!   reconcile, and status, Events and the finalizer release wait for a
 //!   clean pass.
 //! - One status write per reconcile, only when the status changed, with
-//!   `observedGeneration` and the host's `Reconciled` condition.
+//!   `observedGeneration` and the host's `Reconciled` condition, whose
+//!   message names the plugin version that reconciled (`reconciled by
+//!   plugin <plugin> <version> <digest>`): a new version costs one status
+//!   write, an unchanged one none.
+//! - No write that would change nothing ([`economy`]): an apply whose
+//!   object, as judged, already holds the body (and its digest) is skipped,
+//!   and so is a `primaryPatch` the primary already holds. A reconcile of a
+//!   converged primary makes no API write.
 //! - Before each write the leadership fence is checked; a replica that
 //!   lost the Lease stops mid-plan.
 //! - Before the first write the plugin's per-minute deletion budget is
@@ -36,6 +43,7 @@
 //!   writes that are each within a quota are not summed.
 
 pub mod budget;
+pub mod economy;
 pub mod prepare;
 pub mod report;
 pub mod writer;
@@ -49,6 +57,7 @@ use crate::conditions;
 use crate::object::{self, describe};
 use crate::plugin::LoadedPlugin;
 use crate::plugin::manifest::{Controller, KindRef};
+use crate::reconcile::snapshot::ObjectSource;
 use crate::reconcile::validate::{
     self as plan, ApplyJudgement, Judgement, Plan, Precondition, Violation,
 };
@@ -60,8 +69,10 @@ pub use report::Reporter;
 /// Condition type the host maintains on every primary.
 pub const RECONCILED_CONDITION: &str = "Reconciled";
 
-/// Annotation naming the plugin version that last reconciled a primary:
-/// `<plugin> <version> <digest>`.
+/// Annotation that named the plugin version that last reconciled a primary
+/// (`<plugin> <version> <digest>`). No longer written: the `Reconciled`
+/// condition's message says it, in the one status write. Primaries written
+/// by older hosts may still carry it.
 pub const RECONCILED_BY_ANNOTATION: &str = "wasmop.dev/reconciled-by";
 
 /// Kubernetes API coordinates of a manifest kind.
@@ -75,7 +86,8 @@ pub fn api_resource(kind: &KindRef) -> ApiResource {
     }
 }
 
-/// `<plugin> <version> <digest prefix>`, the value of [`RECONCILED_BY_ANNOTATION`].
+/// `<plugin> <version> <digest prefix>`: which plugin version reconciled a
+/// primary (in the `Reconciled` condition's message).
 pub fn reconciled_by(plugin: &LoadedPlugin) -> String {
     let digest: String = plugin.digest().chars().take(19).collect();
     format!("{} {} {digest}", plugin.name(), plugin.version())
@@ -100,6 +112,9 @@ pub struct Target<'a> {
     pub lease_until: &'a std::sync::Mutex<Option<std::time::Instant>>,
     /// The operator's per-minute deletion budgets, by plugin.
     pub budgets: &'a DeletionBudgets,
+    /// Where the objects as judged are read from, to skip applies that
+    /// would change nothing ([`economy`]); `None` applies every object.
+    pub current: Option<&'a (dyn ObjectSource + Sync)>,
 }
 
 impl std::fmt::Debug for Target<'_> {
@@ -288,23 +303,15 @@ async fn writes(
             }
         }
     }
-    // Fields of the primary (validated to be declared `primary-fields`)
-    // and the record of which plugin version reconciles it, in one merge
-    // patch carrying the primary's resourceVersion.
-    let mut patch = plan.primary_patch.clone().unwrap_or_else(|| json!({}));
-    let reconciled_by = reconciled_by(t.plugin);
-    if delete_self.is_none()
-        && primary["metadata"]["annotations"][RECONCILED_BY_ANNOTATION].as_str()
-            != Some(reconciled_by.as_str())
+    // Fields of the primary (validated to be declared `primary-fields`) in
+    // one merge patch carrying the primary's resourceVersion, unless the
+    // primary already holds them.
+    if let Some(patch) = &plan.primary_patch
+        && patch.as_object().is_some_and(|m| !m.is_empty())
+        && !economy::patch_holds(patch, &primary)
     {
-        merge(
-            &mut patch,
-            &json!({"metadata": {"annotations": {RECONCILED_BY_ANNOTATION: reconciled_by}}}),
-        );
-    }
-    if patch.as_object().is_some_and(|m| !m.is_empty()) {
         still_leader(&t)?;
-        let updated = w.merge_patch(t.primary_resource, &primary, &patch).await?;
+        let updated = w.merge_patch(t.primary_resource, &primary, patch).await?;
         if !dry {
             follow_version(&mut primary, &updated);
         }
@@ -327,7 +334,11 @@ async fn writes(
             });
             continue;
         };
-        let obj = plan::prepare_apply(&op.object, &primary, t.plugin.name(), owned);
+        let mut obj = plan::prepare_apply(&op.object, &primary, t.plugin.name(), owned);
+        economy::stamp(&mut obj);
+        if already_holds(&t, &owned.kind, op, judged, &obj) {
+            continue;
+        }
         let resource = api_resource(&owned.kind);
         still_leader(&t)?;
         let written = match (&op.precondition, &judged.existing) {
@@ -442,25 +453,59 @@ async fn writes(
         RECONCILED_CONDITION,
         "True",
         "Reconciled",
-        &format!(
-            "reconciled by plugin {} {}",
-            t.plugin.name(),
-            t.plugin.version()
-        ),
+        &format!("reconciled by plugin {}", reconciled_by(t.plugin)),
         primary["metadata"]["generation"].as_i64(),
         now,
     );
-    // A deleted primary gets no status: it is gone, or going.
-    if delete_self.is_none() && status != primary["status"] {
+    // A deleted primary gets no status: it is gone, or going. The status
+    // compared with is the one on the server, which is ours when the cache
+    // has not yet seen our last status write.
+    let current = economy::current_status(
+        object::uid(&primary),
+        object::resource_version(&primary),
+        &primary["status"],
+    );
+    economy::keep_transition_times(&mut status, &current);
+    if delete_self.is_none() && status != current {
         still_leader(&t)?;
+        let before = object::resource_version(&primary).to_owned();
         let updated = w
             .write_status(t.primary_resource, &primary, &status)
             .await?;
         if !dry {
+            economy::remember_status(object::uid(&primary), &before, &status);
             follow_version(&mut primary, &updated);
         }
     }
     Ok((primary, done))
+}
+
+/// True when the object `op` applies is, as judged (same UID and
+/// resourceVersion, not being adopted), already what `obj` would make it.
+fn already_holds(
+    t: &Target<'_>,
+    kind: &KindRef,
+    op: &plan::ApplyOp,
+    judged: &ApplyJudgement,
+    obj: &Value,
+) -> bool {
+    let (Some(source), Some(j)) = (t.current, &judged.existing) else {
+        return false;
+    };
+    if judged.adopts
+        || matches!(&op.precondition, Some(Precondition::ResourceVersion(rv)) if *rv != j.resource_version)
+        || matches!(&op.precondition, Some(Precondition::Absent))
+    {
+        return false;
+    }
+    let ns = obj["metadata"]["namespace"]
+        .as_str()
+        .filter(|_| kind.namespaced);
+    source.get(kind, ns, object::name(obj)).is_some_and(|cur| {
+        object::uid(&cur) == j.uid
+            && object::resource_version(&cur) == j.resource_version
+            && economy::holds(obj, &cur)
+    })
 }
 
 /// Takes the resourceVersion of our own write, so a later preconditioned
@@ -474,32 +519,5 @@ fn follow_version(primary: &mut Value, updated: &Value) {
 fn strip_managed_fields(obj: &mut Value) {
     if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
         m.remove("managedFields");
-    }
-}
-
-/// Deep-merges `patch` into `base` (objects merge, everything else replaces).
-fn merge(base: &mut Value, patch: &Value) {
-    match (base, patch) {
-        (Value::Object(b), Value::Object(p)) => {
-            for (k, v) in p {
-                merge(b.entry(k.clone()).or_insert(Value::Null), v);
-            }
-        }
-        (b, p) => *b = p.clone(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn merge_replaces_scalars_and_merges_objects() {
-        let mut base = json!({"metadata":{"name":"x"},"spec":{"a":1}});
-        merge(&mut base, &json!({"spec":{"id":"u"}}));
-        assert_eq!(
-            base,
-            json!({"metadata":{"name":"x"},"spec":{"a":1,"id":"u"}})
-        );
     }
 }

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Scale benchmark (tests/src/bin/scale-bench.rs): builds the plugins, starts
+# the local control plane (tests/cluster/up.sh, same environment variables),
+# runs the benchmark in release mode for each size given (default 100 1000)
+# and stops the control plane again unless WASMOP_KEEP_CLUSTER=1.
+#
+# usage: tests/bench-scale.sh [N...]      e.g. tests/bench-scale.sh 100 1000 10000
+#
+# WASMOP_BENCH_PROFILE=dev runs an unoptimised build (no release build of
+# wasmtime needed; the host is slower, the floor client too).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+. tests/cluster/lib.sh
+
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$WASMOP_CACHE/target}"
+export WASMOP_PLUGIN_DIR="${WASMOP_PLUGIN_DIR:-$CARGO_TARGET_DIR/plugins}"
+bash tests/cluster/build.sh
+bash tests/build-plugins.sh "$WASMOP_PLUGIN_DIR" >/dev/null
+profile="${WASMOP_BENCH_PROFILE:-release}"
+cargo build --profile "$profile" -p wasmop-tests --bin scale-bench
+bin_dir="$CARGO_TARGET_DIR/$profile"
+[[ "$profile" == dev ]] && bin_dir="$CARGO_TARGET_DIR/debug"
+
+cleanup() {
+  if [[ ${WASMOP_KEEP_CLUSTER:-0} != 1 ]]; then
+    bash tests/cluster/down.sh || true
+  fi
+}
+trap cleanup EXIT
+KUBECONFIG="$(bash tests/cluster/up.sh)"
+export KUBECONFIG
+RUST_LOG="${RUST_LOG:-warn}" "$bin_dir/scale-bench" "$@"

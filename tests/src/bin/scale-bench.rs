@@ -1,0 +1,371 @@
+//! Scale benchmark (not a test): N Widgets reconciled by the `good` plugin
+//! in an in-process operator against the local control plane, each figure
+//! next to a floor measured in the same run by a plain kube-rs client that
+//! makes the same necessary writes with the same concurrency.
+//!
+//! Run it through `tests/bench-scale.sh` (builds the plugins, starts the
+//! local control plane, runs this in release mode):
+//!
+//! ```sh
+//! bash tests/bench-scale.sh 100 1000 10000
+//! ```
+//!
+//! For each N it prints one line per phase:
+//! - `converge`: first create → every Widget Ready and Reconciled, writes
+//!   per Widget (the API server's `apiserver_request_total`, Widgets and
+//!   ConfigMaps, the bench's own creates included), and the process's RSS;
+//! - `rollover`: `good` swapped for `good-v2` in the plugin directory →
+//!   every ConfigMap relabelled and every Widget reconciled by 0.2.0;
+//! - the floor of each: N creates (16 at once, like the operator's) piped
+//!   into one ConfigMap apply and one status apply per Widget, as many at
+//!   once as the operator has workers.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use futures::{StreamExt, stream};
+use kube::Client;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value, json};
+use wasmop::LoadOptions;
+use wasmop::controller::OperatorConfig;
+use wasmop::plugin::hotswap::{OptionsFor, PluginDir};
+use wasmop_tests::apiwrites::{self, Writes};
+use wasmop_tests::operator::{RunningOperator, plugin_path, sandbox, test_config};
+use wasmop_tests::{TestNamespace, apply_test_crds};
+
+/// Creates in flight at once, for the operator run and the floor alike.
+const CREATE_CONCURRENCY: usize = 16;
+
+fn widget_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("test.wasmop.dev", "v1", "Widget");
+    Api::namespaced_with(
+        client.clone(),
+        ns,
+        &ApiResource::from_gvk_with_plural(&gvk, "widgets"),
+    )
+}
+
+fn widget(i: usize) -> Result<DynamicObject> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
+        "metadata": {"name": format!("w{i}")}, "spec": {"value": format!("v{i}")},
+    }))?)
+}
+
+async fn writes(client: &Client) -> Result<Writes> {
+    apiwrites::writes(client, &["widgets", "configmaps"]).await
+}
+
+fn total(w: &Writes) -> f64 {
+    w.values().sum()
+}
+
+/// (VmRSS, VmHWM) of this process in MiB.
+fn rss() -> (f64, f64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .map_or(0.0, |kb| kb / 1024.0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Waits until `done` answers true, polling every `every`, for at most
+/// `deadline`; returns when it became true.
+async fn until<F, Fut>(
+    what: &str,
+    every: Duration,
+    deadline: Duration,
+    mut done: F,
+) -> Result<Instant>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    let start = Instant::now();
+    loop {
+        if done().await? {
+            return Ok(Instant::now());
+        }
+        if start.elapsed() > deadline {
+            bail!("{what}: not within {deadline:?}");
+        }
+        // Poll interval of a bounded wait, not a synchronisation sleep.
+        tokio::time::sleep(every).await;
+    }
+}
+
+fn reconciled_by(w: &DynamicObject, version: &str) -> bool {
+    let conds = w.data["status"]["conditions"].as_array();
+    let has = |t: &str, pred: &dyn Fn(&Value) -> bool| {
+        conds.is_some_and(|cs| cs.iter().any(|c| c["type"] == t && pred(c)))
+    };
+    has("Ready", &|c| c["status"] == "True")
+        && has("Reconciled", &|c| {
+            c["status"] == "True"
+                && c["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains(&format!(" {version} ")))
+        })
+}
+
+async fn count_reconciled(api: &Api<DynamicObject>, version: &str) -> Result<usize> {
+    let list = api.list(&ListParams::default()).await?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|w| reconciled_by(w, version))
+        .count())
+}
+
+async fn create_all(api: &Api<DynamicObject>, n: usize) -> Result<()> {
+    let results: Vec<Result<()>> = stream::iter(0..n)
+        .map(|i| async move {
+            api.create(&PostParams::default(), &widget(i)?).await?;
+            Ok(())
+        })
+        .buffer_unordered(CREATE_CONCURRENCY)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+fn install(src: &Path, dst: &Path) -> Result<()> {
+    let tmp = dst.with_extension("tmp");
+    std::fs::copy(src, &tmp)?;
+    std::fs::rename(&tmp, dst)?;
+    Ok(())
+}
+
+struct Phase {
+    seconds: f64,
+    writes: f64,
+}
+
+impl Phase {
+    fn line(&self, n: usize, name: &str, floor: &Phase) {
+        println!(
+            "N={n:>6} {name:<9} {:>8.2} s  floor {:>8.2} s  ratio {:>5.2}  writes/primary {:>5.2}  floor {:>5.2}",
+            self.seconds,
+            floor.seconds,
+            self.seconds / floor.seconds.max(1e-9),
+            self.writes / n as f64,
+            floor.writes / n as f64,
+        );
+    }
+}
+
+async fn operator_run(n: usize, config: &OperatorConfig) -> Result<(Phase, Phase, (f64, f64))> {
+    let ns = TestNamespace::new(&format!("scale{n}")).await?;
+    let client = ns.client.clone();
+    let api = widget_api(&client, &ns.name);
+    let dir = std::env::temp_dir().join(format!("wasmop-scale-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    install(&plugin_path("good")?, &dir.join("good.wasm"))?;
+    let op = RunningOperator::start_with(
+        client.clone(),
+        vec![ns.name.clone()],
+        vec![],
+        config.clone(),
+    )
+    .await?;
+    let options: OptionsFor = Arc::new(|_stem: &str| LoadOptions::default());
+    let mut plugins = PluginDir::new(dir.clone(), sandbox(), op.operator.clone(), options);
+    let first = plugins.scan(false).await;
+    if first.activated.is_empty() {
+        bail!("good did not load: {first:?}");
+    }
+    let deadline = Duration::from_secs(60 + n as u64 / 10);
+    // Listing every Widget costs the API server too: poll less often the
+    // more there are (the figure's resolution).
+    let every = Duration::from_millis(100 + n as u64 / 20);
+
+    let before = writes(&client).await?;
+    let t0 = Instant::now();
+    create_all(&api, n).await?;
+    let done = until("every Widget reconciled by 0.1.0", every, deadline, || {
+        let api = api.clone();
+        async move { Ok(count_reconciled(&api, "0.1.0").await? == n) }
+    })
+    .await?;
+    let converge = Phase {
+        seconds: (done - t0).as_secs_f64(),
+        writes: total(&apiwrites::delta(&writes(&client).await?, &before)),
+    };
+    let memory = rss();
+
+    let before = writes(&client).await?;
+    let t0 = Instant::now();
+    install(&plugin_path("good-v2")?, &dir.join("good.wasm"))?;
+    let swapped = plugins.scan(false).await;
+    if swapped.activated.is_empty() {
+        bail!("good-v2 did not load: {swapped:?}");
+    }
+    let done = until("every Widget reconciled by 0.2.0", every, deadline, || {
+        let api = api.clone();
+        async move { Ok(count_reconciled(&api, "0.2.0").await? == n) }
+    })
+    .await?;
+    let rollover = Phase {
+        seconds: (done - t0).as_secs_f64(),
+        writes: total(&apiwrites::delta(&writes(&client).await?, &before)),
+    };
+    op.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok((converge, rollover, memory))
+}
+
+/// The necessary writes of one Widget as a plain client makes them: its
+/// ConfigMap (server-side apply, owner reference) and its status.
+async fn floor_writes(client: &Client, ns: &str, name: &str, uid: &str, label: &str) -> Result<()> {
+    let cms: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        ns,
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("", "v1", "ConfigMap"),
+            "configmaps",
+        ),
+    );
+    let pp = PatchParams::apply("floor").force();
+    let cm = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": format!("{name}-cm"), "namespace": ns,
+            "labels": {"test.wasmop.dev/version": label},
+            "ownerReferences": [{"apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
+                "name": name, "uid": uid, "controller": true, "blockOwnerDeletion": true}]},
+        "data": {"value": name},
+    });
+    cms.patch(&format!("{name}-cm"), &pp, &Patch::Apply(&cm))
+        .await
+        .context("floor ConfigMap apply")?;
+    let status = json!({
+        "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
+        "metadata": {"name": name, "namespace": ns},
+        "status": {"value": name, "conditions": [
+            {"type": "Ready", "status": "True", "reason": "Floor", "message": label,
+             "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
+    });
+    widget_api(client, ns)
+        .patch_status(name, &pp, &Patch::Apply(&status))
+        .await
+        .context("floor status apply")?;
+    Ok(())
+}
+
+async fn floor_run(n: usize, workers: usize) -> Result<(Phase, Phase)> {
+    let ns = TestNamespace::new(&format!("floor{n}")).await?;
+    let client = ns.client.clone();
+    let api = widget_api(&client, &ns.name);
+    let before = writes(&client).await?;
+    let t0 = Instant::now();
+    // Creates, 16 at once, each handed on to `workers` writers as it lands.
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
+    let creating = {
+        let api = api.clone();
+        async move {
+            let results: Vec<Result<()>> = stream::iter(0..n)
+                .map(|i| {
+                    let api = api.clone();
+                    let tx = tx.clone();
+                    async move {
+                        let created = api.create(&PostParams::default(), &widget(i)?).await?;
+                        let uid = created.metadata.uid.unwrap_or_default();
+                        let _ = tx.send((format!("w{i}"), uid));
+                        Ok(())
+                    }
+                })
+                .buffer_unordered(CREATE_CONCURRENCY)
+                .collect()
+                .await;
+            results.into_iter().collect::<Result<()>>()
+        }
+    };
+    let writing = {
+        let client = client.clone();
+        let ns = ns.name.clone();
+        async move {
+            let results: Vec<Result<()>> = tokio_stream_from(rx)
+                .map(|(name, uid)| {
+                    let client = client.clone();
+                    let ns = ns.clone();
+                    async move { floor_writes(&client, &ns, &name, &uid, "v1").await }
+                })
+                .buffer_unordered(workers)
+                .collect()
+                .await;
+            results.into_iter().collect::<Result<()>>()
+        }
+    };
+    let (c, w) = tokio::join!(creating, writing);
+    c?;
+    w?;
+    let converge = Phase {
+        seconds: t0.elapsed().as_secs_f64(),
+        writes: total(&apiwrites::delta(&writes(&client).await?, &before)),
+    };
+    // Rollover floor: the same two writes per Widget, a new label.
+    let list = api.list(&ListParams::default()).await?.items;
+    let before = writes(&client).await?;
+    let t0 = Instant::now();
+    let results: Vec<Result<()>> = stream::iter(list)
+        .map(|w| {
+            let client = client.clone();
+            let ns = ns.name.clone();
+            async move {
+                let name = w.metadata.name.unwrap_or_default();
+                let uid = w.metadata.uid.unwrap_or_default();
+                floor_writes(&client, &ns, &name, &uid, "v2").await
+            }
+        })
+        .buffer_unordered(workers)
+        .collect()
+        .await;
+    results.into_iter().collect::<Result<()>>()?;
+    let rollover = Phase {
+        seconds: t0.elapsed().as_secs_f64(),
+        writes: total(&apiwrites::delta(&writes(&client).await?, &before)),
+    };
+    Ok((converge, rollover))
+}
+
+fn tokio_stream_from<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<T>,
+) -> impl futures::Stream<Item = T> {
+    stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let sizes: Vec<usize> = std::env::args()
+        .skip(1)
+        .map(|a| a.parse().context("sizes are numbers of Widgets"))
+        .collect::<Result<_>>()?;
+    let sizes = if sizes.is_empty() {
+        vec![100, 1000]
+    } else {
+        sizes
+    };
+    let client = wasmop_tests::client().await?;
+    apply_test_crds(&client).await?;
+    let config = OperatorConfig {
+        requeue_spacing: Duration::from_millis(1),
+        ..test_config()
+    };
+    for n in sizes {
+        let (floor_converge, floor_rollover) = floor_run(n, config.workers).await?;
+        let (converge, rollover, (rss_now, rss_peak)) = operator_run(n, &config).await?;
+        converge.line(n, "converge", &floor_converge);
+        rollover.line(n, "rollover", &floor_rollover);
+        println!(
+            "N={n:>6} memory    RSS {rss_now:.1} MiB after converging, peak {rss_peak:.1} MiB"
+        );
+    }
+    Ok(())
+}

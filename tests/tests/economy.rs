@@ -1,0 +1,159 @@
+//! Write economy against the real API server, counted by the API server
+//! itself (`apiserver_request_total` on its /metrics): a fresh primary
+//! converges with at most one write per desired object plus one status
+//! write, and a reconcile of converged primaries makes no write at all;
+//! an owned object someone else changed is still restored.
+//!
+//! The counter is cluster-wide, so this binary holds one test and counts
+//! only the test kinds' resources (Widgets and ConfigMaps) in its own
+//! window; cargo runs test binaries one after another.
+
+use anyhow::Result;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Client;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::json;
+use wasmop_tests::apiwrites::{self, Writes, delta};
+use wasmop_tests::faults::metric;
+use wasmop_tests::operator::{RunningOperator, load_plugin};
+use wasmop_tests::{DEFAULT_DEADLINE, TestNamespace, apply_test_crds, wait_for};
+
+const WIDGETS: usize = 20;
+
+async fn writes(client: &Client) -> Result<Writes> {
+    apiwrites::writes(client, &["widgets", "configmaps"]).await
+}
+
+fn widgets(ns: &TestNamespace) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("test.wasmop.dev", "v1", "Widget");
+    Api::namespaced_with(
+        ns.client.clone(),
+        &ns.name,
+        &ApiResource::from_gvk_with_plural(&gvk, "widgets"),
+    )
+}
+
+async fn all_ready(api: &Api<DynamicObject>) -> Result<Option<()>> {
+    let list = api.list(&Default::default()).await?.items;
+    let ready = list
+        .iter()
+        .filter(|w| {
+            w.data["status"]["conditions"].as_array().is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                    && cs
+                        .iter()
+                        .any(|c| c["type"] == "Reconciled" && c["status"] == "True")
+            })
+        })
+        .count();
+    Ok((list.len() == WIDGETS && ready == WIDGETS).then_some(()))
+}
+
+#[tokio::test]
+async fn converging_costs_one_write_per_object_and_a_converged_primary_none() -> Result<()> {
+    let ns = TestNamespace::new("economy").await?;
+    apply_test_crds(&ns.client).await?;
+    let api = widgets(&ns);
+
+    // A fresh primary: the test's create, then the operator's writes.
+    let before = writes(&ns.client).await?;
+    let op = RunningOperator::start(
+        ns.client.clone(),
+        vec![ns.name.clone()],
+        vec![load_plugin("good", json!({}))?],
+    )
+    .await?;
+    for i in 0..WIDGETS {
+        let obj: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
+            "metadata": {"name": format!("w{i}")}, "spec": {"value": format!("v{i}")},
+        }))?;
+        api.create(&PostParams::default(), &obj).await?;
+    }
+    wait_for("every Widget Ready", DEFAULT_DEADLINE, || all_ready(&api)).await?;
+    let converged = delta(&writes(&ns.client).await?, &before);
+    let n = WIDGETS as f64;
+    // The test's own creates, one ConfigMap apply and one status write each.
+    assert_eq!(converged.get("widgets"), Some(&n), "{converged:?}");
+    let by_operator: f64 = converged
+        .iter()
+        .filter(|(k, _)| k.as_str() != "widgets")
+        .map(|(_, v)| v)
+        .sum();
+    assert!(
+        by_operator <= 2.0 * n,
+        "{by_operator} operator writes for {WIDGETS} fresh Widgets (at most one ConfigMap and \
+         one status write each): {converged:?}"
+    );
+    op.stop().await;
+
+    // A new operator reconciles every primary again; all of them hold.
+    let reconciled_before = metric(
+        "wasmop_reconcile_total",
+        &[("controller", "good/widget"), ("result", "Reconciled")],
+    );
+    let before = writes(&ns.client).await?;
+    let op = RunningOperator::start(
+        ns.client.clone(),
+        vec![ns.name.clone()],
+        vec![load_plugin("good", json!({}))?],
+    )
+    .await?;
+    wait_for(
+        "the new operator to reconcile every Widget",
+        DEFAULT_DEADLINE,
+        || async {
+            let m = metric(
+                "wasmop_reconcile_total",
+                &[("controller", "good/widget"), ("result", "Reconciled")],
+            );
+            Ok((m - reconciled_before >= n).then_some(()))
+        },
+    )
+    .await?;
+    let steady = delta(&writes(&ns.client).await?, &before);
+    assert!(
+        steady.is_empty(),
+        "reconciling {WIDGETS} converged Widgets wrote: {steady:?}"
+    );
+
+    // Skipping is never missing: a field someone else removed, and a body
+    // without our digest, are applied again. (A field someone else *changed*
+    // is theirs under server-side apply: the plugin's unforced apply
+    // conflicts, as it did before any apply was skipped.)
+    let cms: Api<ConfigMap> = Api::namespaced(ns.client.clone(), &ns.name);
+    let pp = PatchParams::default();
+    cms.patch(
+        "w0-cm",
+        &pp,
+        &Patch::Merge(json!({"data": {"value": null}})),
+    )
+    .await?;
+    cms.patch(
+        "w1-cm",
+        &pp,
+        &Patch::Merge(json!({"metadata": {"annotations": {"wasmop.dev/applied": null}}})),
+    )
+    .await?;
+    wait_for(
+        "the operator to restore the drifted ConfigMaps",
+        DEFAULT_DEADLINE,
+        || async {
+            let w0 = cms.get("w0-cm").await?;
+            let w1 = cms.get("w1-cm").await?;
+            let value = w0.data.unwrap_or_default().get("value").cloned();
+            let stamped = w1
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .get("wasmop.dev/applied")
+                .is_some_and(|d| d.starts_with("sha256:"));
+            Ok((value.as_deref() == Some("v0") && stamped).then_some(()))
+        },
+    )
+    .await?;
+    op.stop().await;
+    Ok(())
+}
