@@ -79,6 +79,21 @@ grep -q "NOTE: team/server writes .*secrets" deploy/rbac.yaml || fail "deploy/rb
 dry_run_clean -f deploy/rbac.yaml || fail "deploy/rbac.yaml (above)"
 ok "deploy/rbac.yaml is the generated least-privilege RBAC and the API server accepts it"
 
+# 2b. Plugin delivery as documented in deploy/wasmop.yaml: each shipped
+#     plugin in its own ConfigMap, created for real (server-side apply), and
+#     every ConfigMap the manifest's projected volume names is one of them.
+for f in "$shipped"/*.wasm; do
+  name="$(basename "$f" .wasm)"
+  "$KUBECTL" -n wasmop create configmap "wasmop-plugin-$name" --from-file="$f" --dry-run=client -o yaml \
+    | "$KUBECTL" apply --server-side --field-manager=deploy-check -f - >/dev/null \
+    || fail "plugin $name ($(stat -c %s "$f") bytes) does not fit a ConfigMap"
+  grep -q "configMap: {name: wasmop-plugin-$name, optional: true}" deploy/wasmop.yaml \
+    || fail "deploy/wasmop.yaml does not project wasmop-plugin-$name"
+  grep -q -- "- wasmop-plugin-$name\$" deploy/chart/values.yaml \
+    || fail "deploy/chart/values.yaml does not list wasmop-plugin-$name"
+done
+ok "each shipped plugin is accepted in its own ConfigMap, and both deployments project them all"
+
 # 3. The Helm chart: lint, a server-side dry run of what it renders into a
 #    restricted namespace, and a real install (the objects are accepted;
 #    the Pod cannot pull an image here, so nothing waits for it).

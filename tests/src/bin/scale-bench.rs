@@ -18,7 +18,13 @@
 //!   every ConfigMap relabelled and every Widget reconciled by 0.2.0;
 //! - the floor of each: N creates (16 at once, like the operator's) piped
 //!   into one ConfigMap apply and one status apply per Widget, as many at
-//!   once as the operator has workers.
+//!   once as the operator has workers;
+//! - `memory`: bytes of RSS per cached object, the host's watch cache
+//!   (`wasmop::watch::cache`, what every snapshot reads) against a minimal
+//!   kube-rs reflector holding the same objects (DynamicObject Widgets,
+//!   typed ConfigMaps, managedFields dropped like the host does), each in a
+//!   child process of its own over the converged namespace, less the RSS
+//!   of a child that only made a client.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -162,7 +168,131 @@ impl Phase {
     }
 }
 
-async fn operator_run(n: usize, config: &OperatorConfig) -> Result<(Phase, Phase, (f64, f64))> {
+/// RSS of this process in KiB.
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Child process: holds the Widgets and ConfigMaps of `ns` (`n` of each)
+/// the way `mode` says (`none`, `cache`, `reflector`) and prints its RSS.
+async fn memory_child(mode: &str, ns: &str, n: usize) -> Result<()> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::{WatchStreamExt, reflector, watcher};
+    let client = wasmop_tests::client().await?;
+    let widgets = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("test.wasmop.dev", "v1", "Widget"),
+        "widgets",
+    );
+    let configmaps =
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "ConfigMap"), "configmaps");
+    // Settled once every object is held (ConfigMaps: the Widgets' and the
+    // namespace's kube-root-ca.crt).
+    let settle = Duration::from_secs(120);
+    match mode {
+        "none" => {
+            // The same client work as the others, without keeping anything.
+            let api = widget_api(&client, ns);
+            let _ = api.list(&ListParams::default().limit(1)).await?;
+        }
+        "cache" => {
+            use wasmop::watch::cache::{Cache, WatchSpec};
+            let (cache, _changes) = Cache::new(client.clone(), vec![ns.to_owned()]);
+            let mut held = Vec::new();
+            for resource in [widgets, configmaps] {
+                let kc = cache.ensure(WatchSpec {
+                    resource,
+                    namespaced: true,
+                    managed_only: false,
+                });
+                held.push(kc);
+            }
+            until("the cache to hold every object", Duration::from_millis(50), settle, || {
+                let ok = held.iter().all(|kc| kc.synced() && kc.len() >= n);
+                async move { Ok(ok) }
+            })
+            .await?;
+            println!("RSS_KIB {}", rss_kib());
+            drop(cache);
+            return Ok(());
+        }
+        "reflector" => {
+            let wwriter = reflector::store::Writer::<DynamicObject>::new(widgets.clone());
+            let wstore = wwriter.as_reader();
+            let (cstore, cwriter) = reflector::store::<ConfigMap>();
+            let wapi: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &widgets);
+            let capi: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+            let w = reflector(
+                wwriter,
+                watcher(wapi, watcher::Config::default()).modify(|o| {
+                    o.metadata.managed_fields = None;
+                }),
+            )
+            .applied_objects()
+            .for_each(|_| async {});
+            let c = reflector(
+                cwriter,
+                watcher(capi, watcher::Config::default()).modify(|o| {
+                    o.metadata.managed_fields = None;
+                }),
+            )
+            .applied_objects()
+            .for_each(|_| async {});
+            tokio::spawn(w);
+            tokio::spawn(c);
+            until("the reflectors to hold every object", Duration::from_millis(50), settle, || {
+                let ok = wstore.len() >= n && cstore.len() >= n;
+                async move { Ok(ok) }
+            })
+            .await?;
+        }
+        other => bail!("unknown memory mode {other}"),
+    }
+    println!("RSS_KIB {}", rss_kib());
+    Ok(())
+}
+
+/// RSS in KiB that a child in `mode` reports over `ns`.
+async fn child_rss(mode: &str, ns: &str, n: usize) -> Result<f64> {
+    let out = tokio::process::Command::new(std::env::current_exe()?)
+        .args(["--memory-child", mode, ns, &n.to_string()])
+        .output()
+        .await?;
+    if !out.status.success() {
+        bail!(
+            "memory child {mode}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("RSS_KIB "))
+        .and_then(|v| v.trim().parse().ok())
+        .context("memory child printed no RSS")
+}
+
+/// Bytes of RSS per held object for the host's cache and for the
+/// reflector, over the `2n` objects of `ns` (best of three runs each, the
+/// least disturbed by the allocator's timing).
+async fn memory_per_object(ns: &str, n: usize) -> Result<(f64, f64)> {
+    let mut best = [f64::MAX; 3];
+    for _ in 0..3 {
+        for (i, mode) in ["none", "cache", "reflector"].iter().enumerate() {
+            best[i] = best[i].min(child_rss(mode, ns, n).await?);
+        }
+    }
+    let per = |kib: f64| (kib - best[0]).max(0.0) * 1024.0 / (2 * n) as f64;
+    Ok((per(best[1]), per(best[2])))
+}
+
+async fn operator_run(
+    n: usize,
+    config: &OperatorConfig,
+) -> Result<(Phase, Phase, (f64, f64), (f64, f64))> {
     let ns = TestNamespace::new(&format!("scale{n}")).await?;
     let client = ns.client.clone();
     let api = widget_api(&client, &ns.name);
@@ -219,7 +349,8 @@ async fn operator_run(n: usize, config: &OperatorConfig) -> Result<(Phase, Phase
     };
     op.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
-    Ok((converge, rollover, memory))
+    let per_object = memory_per_object(&ns.name, n).await?;
+    Ok((converge, rollover, memory, per_object))
 }
 
 /// The necessary writes of one Widget as a plain client makes them: its
@@ -343,8 +474,15 @@ fn tokio_stream_from<T: Send + 'static>(
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let sizes: Vec<usize> = std::env::args()
-        .skip(1)
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--memory-child") {
+        let [_, mode, ns, n] = &args[..] else {
+            bail!("usage: scale-bench --memory-child MODE NAMESPACE N");
+        };
+        return memory_child(mode, ns, n.parse()?).await;
+    }
+    let sizes: Vec<usize> = args
+        .iter()
         .map(|a| a.parse().context("sizes are numbers of Widgets"))
         .collect::<Result<_>>()?;
     let sizes = if sizes.is_empty() {
@@ -360,11 +498,16 @@ async fn main() -> Result<()> {
     };
     for n in sizes {
         let (floor_converge, floor_rollover) = floor_run(n, config.workers).await?;
-        let (converge, rollover, (rss_now, rss_peak)) = operator_run(n, &config).await?;
+        let (converge, rollover, (rss_now, rss_peak), (cache, reflector)) =
+            operator_run(n, &config).await?;
         converge.line(n, "converge", &floor_converge);
         rollover.line(n, "rollover", &floor_rollover);
         println!(
             "N={n:>6} memory    RSS {rss_now:.1} MiB after converging, peak {rss_peak:.1} MiB"
+        );
+        println!(
+            "N={n:>6} per-object cache {cache:>7.0} B  reflector {reflector:>7.0} B  ratio {:>5.2}",
+            cache / reflector.max(1e-9)
         );
     }
     Ok(())
