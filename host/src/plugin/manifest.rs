@@ -301,6 +301,15 @@ pub fn problems(manifest: &Manifest) -> Vec<ManifestProblem> {
             }
         }
 
+        if c.scope == wasmop_contract::Scope::Kind && !c.http_targets.is_empty() {
+            // HTTP results are kept per primary and re-trigger one
+            // primary; a kind call has no single primary to hand them to.
+            problem(
+                format!("{at}.scope"),
+                "a kind-scoped controller cannot declare httpTargets (HTTP results belong to one primary)".into(),
+            );
+        }
+
         let mut target_ids = BTreeSet::new();
         for (ti, target) in c.http_targets.iter().enumerate() {
             let path = format!("{at}.httpTargets[{ti}]");
@@ -426,6 +435,7 @@ pub(crate) mod tests {
             primary_fields: vec!["spec.id".into()],
             http_targets: vec![],
             delete_primary: false,
+            scope: Default::default(),
         }
     }
 
