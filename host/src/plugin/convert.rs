@@ -50,6 +50,10 @@ pub enum OutputProblem {
         /// Where in the plan, e.g. `apply[0].object`.
         field: String,
     },
+    /// The plan's shape does not fit the controller's scope: `objects` in
+    /// a per-object plan, or anything but `objects` in a kind plan.
+    #[error("{0}")]
+    WrongScope(String),
     /// An applied object lacks part of its identity.
     #[error("{field} has no {missing}")]
     MissingIdentity {

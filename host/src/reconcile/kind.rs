@@ -24,7 +24,7 @@
 //! # Guarantees of the split
 //!
 //! - A kind plan holds nothing but `objects`; anything else at its top
-//!   level refuses the whole plan ([`KindOutcome::Malformed`]) and nothing
+//!   level refuses the whole plan (as a malformed output, [`KindOutcome::Failed`]) and nothing
 //!   is written.
 //! - Each object plan is judged against its own primary only, found by
 //!   uid (namespace and name must match too): the plan-count limits, the
@@ -44,6 +44,7 @@ use serde_json::Value;
 
 use crate::object;
 use crate::plugin::CallError;
+use crate::plugin::OutputProblem;
 use crate::plugin::manifest::{Controller, Selector};
 use crate::reconcile::decide::{DecideInput, Decision, format_now};
 use crate::reconcile::existing::ExistingObject;
@@ -65,7 +66,11 @@ pub struct Refusal {
 
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "objects[{}] ({}): {}", self.index, self.named, self.reason)
+        write!(
+            f,
+            "objects[{}] ({}): {}",
+            self.index, self.named, self.reason
+        )
     }
 }
 
@@ -76,13 +81,6 @@ pub enum KindOutcome {
     Empty,
     /// The call failed (as [`Decision::Failed`], for every primary).
     Failed(CallError),
-    /// The kind plan holds fields outside `objects`: none of it is used.
-    Malformed {
-        /// The plan as returned.
-        plan: Plan,
-        /// Which fields.
-        message: String,
-    },
     /// The plan, split: one decision per primary an object plan named.
     Split {
         /// Each named primary with its decision, in plan order.
@@ -314,14 +312,12 @@ pub fn split(
                 }
             }
         }
-        plan.objects = objects;
-        return KindOutcome::Malformed {
-            plan,
-            message: format!(
+        return KindOutcome::Failed(CallError::MalformedOutput(OutputProblem::WrongScope(
+            format!(
                 "a kind plan holds only `objects` (one plan per primary); it also sets {}",
                 fields.join(", ")
             ),
-        };
+        )));
     }
     let by_uid: HashMap<&str, &Arc<Value>> =
         primaries.iter().map(|p| (object::uid(p), p)).collect();
