@@ -51,7 +51,9 @@ use crate::reconcile::existing::ExistingObject;
 use crate::reconcile::snapshot::{
     ObjectSource, RelatedObject, Snapshot, absent_kind, build_snapshot,
 };
-use crate::reconcile::validate::{Plan, check_counts, check_gauges, validate_with_owned};
+use crate::reconcile::validate::{
+    ExistingLookup, Plan, PlanLimits, check_counts, check_gauges, validate_with_owned,
+};
 
 /// An object plan the host refused without judging it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -283,7 +285,16 @@ pub fn decide_kind(input: DecideInput<'_>, all: Vec<Arc<Value>>) -> KindDecided 
     );
     let outcome = match input.plugin.reconcile(&snapshot) {
         Err(e) => KindOutcome::Failed(e),
-        Ok(plan) => split(input, &primaries, &snapshot.owned, plan),
+        Ok(plan) => split(
+            Judge {
+                controller,
+                existing: input.existing,
+                limits: &input.plugin.limits().plan,
+            },
+            &primaries,
+            &snapshot.owned,
+            plan,
+        ),
     };
     KindDecided {
         primaries,
@@ -292,10 +303,29 @@ pub fn decide_kind(input: DecideInput<'_>, all: Vec<Arc<Value>>) -> KindDecided 
     }
 }
 
+/// What an object plan is judged with.
+#[derive(Clone, Copy)]
+pub struct Judge<'a> {
+    /// The controller (of the effective manifest).
+    pub controller: &'a Controller,
+    /// Who answers "does it exist, and who controls it".
+    pub existing: &'a dyn ExistingLookup,
+    /// The plugin's plan limits.
+    pub limits: &'a PlanLimits,
+}
+
+impl std::fmt::Debug for Judge<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Judge")
+            .field("controller", &self.controller.name)
+            .finish()
+    }
+}
+
 /// Splits a kind plan into one decision per primary it names (see the
 /// module's guarantees).
 pub fn split(
-    input: DecideInput<'_>,
+    input: Judge<'_>,
     primaries: &[Arc<Value>],
     owned: &[Arc<Value>],
     mut plan: Plan,
@@ -392,7 +422,7 @@ pub fn split(
             continue;
         }
         let plan = object_plan.plan;
-        let mut too_many = check_counts(&plan, &input.plugin.limits().plan);
+        let mut too_many = check_counts(&plan, input.limits);
         too_many.extend(check_gauges(&plan));
         let decision = if !too_many.is_empty() {
             Decision::Rejected {
@@ -412,4 +442,247 @@ pub fn split(
         decisions.push((Arc::clone(primary), decision));
     }
     KindOutcome::Split { decisions, refused }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use wasmop_contract::{DeleteOp, ObjectPlan, ObjectRef, Scope};
+
+    use super::*;
+    use crate::plugin::manifest::tests::controller;
+    use crate::plugin::manifest::{KindRef, Read};
+    use crate::reconcile::snapshot::MemorySource;
+    use crate::reconcile::validate::Rule;
+
+    fn kind_controller() -> Controller {
+        Controller {
+            scope: Scope::Kind,
+            ..controller()
+        }
+    }
+
+    fn widget(name: &str) -> Value {
+        json!({"apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
+               "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                            "resourceVersion": "1"}})
+    }
+
+    fn cm_of(owner: &str, name: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                            "resourceVersion": "2",
+                            "ownerReferences": [{"apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
+                                                 "name": owner, "uid": format!("uid-{owner}"),
+                                                 "controller": true}]}})
+    }
+
+    fn desired_cm(name: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": name, "namespace": "ns"}, "data": {"k": "v"}})
+    }
+
+    /// Splits `plan` over widgets a and b, where b owns ConfigMap b-cm.
+    fn split_over_a_and_b(plan: Plan) -> KindOutcome {
+        let (a, b) = (widget("a"), widget("b"));
+        let owned = cm_of("b", "b-cm");
+        let source = MemorySource::new([a.clone(), b.clone(), owned.clone()]);
+        let c = kind_controller();
+        split(
+            Judge {
+                controller: &c,
+                existing: &source,
+                limits: &PlanLimits::default(),
+            },
+            &[Arc::new(a), Arc::new(b)],
+            &[Arc::new(owned)],
+            plan,
+        )
+    }
+
+    fn decisions(outcome: KindOutcome) -> (Vec<(String, Decision)>, Vec<Refusal>) {
+        match outcome {
+            KindOutcome::Split { decisions, refused } => (
+                decisions
+                    .into_iter()
+                    .map(|(p, d)| (object::name(&p).to_owned(), d))
+                    .collect(),
+                refused,
+            ),
+            other => panic!("expected a split, got {other:?}"),
+        }
+    }
+
+    fn rules(d: &Decision) -> Vec<Rule> {
+        match d {
+            Decision::Rejected { violations, .. } => violations.iter().map(|v| v.rule).collect(),
+            other => panic!("expected a rejection, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_object_plan_is_judged_against_its_own_primary() {
+        let plan = Plan::new()
+            .object(&widget("a"), Plan::new().apply(desired_cm("a-cm")))
+            .object(&widget("b"), Plan::new().apply(desired_cm("b-cm")));
+        let (decided, refused) = decisions(split_over_a_and_b(plan));
+        assert!(refused.is_empty());
+        assert_eq!(decided.len(), 2);
+        for (name, d) in &decided {
+            assert!(matches!(d, Decision::Planned { .. }), "{name}: {d:?}");
+        }
+        // b's apply is judged as b's: its ConfigMap exists, controlled by b.
+        let Decision::Planned { judgement, .. } = &decided[1].1 else {
+            unreachable!()
+        };
+        assert!(judgement.applies[0].existing.is_some());
+    }
+
+    #[test]
+    fn an_object_plan_touching_another_primarys_object_is_rejected_and_the_others_run() {
+        // a applies, then deletes, what b owns; b's own plan is fine.
+        let delete = DeleteOp {
+            target: ObjectRef {
+                api_version: "v1".into(),
+                kind: "ConfigMap".into(),
+                namespace: "ns".into(),
+                name: "b-cm".into(),
+            },
+            uid: "uid-b-cm".into(),
+            resource_version: "2".into(),
+        };
+        let mut deletes = Plan::new();
+        deletes.delete.push(delete);
+        for a_plan in [Plan::new().apply(desired_cm("b-cm")), deletes] {
+            let plan = Plan::new()
+                .object(&widget("a"), a_plan)
+                .object(&widget("b"), Plan::new().status(json!({"ok": true})));
+            let (decided, refused) = decisions(split_over_a_and_b(plan));
+            assert!(refused.is_empty());
+            assert_eq!(decided[0].0, "a");
+            assert_eq!(
+                rules(&decided[0].1),
+                [Rule::NotControlledByPrimary],
+                "a may not write b's ConfigMap"
+            );
+            assert_eq!(decided[1].0, "b");
+            assert!(matches!(decided[1].1, Decision::Planned { .. }));
+        }
+    }
+
+    #[test]
+    fn an_object_plan_for_a_primary_not_in_the_snapshot_is_refused_and_the_others_run() {
+        let stranger = widget("z");
+        let mut impostor = ObjectPlan::new(&widget("a"), Plan::new());
+        impostor.name = "b".into(); // a's uid under b's name
+        let mut plan = Plan::new()
+            .object(&stranger, Plan::new().apply(desired_cm("z-cm")))
+            .object(&widget("b"), Plan::new().status(json!({"ok": true})))
+            .object(&widget("b"), Plan::new().status(json!({"twice": true})));
+        plan.objects.push(impostor);
+        let nested = Plan::new().object(&widget("a"), Plan::new());
+        plan.objects.push(ObjectPlan::new(&widget("a"), nested));
+        let (decided, refused) = decisions(split_over_a_and_b(plan));
+        let names: Vec<&str> = decided.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["b"], "only the good plan for b is decided");
+        assert!(matches!(decided[0].1, Decision::Planned { ref plan, .. }
+            if plan.status == Some(json!({"ok": true}))));
+        let reasons: Vec<String> = refused.iter().map(ToString::to_string).collect();
+        assert_eq!(refused.len(), 4, "{reasons:#?}");
+        assert!(
+            reasons[0].starts_with("objects[0] (ns/z (uid uid-z)): no primary of the snapshot")
+        );
+        assert!(reasons[1].contains("second plan for the same primary"));
+        assert!(reasons[2].contains("uid uid-a is Widget ns/a, not ns/b"));
+        assert!(reasons[3].contains("may not hold `objects`"));
+    }
+
+    #[test]
+    fn a_kind_plan_with_fields_outside_objects_is_refused_as_a_whole() {
+        let plan = Plan::new()
+            .object(&widget("a"), Plan::new())
+            .status(json!({"oops": true}));
+        match split_over_a_and_b(plan) {
+            KindOutcome::Failed(CallError::MalformedOutput(OutputProblem::WrongScope(m))) => {
+                assert!(m.contains("it also sets status"), "{m}");
+            }
+            other => panic!("expected a refusal of the whole plan, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn object_plans_over_the_count_limits_are_rejected_alone() {
+        let limits = PlanLimits {
+            max_applies: 1,
+            ..PlanLimits::default()
+        };
+        let (a, b) = (widget("a"), widget("b"));
+        let source = MemorySource::new([a.clone(), b.clone()]);
+        let c = kind_controller();
+        let plan = Plan::new()
+            .object(
+                &a,
+                Plan::new()
+                    .apply(desired_cm("a-1"))
+                    .apply(desired_cm("a-2")),
+            )
+            .object(&b, Plan::new().apply(desired_cm("b-1")));
+        let outcome = split(
+            Judge {
+                controller: &c,
+                existing: &source,
+                limits: &limits,
+            },
+            &[Arc::new(a), Arc::new(b)],
+            &[],
+            plan,
+        );
+        let (decided, _) = decisions(outcome);
+        assert!(matches!(decided[0].1, Decision::Rejected { .. }));
+        assert!(matches!(decided[1].1, Decision::Planned { .. }));
+    }
+
+    #[test]
+    fn the_kind_snapshot_lists_every_primary_once_with_what_each_owns_and_reads() {
+        let mut c = kind_controller();
+        c.reads.push(Read::new(
+            "maps",
+            KindRef::namespaced("", "v1", "ConfigMap", "configmaps"),
+            crate::plugin::manifest::Selector::SameNamespace,
+        ));
+        let mut gone = widget("gone");
+        gone["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:00:00Z");
+        let objects = [
+            widget("b"),
+            widget("a"),
+            gone.clone(),
+            cm_of("a", "a-cm"),
+            cm_of("b", "b-cm"),
+            json!({"apiVersion": "v1", "kind": "ConfigMap",
+                   "metadata": {"name": "free", "namespace": "ns", "uid": "uid-free"}}),
+        ];
+        let source = MemorySource::new(objects.clone());
+        let primaries = kind_primaries(
+            &c,
+            vec![Arc::new(widget("b")), Arc::new(widget("a")), Arc::new(gone)],
+        );
+        let names: Vec<&str> = primaries.iter().map(|p| object::name(p)).collect();
+        assert_eq!(
+            names,
+            ["a", "b"],
+            "sorted; deleting without the finalizer left out"
+        );
+        let s = build_kind_snapshot(&c, &primaries, &source, "2025-01-01T00:00:00Z", &json!({}));
+        assert_eq!(s.primary["kind"], "List");
+        assert_eq!(s.primary["items"].as_array().unwrap().len(), 2);
+        let owned: Vec<&str> = s.owned.iter().map(|o| object::name(o)).collect();
+        assert_eq!(owned, ["a-cm", "b-cm"]);
+        let related: Vec<&str> = s.related.iter().map(|r| object::name(&r.object)).collect();
+        assert_eq!(
+            related,
+            ["a-cm", "b-cm", "free"],
+            "each object once per read"
+        );
+        assert!(!s.deleting);
+    }
 }
