@@ -401,6 +401,11 @@ impl Operator {
         };
         if decided.snapshot.is_some() {
             m.inc("wasmop_kind_calls_total", &[("controller", &a.id)]);
+            m.add(
+                "wasmop_kind_call_primaries_total",
+                &[("controller", &a.id)],
+                decided.primaries.len() as f64,
+            );
             m.observe(
                 "wasmop_plugin_call_duration_seconds",
                 &[("plugin", a.plugin.name()), ("controller", &a.id)],
