@@ -51,7 +51,12 @@ fn world(n: usize) -> (Vec<Value>, Vec<Value>) {
     for i in 0..n {
         let name = format!("backup-{i:05}");
         let uid = format!("00000000-0000-0000-0000-{i:012}");
-        let created = format!("2025-01-01T{:02}:{:02}:{:02}Z", i / 3600, (i / 60) % 60, i % 60);
+        let created = format!(
+            "2025-01-01T{:02}:{:02}:{:02}Z",
+            i / 3600,
+            (i / 60) % 60,
+            i % 60
+        );
         let mut b = json!({"apiVersion": "operator.openshift.io/v1alpha1", "kind": "EtcdBackup",
             "metadata": {"name": name, "uid": uid, "generation": 1, "resourceVersion": "2",
                          "creationTimestamp": created},

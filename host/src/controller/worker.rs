@@ -88,7 +88,14 @@ impl Operator {
             .cloned();
         let Some(a) = active else { return };
         if a.spec.scope == Scope::Kind {
-            self.reconcile_kind(&a).await;
+            if key.name == super::WHOLE_KIND_NAME && key.namespace.is_empty() {
+                self.reconcile_kind(&a).await;
+            } else {
+                // A primary's own key queued before a hot swap made the
+                // controller kind-scoped: it joins the next kind call.
+                self.queue
+                    .add_after(whole_kind_key(&a.id), super::KIND_DEBOUNCE);
+            }
             return;
         }
         let Some(primary) = self

@@ -585,6 +585,29 @@ pub(crate) mod tests {
         );
     }
 
+    #[test]
+    fn a_kind_scoped_controller_may_not_declare_http_targets() {
+        let mut m = manifest();
+        m.controllers[0].scope = wasmop_contract::Scope::Kind;
+        assert!(messages(&m).is_empty(), "kind scope alone is fine");
+        m.controllers[0]
+            .owns
+            .push(OwnedKind::reference(KindRef::namespaced(
+                "", "v1", "Pod", "pods",
+            )));
+        m.controllers[0].http_targets = vec![HttpTarget {
+            id: "members".into(),
+            kind: KindRef::namespaced("", "v1", "Pod", "pods"),
+            ports: vec![8080],
+        }];
+        assert_eq!(
+            messages(&m),
+            vec![
+                "controllers[0].scope: a kind-scoped controller cannot declare httpTargets (HTTP results belong to one primary)"
+            ]
+        );
+    }
+
     /// The test manifest with its ConfigMaps owned by label, so it may
     /// write into other namespaces.
     fn label_owning() -> Manifest {
