@@ -9,6 +9,9 @@
 //! | `wasmop_plugin_load_failures_total` | file, reason | plugin files rejected |
 //! | `wasmop_reconcile_total` | controller, result | reconciles by outcome reason |
 //! | `wasmop_reconcile_seconds_total` | controller | time spent in plugin calls |
+//! | `wasmop_kind_calls_total` | controller | calls of a kind-scoped controller (one per debounced batch of changes) |
+//! | `wasmop_kind_call_primaries_total` | controller | primaries those calls covered, summed |
+//! | `wasmop_kind_plans_refused_total` | controller | object plans of kind plans refused unjudged (unknown, duplicate or mismatched primary) |
 //! | `wasmop_http_requests_total` | controller, outcome | plan HTTP requests: sent, refused, rate_limited |
 //! | `wasmop_leader` | | 1 while this replica holds the leader Lease (with `--leader-elect`) |
 //! | `wasmop_watch_streams` | kind, state | watch streams of a kind (one per watched namespace) that are `synced`, `relisting` or `backing_off` |

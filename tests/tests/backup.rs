@@ -854,3 +854,138 @@ async fn upstream_api_validation_cases_pass_or_fail_as_upstream_expects() -> Res
     }
     Ok(())
 }
+
+/// The EtcdBackup controller is kind-scoped: EtcdBackups that exist when
+/// the operator starts are all planned by one call, and the debounced
+/// changes that follow (statuses, the first Job) make a few more calls
+/// over all of them, not one per backup; the serial queue holds throughout.
+#[tokio::test]
+async fn etcd_backups_are_reconciled_together_by_kind_calls() -> Result<()> {
+    const BACKUPS: usize = 6;
+    const CONTROLLER: &str = "backup/etcdbackup";
+    let _serial = SERIAL.lock().await;
+    let ns = TestNamespace::new("backup-kind").await?;
+    apply_backup_crds(&ns.client).await?;
+    let objects = ClusterObjects::new(&ns.client).await?;
+    let pvc = format!("{}-pvc", ns.name);
+    create_bound_pvc(&ns, &pvc).await?;
+    let names: Vec<String> = (0..BACKUPS).map(|i| format!("{}-{i}", ns.name)).collect();
+    for name in &names {
+        create_etcd_backup(&ns.client, &objects, name, &pvc).await?;
+    }
+    let metric = |name: &str| {
+        wasmop::metrics::global()
+            .get(name, &[("controller", CONTROLLER)])
+            .unwrap_or(0.0)
+    };
+    let calls_before = metric("wasmop_kind_calls_total");
+    let covered_before = metric("wasmop_kind_call_primaries_total");
+    let _op = start_operator(&ns).await?;
+
+    // Every backup gets a status: one starts, the others queue behind it.
+    let api = etcd_backups(&ns.client);
+    let jobs: Api<Job> = ns.api();
+    let overlaps: Arc<Mutex<Vec<String>>> = Arc::default();
+    wait_for("every EtcdBackup has a status", SERIAL_DEADLINE, || {
+        let (api, jobs, names, overlaps) =
+            (api.clone(), jobs.clone(), names.clone(), overlaps.clone());
+        async move {
+            let listed = jobs
+                .list(&ListParams::default().labels("app=cluster-backup-job"))
+                .await?;
+            let running: Vec<String> = listed
+                .items
+                .iter()
+                .filter(|j| !job_finished(j))
+                .map(|j| j.name_any())
+                .collect();
+            if running.len() > 1 {
+                overlaps.lock().expect("overlaps").push(running.join(", "));
+            }
+            let mut missing = Vec::new();
+            for name in &names {
+                let b = api.get(name).await?;
+                if b.data["status"]["conditions"]
+                    .as_array()
+                    .is_none_or(Vec::is_empty)
+                {
+                    missing.push(name.clone());
+                }
+            }
+            if missing.is_empty() {
+                Ok(Some(()))
+            } else {
+                bail!("no status yet: {missing:?}")
+            }
+        }
+    })
+    .await?;
+    let calls = metric("wasmop_kind_calls_total") - calls_before;
+    let covered = metric("wasmop_kind_call_primaries_total") - covered_before;
+    ensure!(calls >= 1.0, "no kind call was made");
+    // One call per debounced batch of changes, each over every backup:
+    // far fewer calls than backups, and no call over fewer than all six.
+    ensure!(
+        calls < BACKUPS as f64,
+        "{calls} kind calls for {BACKUPS} backups: changes were not batched"
+    );
+    ensure!(
+        covered >= calls * BACKUPS as f64,
+        "{calls} kind calls covered only {covered} EtcdBackups in all"
+    );
+
+    // The queue as one call computed it: the oldest runs (or ran), each
+    // other waits with the number of backups ahead of it in its message,
+    // and never two Jobs at once.
+    // (Read again until one consistent view: a later call may move the
+    // queue between two reads.)
+    wait_for(
+        "the queued backups hold distinct places",
+        DEFAULT_DEADLINE,
+        || {
+            let (api, names) = (api.clone(), names.clone());
+            async move {
+                let mut ahead_counts = Vec::new();
+                for name in &names {
+                    let b = api.get(name).await?;
+                    if let Some(message) = condition(&b, "BackupPending")
+                        .filter(|c| c["reason"] == "BackupQueued" && c["status"] == "True")
+                        .and_then(|c| c["message"].as_str())
+                    {
+                        let ahead: usize = message
+                            .rsplit("; ")
+                            .next()
+                            .and_then(|tail| tail.split(' ').next())
+                            .and_then(|n| n.parse().ok())
+                            .with_context(|| format!("{name}: queue message {message:?}"))?;
+                        ahead_counts.push(ahead);
+                    }
+                }
+                let mut sorted = ahead_counts.clone();
+                sorted.sort_unstable();
+                sorted.dedup();
+                if sorted.len() == ahead_counts.len() && ahead_counts.len() >= BACKUPS - 2 {
+                    Ok(Some(()))
+                } else {
+                    bail!("places in the queue: {ahead_counts:?}")
+                }
+            }
+        },
+    )
+    .await?;
+    let overlaps = overlaps.lock().expect("overlaps").clone();
+    assert!(
+        overlaps.is_empty(),
+        "backup Jobs ran at the same time: {overlaps:?}"
+    );
+    let ours = jobs
+        .list(&ListParams::default().labels("app=cluster-backup-job"))
+        .await?
+        .items
+        .into_iter()
+        .filter(|j| controller_name(j).is_some_and(|n| names.contains(&n)))
+        .filter(|j| !job_finished(j))
+        .count();
+    ensure!(ours <= 1, "{ours} unfinished backup Jobs at once");
+    Ok(())
+}

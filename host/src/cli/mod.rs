@@ -384,6 +384,37 @@ fn plan(args: PlanArgs) -> Result<ExitCode, CliError> {
         args.now.as_deref(),
         args.controller.as_deref(),
     )?;
+    if let Some(kind) = &run.kind {
+        // A kind-scoped controller: one call over every primary in the
+        // input, printed per primary.
+        use crate::reconcile::kind::KindOutcome;
+        print!("{}", offline::to_kind_golden_text(kind));
+        let ok = match &kind.outcome {
+            KindOutcome::Empty => true,
+            KindOutcome::Failed(e) => {
+                eprintln!(
+                    "error: plugin {} failed ({}): {e}",
+                    plugin.name(),
+                    e.reason()
+                );
+                false
+            }
+            KindOutcome::Split { decisions, refused } => {
+                for r in refused {
+                    eprintln!("error: refused {r}");
+                }
+                refused.is_empty()
+                    && decisions
+                        .iter()
+                        .all(|(_, d)| matches!(d, Decision::Planned { .. }))
+            }
+        };
+        return Ok(if ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
     if let Some(plan) = run.decision.plan() {
         print!("{}", render(plan, args.output)?);
     }

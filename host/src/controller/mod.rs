@@ -47,6 +47,7 @@ use crate::reconcile::snapshot::ObjectSource;
 use crate::watch::by_name::{self, SecretReads};
 use crate::watch::cache::{Cache, Change, KindCache, KindKey, WatchSpec};
 use route::{PrimaryLookup, Route, key_of};
+use wasmop_contract::Scope;
 
 pub use crate::execute::{
     RECONCILED_BY_ANNOTATION, RECONCILED_CONDITION, api_resource, reconciled_by,
@@ -117,6 +118,25 @@ pub enum OperatorError {
         /// How long it waited.
         waited: Duration,
     },
+}
+
+/// How long the changes for a kind-scoped controller are collected before
+/// its one call runs: the first change schedules the call this much later,
+/// and every change until then joins it (so N changes within the window
+/// make one call). A change during the call schedules one more.
+pub const KIND_DEBOUNCE: Duration = Duration::from_millis(200);
+
+/// The `name` of the one queue key of a kind-scoped controller (not a
+/// valid object name, so it never collides with a primary's key).
+pub const WHOLE_KIND_NAME: &str = "*";
+
+/// The one queue key of the kind-scoped controller `controller`.
+pub(crate) fn whole_kind_key(controller: &Arc<str>) -> PrimaryKey {
+    PrimaryKey {
+        controller: controller.clone(),
+        namespace: String::new(),
+        name: WHOLE_KIND_NAME.to_owned(),
+    }
 }
 
 /// Identity of one primary for one controller.
@@ -464,8 +484,13 @@ impl Operator {
                 if let Some(kc) = self.cache.kind(&a.primary) {
                     for obj in kc.list(None) {
                         a.route.index_refs(&obj);
-                        queued.push(key_of(&a.id, &obj));
+                        if a.spec.scope == Scope::Object {
+                            queued.push(key_of(&a.id, &obj));
+                        }
                     }
+                }
+                if a.spec.scope == Scope::Kind {
+                    queued.push(whole_kind_key(&a.id));
                 }
                 controllers.insert(a.id.clone(), a);
             }
@@ -598,6 +623,9 @@ impl Operator {
             controllers
                 .values()
                 .flat_map(|a| {
+                    if a.spec.scope == Scope::Kind {
+                        return vec![whole_kind_key(&a.id)];
+                    }
                     self.cache
                         .kind(&a.primary)
                         .map(|kc| kc.list(None))
@@ -801,13 +829,34 @@ impl Operator {
             secrets: None,
         };
         let routed = route::route(&routes, change, &source);
+        let kind_scoped = |key: &PrimaryKey| {
+            actives
+                .iter()
+                .any(|a| a.id == key.controller && a.spec.scope == Scope::Kind)
+        };
         for (key, uid) in routed.gone {
             self.observer.forget(&uid);
             self.queue.forget(&key);
             self.backoff.reset(&key);
+            if kind_scoped(&key) {
+                // The others may move up (e.g. a queue): one more call.
+                metrics::global().set_primary_gauges(
+                    &key.controller,
+                    &key.namespace,
+                    &key.name,
+                    &[],
+                );
+                self.queue
+                    .add_after(whole_kind_key(&key.controller), KIND_DEBOUNCE);
+            }
         }
         for key in routed.keys {
-            self.queue.add(key);
+            if kind_scoped(&key) {
+                self.queue
+                    .add_after(whole_kind_key(&key.controller), KIND_DEBOUNCE);
+            } else {
+                self.queue.add(key);
+            }
         }
     }
 }

@@ -9,14 +9,17 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::controller::truth::TruthLookup;
-use crate::controller::{Active, CacheSource, Operator, PrimaryKey};
+use crate::controller::{Active, CacheSource, Operator, PrimaryKey, whole_kind_key};
 use crate::execute::{self, Target, report};
 use crate::metrics;
 use crate::object;
 use crate::observe::PrimaryInfo;
 use crate::plugin::manifest::KindRef;
 use crate::reconcile::decide::{DecideInput, Decision, decide, format_now};
+use crate::reconcile::kind::{KindOutcome, decide_kind};
 use crate::reconcile::validate::Plan;
+use futures::StreamExt;
+use wasmop_contract::Scope;
 
 /// An object of a primary's snapshot, with the kind of the read that
 /// selected it (`None` for owned objects).
@@ -84,6 +87,17 @@ impl Operator {
             .get(&key.controller)
             .cloned();
         let Some(a) = active else { return };
+        if a.spec.scope == Scope::Kind {
+            if key.name == super::WHOLE_KIND_NAME && key.namespace.is_empty() {
+                self.reconcile_kind(&a).await;
+            } else {
+                // A primary's own key queued before a hot swap made the
+                // controller kind-scoped: it joins the next kind call.
+                self.queue
+                    .add_after(whole_kind_key(&a.id), super::KIND_DEBOUNCE);
+            }
+            return;
+        }
         let Some(primary) = self
             .cache
             .kind(&a.primary)
@@ -166,10 +180,38 @@ impl Operator {
         if let (Some(shadow), Some(snapshot)) = (self.shadow(a.plugin.name()), &decided.snapshot) {
             self.run_shadow(&a, key, shadow, snapshot, &decided.decision);
         }
-        match decided.decision {
+        self.act(
+            &a,
+            key,
+            primary,
+            decided.decision,
+            decided.snapshot.as_ref(),
+            &now_text,
+            elapsed,
+        )
+        .await;
+    }
+
+    /// Carries out one primary's [`Decision`]: reports a failure or a
+    /// rejection on the primary, or executes the plan, then requeues and
+    /// starts its HTTP requests. The one place a decision turns into
+    /// writes, for per-object and kind-scoped controllers alike.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn act(
+        &self,
+        a: &Active,
+        key: &PrimaryKey,
+        primary: Arc<Value>,
+        decision: Decision,
+        snapshot: Option<&crate::reconcile::snapshot::Snapshot>,
+        now_text: &str,
+        elapsed: Duration,
+    ) {
+        let now_text = now_text.to_owned();
+        match decision {
             Decision::Skipped(_) => {}
             Decision::Failed(e) => {
-                self.fail(&a, key, &primary, e.reason(), &e.to_string(), &now_text)
+                self.fail(a, key, &primary, e.reason(), &e.to_string(), &now_text)
                     .await;
             }
             Decision::Rejected { violations, .. } => {
@@ -181,7 +223,7 @@ impl Operator {
                     .collect::<Vec<_>>()
                     .join("; ");
                 let message = format!("plan rejected, nothing written: {message}");
-                self.fail(&a, key, &primary, "PlanRejected", &message, &now_text)
+                self.fail(a, key, &primary, "PlanRejected", &message, &now_text)
                     .await;
             }
             Decision::Planned { plan, judgement } => {
@@ -232,13 +274,13 @@ impl Operator {
                         // Never sooner than the plugin's floor: a
                         // `requeueAfterMs: 0` is no tight loop.
                         if let Some(delay) = a.plugin.limits().plan.requeue_after(&plan) {
-                            self.queue.add_after(key.clone(), delay);
+                            self.requeue(a, key, delay);
                         }
                         // HTTP calls are writes to the outside world: only
                         // while this replica still leads.
                         if !plan.http_requests.is_empty()
                             && crate::controller::leader::may_write(&self.leader, &self.lease_until)
-                            && let Some(snapshot) = &decided.snapshot
+                            && let Some(snapshot) = snapshot
                         {
                             // Each object with the kind of the read that
                             // selected it: an object from a watch's
@@ -261,7 +303,7 @@ impl Operator {
                                         .map(|r| (read_kind(&r.read), r.object.clone())),
                                 )
                                 .collect();
-                            self.observe(&a, key, &primary, &plan, &seen);
+                            self.observe(a, key, &primary, &plan, &seen);
                         }
                     }
                     Err(e)
@@ -279,7 +321,7 @@ impl Operator {
                         let delay = self.backoff.fail(key);
                         tracing::info!(primary = %key, reason = e.reason(), error = %e,
                             retry_in = ?delay, "reconcile deferred");
-                        self.queue.add_after(key.clone(), delay);
+                        self.requeue(a, key, delay);
                     }
                     Err(e) => {
                         // Re-read: the failed write may have been preceded by others.
@@ -288,10 +330,135 @@ impl Operator {
                             .kind(&a.primary)
                             .and_then(|kc| kc.get(&key.namespace, &key.name));
                         let primary = current.unwrap_or(primary);
-                        self.fail(&a, key, &primary, e.reason(), &e.to_string(), &now_text)
+                        self.fail(a, key, &primary, e.reason(), &e.to_string(), &now_text)
                             .await;
                     }
                 }
+            }
+        }
+    }
+
+    /// Queues `key` again after `delay`: the primary itself, or, for a
+    /// kind-scoped controller, its one whole-kind key.
+    pub(super) fn requeue(&self, a: &Active, key: &PrimaryKey, delay: Duration) {
+        if a.spec.scope == Scope::Kind {
+            self.queue.add_after(whole_kind_key(&a.id), delay);
+        } else {
+            self.queue.add_after(key.clone(), delay);
+        }
+    }
+
+    /// One call of a kind-scoped controller over every primary of its
+    /// kind, then each primary's decision carried out by [`Self::act`]
+    /// (at most `workers` primaries at once).
+    async fn reconcile_kind(&self, a: &Arc<Active>) {
+        let key = whole_kind_key(&a.id);
+        if let Some(kind) = a
+            .kinds
+            .iter()
+            .find(|k| !self.cache.kind(k).is_some_and(|kc| kc.synced()))
+        {
+            tracing::debug!(controller = %a.id, kind = %kind, "cache not synced; kind reconcile waits");
+            self.queue.add_after(key, Duration::from_millis(200));
+            return;
+        }
+        let all = self
+            .cache
+            .kind(&a.primary)
+            .map(|kc| kc.list(None))
+            .unwrap_or_default();
+        let now = jiff::Timestamp::now();
+        let now_text = format_now(now);
+        let source = CacheSource {
+            cache: Arc::clone(&self.cache),
+            secrets: Some((Arc::clone(&self.secrets), tokio::runtime::Handle::current())),
+        };
+        let truth = TruthLookup {
+            cache: source.clone(),
+            client: self.client.clone(),
+            runtime: tokio::runtime::Handle::current(),
+        };
+        let started = std::time::Instant::now();
+        let decided = {
+            let a = Arc::clone(a);
+            tokio::task::spawn_blocking(move || {
+                decide_kind(
+                    DecideInput {
+                        plugin: &a.plugin,
+                        controller: &a.spec,
+                        source: &source,
+                        existing: &truth,
+                        now,
+                    },
+                    all,
+                )
+            })
+            .await
+        };
+        let elapsed = started.elapsed();
+        let m = metrics::global();
+        m.add(
+            "wasmop_reconcile_seconds_total",
+            &[("controller", &a.id)],
+            elapsed.as_secs_f64(),
+        );
+        let decided = match decided {
+            Ok(decided) => decided,
+            Err(join) => {
+                let e = format!("kind reconcile task failed: {join}");
+                tracing::warn!(controller = %a.id, error = %e, "kind reconcile failed");
+                self.queue
+                    .add_after(key, self.config.backoff_max.min(Duration::from_secs(5)));
+                return;
+            }
+        };
+        if decided.snapshot.is_some() {
+            m.inc("wasmop_kind_calls_total", &[("controller", &a.id)]);
+            m.add(
+                "wasmop_kind_call_primaries_total",
+                &[("controller", &a.id)],
+                decided.primaries.len() as f64,
+            );
+            m.observe(
+                "wasmop_plugin_call_duration_seconds",
+                &[("plugin", a.plugin.name()), ("controller", &a.id)],
+                elapsed.as_secs_f64(),
+            );
+        }
+        let workers = self.config.workers.max(1);
+        let key_of_primary = |p: &Value| super::route::key_of(&a.id, p);
+        match decided.outcome {
+            KindOutcome::Empty => {}
+            KindOutcome::Failed(e) => {
+                // The one call failed: every primary it covered says so.
+                let (reason, message) = (e.reason(), e.to_string());
+                futures::stream::iter(decided.primaries)
+                    .for_each_concurrent(workers, |p| {
+                        let (reason, message, now_text) = (reason, &message, &now_text);
+                        async move {
+                            self.fail(a, &key_of_primary(&p), &p, reason, message, now_text)
+                                .await;
+                        }
+                    })
+                    .await;
+            }
+            KindOutcome::Split { decisions, refused } => {
+                for r in &refused {
+                    m.inc("wasmop_kind_plans_refused_total", &[("controller", &a.id)]);
+                    tracing::warn!(controller = %a.id, plugin_version = %a.plugin.version(),
+                        refusal = %r, "object plan of a kind plan refused, nothing of it written");
+                }
+                tracing::debug!(controller = %a.id, primaries = decided.primaries.len(),
+                    planned = decisions.len(), refused = refused.len(), ?elapsed, "kind plan");
+                futures::stream::iter(decisions)
+                    .for_each_concurrent(workers, |(p, decision)| {
+                        let now_text = &now_text;
+                        async move {
+                            let k = key_of_primary(&p);
+                            self.act(a, &k, p, decision, None, now_text, elapsed).await;
+                        }
+                    })
+                    .await;
             }
         }
     }
@@ -385,6 +552,6 @@ impl Operator {
             )
             .await;
         }
-        self.queue.add_after(key.clone(), delay);
+        self.requeue(a, key, delay);
     }
 }

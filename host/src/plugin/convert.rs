@@ -50,6 +50,10 @@ pub enum OutputProblem {
         /// Where in the plan, e.g. `apply[0].object`.
         field: String,
     },
+    /// The plan's shape does not fit the controller's scope: `objects` in
+    /// a per-object plan, or anything but `objects` in a kind plan.
+    #[error("{0}")]
+    WrongScope(String),
     /// An applied object lacks part of its identity.
     #[error("{field} has no {missing}")]
     MissingIdentity {
@@ -193,8 +197,19 @@ fn object_field(field: String, value: &Value) -> Result<(), OutputProblem> {
 /// boundary can: size, value count, shape, object identities.
 pub(crate) fn plan_from_json(text: &str) -> Result<Plan, OutputProblem> {
     let plan: Plan = parse_bounded("plan", text)?;
+    check_plan_shape(&plan, "")?;
+    for (i, object_plan) in plan.objects.iter().enumerate() {
+        // A kind plan's object plans are checked like plans (one level:
+        // nested `objects` are refused by decision, not here).
+        check_plan_shape(&object_plan.plan, &format!("objects[{i}]."))?;
+    }
+    Ok(plan)
+}
+
+/// The shape checks of one plan; `prefix` locates it in the output.
+fn check_plan_shape(plan: &Plan, prefix: &str) -> Result<(), OutputProblem> {
     for (i, op) in plan.apply.iter().enumerate() {
-        let field = format!("apply[{i}].object");
+        let field = format!("{prefix}apply[{i}].object");
         object_field(field.clone(), &op.object)?;
         for (missing, present) in [
             ("apiVersion", !object::api_version(&op.object).is_empty()),
@@ -207,12 +222,12 @@ pub(crate) fn plan_from_json(text: &str) -> Result<Plan, OutputProblem> {
         }
     }
     if let Some(status) = &plan.status {
-        object_field("status".to_owned(), status)?;
+        object_field(format!("{prefix}status"), status)?;
     }
     if let Some(patch) = &plan.primary_patch {
-        object_field("primaryPatch".to_owned(), patch)?;
+        object_field(format!("{prefix}primaryPatch"), patch)?;
     }
-    Ok(plan)
+    Ok(())
 }
 
 /// The `admit` answer from its JSON text, bounded like a plan.

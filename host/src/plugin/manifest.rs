@@ -301,6 +301,15 @@ pub fn problems(manifest: &Manifest) -> Vec<ManifestProblem> {
             }
         }
 
+        if c.scope == wasmop_contract::Scope::Kind && !c.http_targets.is_empty() {
+            // HTTP results are kept per primary and re-trigger one
+            // primary; a kind call has no single primary to hand them to.
+            problem(
+                format!("{at}.scope"),
+                "a kind-scoped controller cannot declare httpTargets (HTTP results belong to one primary)".into(),
+            );
+        }
+
         let mut target_ids = BTreeSet::new();
         for (ti, target) in c.http_targets.iter().enumerate() {
             let path = format!("{at}.httpTargets[{ti}]");
@@ -426,6 +435,7 @@ pub(crate) mod tests {
             primary_fields: vec!["spec.id".into()],
             http_targets: vec![],
             delete_primary: false,
+            scope: Default::default(),
         }
     }
 
@@ -571,6 +581,29 @@ pub(crate) mod tests {
             messages(&m),
             vec![
                 "controllers[0].httpTargets[0].kind: kind Pod is neither owned nor read by the controller"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_kind_scoped_controller_may_not_declare_http_targets() {
+        let mut m = manifest();
+        m.controllers[0].scope = wasmop_contract::Scope::Kind;
+        assert!(messages(&m).is_empty(), "kind scope alone is fine");
+        m.controllers[0]
+            .owns
+            .push(OwnedKind::reference(KindRef::namespaced(
+                "", "v1", "Pod", "pods",
+            )));
+        m.controllers[0].http_targets = vec![HttpTarget {
+            id: "members".into(),
+            kind: KindRef::namespaced("", "v1", "Pod", "pods"),
+            ports: vec![8080],
+        }];
+        assert_eq!(
+            messages(&m),
+            vec![
+                "controllers[0].scope: a kind-scoped controller cannot declare httpTargets (HTTP results belong to one primary)"
             ]
         );
     }

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::object;
+use crate::plugin::OutputProblem;
 use crate::plugin::manifest::Controller;
 use crate::plugin::{CallError, LoadedPlugin};
 use crate::reconcile::snapshot::{ObjectSource, Observation, Snapshot, build_snapshot};
@@ -34,6 +35,9 @@ pub enum SkipReason {
     /// The primary is being deleted and carries no finalizer of this
     /// controller: garbage collection removes what it owns.
     DeletingWithoutFinalizer,
+    /// The controller is kind-scoped: the primary is decided by the one
+    /// call over its whole kind (see [`crate::reconcile::kind`]), not alone.
+    KindScoped,
 }
 
 impl SkipReason {
@@ -41,6 +45,7 @@ impl SkipReason {
     pub fn as_str(self) -> &'static str {
         match self {
             SkipReason::DeletingWithoutFinalizer => "DeletingWithoutFinalizer",
+            SkipReason::KindScoped => "KindScoped",
         }
     }
 }
@@ -147,6 +152,12 @@ pub fn decide(
     );
     let decision = match input.plugin.reconcile(&snapshot) {
         Err(e) => Decision::Failed(e),
+        Ok(plan) if !plan.objects.is_empty() => {
+            Decision::Failed(CallError::MalformedOutput(OutputProblem::WrongScope(
+                "a per-object plan holds no `objects` (those answer a kind-scoped controller)"
+                    .into(),
+            )))
+        }
         Ok(plan) => {
             // Counts first: a plan with a million Events is rejected on its
             // lengths, without judging each entry.

@@ -233,7 +233,7 @@ pub fn check(plugin: &Path, dir: &Path) -> Result<GoldenReport, GoldenError> {
                         source,
                     }
                 })?;
-                offline::to_golden_text(&run.decision)
+                run.golden_text()
             }
         };
         let expected_path = expected_path(&fixture);

@@ -7,6 +7,7 @@ pub mod decide;
 pub mod diff;
 pub mod existing;
 pub mod golden;
+pub mod kind;
 pub mod offline;
 pub mod snapshot;
 pub mod validate;

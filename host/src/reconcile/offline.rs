@@ -44,9 +44,11 @@ use thiserror::Error;
 use crate::object;
 use crate::plugin::LoadedPlugin;
 use crate::plugin::manifest::{Controller, Manifest, split_api_version};
-use crate::reconcile::decide::{DecideInput, Decision, decide};
+use crate::reconcile::decide::{DecideInput, Decision, SkipReason, decide};
+use crate::reconcile::kind::{KindDecided, KindOutcome, decide_kind};
 use crate::reconcile::snapshot::{MemorySource, Observation};
 use crate::reconcile::validate::{Plan, Violation};
+use wasmop_contract::Scope;
 
 /// The uid given to a primary that has none.
 pub const PRIMARY_UID: &str = "00000000-0000-0000-0000-000000000001";
@@ -159,6 +161,43 @@ pub enum OfflineError {
         /// The text given.
         now: String,
     },
+}
+
+/// The golden-file form of a kind call, pretty-printed JSON ending in a
+/// newline: `{"objects":[{"namespace","name", <the golden form of its
+/// decision's fields>}],"refused":["…"]}` (each object's plan fields
+/// inline when planned, or its `rejected`), or `{"failed":{…}}` for the
+/// call, or `{"skipped":{"reason":"NoPrimaries"}}` when there was none.
+pub fn to_kind_golden_text(kind: &KindDecided) -> String {
+    let value = match &kind.outcome {
+        KindOutcome::Empty => serde_json::json!({"skipped": {"reason": "NoPrimaries"}}),
+        KindOutcome::Failed(e) => serde_json::json!({"failed": {
+            "reason": e.reason(), "message": e.to_string()}}),
+        KindOutcome::Split { decisions, refused } => {
+            let objects: Vec<Value> = decisions
+                .iter()
+                .map(|(primary, decision)| {
+                    let mut entry = serde_json::Map::new();
+                    entry.insert(
+                        "namespace".into(),
+                        object::namespace(primary).unwrap_or_default().into(),
+                    );
+                    entry.insert("name".into(), object::name(primary).into());
+                    let outcome: Value =
+                        serde_json::from_str(&to_golden_text(decision)).unwrap_or_default();
+                    if let Value::Object(fields) = outcome {
+                        entry.extend(fields);
+                    }
+                    Value::Object(entry)
+                })
+                .collect();
+            let refused: Vec<String> = refused.iter().map(ToString::to_string).collect();
+            serde_json::json!({"objects": objects, "refused": refused})
+        }
+    };
+    let mut text = serde_json::to_string_pretty(&value).unwrap_or_default();
+    text.push('\n');
+    text
 }
 
 /// The golden-file form of a decision, pretty-printed JSON ending in a
@@ -309,8 +348,24 @@ pub struct OfflineRun {
     pub controller: String,
     /// The primary, with defaults filled.
     pub primary: Arc<Value>,
-    /// How the run was decided, exactly as the live operator decides.
+    /// How the run was decided, exactly as the live operator decides
+    /// ([`SkipReason::KindScoped`] for a kind-scoped controller: see
+    /// [`OfflineRun::kind`]).
     pub decision: Decision,
+    /// For a kind-scoped controller: the one call over every object of
+    /// the primary kind in the input, split per primary.
+    pub kind: Option<KindDecided>,
+}
+
+impl OfflineRun {
+    /// The golden-file form of the run: [`to_golden_text`] of the
+    /// decision, or [`to_kind_golden_text`] for a kind-scoped controller.
+    pub fn golden_text(&self) -> String {
+        match &self.kind {
+            Some(kind) => to_kind_golden_text(kind),
+            None => to_golden_text(&self.decision),
+        }
+    }
 }
 
 /// Runs `plugin` over `input`: picks the primary and decides it with
@@ -368,6 +423,35 @@ pub fn run(
         });
     };
     let primary = Arc::new(objects[index].clone());
+    if controller.scope == Scope::Kind {
+        // Every object of the primary kind, decided by one call.
+        let all: Vec<Arc<Value>> = objects
+            .iter()
+            .filter(|o| {
+                controller
+                    .primary
+                    .matches(object::api_version(o), object::kind(o))
+            })
+            .map(|o| Arc::new(o.clone()))
+            .collect();
+        let source = MemorySource::new(objects);
+        let decided = decide_kind(
+            DecideInput {
+                plugin,
+                controller,
+                source: &source,
+                existing: &source,
+                now,
+            },
+            all,
+        );
+        return Ok(OfflineRun {
+            controller: controller.name.clone(),
+            primary,
+            decision: Decision::Skipped(SkipReason::KindScoped),
+            kind: Some(decided),
+        });
+    }
     let source = MemorySource::new(objects);
     let decided = decide(
         DecideInput {
@@ -384,6 +468,7 @@ pub fn run(
         controller: controller.name.clone(),
         primary,
         decision: decided.decision,
+        kind: None,
     })
 }
 

@@ -1,11 +1,14 @@
 //! The EtcdBackup controller: one Job per EtcdBackup, one Job at a time
 //! across the cluster, in creation order.
 //!
-//! Each reconcile sees one EtcdBackup (the primary), every other
-//! EtcdBackup, the backup Jobs and the scheduled runs' Jobs, and the PVCs;
-//! from those alone it decides the primary's next [`Step`]. Every
-//! EtcdBackup's reconcile computes the same queue, so the backups agree on
-//! whose turn it is without talking to each other:
+//! The controller is kind-scoped: one call sees every EtcdBackup (the
+//! snapshot's primary list), the Jobs they own, the backup Jobs and the
+//! scheduled runs' Jobs, and the PVCs. It computes the queue and the slot
+//! once ([`Cluster`]) and from those decides each backup's next [`Step`],
+//! answering one object plan per backup ([`reconcile_kind`]). So N changes
+//! cost one call over N backups, where a per-object controller made N
+//! calls that each recomputed the queue over all N (see BENCHMARKS.md).
+//! The steps, per backup:
 //!
 //! 0. A backup requested by Jobs (a scheduled run) none of which exists any
 //!    more is deleted, whatever its state, as upstream's
@@ -40,12 +43,14 @@
 //! Deleting an orphan whose Job still runs garbage-collects that Job (the
 //! EtcdBackup controls it), which frees the slot for the next backup.
 
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use wasmop_sdk::conditions::{find_condition, is_true, set_condition};
@@ -58,7 +63,8 @@ use crate::api::{
 use crate::settings::Settings;
 use crate::workloads::{backup_job, backup_job_name, backup_path, job_backup_path};
 
-/// Read id: every EtcdBackup in the cluster.
+/// Read id of every EtcdBackup in a per-object snapshot (see
+/// [`reconcile`]); the kind-scoped manifest declares no such read.
 pub const READ_ETCD_BACKUPS: &str = "etcdbackups";
 /// Read id: Jobs labelled `app=cluster-backup-job` (backup Jobs).
 pub const READ_BACKUP_JOBS: &str = "backup-jobs";
@@ -71,71 +77,66 @@ pub const READ_PVCS: &str = "pvcs";
 /// before it counts as lost (the Job may only be late through the watch).
 pub const MISSING_JOB_GRACE: Duration = Duration::from_secs(60);
 
-/// What one reconcile sees, typed and filtered to the target namespace.
+/// Everything a reconcile sees that is the same for every EtcdBackup:
+/// typed, filtered to the target namespace, with the queue and the slot
+/// computed once.
 #[derive(Clone, Debug)]
-pub struct World {
+pub struct Cluster {
     /// The settings.
     pub settings: Settings,
     /// The snapshot's time.
     pub now: Timestamp,
-    /// The primary.
-    pub backup: EtcdBackup,
-    /// Every other EtcdBackup.
-    pub others: Vec<EtcdBackup>,
-    /// The primary's own Jobs (controlled by it).
-    pub own_jobs: Vec<Job>,
+    /// Every EtcdBackup.
+    pub backups: Vec<EtcdBackup>,
     /// Backup Jobs in the target namespace (any owner).
     pub backup_jobs: Vec<Job>,
     /// Jobs of scheduled runs in the target namespace.
     pub runs: Vec<Job>,
     /// PVCs in the target namespace.
     pub pvcs: Vec<PersistentVolumeClaim>,
+    /// Place in the queue by uid (see [`Cluster::queue`]).
+    queue_pos: HashMap<String, usize>,
+    /// Name of the backup at the head of the queue.
+    queue_head: Option<String>,
+    /// What occupies the slot (see [`Cluster::running`]).
+    running: Option<Running>,
 }
 
-impl World {
-    /// Reads a snapshot of the EtcdBackup controller.
-    ///
-    /// # Errors
-    ///
-    /// [`ReconcileError::InvalidSpec`] when the primary is not an
-    /// EtcdBackup; [`ReconcileError::Internal`] when the settings, time or
-    /// a related object are not what the manifest promises.
-    pub fn from_snapshot(snapshot: &Snapshot) -> Result<World, ReconcileError> {
-        let settings = Settings::of(&snapshot.settings)?;
-        let backup = EtcdBackup::from_value(&snapshot.primary).map_err(|e| {
-            ReconcileError::invalid_spec(format!("EtcdBackup {}: {e}", snapshot.primary_name()))
-        })?;
-        let others = snapshot
-            .related(READ_ETCD_BACKUPS)
-            .map(|o| {
-                EtcdBackup::from_value(o)
-                    .map_err(|e| ReconcileError::internal(format!("related EtcdBackup: {e}")))
-            })
-            .filter(|b| !matches!(b, Ok(b) if b.uid() == backup.uid()))
-            .collect::<Result<Vec<_>, _>>()?;
-        let ns = settings.target_namespace.as_str();
-        Ok(World {
-            now: snapshot.now()?.0,
-            own_jobs: snapshot.owned_of_kind::<Job>()?,
-            backup_jobs: related_in(snapshot, READ_BACKUP_JOBS, ns)?,
-            runs: related_in(snapshot, READ_RUNS, ns)?,
-            pvcs: related_in(snapshot, READ_PVCS, ns)?,
+impl Cluster {
+    /// The cluster view over these objects; computes the queue and the
+    /// slot once (O(n log n) in the number of backups).
+    pub fn new(
+        settings: Settings,
+        now: Timestamp,
+        backups: Vec<EtcdBackup>,
+        backup_jobs: Vec<Job>,
+        runs: Vec<Job>,
+        pvcs: Vec<PersistentVolumeClaim>,
+    ) -> Cluster {
+        let mut cluster = Cluster {
             settings,
-            backup,
-            others,
-        })
-    }
-
-    /// The primary's Job: the one `status.backupJob` names, else the first
-    /// it controls.
-    fn own_job(&self) -> Option<&Job> {
-        let named = self.backup.backup_job.as_ref().and_then(|r| {
-            self.own_jobs.iter().find(|j| {
-                j.metadata.name.as_deref() == Some(r.name.as_str())
-                    && j.metadata.namespace.as_deref() == Some(r.namespace.as_str())
-            })
-        });
-        named.or_else(|| self.own_jobs.first())
+            now,
+            backups,
+            backup_jobs,
+            runs,
+            pvcs,
+            queue_pos: HashMap::new(),
+            queue_head: None,
+            running: None,
+        };
+        let queue: Vec<(String, String)> = cluster
+            .queue()
+            .iter()
+            .map(|b| (b.uid().to_owned(), b.name().to_owned()))
+            .collect();
+        cluster.queue_head = queue.first().map(|(_, name)| name.clone());
+        cluster.queue_pos = queue
+            .into_iter()
+            .enumerate()
+            .map(|(i, (uid, _))| (uid, i))
+            .collect();
+        cluster.running = cluster.compute_running();
+        cluster
     }
 
     /// The requesting Job of `b` when `b` was requested by Jobs (a
@@ -157,7 +158,11 @@ impl World {
     /// What occupies the single backup slot, if anything: a backup Job in
     /// the target namespace that has not finished, or a started, unfinished
     /// backup whose Job the snapshot does not show yet.
-    fn running(&self) -> Option<Running> {
+    pub fn running(&self) -> Option<&Running> {
+        self.running.as_ref()
+    }
+
+    fn compute_running(&self) -> Option<Running> {
         if let Some(job) = self
             .backup_jobs
             .iter()
@@ -183,16 +188,23 @@ impl World {
                 job: job_name,
             });
         }
-        self.others
+        let seen: HashSet<(&str, &str)> = self
+            .backup_jobs
+            .iter()
+            .filter_map(|j| {
+                Some((
+                    j.metadata.namespace.as_deref()?,
+                    j.metadata.name.as_deref()?,
+                ))
+            })
+            .collect();
+        self.backups
             .iter()
             .filter(|b| !b.finished() && !b.deleting())
             .find_map(|b| {
                 let r = b.backup_job.as_ref()?;
-                let seen = self.backup_jobs.iter().any(|j| {
-                    j.metadata.name.as_deref() == Some(r.name.as_str())
-                        && j.metadata.namespace.as_deref() == Some(r.namespace.as_str())
-                });
-                (r.namespace == self.settings.target_namespace && !seen).then(|| Running {
+                let shown = seen.contains(&(r.namespace.as_str(), r.name.as_str()));
+                (r.namespace == self.settings.target_namespace && !shown).then(|| Running {
                     backup: b.name().to_owned(),
                     job: r.name.clone(),
                 })
@@ -201,32 +213,75 @@ impl World {
 
     /// The queue of backups waiting to start, in order: unfinished, not
     /// deleted, not started, not orphaned; by creationTimestamp, then name.
-    /// Includes the primary when it waits.
-    fn queue(&self) -> Vec<&EtcdBackup> {
-        let mut waiting: Vec<&EtcdBackup> = std::iter::once(&self.backup)
-            .chain(self.others.iter())
+    pub fn queue(&self) -> Vec<&EtcdBackup> {
+        // The uids of the backups a backup Job in the snapshot belongs to.
+        let with_job: HashSet<&str> = self
+            .backup_jobs
+            .iter()
+            .flat_map(|j| j.metadata.owner_references.iter().flatten())
+            .filter(|o| o.controller == Some(true))
+            .map(|o| o.uid.as_str())
+            .collect();
+        let mut waiting: Vec<&EtcdBackup> = self
+            .backups
+            .iter()
             .filter(|b| {
                 !b.finished()
                     && !b.deleting()
                     && b.backup_job.is_none()
-                    && !self.has_job(b)
+                    && !with_job.contains(b.uid())
                     && self.gone_requester(b).is_none()
             })
             .collect();
         waiting.sort_by(|a, b| a.queue_key().cmp(&b.queue_key()));
         waiting
     }
+}
 
-    /// True when a backup Job controlled by `b` is in the snapshot.
-    fn has_job(&self, b: &EtcdBackup) -> bool {
-        self.backup_jobs.iter().any(|j| {
-            j.metadata
-                .owner_references
-                .iter()
-                .flatten()
-                .any(|o| o.controller == Some(true) && o.uid == b.uid())
-        })
+/// What one EtcdBackup's reconcile sees: the shared [`Cluster`], the
+/// backup and the Jobs it controls.
+#[derive(Clone, Debug)]
+pub struct World<'c> {
+    /// What every backup sees.
+    pub cluster: &'c Cluster,
+    /// The primary.
+    pub backup: &'c EtcdBackup,
+    /// The primary's own Jobs (controlled by it).
+    pub own_jobs: Vec<Job>,
+}
+
+impl World<'_> {
+    /// The primary's Job: the one `status.backupJob` names, else the first
+    /// it controls.
+    fn own_job(&self) -> Option<&Job> {
+        let named = self.backup.backup_job.as_ref().and_then(|r| {
+            self.own_jobs.iter().find(|j| {
+                j.metadata.name.as_deref() == Some(r.name.as_str())
+                    && j.metadata.namespace.as_deref() == Some(r.namespace.as_str())
+            })
+        });
+        named.or_else(|| self.own_jobs.first())
     }
+}
+
+/// Reads the parts of a snapshot every backup shares (everything but the
+/// EtcdBackups) and builds the [`Cluster`] over `backups`.
+///
+/// # Errors
+///
+/// [`ReconcileError::Internal`] when the settings, time or a related
+/// object are not what the manifest promises.
+fn cluster_of(snapshot: &Snapshot, backups: Vec<EtcdBackup>) -> Result<Cluster, ReconcileError> {
+    let settings = Settings::of(&snapshot.settings)?;
+    let ns = settings.target_namespace.clone();
+    Ok(Cluster::new(
+        settings,
+        snapshot.now()?.0,
+        backups,
+        related_in(snapshot, READ_BACKUP_JOBS, &ns)?,
+        related_in(snapshot, READ_RUNS, &ns)?,
+        related_in(snapshot, READ_PVCS, &ns)?,
+    ))
 }
 
 /// The objects of read `read` in namespace `ns`, deserialized (objects of
@@ -346,8 +401,9 @@ pub enum Step {
 
 /// Decides the primary's next step.
 pub fn next_step(world: &World) -> Step {
-    let backup = &world.backup;
-    if let Some((requester, uid)) = world.gone_requester(backup) {
+    let backup = world.backup;
+    let cluster = world.cluster;
+    if let Some((requester, uid)) = cluster.gone_requester(backup) {
         return Step::DeleteOrphan {
             requester: requester.to_owned(),
             requester_uid: uid.to_owned(),
@@ -374,8 +430,8 @@ pub fn next_step(world: &World) -> Step {
     if let Some(job) = &backup.backup_job {
         let since = find_condition(&backup.conditions, BACKUP_PENDING)
             .filter(|c| c.status == "True")
-            .map_or(world.now, |c| c.last_transition_time.0);
-        let waited = world.now.duration_since(since);
+            .map_or(cluster.now, |c| c.last_transition_time.0);
+        let waited = cluster.now.duration_since(since);
         let waited = Duration::try_from(waited).unwrap_or_default();
         return match MISSING_JOB_GRACE.checked_sub(waited) {
             Some(wait) if !wait.is_zero() => Step::AwaitJob {
@@ -385,14 +441,14 @@ pub fn next_step(world: &World) -> Step {
             _ => Step::JobLost { job: job.clone() },
         };
     }
-    let queue = world.queue();
-    let ahead = queue
-        .iter()
-        .position(|b| b.uid() == backup.uid())
-        .unwrap_or(queue.len());
-    let running = world.running();
+    let ahead = cluster
+        .queue_pos
+        .get(backup.uid())
+        .copied()
+        .unwrap_or(cluster.queue_pos.len());
+    let running = cluster.running().cloned();
     if running.is_some() || ahead > 0 {
-        let next = queue.first().map(|b| b.name().to_owned());
+        let next = cluster.queue_head.clone();
         return Step::Queued {
             next: if running.is_none() { next } else { None },
             running,
@@ -402,7 +458,7 @@ pub fn next_step(world: &World) -> Step {
     if backup.pvc_name.is_empty() {
         return Step::NoPvcName;
     }
-    let pvc_exists = world
+    let pvc_exists = cluster
         .pvcs
         .iter()
         .any(|p| p.metadata.name.as_deref() == Some(backup.pvc_name.as_str()));
@@ -414,22 +470,133 @@ pub fn next_step(world: &World) -> Step {
 
 /// The EtcdBackup controller's reconcile.
 ///
+/// The controller is kind-scoped: the host hands it every EtcdBackup at
+/// once ([`reconcile_kind`]). A per-object snapshot (one EtcdBackup as the
+/// primary, every EtcdBackup under the `etcdbackups` read) is still
+/// answered the same way for that one backup ([`reconcile_one`]): it is
+/// the shape this controller had before, kept for the unit tests and as
+/// the baseline of the kind benchmark.
+///
 /// # Errors
 ///
-/// As [`World::from_snapshot`].
+/// As [`reconcile_kind`] and [`reconcile_one`].
 pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
+    if snapshot.is_kind() {
+        reconcile_kind(snapshot)
+    } else {
+        reconcile_one(snapshot)
+    }
+}
+
+/// One call over every EtcdBackup: the queue and the slot are computed
+/// once, then each backup's step; one object plan per backup.
+///
+/// An EtcdBackup that does not parse gets an object plan with only a
+/// Warning Event (`InvalidSpec`) and is left out of the queue; the others
+/// are planned as usual.
+///
+/// # Errors
+///
+/// [`ReconcileError::Internal`] when the settings, time or a related object
+/// are not what the manifest promises.
+pub fn reconcile_kind(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
+    let mut plan = Plan::new();
+    let mut parsed: Vec<&serde_json::Value> = Vec::new();
+    let mut backups = Vec::new();
+    for item in snapshot.primaries() {
+        match EtcdBackup::from_value(item) {
+            Ok(b) => {
+                parsed.push(item);
+                backups.push(b);
+            }
+            Err(e) => {
+                let name = item
+                    .pointer("/metadata/name")
+                    .and_then(serde_json::Value::as_str)
+                    .unwrap_or_default();
+                plan = plan.object(
+                    item,
+                    Plan::new().warning("InvalidSpec", format!("EtcdBackup {name}: {e}")),
+                );
+            }
+        }
+    }
+    let cluster = cluster_of(snapshot, backups)?;
+    // Each backup's own Jobs, grouped once by their controller's uid.
+    let mut own_jobs: HashMap<&str, Vec<Job>> = HashMap::new();
+    for o in snapshot.owned.iter().filter(|o| {
+        o.get("apiVersion").and_then(serde_json::Value::as_str) == Some("batch/v1")
+            && o.get("kind").and_then(serde_json::Value::as_str) == Some("Job")
+    }) {
+        let job =
+            Job::deserialize(o).map_err(|e| ReconcileError::internal(format!("owned Job: {e}")))?;
+        let owner = o
+            .pointer("/metadata/ownerReferences")
+            .and_then(serde_json::Value::as_array)
+            .and_then(|refs| {
+                refs.iter().find(|r| {
+                    r.get("controller").and_then(serde_json::Value::as_bool) == Some(true)
+                })
+            })
+            .and_then(|r| r.get("uid"))
+            .and_then(serde_json::Value::as_str);
+        if let Some(uid) = owner {
+            own_jobs.entry(uid).or_default().push(job);
+        }
+    }
+    for (item, backup) in parsed.into_iter().zip(cluster.backups.iter()) {
+        if backup.deleting() {
+            plan = plan.object(item, Plan::new());
+            continue;
+        }
+        let world = World {
+            cluster: &cluster,
+            backup,
+            own_jobs: own_jobs.remove(backup.uid()).unwrap_or_default(),
+        };
+        plan = plan.object(item, self::plan(&world, &next_step(&world)));
+    }
+    Ok(plan)
+}
+
+/// The reconcile of one EtcdBackup from a per-object snapshot (see
+/// [`reconcile`]).
+///
+/// # Errors
+///
+/// [`ReconcileError::InvalidSpec`] when the primary is not an
+/// EtcdBackup; [`ReconcileError::Internal`] when the settings, time or
+/// a related object are not what the manifest promises.
+pub fn reconcile_one(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
     if snapshot.deleting {
         return Ok(Plan::new());
     }
-    let world = World::from_snapshot(snapshot)?;
+    let backup = EtcdBackup::from_value(&snapshot.primary).map_err(|e| {
+        ReconcileError::invalid_spec(format!("EtcdBackup {}: {e}", snapshot.primary_name()))
+    })?;
+    let mut backups = vec![backup];
+    for o in snapshot.related(READ_ETCD_BACKUPS) {
+        let b = EtcdBackup::from_value(o)
+            .map_err(|e| ReconcileError::internal(format!("related EtcdBackup: {e}")))?;
+        if b.uid() != backups[0].uid() {
+            backups.push(b);
+        }
+    }
+    let cluster = cluster_of(snapshot, backups)?;
+    let world = World {
+        cluster: &cluster,
+        backup: &cluster.backups[0],
+        own_jobs: snapshot.owned_of_kind::<Job>()?,
+    };
     Ok(plan(&world, &next_step(&world)))
 }
 
 /// The plan that carries out `step`.
 pub fn plan(world: &World, step: &Step) -> Plan {
-    let backup = &world.backup;
-    let ns = &world.settings.target_namespace;
-    let now = Time(world.now);
+    let backup = world.backup;
+    let cluster = world.cluster;
+    let ns = &cluster.settings.target_namespace;
+    let now = Time(cluster.now);
     let generation = backup.metadata.generation;
     let mut status = Status {
         conditions: backup.conditions.clone(),
@@ -535,8 +702,8 @@ pub fn plan(world: &World, step: &Step) -> Plan {
             plan = plan.warning(BACKUP_FAILED, message);
         }
         Step::Start => {
-            let path = backup_path(backup, &world.now);
-            let job = backup_job(&world.settings, backup, &path);
+            let path = backup_path(backup, &cluster.now);
+            let job = backup_job(&cluster.settings, backup, &path);
             let name = backup_job_name(backup.uid());
             let message = format!(
                 "Job {ns}/{name} is saving the backup to {path} on PVC {}",
@@ -1144,6 +1311,116 @@ mod tests {
         assert_eq!(condition(&plan, BACKUP_PENDING)["lastTransitionTime"], NOW);
         // The host's own condition is carried along untouched.
         assert_eq!(condition(&plan, "Reconciled")["message"], "host");
+    }
+
+    /// The kind snapshot of `all` with `jobs` (owned by their backups, and
+    /// as backup Jobs) and the PVC `backup-pvc`.
+    fn kind_snapshot(all: &[&Value], jobs: &[Value]) -> SnapshotBuilder {
+        let mut s = SnapshotBuilder::new(ETCD_BACKUP_CONTROLLER_NAME)
+            .primaries(all.iter().copied())
+            .now(NOW)
+            .related(READ_PVCS, pvc("backup-pvc", NS));
+        for j in jobs {
+            s = s.owned(j).related(READ_BACKUP_JOBS, j);
+        }
+        s
+    }
+
+    /// Every backup's plan from one kind call, by name.
+    fn kind_plans(s: SnapshotBuilder) -> Vec<(String, Plan)> {
+        let plan = run::<BackupPlugin>(&s.build()).expect("kind reconcile");
+        assert!(
+            Plan {
+                objects: vec![],
+                ..plan.clone()
+            }
+            .is_empty(),
+            "a kind plan holds only objects"
+        );
+        plan.objects
+            .into_iter()
+            .map(|o| (o.name.clone(), o.plan))
+            .collect()
+    }
+
+    #[test]
+    fn one_kind_call_plans_every_backup_as_its_own_reconcile_would() {
+        let done = with_condition(
+            eb("done", "2025-01-01T00:00:00Z"),
+            BACKUP_COMPLETED,
+            BACKUP_COMPLETED,
+            NOW,
+        );
+        let a = started(eb("a", "2025-01-01T00:00:01Z"), "2025-01-01T00:05:00Z");
+        let b = eb("b", "2025-01-01T00:00:02Z");
+        let c = eb("c", "2025-01-01T00:00:03Z");
+        let orphan = requested_by(eb("o", "2025-01-01T00:00:04Z"), "daily-1", "gone-uid");
+        let all = [&done, &a, &b, &c, &orphan];
+        for jobs in [
+            vec![job_of(&a, NS, None)],
+            vec![job_of(&a, NS, Some("Complete"))],
+            vec![],
+        ] {
+            let plans = kind_plans(kind_snapshot(&all, &jobs));
+            let names: Vec<&str> = plans.iter().map(|(n, _)| n.as_str()).collect();
+            assert_eq!(names, ["done", "a", "b", "c", "o"]);
+            for (primary, (_, kind_plan)) in all.iter().zip(&plans) {
+                let alone = plan_of(snapshot(primary, &all, &jobs));
+                assert_eq!(
+                    kind_plan, &alone,
+                    "{}: the kind call plans what its own reconcile plans",
+                    primary["metadata"]["name"]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_kind_call_starts_only_the_head_of_the_queue() {
+        let backups: Vec<Value> = (0..50)
+            .map(|i| eb(&format!("b{i:02}"), &format!("2025-01-01T00:00:{i:02}Z")))
+            .collect();
+        let all: Vec<&Value> = backups.iter().collect();
+        let plans = kind_plans(kind_snapshot(&all, &[]));
+        assert_eq!(plans.len(), 50);
+        let started: Vec<&str> = plans
+            .iter()
+            .filter(|(_, p)| !p.apply.is_empty())
+            .map(|(n, _)| n.as_str())
+            .collect();
+        assert_eq!(started, ["b00"], "one Job at a time, the oldest first");
+        let (_, last) = &plans[49];
+        assert!(
+            condition(last, BACKUP_PENDING)["message"]
+                .as_str()
+                .unwrap()
+                .ends_with("49 queued ahead of this one")
+        );
+    }
+
+    #[test]
+    fn in_a_kind_call_an_unparsable_backup_gets_a_warning_and_the_others_go_on() {
+        let mut bad = eb("bad", "2025-01-01T00:00:00Z");
+        bad["spec"]["pvcName"] = json!(3);
+        let b = eb("b", "2025-01-01T00:00:02Z");
+        let plans = kind_plans(kind_snapshot(&[&bad, &b], &[]));
+        let (name, bad_plan) = &plans[0];
+        assert_eq!(name, "bad");
+        assert!(bad_plan.apply.is_empty() && bad_plan.status.is_none());
+        assert_eq!(bad_plan.events[0].reason, "InvalidSpec");
+        let (name, b_plan) = &plans[1];
+        assert_eq!(name, "b");
+        assert_eq!(b_plan.apply.len(), 1, "b starts: the bad one is not queued");
+    }
+
+    #[test]
+    fn in_a_kind_call_a_backup_being_deleted_gets_an_empty_plan() {
+        let mut a = eb("a", "2025-01-01T00:00:01Z");
+        a["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:09:00Z");
+        let b = eb("b", "2025-01-01T00:00:02Z");
+        let plans = kind_plans(kind_snapshot(&[&a, &b], &[]));
+        assert!(plans[0].1.is_empty());
+        assert_eq!(plans[1].1.apply.len(), 1);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! Two controllers, both over cluster-scoped primaries:
 //!
 //! - `etcdbackup` ([`etcdbackup`]) — `operator.openshift.io/v1alpha1`
-//!   EtcdBackup: one Job per backup in the target namespace, one Job at a
+//!   EtcdBackup, kind-scoped (one call over every EtcdBackup): one Job per backup in the target namespace, one Job at a
 //!   time across the cluster, the others queued in creation order; status
 //!   as upstream (`BackupPending`/`BackupCompleted`/`BackupFailed`/
 //!   `BackupSkipped`, `backupJob`). EtcdBackups whose requesting Job is gone
@@ -63,17 +63,16 @@ fn write_namespaces(controller: Controller) -> Controller {
 impl Plugin for BackupPlugin {
     fn manifest() -> Manifest {
         let job = KindRef::of::<Job>();
+        // Kind-scoped: one debounced call over every EtcdBackup computes the
+        // serial queue once (the primaries are the snapshot's list, so no
+        // read of EtcdBackups is needed).
         let etcd_backups = Controller::new(ETCD_BACKUP_CONTROLLER, etcd_backup_kind())
+            .kind_scope()
             .owns(job.clone())
             // An EtcdBackup whose requesting Job (a scheduled run) is gone
             // deletes itself: a cluster-scoped object cannot be
             // garbage-collected through its namespaced owner.
             .delete_primary()
-            .reads(Read::new(
-                etcdbackup::READ_ETCD_BACKUPS,
-                etcd_backup_kind(),
-                Selector::ClusterWide,
-            ))
             .reads(Read::new(
                 etcdbackup::READ_BACKUP_JOBS,
                 job.clone(),
@@ -142,7 +141,6 @@ mod tests {
         assert_eq!(
             reads,
             [
-                ("etcdbackups", &Selector::ClusterWide),
                 (
                     "backup-jobs",
                     &Selector::Labels("app=cluster-backup-job".into())
@@ -166,6 +164,12 @@ mod tests {
             assert_eq!(c.finalizer, None);
         }
         assert!(eb.delete_primary, "orphaned EtcdBackups delete themselves");
+        assert_eq!(
+            eb.scope,
+            wasmop_sdk::Scope::Kind,
+            "one call over all EtcdBackups"
+        );
+        assert_eq!(b.scope, wasmop_sdk::Scope::Object);
         assert!(!b.delete_primary);
     }
 

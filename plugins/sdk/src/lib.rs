@@ -86,11 +86,12 @@ pub use conditions::{ConditionStatus, find_condition, is_true, set_condition};
 pub use error::ReconcileError;
 pub use hash::stable_hash;
 pub use manifest::{
-    Controller, FieldRef, HttpTarget, KindRef, Manifest, OwnedKind, Ownership, Read, Selector,
+    Controller, FieldRef, HttpTarget, KindRef, Manifest, OwnedKind, Ownership, Read, Scope,
+    Selector,
 };
 pub use plan::{
-    ApplyOp, CaBundle, DeleteOp, Event, EventType, Gauge, HttpMethod, HttpRequest, ObjectRef, Plan,
-    Precondition, RequestTarget, SecretHeader,
+    ApplyOp, CaBundle, DeleteOp, Event, EventType, Gauge, HttpMethod, HttpRequest, ObjectPlan,
+    ObjectRef, Plan, Precondition, RequestTarget, SecretHeader,
 };
 pub use settings::SettingsProblem;
 pub use snapshot::{Observation, RelatedObject, Snapshot};

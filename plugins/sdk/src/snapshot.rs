@@ -120,6 +120,44 @@ impl Snapshot {
             .filter(|ns| !ns.is_empty())
     }
 
+    /// True when this is the snapshot of a kind-scoped controller (see
+    /// [`crate::Scope::Kind`]): its primary is a `v1` `List` of every
+    /// primary of the kind.
+    pub fn is_kind(&self) -> bool {
+        str_at(&self.primary, &["apiVersion"]) == wasmop_contract::KIND_SNAPSHOT_API_VERSION
+            && str_at(&self.primary, &["kind"]) == wasmop_contract::KIND_SNAPSHOT_KIND
+    }
+
+    /// The primaries of a kind-scoped controller's snapshot (the items of
+    /// its primary list, sorted by namespace and name); the primary alone
+    /// for a per-object snapshot. Answer each with
+    /// [`Plan::object`](crate::Plan::object).
+    pub fn primaries(&self) -> &[Value] {
+        if self.is_kind() {
+            self.primary
+                .get("items")
+                .and_then(Value::as_array)
+                .map_or(&[], Vec::as_slice)
+        } else {
+            std::slice::from_ref(&self.primary)
+        }
+    }
+
+    /// The owned objects whose controller ownerReference names `uid` (in a
+    /// kind-scoped snapshot, what one primary owns by reference).
+    pub fn owned_by<'a>(&'a self, uid: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
+        self.owned.iter().filter(move |o| {
+            o.pointer("/metadata/ownerReferences")
+                .and_then(Value::as_array)
+                .is_some_and(|refs| {
+                    refs.iter().any(|r| {
+                        r.get("controller").and_then(Value::as_bool) == Some(true)
+                            && r.get("uid").and_then(Value::as_str) == Some(uid)
+                    })
+                })
+        })
+    }
+
     /// `metadata.generation` of the primary, if set.
     pub fn primary_generation(&self) -> Option<i64> {
         self.primary

@@ -91,6 +91,19 @@ impl SnapshotBuilder {
         self
     }
 
+    /// Makes this the snapshot of a kind-scoped controller (see
+    /// [`crate::Scope::Kind`]): the primary is a `v1` `List` of `objects`,
+    /// in the order given (the host sorts them by namespace and name).
+    pub fn primaries<T: Serialize>(mut self, objects: impl IntoIterator<Item = T>) -> Self {
+        let items: Vec<Value> = objects.into_iter().map(json).collect();
+        self.snapshot.primary = serde_json::json!({
+            "apiVersion": wasmop_contract::KIND_SNAPSHOT_API_VERSION,
+            "kind": wasmop_contract::KIND_SNAPSHOT_KIND,
+            "items": items,
+        });
+        self
+    }
+
     /// Adds an owned object.
     pub fn owned(mut self, object: impl Serialize) -> Self {
         self.snapshot.owned.push(json(object));

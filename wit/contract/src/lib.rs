@@ -45,12 +45,12 @@ pub use admission::{AdmissionOperation, AdmissionRead, AdmissionResponse, Admiss
 pub use error::{ReconcileError, SettingsProblem};
 pub use manifest::{
     Controller, FieldRef, HttpTarget, KindRef, Manifest, OwnedKind, Ownership, Read,
-    SETTING_PREFIX, Selector, split_api_version,
+    SETTING_PREFIX, Scope, Selector, split_api_version,
 };
 pub use observation::Observation;
 pub use plan::{
-    ApplyOp, CaBundle, DeleteOp, Event, EventType, Gauge, HttpMethod, HttpRequest, ObjectRef, Plan,
-    Precondition, RequestTarget, SecretHeader,
+    ApplyOp, CaBundle, DeleteOp, Event, EventType, Gauge, HttpMethod, HttpRequest, ObjectPlan,
+    ObjectRef, Plan, Precondition, RequestTarget, SecretHeader,
 };
 
 /// The WIT package this crate's types belong to.
@@ -72,6 +72,15 @@ pub const OWNER_UID_LABEL: &str = "wasmop.dev/owner-uid";
 /// `{"apiVersion":"wasmop.dev/v1","kind":"AbsentKind","metadata":{"name":
 /// "<plural>.<group>"},"spec":{"group","version","kind","plural"}}` each.
 pub const ABSENT_KIND_READ: &str = "wasmop.dev/absent-kinds";
+
+/// `apiVersion` of the primary a kind-scoped controller's snapshot holds
+/// (see [`Scope::Kind`]).
+pub const KIND_SNAPSHOT_API_VERSION: &str = "v1";
+/// `kind` of the primary a kind-scoped controller's snapshot holds: a
+/// `{"apiVersion":"v1","kind":"List","items":[…]}` of every primary of the
+/// kind that is not being deleted without the controller's finalizer,
+/// sorted by namespace and name.
+pub const KIND_SNAPSHOT_KIND: &str = "List";
 
 /// The string at a dotted path of a JSON object (`metadata.name`), if any.
 pub fn str_at<'a>(object: &'a serde_json::Value, dotted: &str) -> Option<&'a str> {

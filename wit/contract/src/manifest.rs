@@ -449,6 +449,40 @@ pub struct Controller {
     /// A plan may delete the primary itself (see `Plan::delete_self`).
     #[serde(default)]
     pub delete_primary: bool,
+    /// Whether the controller is called once per primary (the default) or
+    /// once for its whole primary kind (see [`Scope::Kind`]). Omitted from
+    /// JSON when per object.
+    #[serde(default, skip_serializing_if = "Scope::is_object")]
+    pub scope: Scope,
+}
+
+/// How many primaries one reconcile call covers.
+///
+/// JSON: `"object"` (the default, also when the field is missing) or
+/// `"kind"`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Scope {
+    /// One call per primary; the snapshot's `primary` is that object.
+    #[default]
+    Object,
+    /// One debounced call for every primary of the kind at once. The
+    /// snapshot's `primary` is a `v1` `List` of all of them (see
+    /// [`KIND_SNAPSHOT_KIND`](crate::KIND_SNAPSHOT_KIND)), `owned` holds
+    /// what each of them owns, `related` what the reads select for any of
+    /// them (each object once), and the plan answers one
+    /// [`ObjectPlan`](crate::plan::ObjectPlan) per primary in its
+    /// `objects`. The host runs each object plan through the same
+    /// validation and execution as a per-object plan, against its own
+    /// primary.
+    Kind,
+}
+
+impl Scope {
+    /// True for [`Scope::Object`].
+    pub fn is_object(&self) -> bool {
+        matches!(self, Scope::Object)
+    }
 }
 
 impl Controller {
@@ -464,7 +498,14 @@ impl Controller {
             primary_fields: Vec::new(),
             http_targets: Vec::new(),
             delete_primary: false,
+            scope: Scope::Object,
         }
+    }
+
+    /// Reconciles the whole primary kind in one call (see [`Scope::Kind`]).
+    pub fn kind_scope(mut self) -> Self {
+        self.scope = Scope::Kind;
+        self
     }
 
     /// Adds an owned kind marked by a controller ownerReference.

@@ -86,6 +86,54 @@ pub struct Plan {
     /// empty.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub gauges: Vec<Gauge>,
+    /// The answer of a kind-scoped controller (see
+    /// [`Scope::Kind`](crate::manifest::Scope::Kind)): one plan per
+    /// primary, each naming its primary. A kind plan holds nothing but
+    /// `objects`; a per-object plan holds no `objects`. Omitted from JSON
+    /// when empty.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub objects: Vec<ObjectPlan>,
+}
+
+/// The plan for one primary inside a kind plan.
+///
+/// JSON: `{"namespace":"…","name":"…","uid":"…", <the fields of a Plan>}`
+/// (`namespace` empty or missing for cluster-scoped primaries). The uid
+/// must be the primary's as the snapshot showed it; the host refuses an
+/// object plan naming a primary that is not in the snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectPlan {
+    /// The primary's namespace (empty for a cluster-scoped one).
+    #[serde(default)]
+    pub namespace: String,
+    /// The primary's name.
+    pub name: String,
+    /// The primary's uid.
+    pub uid: String,
+    /// What to do for it.
+    #[serde(flatten)]
+    pub plan: Plan,
+}
+
+impl ObjectPlan {
+    /// The plan `plan` for `primary` (its namespace, name and uid are
+    /// taken from its metadata).
+    pub fn new(primary: &Value, plan: Plan) -> Self {
+        let text = |key: &str| {
+            primary
+                .pointer(&format!("/metadata/{key}"))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        ObjectPlan {
+            namespace: text("namespace"),
+            name: text("name"),
+            uid: text("uid"),
+            plan,
+        }
+    }
 }
 
 /// One gauge value for the host's `/metrics`.
@@ -517,6 +565,14 @@ impl Plan {
     /// True when the plan asks for nothing at all.
     pub fn is_empty(&self) -> bool {
         *self == Plan::default()
+    }
+
+    /// Adds the plan for one primary of a kind-scoped controller's call
+    /// (see [`ObjectPlan`]); `primary` is the item of the snapshot's
+    /// primary list it is for.
+    pub fn object(mut self, primary: &Value, plan: Plan) -> Self {
+        self.objects.push(ObjectPlan::new(primary, plan));
+        self
     }
 
     /// Applies `object` (a `serde_json::Value` or any serializable type, such
