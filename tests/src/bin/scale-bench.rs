@@ -70,17 +70,19 @@ fn total(w: &Writes) -> f64 {
     w.values().sum()
 }
 
+/// A `/proc/self/status` memory field (`VmRSS:`, `VmHWM:`) in KiB.
+fn status_kib(field: &str) -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// (VmRSS, VmHWM) of this process in MiB.
 fn rss() -> (f64, f64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-            .map_or(0.0, |kb| kb / 1024.0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
+    (status_kib("VmRSS:") / 1024.0, status_kib("VmHWM:") / 1024.0)
 }
 
 /// Waits until `done` answers true, polling every `every`, for at most
@@ -168,16 +170,6 @@ impl Phase {
     }
 }
 
-/// RSS of this process in KiB.
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// Child process: holds the Widgets and ConfigMaps of `ns` (`n` of each)
 /// the way `mode` says (`none`, `cache`, `reflector`) and prints its RSS.
 async fn memory_child(mode: &str, ns: &str, n: usize) -> Result<()> {
@@ -216,7 +208,7 @@ async fn memory_child(mode: &str, ns: &str, n: usize) -> Result<()> {
                 async move { Ok(ok) }
             })
             .await?;
-            println!("RSS_KIB {}", rss_kib());
+            println!("RSS_KIB {}", status_kib("VmRSS:"));
             drop(cache);
             return Ok(());
         }
@@ -252,7 +244,7 @@ async fn memory_child(mode: &str, ns: &str, n: usize) -> Result<()> {
         }
         other => bail!("unknown memory mode {other}"),
     }
-    println!("RSS_KIB {}", rss_kib());
+    println!("RSS_KIB {}", status_kib("VmRSS:"));
     Ok(())
 }
 
