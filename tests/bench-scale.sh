@@ -29,4 +29,4 @@ cleanup() {
 trap cleanup EXIT
 KUBECONFIG="$(bash tests/cluster/up.sh)"
 export KUBECONFIG
-RUST_LOG="${RUST_LOG:-warn}" "$bin_dir/scale-bench" "$@"
+WASMOP_LOG="${WASMOP_LOG:-warn}" RUST_LOG="${RUST_LOG:-warn}" "$bin_dir/scale-bench" "$@"
