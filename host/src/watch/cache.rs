@@ -84,11 +84,24 @@ pub struct Change {
 
 type ObjKey = (String, String); // (namespace, name); namespace empty when cluster-scoped
 
+/// The objects of one kind, and two indexes that share them (an `Arc`
+/// each, no copy of a key): by UID, and by owner UID (each owner's objects
+/// sorted by namespace and name; a `Vec`, since an owner usually has a few,
+/// where a tree set would allocate a node for eleven).
 #[derive(Default, Debug)]
 struct Data {
     objects: BTreeMap<ObjKey, Arc<Value>>,
-    by_uid: HashMap<String, ObjKey>,
-    by_owner: HashMap<String, BTreeSet<ObjKey>>,
+    by_uid: HashMap<String, Arc<Value>>,
+    by_owner: HashMap<String, Vec<Arc<Value>>>,
+}
+
+/// An object's place in an owner's list: namespace, then name.
+fn sort_key(obj: &Value) -> (&str, &str) {
+    let meta = &obj["metadata"];
+    (
+        meta["namespace"].as_str().unwrap_or_default(),
+        meta["name"].as_str().unwrap_or_default(),
+    )
 }
 
 impl Data {
@@ -96,13 +109,15 @@ impl Data {
         let old = self.remove(&key);
         let uid = object::uid(&obj);
         if !uid.is_empty() {
-            self.by_uid.insert(uid.to_string(), key.clone());
+            self.by_uid.insert(uid.to_string(), Arc::clone(&obj));
         }
         for owner in object::owner_uids(&obj) {
-            self.by_owner
-                .entry(owner.to_string())
-                .or_default()
-                .insert(key.clone());
+            let list = self.by_owner.entry(owner.to_string()).or_default();
+            let at = list.partition_point(|o| sort_key(o) < sort_key(&obj));
+            // An owner named twice in ownerReferences lists the object once.
+            if !list.get(at).is_some_and(|o| Arc::ptr_eq(o, &obj)) {
+                list.insert(at, Arc::clone(&obj));
+            }
         }
         self.objects.insert(key, obj);
         old
@@ -111,13 +126,13 @@ impl Data {
     fn remove(&mut self, key: &ObjKey) -> Option<Arc<Value>> {
         let old = self.objects.remove(key)?;
         let uid = object::uid(&old);
-        if self.by_uid.get(uid) == Some(key) {
+        if self.by_uid.get(uid).is_some_and(|o| Arc::ptr_eq(o, &old)) {
             self.by_uid.remove(uid);
         }
         for owner in object::owner_uids(&old) {
-            if let Some(set) = self.by_owner.get_mut(owner) {
-                set.remove(key);
-                if set.is_empty() {
+            if let Some(list) = self.by_owner.get_mut(owner) {
+                list.retain(|o| !Arc::ptr_eq(o, &old));
+                if list.is_empty() {
                     self.by_owner.remove(owner);
                 }
             }
@@ -168,8 +183,7 @@ impl KindCache {
     /// The object with this UID.
     pub fn get_by_uid(&self, uid: &str) -> Option<Arc<Value>> {
         let data = self.data.read().expect("cache lock");
-        let key = data.by_uid.get(uid)?;
-        data.objects.get(key).cloned()
+        data.by_uid.get(uid).cloned()
     }
 
     /// Objects in a namespace (`Some`) or everywhere (`None`), sorted by
@@ -191,14 +205,7 @@ impl KindCache {
     /// namespace and name.
     pub fn owned_by(&self, owner_uid: &str) -> Vec<Arc<Value>> {
         let data = self.data.read().expect("cache lock");
-        data.by_owner
-            .get(owner_uid)
-            .map(|keys| {
-                keys.iter()
-                    .filter_map(|k| data.objects.get(k).cloned())
-                    .collect()
-            })
-            .unwrap_or_default()
+        data.by_owner.get(owner_uid).cloned().unwrap_or_default()
     }
 
     /// Number of cached objects.
@@ -770,6 +777,31 @@ mod tests {
         d.remove(&k);
         assert!(d.by_owner.is_empty());
         assert!(d.by_uid.is_empty());
+    }
+
+    #[test]
+    fn an_owners_objects_are_sorted_shared_and_listed_once() {
+        let mut d = Data::default();
+        for (ns, name, uid) in [("b", "x", "u3"), ("a", "z", "u2"), ("a", "y", "u1")] {
+            d.insert((ns.into(), name.into()), cm(ns, name, uid, Some("p")));
+        }
+        let names: Vec<_> = d.by_owner["p"].iter().map(|o| sort_key(o)).collect();
+        assert_eq!(names, [("a", "y"), ("a", "z"), ("b", "x")]);
+        // The indexes hold the cached object itself, not a copy.
+        let cached = &d.objects[&("a".to_string(), "z".to_string())];
+        assert!(Arc::ptr_eq(&d.by_uid["u2"], cached));
+        // Replaced: the index serves the new object, the old one is gone.
+        d.insert(("a".into(), "z".into()), cm("a", "z", "u2", Some("p")));
+        assert_eq!(d.by_owner["p"].len(), 3);
+        let cached = &d.objects[&("a".to_string(), "z".to_string())];
+        assert!(Arc::ptr_eq(&d.by_uid["u2"], cached));
+        assert!(d.by_owner["p"].iter().any(|o| Arc::ptr_eq(o, cached)));
+        // Two ownerReferences to one owner: listed once.
+        let mut twice = (*cm("c", "w", "u4", Some("q"))).clone();
+        let refs = twice["metadata"]["ownerReferences"].clone();
+        twice["metadata"]["ownerReferences"] = json!([refs[0], refs[0]]);
+        d.insert(("c".into(), "w".into()), Arc::new(twice));
+        assert_eq!(d.by_owner.get("q").map(Vec::len), Some(1));
     }
 
     fn api_error(code: u16) -> kube::Error {

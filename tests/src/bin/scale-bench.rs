@@ -180,8 +180,10 @@ async fn memory_child(mode: &str, ns: &str, n: usize) -> Result<()> {
         &GroupVersionKind::gvk("test.wasmop.dev", "v1", "Widget"),
         "widgets",
     );
-    let configmaps =
-        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "ConfigMap"), "configmaps");
+    let configmaps = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("", "v1", "ConfigMap"),
+        "configmaps",
+    );
     // Settled once every object is held (ConfigMaps: the Widgets' and the
     // namespace's kube-root-ca.crt).
     let settle = Duration::from_secs(120);
@@ -203,10 +205,15 @@ async fn memory_child(mode: &str, ns: &str, n: usize) -> Result<()> {
                 });
                 held.push(kc);
             }
-            until("the cache to hold every object", Duration::from_millis(50), settle, || {
-                let ok = held.iter().all(|kc| kc.synced() && kc.len() >= n);
-                async move { Ok(ok) }
-            })
+            until(
+                "the cache to hold every object",
+                Duration::from_millis(50),
+                settle,
+                || {
+                    let ok = held.iter().all(|kc| kc.synced() && kc.len() >= n);
+                    async move { Ok(ok) }
+                },
+            )
             .await?;
             println!("RSS_KIB {}", status_kib("VmRSS:"));
             drop(cache);
@@ -236,10 +243,15 @@ async fn memory_child(mode: &str, ns: &str, n: usize) -> Result<()> {
             .for_each(|_| async {});
             tokio::spawn(w);
             tokio::spawn(c);
-            until("the reflectors to hold every object", Duration::from_millis(50), settle, || {
-                let ok = wstore.len() >= n && cstore.len() >= n;
-                async move { Ok(ok) }
-            })
+            until(
+                "the reflectors to hold every object",
+                Duration::from_millis(50),
+                settle,
+                || {
+                    let ok = wstore.len() >= n && cstore.len() >= n;
+                    async move { Ok(ok) }
+                },
+            )
             .await?;
         }
         other => bail!("unknown memory mode {other}"),
