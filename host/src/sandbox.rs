@@ -10,6 +10,17 @@
 //! Calls are synchronous (no wasmtime async): the live controller runs them
 //! on `tokio::task::spawn_blocking`.
 //!
+//! # Every call starts from the plugin's initial memory
+//!
+//! Each call is a new instance in a new store. Its linear memory comes from
+//! a pool slot, which wasmtime restores to the module's initial image before
+//! the slot is used again: the pages a call dirtied (found with
+//! `PAGEMAP_SCAN` where the kernel has it) are copied back from the image or
+//! zeroed within the first [`Tuning::memory_keep_resident`] bytes, and
+//! returned to the kernel beyond them. Keeping those pages mapped spares the
+//! next call a page fault per page; it costs up to that many resident bytes
+//! per pool slot in use.
+//!
 //! # Every call ends on time
 //!
 //! Epoch interruption stops wasm code at the deadline, but not a host call
@@ -37,7 +48,8 @@ use crate::reconcile::validate::PlanLimits;
 use thiserror::Error;
 use wasmtime::component::{Linker, Resource, ResourceTable};
 use wasmtime::{
-    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreContextMut,
+    Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store,
+    StoreContextMut,
 };
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::p2::{DynPollable, Pollable, subscribe};
@@ -89,6 +101,49 @@ impl Default for Limits {
     }
 }
 
+/// Engine settings that change speed, not behaviour (except
+/// `epoch_interruption`, which the deadline needs). [`Tuning::default`] is
+/// what [`Sandbox::new`] uses; the benchmarks compare it with
+/// [`Tuning::wasmtime_defaults`] and with epoch interruption off.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    /// Compile deadline checks into the code (off: calls have no deadline).
+    pub epoch_interruption: bool,
+    /// Bytes of each pooled linear memory reset with `memset` and kept
+    /// mapped when a call ends, rather than returned to the kernel with
+    /// `madvise` (which makes the next call fault every page in again).
+    pub memory_keep_resident: usize,
+    /// The same for tables.
+    pub table_keep_resident: usize,
+    /// Find the pages a call dirtied with the `PAGEMAP_SCAN` ioctl (Linux
+    /// 6.7+; ignored where unsupported) and reset only those.
+    pub pagemap_scan: bool,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            epoch_interruption: true,
+            memory_keep_resident: 4 << 20,
+            table_keep_resident: 64 << 10,
+            pagemap_scan: true,
+        }
+    }
+}
+
+impl Tuning {
+    /// wasmtime's own defaults (what the sandbox used before).
+    pub fn wasmtime_defaults() -> Self {
+        Tuning {
+            epoch_interruption: true,
+            memory_keep_resident: 0,
+            table_keep_resident: 0,
+            pagemap_scan: false,
+        }
+    }
+}
+
 /// Size of the in-memory stderr a call may fill (for panic messages).
 pub const STDERR_CAPACITY: usize = 16 << 10;
 
@@ -111,6 +166,8 @@ pub struct Sandbox {
     engine: Engine,
     linker: Linker<StoreState>,
     config: SandboxConfig,
+    /// False only for a benchmark's sandbox without deadlines.
+    epochs: bool,
 }
 
 impl std::fmt::Debug for Sandbox {
@@ -129,6 +186,19 @@ impl Sandbox {
     /// [`SandboxError`] when wasmtime rejects the configuration (e.g. the
     /// platform cannot reserve the pool) or the ticker thread cannot start.
     pub fn new(config: SandboxConfig) -> Result<Arc<Sandbox>, SandboxError> {
+        Self::tuned(config, Tuning::default())
+    }
+
+    /// [`Sandbox::new`] with the engine settings of `tuning`. Only the
+    /// benchmarks use anything but [`Tuning::default`], to compare settings
+    /// in one run; `Tuning { epoch_interruption: false, .. }` gives calls
+    /// no deadline.
+    ///
+    /// # Errors
+    ///
+    /// As [`Sandbox::new`].
+    #[doc(hidden)]
+    pub fn tuned(config: SandboxConfig, tuning: Tuning) -> Result<Arc<Sandbox>, SandboxError> {
         let mut pool = PoolingAllocationConfig::new();
         let n = config.max_instances.max(1);
         pool.total_component_instances(n)
@@ -138,11 +208,18 @@ impl Sandbox {
             .total_memories(n.saturating_mul(2))
             .total_tables(n.saturating_mul(8))
             .max_memories_per_module(1)
-            .max_memory_size(config.max_memory_bytes);
+            .max_memory_size(config.max_memory_bytes)
+            .linear_memory_keep_resident(tuning.memory_keep_resident)
+            .table_keep_resident(tuning.table_keep_resident)
+            .pagemap_scan(if tuning.pagemap_scan {
+                Enabled::Auto
+            } else {
+                Enabled::No
+            });
 
         let mut wasm = Config::new();
         wasm.wasm_component_model(true)
-            .epoch_interruption(true)
+            .epoch_interruption(tuning.epoch_interruption)
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&wasm).map_err(|e| SandboxError::Engine(e.into()))?;
 
@@ -168,6 +245,7 @@ impl Sandbox {
             engine,
             linker,
             config,
+            epochs: tuning.epoch_interruption,
         }))
     }
 
@@ -223,8 +301,10 @@ impl Sandbox {
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
-        store.set_epoch_deadline(deadline_ticks(limits.deadline, self.config.epoch_tick));
-        store.epoch_deadline_trap();
+        if self.epochs {
+            store.set_epoch_deadline(deadline_ticks(limits.deadline, self.config.epoch_tick));
+            store.epoch_deadline_trap();
+        }
         store
     }
 }
@@ -506,6 +586,56 @@ mod tests {
         let used = cap.used;
         assert!(!cap.memory_growing(0, 1 << 16, Some(0)).unwrap());
         assert_eq!(cap.used, used);
+    }
+
+    /// A component whose `probe` reads three places of its memory — a data
+    /// segment's word (5 in the image), a byte within the resident part
+    /// of a pooled slot, one beyond it — and then dirties all of them.
+    fn probe_component(engine: &Engine) -> wasmtime::component::Component {
+        let wat = r#"(component
+  (core module $m
+    (memory 160)
+    (data (i32.const 131072) "\05\00\00\00")
+    (func (export "probe") (result i32)
+      (local $seen i32)
+      (local.set $seen (i32.add
+        (i32.load (i32.const 131072))
+        (i32.add
+          (i32.shl (i32.load8_u (i32.const 1048576)) (i32.const 8))
+          (i32.shl (i32.load8_u (i32.const 9437184)) (i32.const 16)))))
+      (memory.fill (i32.const 0) (i32.const 171) (i32.const 10485760))
+      (local.get $seen)))
+  (core instance $i (instantiate $m))
+  (func (export "probe") (result u32) (canon lift (core func $i "probe"))))"#;
+        let bytes = wat::parse_str(wat).expect("the probe component parses");
+        wasmtime::component::Component::new(engine, bytes).expect("compiles")
+    }
+
+    #[test]
+    fn pooled_slots_are_pristine_for_every_call_under_every_tuning() {
+        for tuning in [Tuning::default(), Tuning::wasmtime_defaults()] {
+            let sandbox = Sandbox::tuned(
+                SandboxConfig {
+                    max_instances: 1,
+                    max_memory_bytes: 16 << 20,
+                    epoch_tick: Duration::from_millis(10),
+                },
+                tuning,
+            )
+            .expect("sandbox");
+            let component = probe_component(sandbox.engine());
+            let pre = sandbox.linker().instantiate_pre(&component).expect("links");
+            // One slot: every call reuses the memory the previous one dirtied.
+            for call in 0..4 {
+                let mut store = sandbox.store(&Limits::default(), UNIX_EPOCH);
+                let instance = pre.instantiate(&mut store).expect("instantiates");
+                let probe = instance
+                    .get_typed_func::<(), (u32,)>(&mut store, "probe")
+                    .expect("probe export");
+                let (seen,) = probe.call(&mut store, ()).expect("runs");
+                assert_eq!(seen, 5, "call {call} under {tuning:?} saw {seen:#x}");
+            }
+        }
     }
 
     #[test]

@@ -509,6 +509,46 @@ impl LoadedPlugin {
         }
     }
 
+    /// The stages of [`LoadedPlugin::reconcile`] one at a time, for
+    /// `host/benches/reconcile.rs`: a fresh store and instantiation only.
+    ///
+    /// # Errors
+    ///
+    /// As [`LoadedPlugin::reconcile`].
+    #[doc(hidden)]
+    pub fn bench_instantiate(&self) -> Result<(), CallError> {
+        self.call(UNIX_EPOCH, |_, _| Ok(()))
+    }
+
+    /// A fresh store, instantiation and the cheapest export
+    /// (`validate-settings` of `{}`), for the benchmarks.
+    ///
+    /// # Errors
+    ///
+    /// As [`LoadedPlugin::reconcile`].
+    #[doc(hidden)]
+    pub fn bench_trivial_call(&self) -> Result<(), CallError> {
+        self.call(UNIX_EPOCH, |p, store| p.call_validate_settings(store, "{}"))
+            .map(drop)
+    }
+
+    /// [`LoadedPlugin::reconcile`] without parsing the plan: the plan's
+    /// JSON text as the plugin returned it, for the benchmarks.
+    ///
+    /// # Errors
+    ///
+    /// As [`LoadedPlugin::reconcile`], except a malformed plan.
+    #[doc(hidden)]
+    pub fn bench_reconcile_text(&self, snapshot: &Snapshot) -> Result<String, CallError> {
+        let input = convert::snapshot_to_wit(snapshot);
+        let now = parse_now(&snapshot.now);
+        self.call(now, |p, store| p.call_reconcile(store, &input))?
+            .map_err(|_| CallError::PluginError {
+                kind: PluginErrorKind::Internal,
+                message: "the plugin answered with an error".to_owned(),
+            })
+    }
+
     /// Instantiates the plugin in a fresh bounded store and runs `f`.
     fn call<R>(
         &self,
@@ -530,6 +570,28 @@ impl LoadedPlugin {
                 message: trap_message(&e, &store.data().stderr()),
             })
         })
+    }
+}
+
+/// The host's halves of a call, for `host/benches/reconcile.rs`.
+#[doc(hidden)]
+pub mod stages {
+    use super::{OutputProblem, Plan, Snapshot, convert};
+
+    /// The snapshot as the WIT record handed to the plugin (its objects as
+    /// JSON texts); opaque.
+    pub fn snapshot_to_wit(snapshot: &Snapshot) -> impl Sized + use<> {
+        convert::snapshot_to_wit(snapshot)
+    }
+
+    /// The plan from the plugin's JSON text, checked as
+    /// [`super::LoadedPlugin::reconcile`] checks it.
+    ///
+    /// # Errors
+    ///
+    /// When the text is not a well-formed plan.
+    pub fn plan_from_json(text: &str) -> Result<Plan, OutputProblem> {
+        convert::plan_from_json(text)
     }
 }
 
