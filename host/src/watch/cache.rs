@@ -23,7 +23,7 @@
 //!   `wasmop_watch_errors_total{kind,reason}` and
 //!   `wasmop_watch_recovery_seconds{kind}`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -731,6 +731,7 @@ fn obj_key(v: &Value) -> ObjKey {
 mod tests {
     use super::*;
     use serde_json::json;
+    use std::collections::BTreeSet;
 
     #[test]
     fn cached_objects_always_carry_api_version_and_kind() {
