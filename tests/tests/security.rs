@@ -6,6 +6,7 @@
 //! Secret the plugins create for their Certificates with a real
 //! certificate generated here with `openssl`. Nothing talks to a Pod.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -606,6 +607,33 @@ async fn tightening_gateway_tls_never_serves_fail_open() -> Result<()> {
     })
     .await?;
 
+    // Every listener any gateway pod ever had, from a watch: a transient
+    // state cannot fall between two samples.
+    let ever: Arc<std::sync::Mutex<BTreeSet<String>>> = Arc::default();
+    let watching = {
+        use futures::StreamExt;
+        use kube::runtime::{WatchStreamExt, watcher};
+        let ever = ever.clone();
+        let cfg = watcher::Config::default()
+            .labels("firebolt.io/instance=fb,firebolt.io/component=gateway");
+        tokio::spawn(
+            watcher(pods.clone(), cfg)
+                .applied_objects()
+                .for_each(move |pod| {
+                    if let Ok(pod) = pod {
+                        let listener = pod
+                            .meta()
+                            .annotations
+                            .as_ref()
+                            .and_then(|a| a.get("firebolt.io/client-listener"))
+                            .cloned()
+                            .unwrap_or_else(|| "plaintext".to_owned());
+                        ever.lock().expect("listeners").insert(listener);
+                    }
+                    futures::future::ready(())
+                }),
+        )
+    };
     // Sample: status, then pods. A secure pod never runs beside a
     // plaintext one, and TLS is never advertised while a plaintext pod runs.
     let stop = Arc::new(AtomicBool::new(false));
@@ -642,9 +670,11 @@ async fn tightening_gateway_tls_never_serves_fail_open() -> Result<()> {
     .await?;
     stop.store(true, Ordering::SeqCst);
     let samples = sampler.await??;
+    watching.abort();
+    let ever = ever.lock().expect("listeners").clone();
     assert!(
-        samples.iter().any(|(_, l)| l.iter().any(|x| x == "closed")),
-        "the transition went through closed pods: {samples:?}"
+        ever.contains("closed"),
+        "the transition went through closed pods: listeners seen {ever:?}, samples {samples:?}"
     );
     for (advertised, listeners) in &samples {
         let plaintext = listeners.iter().any(|x| x == "plaintext");
