@@ -26,6 +26,21 @@ use wasmop_contract::Scope;
 type Seen = (Option<KindRef>, Arc<Value>);
 
 impl Operator {
+    /// What a decision reads: the cache (Secrets read live), and the
+    /// cache-then-API-server lookup that judges the plan's writes.
+    fn sources(&self) -> (CacheSource, TruthLookup) {
+        let source = CacheSource {
+            cache: Arc::clone(&self.cache),
+            secrets: Some((Arc::clone(&self.secrets), tokio::runtime::Handle::current())),
+        };
+        let truth = TruthLookup {
+            cache: source.clone(),
+            client: self.client.clone(),
+            runtime: tokio::runtime::Handle::current(),
+        };
+        (source, truth)
+    }
+
     /// Calls the shadow candidate on the snapshot the active plugin just
     /// decided, in the background (bounded by the worker count), and
     /// compares the plans. Nothing of the shadow's plan is written.
@@ -122,15 +137,7 @@ impl Operator {
                 .add_after(key.clone(), Duration::from_millis(200));
             return;
         }
-        let source = CacheSource {
-            cache: Arc::clone(&self.cache),
-            secrets: Some((Arc::clone(&self.secrets), tokio::runtime::Handle::current())),
-        };
-        let truth = TruthLookup {
-            cache: source.clone(),
-            client: self.client.clone(),
-            runtime: tokio::runtime::Handle::current(),
-        };
+        let (source, truth) = self.sources();
         let started = std::time::Instant::now();
         let decided = {
             let a = Arc::clone(&a);
@@ -369,15 +376,7 @@ impl Operator {
             .unwrap_or_default();
         let now = jiff::Timestamp::now();
         let now_text = format_now(now);
-        let source = CacheSource {
-            cache: Arc::clone(&self.cache),
-            secrets: Some((Arc::clone(&self.secrets), tokio::runtime::Handle::current())),
-        };
-        let truth = TruthLookup {
-            cache: source.clone(),
-            client: self.client.clone(),
-            runtime: tokio::runtime::Handle::current(),
-        };
+        let (source, truth) = self.sources();
         let started = std::time::Instant::now();
         let decided = {
             let a = Arc::clone(a);

@@ -49,7 +49,7 @@ use crate::plugin::manifest::{Controller, Selector};
 use crate::reconcile::decide::{DecideInput, Decision, format_now};
 use crate::reconcile::existing::ExistingObject;
 use crate::reconcile::snapshot::{
-    ObjectSource, RelatedObject, Snapshot, absent_kind, build_snapshot,
+    ObjectSource, RelatedObject, Snapshot, absent_kinds, build_snapshot,
 };
 use crate::reconcile::validate::{
     ExistingLookup, Plan, PlanLimits, check_counts, check_gauges, validate_with_owned,
@@ -184,15 +184,7 @@ pub fn build_kind_snapshot(
     }
     // Optional kinds that are not listed, as a per-object snapshot names
     // them.
-    let required = controller.required_kinds();
-    for kind in controller.kinds() {
-        if !required.iter().any(|r| r.same_type(kind)) && source.absent(kind) {
-            related.push(RelatedObject {
-                read: wasmop_contract::ABSENT_KIND_READ.to_owned(),
-                object: Arc::new(absent_kind(kind)),
-            });
-        }
-    }
+    related.extend(absent_kinds(controller, source));
     // Each object once per read, reads in manifest order (then the absent
     // kinds), objects sorted as in a per-object snapshot.
     let read_order: HashMap<&str, usize> = controller

@@ -153,15 +153,7 @@ pub fn build_snapshot(
     // Optional kinds (only optional reads or optional owned kinds name
     // them) that are not listed: named, so a plugin can tell "no objects"
     // from "no API".
-    let required = controller.required_kinds();
-    for kind in controller.kinds() {
-        if !required.iter().any(|r| r.same_type(kind)) && source.absent(kind) {
-            related.push(RelatedObject {
-                read: wasmop_contract::ABSENT_KIND_READ.to_owned(),
-                object: Arc::new(absent_kind(kind)),
-            });
-        }
-    }
+    related.extend(absent_kinds(controller, source));
 
     Snapshot {
         controller: controller.name.clone(),
@@ -212,6 +204,24 @@ fn select(
                 .collect()
         }
     }
+}
+
+/// One `AbsentKind` related object for each optional kind of `controller`
+/// that `source` has not listed.
+pub(crate) fn absent_kinds(
+    controller: &Controller,
+    source: &dyn ObjectSource,
+) -> Vec<RelatedObject> {
+    let required = controller.required_kinds();
+    controller
+        .kinds()
+        .into_iter()
+        .filter(|kind| !required.iter().any(|r| r.same_type(kind)) && source.absent(kind))
+        .map(|kind| RelatedObject {
+            read: wasmop_contract::ABSENT_KIND_READ.to_owned(),
+            object: Arc::new(absent_kind(kind)),
+        })
+        .collect()
 }
 
 /// The object a snapshot carries under [`wasmop_contract::ABSENT_KIND_READ`]
