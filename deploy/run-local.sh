@@ -191,7 +191,10 @@ if [[ $check == 1 ]]; then
   for path in metrics readyz healthz; do
     curl -fsS "http://$addr/$path" >/dev/null || { echo "GET /$path on the operator failed"; curl -sS "http://$addr/$path"; exit 1; }
   done
-  curl -fsS "http://$addr/metrics" | grep -q '^workqueue_adds_total{name=' \
+  # Read the whole page first: `curl | grep -q` fails under pipefail when
+  # grep stops reading at its first match before curl has written it all.
+  metrics="$(curl -fsS "http://$addr/metrics")" || { echo "GET /metrics on the operator failed"; exit 1; }
+  grep -q '^workqueue_adds_total{name=' <<<"$metrics" \
     || { echo "/metrics has no workqueue_adds_total series"; exit 1; }
   echo "demo check passed: every example primary is Ready; /metrics, /readyz and /healthz answer 200"
   exit 0
