@@ -6,6 +6,10 @@
 #
 # usage: tests/bench-scale.sh [N...]      e.g. tests/bench-scale.sh 100 1000 10000
 #
+# WASMOP_BENCH_MEMORY_ONLY=1 measures only the memory per cached object
+# (host cache against a minimal reflector), over objects the bench writes
+# itself, without the operator and floor runs.
+#
 # WASMOP_BENCH_PROFILE=dev runs an unoptimised build (no release build of
 # wasmtime needed; the host is slower, the floor client too).
 set -euo pipefail

@@ -231,6 +231,7 @@ impl Handler {
                 (_, Selection::Nothing) => Vec::new(),
                 (Some(kc), Selection::Get { namespace, name }) => kc
                     .get(namespace.as_deref().unwrap_or_default(), name)
+                    .map(|o| Arc::new(o.value()))
                     .into_iter()
                     .collect(),
                 (Some(kc), Selection::List { namespace, labels }) => {
@@ -240,11 +241,8 @@ impl Handler {
                     };
                     kc.list(namespace.as_deref())
                         .into_iter()
-                        .filter(|o| {
-                            selector
-                                .as_ref()
-                                .is_none_or(|s| s.matches(&crate::object::labels(o)))
-                        })
+                        .filter(|o| selector.as_ref().is_none_or(|s| s.matches(&o.labels())))
+                        .map(|o| Arc::new(o.value()))
                         .collect()
                 }
                 (None, selection) => self

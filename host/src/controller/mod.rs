@@ -45,8 +45,9 @@ use crate::plugin::LoadedPlugin;
 use crate::plugin::manifest::{Controller, KindRef};
 use crate::reconcile::snapshot::ObjectSource;
 use crate::watch::by_name::{self, SecretReads};
-use crate::watch::cache::{Cache, Change, KindCache, KindKey, WatchSpec};
-use route::{PrimaryLookup, Route, key_of};
+use crate::watch::cache::{Cache, CachedObject, Change, KindCache, KindKey, WatchSpec};
+use crate::watch::selector::LabelSelector;
+use route::{PrimaryLookup, Route, cached_key_of};
 use wasmop_contract::Scope;
 
 pub use crate::execute::{
@@ -482,10 +483,13 @@ impl Operator {
             let replaced = old.iter().filter_map(|k| controllers.remove(k)).next();
             for a in actives {
                 if let Some(kc) = self.cache.kind(&a.primary) {
+                    let field_reads = a.route.has_field_reads();
                     for obj in kc.list(None) {
-                        a.route.index_refs(&obj);
+                        if field_reads {
+                            a.route.index_refs(&obj.value());
+                        }
                         if a.spec.scope == Scope::Object {
-                            queued.push(key_of(&a.id, &obj));
+                            queued.push(cached_key_of(&a.id, &obj));
                         }
                     }
                 }
@@ -631,7 +635,7 @@ impl Operator {
                         .map(|kc| kc.list(None))
                         .unwrap_or_default()
                         .iter()
-                        .map(|o| key_of(&a.id, o))
+                        .map(|o| cached_key_of(&a.id, o))
                         .collect::<Vec<_>>()
                 })
                 .collect()
@@ -755,7 +759,7 @@ impl ObjectSource for CacheSource {
     fn owned_by(&self, kind: &KindRef, owner_uid: &str) -> Vec<Arc<Value>> {
         self.cache
             .kind(&kind_key(kind))
-            .map(|kc| kc.owned_by(owner_uid))
+            .map(|kc| parsed(kc.owned_by(owner_uid)))
             .unwrap_or_default()
     }
 
@@ -763,12 +767,29 @@ impl ObjectSource for CacheSource {
         self.cache
             .kind(&kind_key(kind))?
             .get(namespace.unwrap_or_default(), name)
+            .map(|o| Arc::new(o.value()))
     }
 
     fn list(&self, kind: &KindRef, namespace: Option<&str>) -> Vec<Arc<Value>> {
         self.cache
             .kind(&kind_key(kind))
-            .map(|kc| kc.list(namespace))
+            .map(|kc| parsed(kc.list(namespace)))
+            .unwrap_or_default()
+    }
+
+    fn list_matching(
+        &self,
+        kind: &KindRef,
+        namespace: Option<&str>,
+        selector: &LabelSelector,
+    ) -> Vec<Arc<Value>> {
+        self.cache
+            .kind(&kind_key(kind))
+            .map(|kc| {
+                let mut objects = kc.list(namespace);
+                objects.retain(|o| selector.matches(&o.labels()));
+                parsed(objects)
+            })
             .unwrap_or_default()
     }
 
@@ -782,12 +803,17 @@ impl ObjectSource for CacheSource {
     }
 }
 
+/// Cached objects parsed, for a snapshot.
+fn parsed(objects: Vec<Arc<CachedObject>>) -> Vec<Arc<Value>> {
+    objects.iter().map(|o| Arc::new(o.value())).collect()
+}
+
 impl PrimaryLookup for CacheSource {
-    fn by_uid(&self, kind: &KindKey, uid: &str) -> Option<Arc<Value>> {
+    fn by_uid(&self, kind: &KindKey, uid: &str) -> Option<Arc<CachedObject>> {
         self.cache.kind(kind)?.get_by_uid(uid)
     }
 
-    fn list(&self, kind: &KindKey, namespace: Option<&str>) -> Vec<Arc<Value>> {
+    fn list(&self, kind: &KindKey, namespace: Option<&str>) -> Vec<Arc<CachedObject>> {
         self.cache
             .kind(kind)
             .map(|kc| kc.list(namespace))

@@ -23,7 +23,7 @@ use crate::controller::{PrimaryKey, RECONCILED_BY_ANNOTATION};
 use crate::object;
 use crate::plugin::manifest::{Controller, KindRef, Ownership, Selector};
 use crate::reconcile::snapshot;
-use crate::watch::cache::{Change, KindKey};
+use crate::watch::cache::{CachedObject, Change, KindKey};
 use crate::watch::selector::selector_matches;
 
 /// `(namespace, name)` of a primary.
@@ -106,6 +106,15 @@ impl Route {
         }
     }
 
+    /// True when the controller reads objects through field references
+    /// (only then does [`Route::index_refs`] record anything).
+    pub(crate) fn has_field_reads(&self) -> bool {
+        self.spec
+            .reads
+            .iter()
+            .any(|r| matches!(r.selector, Selector::Field(_)))
+    }
+
     /// Records the objects `primary` names through field references.
     pub(crate) fn index_refs(&self, primary: &Value) {
         let targets = snapshot::referenced_names(&self.spec, primary)
@@ -122,9 +131,9 @@ impl Route {
 /// The primaries routing can look up (the primary kinds' caches).
 pub(crate) trait PrimaryLookup {
     /// The primary of `kind` with this UID.
-    fn by_uid(&self, kind: &KindKey, uid: &str) -> Option<Arc<Value>>;
+    fn by_uid(&self, kind: &KindKey, uid: &str) -> Option<Arc<CachedObject>>;
     /// The primaries of `kind` in `namespace` (all for `None`).
-    fn list(&self, kind: &KindKey, namespace: Option<&str>) -> Vec<Arc<Value>>;
+    fn list(&self, kind: &KindKey, namespace: Option<&str>) -> Vec<Arc<CachedObject>>;
 }
 
 /// Where a change goes.
@@ -146,6 +155,15 @@ pub(crate) fn key_of(controller: &Arc<str>, obj: &Value) -> PrimaryKey {
         controller: controller.clone(),
         namespace: object::namespace(obj).unwrap_or_default().to_string(),
         name: object::name(obj).to_string(),
+    }
+}
+
+/// [`key_of`] a cached object, without parsing it.
+pub(crate) fn cached_key_of(controller: &Arc<str>, obj: &CachedObject) -> PrimaryKey {
+    PrimaryKey {
+        controller: controller.clone(),
+        namespace: obj.namespace().to_string(),
+        name: obj.name().to_string(),
     }
 }
 
@@ -190,19 +208,16 @@ fn owner_uid<'a>(obj: &'a Value, ownership: &Ownership) -> Option<&'a str> {
 /// Which primaries of `routes` a cache change concerns.
 pub(crate) fn route(routes: &[&Route], change: &Change, lookup: &dyn PrimaryLookup) -> Routed {
     let mut out = Routed::default();
-    let objects: Vec<&Value> = change
-        .old
-        .iter()
-        .chain(change.new.iter())
-        .map(|v| v.as_ref())
-        .collect();
+    // The cache holds text: each side of the change is parsed once here.
+    let old = change.old.as_ref().map(|o| o.value());
+    let new = change.new.as_ref().map(|o| o.value());
+    let objects: Vec<&Value> = old.iter().chain(new.iter()).collect();
     for r in routes {
         if r.primary == change.kind {
-            match (&change.old, &change.new) {
+            match (&old, &new) {
                 (_, Some(new)) => {
                     r.index_refs(new);
-                    let changed = change
-                        .old
+                    let changed = old
                         .as_ref()
                         .is_none_or(|old| trigger_view(old) != trigger_view(new));
                     if changed {
@@ -240,7 +255,7 @@ pub(crate) fn route(routes: &[&Route], change: &Change, lookup: &dyn PrimaryLook
                 if let Some(uid) = owner_uid(obj, ownership)
                     && let Some(p) = lookup.by_uid(&r.primary, uid)
                 {
-                    out.keys.push(key_of(&r.id, &p));
+                    out.keys.push(cached_key_of(&r.id, &p));
                 }
             }
         }
@@ -306,7 +321,7 @@ fn primaries_in(r: &Route, lookup: &dyn PrimaryLookup, namespace: Option<&str>) 
     lookup
         .list(&r.primary, namespace)
         .iter()
-        .map(|p| key_of(&r.id, p))
+        .map(|p| cached_key_of(&r.id, p))
         .collect()
 }
 
@@ -340,14 +355,17 @@ mod tests {
     struct Primaries(BTreeMap<String, Arc<Value>>);
 
     impl PrimaryLookup for Primaries {
-        fn by_uid(&self, _: &KindKey, uid: &str) -> Option<Arc<Value>> {
-            self.0.values().find(|p| object::uid(p) == uid).cloned()
+        fn by_uid(&self, _: &KindKey, uid: &str) -> Option<Arc<CachedObject>> {
+            self.0
+                .values()
+                .find(|p| object::uid(p) == uid)
+                .map(|p| Arc::new(CachedObject::from_value(p)))
         }
-        fn list(&self, _: &KindKey, namespace: Option<&str>) -> Vec<Arc<Value>> {
+        fn list(&self, _: &KindKey, namespace: Option<&str>) -> Vec<Arc<CachedObject>> {
             self.0
                 .values()
                 .filter(|p| namespace.is_none_or(|ns| object::namespace(p) == Some(ns)))
-                .cloned()
+                .map(|p| Arc::new(CachedObject::from_value(p)))
                 .collect()
         }
     }
@@ -367,8 +385,8 @@ mod tests {
     fn change(kind: &KindRef, old: Option<Value>, new: Option<Value>) -> Change {
         Change {
             kind: kind_key(kind),
-            old: old.map(Arc::new),
-            new: new.map(Arc::new),
+            old: old.map(|v| Arc::new(CachedObject::from_value(&v))),
+            new: new.map(|v| Arc::new(CachedObject::from_value(&v))),
         }
     }
 

@@ -117,6 +117,7 @@ impl Operator {
             .cache
             .kind(&a.primary)
             .and_then(|kc| kc.get(&key.namespace, &key.name))
+            .map(|o| Arc::new(o.value()))
         else {
             // Gone: so are the gauges its plans set.
             metrics::global().set_primary_gauges(&key.controller, &key.namespace, &key.name, &[]);
@@ -335,7 +336,8 @@ impl Operator {
                         let current = self
                             .cache
                             .kind(&a.primary)
-                            .and_then(|kc| kc.get(&key.namespace, &key.name));
+                            .and_then(|kc| kc.get(&key.namespace, &key.name))
+                            .map(|o| Arc::new(o.value()));
                         let primary = current.unwrap_or(primary);
                         self.fail(a, key, &primary, e.reason(), &e.to_string(), &now_text)
                             .await;
@@ -369,10 +371,11 @@ impl Operator {
             self.queue.add_after(key, Duration::from_millis(200));
             return;
         }
-        let all = self
+        // Parsed from the cached text: the kind call reads every primary.
+        let all: Vec<Arc<Value>> = self
             .cache
             .kind(&a.primary)
-            .map(|kc| kc.list(None))
+            .map(|kc| kc.list(None).iter().map(|o| Arc::new(o.value())).collect())
             .unwrap_or_default();
         let now = jiff::Timestamp::now();
         let now_text = format_now(now);

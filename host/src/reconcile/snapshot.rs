@@ -31,6 +31,20 @@ pub trait ObjectSource {
     fn get(&self, kind: &KindRef, namespace: Option<&str>, name: &str) -> Option<Arc<Value>>;
     /// Objects of `kind` in `namespace`, or in all namespaces for `None`.
     fn list(&self, kind: &KindRef, namespace: Option<&str>) -> Vec<Arc<Value>>;
+    /// The objects of [`ObjectSource::list`] whose labels `selector`
+    /// matches. The live source reads the labels without parsing the
+    /// objects that do not match.
+    fn list_matching(
+        &self,
+        kind: &KindRef,
+        namespace: Option<&str>,
+        selector: &LabelSelector,
+    ) -> Vec<Arc<Value>> {
+        self.list(kind, namespace)
+            .into_iter()
+            .filter(|o| selector.matches(&object::labels(o)))
+            .collect()
+    }
     /// The object a field reference names. The live source reads Secrets
     /// from the API server here instead of watching them all.
     fn get_named(&self, kind: &KindRef, namespace: Option<&str>, name: &str) -> Option<Arc<Value>> {
@@ -197,11 +211,7 @@ fn select(
             } else {
                 None
             };
-            source
-                .list(&read.kind, scope)
-                .into_iter()
-                .filter(|o| selector.matches(&object::labels(o)))
-                .collect()
+            source.list_matching(&read.kind, scope, &selector)
         }
     }
 }

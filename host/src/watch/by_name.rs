@@ -34,7 +34,7 @@ use tokio::runtime::Handle;
 
 use crate::object;
 use crate::plugin::manifest::{KindRef, Read, Selector};
-use crate::watch::cache::{Change, KindKey};
+use crate::watch::cache::{CachedObject, Change, KindKey};
 
 /// Whether a read is served by name from the API server rather than by a
 /// watch: a field reference to core `v1` Secrets.
@@ -165,10 +165,12 @@ impl SecretReads {
                 })
             };
             if version(&before) != version(&now) {
+                let cached =
+                    |o: Option<Arc<Value>>| o.map(|v| Arc::new(CachedObject::from_value(&v)));
                 changes.push(Change {
                     kind: secret_key(),
-                    old: before,
-                    new: now,
+                    old: cached(before),
+                    new: cached(now),
                 });
             }
         }

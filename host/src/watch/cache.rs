@@ -1,9 +1,11 @@
 //! Watch caches: one reflector per kind that any loaded plugin declares,
 //! shared between plugins, with the indexes the controllers need.
 //!
-//! Each [`KindCache`] holds the objects of one kind as JSON values (the same
-//! text `kubectl get -o json` shows, without `managedFields`), indexed by
-//! namespace, by UID and by the UID of their controller ownerReference.
+//! Each [`KindCache`] holds the objects of one kind as compact JSON text
+//! ([`CachedObject`]: the same object `kubectl get -o json` shows, without
+//! `managedFields`), each stored once and shared by the indexes: by
+//! namespace and name, by UID and by the UID of their controller
+//! ownerReference (or owner label). Readers that need the tree parse it.
 //! Every change is reported on a channel as a [`Change`] so the controller
 //! can work out which primaries it concerns.
 //!
@@ -35,11 +37,12 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::{metrics, object};
+use crate::metrics;
 
 use wasmop_contract::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
 
 use super::retry::*;
+pub use super::stored::CachedObject;
 
 /// Identity of a watched kind: `group/version/Kind` (`/v1/ConfigMap` for the
 /// core group).
@@ -77,41 +80,37 @@ pub struct Change {
     /// Kind of the object.
     pub kind: KindKey,
     /// The object before the change.
-    pub old: Option<Arc<Value>>,
+    pub old: Option<Arc<CachedObject>>,
     /// The object after the change.
-    pub new: Option<Arc<Value>>,
+    pub new: Option<Arc<CachedObject>>,
 }
 
 type ObjKey = (String, String); // (namespace, name); namespace empty when cluster-scoped
 
 /// The objects of one kind, and two indexes that share them (an `Arc`
-/// each, no copy of a key): by UID, and by owner UID (each owner's objects
-/// sorted by namespace and name; a `Vec`, since an owner usually has a few,
-/// where a tree set would allocate a node for eleven).
+/// each, no copy of an object): by UID, and by owner UID (each owner's
+/// objects sorted by namespace and name; a `Vec`, since an owner usually
+/// has a few, where a tree set would allocate a node for eleven).
 #[derive(Default, Debug)]
 struct Data {
-    objects: BTreeMap<ObjKey, Arc<Value>>,
-    by_uid: HashMap<String, Arc<Value>>,
-    by_owner: HashMap<String, Vec<Arc<Value>>>,
+    objects: BTreeMap<ObjKey, Arc<CachedObject>>,
+    by_uid: HashMap<String, Arc<CachedObject>>,
+    by_owner: HashMap<String, Vec<Arc<CachedObject>>>,
 }
 
 /// An object's place in an owner's list: namespace, then name.
-fn sort_key(obj: &Value) -> (&str, &str) {
-    let meta = &obj["metadata"];
-    (
-        meta["namespace"].as_str().unwrap_or_default(),
-        meta["name"].as_str().unwrap_or_default(),
-    )
+fn sort_key(obj: &CachedObject) -> (&str, &str) {
+    (obj.namespace(), obj.name())
 }
 
 impl Data {
-    fn insert(&mut self, key: ObjKey, obj: Arc<Value>) -> Option<Arc<Value>> {
+    fn insert(&mut self, key: ObjKey, obj: Arc<CachedObject>) -> Option<Arc<CachedObject>> {
         let old = self.remove(&key);
-        let uid = object::uid(&obj);
+        let uid = obj.uid();
         if !uid.is_empty() {
             self.by_uid.insert(uid.to_string(), Arc::clone(&obj));
         }
-        for owner in object::owner_uids(&obj) {
+        for owner in obj.owner_uids() {
             let list = self.by_owner.entry(owner.to_string()).or_default();
             let at = list.partition_point(|o| sort_key(o) < sort_key(&obj));
             // An owner named twice in ownerReferences lists the object once.
@@ -123,13 +122,13 @@ impl Data {
         old
     }
 
-    fn remove(&mut self, key: &ObjKey) -> Option<Arc<Value>> {
+    fn remove(&mut self, key: &ObjKey) -> Option<Arc<CachedObject>> {
         let old = self.objects.remove(key)?;
-        let uid = object::uid(&old);
+        let uid = old.uid();
         if self.by_uid.get(uid).is_some_and(|o| Arc::ptr_eq(o, &old)) {
             self.by_uid.remove(uid);
         }
-        for owner in object::owner_uids(&old) {
+        for owner in old.owner_uids() {
             if let Some(list) = self.by_owner.get_mut(owner) {
                 list.retain(|o| !Arc::ptr_eq(o, &old));
                 if list.is_empty() {
@@ -173,7 +172,7 @@ impl KindCache {
     }
 
     /// The object with this namespace (empty for cluster-scoped) and name.
-    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<Value>> {
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<CachedObject>> {
         let data = self.data.read().expect("cache lock");
         data.objects
             .get(&(namespace.to_string(), name.to_string()))
@@ -181,14 +180,14 @@ impl KindCache {
     }
 
     /// The object with this UID.
-    pub fn get_by_uid(&self, uid: &str) -> Option<Arc<Value>> {
+    pub fn get_by_uid(&self, uid: &str) -> Option<Arc<CachedObject>> {
         let data = self.data.read().expect("cache lock");
         data.by_uid.get(uid).cloned()
     }
 
     /// Objects in a namespace (`Some`) or everywhere (`None`), sorted by
     /// namespace and name.
-    pub fn list(&self, namespace: Option<&str>) -> Vec<Arc<Value>> {
+    pub fn list(&self, namespace: Option<&str>) -> Vec<Arc<CachedObject>> {
         let data = self.data.read().expect("cache lock");
         match namespace {
             None => data.objects.values().cloned().collect(),
@@ -203,7 +202,7 @@ impl KindCache {
 
     /// Objects whose controller ownerReference has this UID, sorted by
     /// namespace and name.
-    pub fn owned_by(&self, owner_uid: &str) -> Vec<Arc<Value>> {
+    pub fn owned_by(&self, owner_uid: &str) -> Vec<Arc<CachedObject>> {
         let data = self.data.read().expect("cache lock");
         data.by_owner.get(owner_uid).cloned().unwrap_or_default()
     }
@@ -491,7 +490,7 @@ async fn run_watch(
     // backoff: that one also waits after a 410 and grows to 30 s while the
     // API server is down. Errors are handled below instead.
     let mut stream = watcher::watcher(api.clone(), config.clone()).boxed();
-    let mut buffer: Option<BTreeMap<ObjKey, Arc<Value>>> = None;
+    let mut buffer: Option<BTreeMap<ObjKey, Arc<CachedObject>>> = None;
     let mut counted_sync = false;
     // A list is running (between Init and InitDone) or about to.
     let mut listing = true;
@@ -594,10 +593,10 @@ async fn run_watch(
             }
             Event::InitApply(obj) => {
                 retry.on_progress();
-                if let Some(v) = to_value(obj, &kc.spec.resource) {
+                if let Some(o) = to_cached(obj, &kc.spec.resource) {
                     buffer
                         .get_or_insert_with(BTreeMap::new)
-                        .insert(obj_key(&v), Arc::new(v));
+                        .insert(obj_key(&o), Arc::new(o));
                 }
             }
             Event::InitDone => {
@@ -618,9 +617,9 @@ async fn run_watch(
             Event::Apply(obj) => {
                 retry.on_progress();
                 note_recovered(&mut failing_since, &kc.key, scope_name);
-                if let Some(v) = to_value(obj, &kc.spec.resource) {
-                    let key = obj_key(&v);
-                    let new = Arc::new(v);
+                if let Some(o) = to_cached(obj, &kc.spec.resource) {
+                    let key = obj_key(&o);
+                    let new = Arc::new(o);
                     let old = kc
                         .data
                         .write()
@@ -636,12 +635,12 @@ async fn run_watch(
             Event::Delete(obj) => {
                 retry.on_progress();
                 note_recovered(&mut failing_since, &kc.key, scope_name);
-                if let Some(v) = to_value(obj, &kc.spec.resource) {
-                    let key = obj_key(&v);
+                if let Some(o) = to_cached(obj, &kc.spec.resource) {
+                    let key = obj_key(&o);
                     let old = kc.data.write().expect("cache lock").remove(&key);
                     let _ = changes.send(Change {
                         kind: kc.key.clone(),
-                        old: old.or_else(|| Some(Arc::new(v))),
+                        old: old.or_else(|| Some(Arc::new(o))),
                         new: None,
                     });
                 }
@@ -658,7 +657,7 @@ async fn run_watch(
 fn replace_scope(
     kc: &KindCache,
     scope: Option<&str>,
-    fresh: BTreeMap<ObjKey, Arc<Value>>,
+    fresh: BTreeMap<ObjKey, Arc<CachedObject>>,
     changes: &mpsc::UnboundedSender<Change>,
 ) {
     let mut data = kc.data.write().expect("cache lock");
@@ -682,7 +681,7 @@ fn replace_scope(
         let unchanged = data
             .objects
             .get(&key)
-            .is_some_and(|old| object::resource_version(old) == object::resource_version(&new));
+            .is_some_and(|old| old.resource_version() == new.resource_version());
         if unchanged {
             continue;
         }
@@ -698,7 +697,7 @@ fn replace_scope(
 /// The object as cached: without managedFields, and with `apiVersion` and
 /// `kind` always set (items of a list response may omit them, and plugins
 /// tell objects apart by kind).
-fn to_value(obj: DynamicObject, resource: &ApiResource) -> Option<Value> {
+fn to_cached(obj: DynamicObject, resource: &ApiResource) -> Option<CachedObject> {
     let mut v = serde_json::to_value(obj).ok()?;
     let map = v.as_object_mut()?;
     for (field, value) in [
@@ -716,15 +715,11 @@ fn to_value(obj: DynamicObject, resource: &ApiResource) -> Option<Value> {
     if let Some(meta) = map.get_mut("metadata").and_then(Value::as_object_mut) {
         meta.remove("managedFields");
     }
-    Some(v)
+    Some(CachedObject::from_value(&v))
 }
 
-fn obj_key(v: &Value) -> ObjKey {
-    let meta = &v["metadata"];
-    (
-        meta["namespace"].as_str().unwrap_or_default().to_string(),
-        meta["name"].as_str().unwrap_or_default().to_string(),
-    )
+fn obj_key(o: &CachedObject) -> ObjKey {
+    (o.namespace().to_string(), o.name().to_string())
 }
 
 #[cfg(test)]
@@ -744,25 +739,39 @@ mod tests {
             "metadata": {"name": "f", "namespace": "n", "managedFields": [{"manager": "x"}]}
         }))
         .expect("object");
-        let v = to_value(bare, &ar).expect("value");
+        let cached = to_cached(bare, &ar).expect("value");
+        let v = cached.value();
         assert_eq!(v["apiVersion"], "apps/v1");
         assert_eq!(v["kind"], "StatefulSet");
         assert!(v["metadata"].get("managedFields").is_none());
+        assert!(
+            !cached.text().contains("managedFields"),
+            "{}",
+            cached.text()
+        );
+        assert_eq!((cached.namespace(), cached.name()), ("n", "f"));
         let typed: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "f"}
         }))
         .expect("object");
-        assert_eq!(to_value(typed, &ar).expect("value")["kind"], "StatefulSet");
+        assert_eq!(
+            to_cached(typed, &ar).expect("value").value()["kind"],
+            "StatefulSet"
+        );
     }
 
-    fn cm(ns: &str, name: &str, uid: &str, owner: Option<&str>) -> Arc<Value> {
+    fn cm_value(ns: &str, name: &str, uid: &str, owner: Option<&str>) -> Value {
         let mut v = json!({"apiVersion":"v1","kind":"ConfigMap",
             "metadata":{"namespace":ns,"name":name,"uid":uid,"resourceVersion":"1"}});
         if let Some(o) = owner {
             v["metadata"]["ownerReferences"] =
                 json!([{"apiVersion":"v1","kind":"X","name":"x","uid":o,"controller":true}]);
         }
-        Arc::new(v)
+        v
+    }
+
+    fn cm(ns: &str, name: &str, uid: &str, owner: Option<&str>) -> Arc<CachedObject> {
+        Arc::new(CachedObject::from_value(&cm_value(ns, name, uid, owner)))
     }
 
     #[test]
@@ -798,11 +807,72 @@ mod tests {
         assert!(Arc::ptr_eq(&d.by_uid["u2"], cached));
         assert!(d.by_owner["p"].iter().any(|o| Arc::ptr_eq(o, cached)));
         // Two ownerReferences to one owner: listed once.
-        let mut twice = (*cm("c", "w", "u4", Some("q"))).clone();
+        let mut twice = cm_value("c", "w", "u4", Some("q"));
         let refs = twice["metadata"]["ownerReferences"].clone();
         twice["metadata"]["ownerReferences"] = json!([refs[0], refs[0]]);
-        d.insert(("c".into(), "w".into()), Arc::new(twice));
+        d.insert(
+            ("c".into(), "w".into()),
+            Arc::new(CachedObject::from_value(&twice)),
+        );
         assert_eq!(d.by_owner.get("q").map(Vec::len), Some(1));
+    }
+
+    #[test]
+    fn the_readers_answer_from_the_stored_text() {
+        let ar = ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk("", "v1", "ConfigMap"));
+        let kc = KindCache {
+            key: KindKey::new("", "v1", "ConfigMap"),
+            spec: WatchSpec {
+                resource: ar.clone(),
+                namespaced: true,
+                managed_only: false,
+            },
+            data: RwLock::new(Data::default()),
+            synced: watch::channel(false).0,
+        };
+        let mut values = Vec::new();
+        for (ns, name, uid, owner) in [
+            ("b", "x", "u3", Some("p")),
+            ("a", "z", "u2", Some("p")),
+            ("a", "y", "u1", None),
+        ] {
+            let mut v = cm_value(ns, name, uid, owner);
+            v["data"] = json!({"k": format!("{ns}/{name}")});
+            v["metadata"]["managedFields"] = json!([{"manager": "m"}]);
+            let obj: DynamicObject = serde_json::from_value(v.clone()).expect("object");
+            let cached = to_cached(obj, &ar).expect("cached");
+            v["metadata"]
+                .as_object_mut()
+                .expect("metadata")
+                .remove("managedFields");
+            assert_eq!(cached.value(), v);
+            kc.data
+                .write()
+                .expect("cache lock")
+                .insert(obj_key(&cached), Arc::new(cached));
+            values.push(v);
+        }
+        let got = kc.get("a", "z").expect("a/z");
+        assert_eq!(got.value(), values[1]);
+        assert!(Arc::ptr_eq(&got, &kc.get_by_uid("u2").expect("u2")));
+        assert!(kc.get("a", "x").is_none());
+        let names = |objects: Vec<Arc<CachedObject>>| {
+            objects
+                .iter()
+                .map(|o| format!("{}/{}", o.namespace(), o.name()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(kc.list(None)), ["a/y", "a/z", "b/x"]);
+        assert_eq!(names(kc.list(Some("a"))), ["a/y", "a/z"]);
+        assert_eq!(names(kc.owned_by("p")), ["a/z", "b/x"]);
+        assert!(kc.owned_by("u1").is_empty());
+        // What the indexes hold is the one stored object.
+        assert!(
+            kc.owned_by("p")
+                .iter()
+                .any(|o| Arc::ptr_eq(o, &kc.get("b", "x").expect("b/x")))
+        );
+        assert_eq!(kc.len(), 3);
     }
 
     fn api_error(code: u16) -> kube::Error {

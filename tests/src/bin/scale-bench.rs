@@ -25,6 +25,11 @@
 //!   typed ConfigMaps, managedFields dropped like the host does), each in a
 //!   child process of its own over the converged namespace, less the RSS
 //!   of a child that only made a client.
+//!
+//! `--memory-only N...` (or `WASMOP_BENCH_MEMORY_ONLY=1` through the
+//! script) measures only the last figure, over N Widgets and their
+//! ConfigMaps written the floor's way (create, ConfigMap apply, status
+//! apply), without the operator or the floor timings.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -498,6 +503,30 @@ async fn floor_run(n: usize, workers: usize) -> Result<(Phase, Phase)> {
     Ok((converge, rollover))
 }
 
+/// The memory figure alone: N Widgets with a ConfigMap and a status each,
+/// written by the floor's client, then the three children over them.
+async fn memory_only(n: usize, workers: usize) -> Result<(f64, f64)> {
+    let ns = TestNamespace::new(&format!("mem{n}")).await?;
+    let client = ns.client.clone();
+    let api = widget_api(&client, &ns.name);
+    let results: Vec<Result<()>> = stream::iter(0..n)
+        .map(|i| {
+            let api = api.clone();
+            let client = client.clone();
+            let ns = ns.name.clone();
+            async move {
+                let created = api.create(&PostParams::default(), &widget(i)?).await?;
+                let uid = created.metadata.uid.unwrap_or_default();
+                floor_writes(&client, &ns, &format!("w{i}"), &uid, "v1").await
+            }
+        })
+        .buffer_unordered(workers.max(CREATE_CONCURRENCY))
+        .collect()
+        .await;
+    results.into_iter().collect::<Result<()>>()?;
+    memory_per_object(&ns.name, n).await
+}
+
 fn tokio_stream_from<T: Send + 'static>(
     mut rx: tokio::sync::mpsc::UnboundedReceiver<T>,
 ) -> impl futures::Stream<Item = T> {
@@ -513,8 +542,11 @@ async fn main() -> Result<()> {
         };
         return memory_child(mode, ns, n.parse()?).await;
     }
+    let memory_only_flag = args.first().map(String::as_str) == Some("--memory-only")
+        || std::env::var("WASMOP_BENCH_MEMORY_ONLY").is_ok_and(|v| v == "1");
     let sizes: Vec<usize> = args
         .iter()
+        .filter(|a| *a != "--memory-only")
         .map(|a| a.parse().context("sizes are numbers of Widgets"))
         .collect::<Result<_>>()?;
     let sizes = if sizes.is_empty() {
@@ -529,6 +561,14 @@ async fn main() -> Result<()> {
         ..test_config()
     };
     for n in sizes {
+        if memory_only_flag {
+            let (cache, reflector) = memory_only(n, config.workers).await?;
+            println!(
+                "N={n:>6} per-object cache {cache:>7.0} B  reflector {reflector:>7.0} B  ratio {:>5.2}",
+                cache / reflector.max(1e-9)
+            );
+            continue;
+        }
         let (floor_converge, floor_rollover) = floor_run(n, config.workers).await?;
         let (converge, rollover, (rss_now, rss_peak), (cache, reflector)) =
             operator_run(n, &config).await?;
