@@ -82,6 +82,27 @@ pub mod testing;
 
 mod glue;
 
+#[cfg(any(
+    test,
+    all(
+        feature = "call-allocator",
+        target_arch = "wasm32",
+        not(target_feature = "atomics")
+    )
+))]
+#[allow(unsafe_code)]
+mod alloc;
+
+/// With feature `call-allocator`: a heap that lives for one call (see
+/// `alloc`).
+#[cfg(all(
+    feature = "call-allocator",
+    target_arch = "wasm32",
+    not(target_feature = "atomics")
+))]
+#[global_allocator]
+static CALL_ALLOCATOR: alloc::CallArena = alloc::CallArena::new();
+
 pub use conditions::{ConditionStatus, find_condition, is_true, set_condition};
 pub use error::ReconcileError;
 pub use hash::stable_hash;
