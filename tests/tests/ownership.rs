@@ -380,6 +380,73 @@ async fn config_map_created_by_a_racing_client_is_not_taken_over() -> Result<()>
     Ok(())
 }
 
+/// The operator does not read an object before creating it when its cache
+/// would hold the object were it the operator's (a watched namespace): the
+/// create is fenced instead. A user's unlabelled ConfigMap the cache cannot
+/// see makes that create a conflict; the retry reads it and refuses the
+/// plan, and every later retry reads it again instead of trying another
+/// write.
+#[tokio::test]
+async fn an_unseen_user_config_map_makes_the_fenced_create_conflict_then_is_read_and_refused()
+-> Result<()> {
+    let mut unnamed = Unnamed::default();
+    let ns = TestNamespace::new("own-fence").await?;
+    apply_test_crds(&ns.client).await?;
+    let cms: Api<ConfigMap> = ns.api();
+    cms.create(&PostParams::default(), &user_config_map("w-cm")?)
+        .await?;
+    let before = fingerprint(&cms.get("w-cm").await?);
+    let (interposer, client) = Interposer::new(ns.client.clone());
+    let _op = start_on(client, &[&ns.name], &[("good", json!({}))]).await?;
+    let widgets = test_kind(&ns, "Widget", "widgets");
+    create(&widgets, "Widget", "w", json!({"value": "mine"})).await?;
+
+    let cond = wait_reason(&widgets, "w", "PlanRejected").await?;
+    expect_rejected(&mut unnamed, &cond, "NotControlledByPrimary", &["w-cm"]);
+    let cm_path = format!("/namespaces/{}/configmaps/w-cm", ns.name);
+    let on_cm = |interposer: &Interposer| -> Vec<_> {
+        interposer
+            .requests()
+            .into_iter()
+            .filter(|r| {
+                r.path
+                    .split('?')
+                    .next()
+                    .unwrap_or_default()
+                    .ends_with(&cm_path)
+            })
+            .collect()
+    };
+    // Two reconciles judged the plan from a read (the refusal and its
+    // backed-off retry).
+    wait_for("two reads of w-cm", DEFAULT_DEADLINE, || {
+        let reads = on_cm(&interposer)
+            .iter()
+            .filter(|r| r.method == Method::GET)
+            .count();
+        async move { Ok((reads >= 2).then_some(())) }
+    })
+    .await?;
+    let requests = on_cm(&interposer);
+    ensure!(
+        requests
+            .first()
+            .is_some_and(|r| r.method != Method::GET && r.status == 409),
+        "the first request to w-cm is the fenced create, a conflict: {requests:?}"
+    );
+    ensure!(
+        requests.iter().filter(|r| r.method != Method::GET).count() == 1,
+        "after the conflict the operator only reads w-cm: {requests:?}"
+    );
+    assert_eq!(
+        fingerprint(&cms.get("w-cm").await?),
+        before,
+        "the user's ConfigMap is unchanged"
+    );
+    unnamed.check();
+    Ok(())
+}
+
 /// `adopter` declares adoption: an orphan ConfigMap is adopted, with a
 /// Normal Event naming it; one controlled by another owner, or carrying
 /// another primary's owner label, is refused and left as it is.

@@ -69,8 +69,6 @@ pub struct OperatorConfig {
     /// How long a new plugin's caches may take to sync before it is
     /// rejected (e.g. its CRD is not installed).
     pub sync_timeout: Duration,
-    /// Spacing of the re-queues after a plugin starts or is swapped.
-    pub requeue_spacing: Duration,
     /// Limits and allow-list of the HTTP observations plans ask for.
     pub observe: ObserveConfig,
     /// How often the Secrets primaries name through field references are
@@ -88,7 +86,6 @@ impl Default for OperatorConfig {
             backoff_max: Duration::from_secs(300),
             reporter: "wasmop".into(),
             sync_timeout: Duration::from_secs(60),
-            requeue_spacing: Duration::from_millis(5),
             observe: ObserveConfig::default(),
             secret_poll_interval: Duration::from_secs(30),
             recorder: None,
@@ -202,6 +199,11 @@ pub struct Operator {
     /// Deletes each plugin executed in the last minute (its per-minute
     /// deletion budget).
     deletion_budgets: crate::execute::budget::DeletionBudgets,
+    /// Primaries whose last reconcile judged an object absent without a
+    /// read and then met a conflict: until one of their reconciles
+    /// executes cleanly, they read every object the cache does not hold
+    /// (see `truth`).
+    read_before_create: Mutex<HashSet<PrimaryKey>>,
 }
 
 impl std::fmt::Debug for Operator {
@@ -239,6 +241,7 @@ impl Operator {
             tasks: Mutex::new(Vec::new()),
             shadows: RwLock::new(BTreeMap::new()),
             shadow_inflight: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            read_before_create: Mutex::new(HashSet::new()),
         });
         (op, changes)
     }
@@ -368,8 +371,10 @@ impl Operator {
     /// Watches the plugin's kinds, waits until their caches synced, then
     /// switches over in one step: reconciles already running finish on the
     /// old version, every later one runs the new. Every primary of the
-    /// plugin is queued again, spread out at [`OperatorConfig::requeue_spacing`]
-    /// so a swap is not a thundering herd.
+    /// plugin is queued again in the queue's background
+    /// ([`Queue::add_background`]): at most `workers` at once, like every
+    /// reconcile, and behind every change that arrives meanwhile, so a swap
+    /// neither floods the API server nor holds back other work.
     ///
     /// # Errors
     /// [`OperatorError::KindClaimed`] when a primary kind is reconciled by
@@ -532,12 +537,8 @@ impl Operator {
                 "plugin started"
             ),
         }
-        for (i, key) in queued.into_iter().enumerate() {
-            let delay = self
-                .config
-                .requeue_spacing
-                .saturating_mul(u32::try_from(i).unwrap_or(u32::MAX));
-            self.queue.add_after(key, delay);
+        for key in queued {
+            self.queue.add_background(key);
         }
         self.drop_unused_caches();
         Ok(())
@@ -618,9 +619,9 @@ impl Operator {
             .cloned()
     }
 
-    /// Queues every primary of every running controller again, spaced out
-    /// like a plugin start (e.g. after this replica became the leader and
-    /// its earlier reconciles skipped their writes).
+    /// Queues every primary of every running controller again, in the
+    /// queue's background like a plugin start (e.g. after this replica
+    /// became the leader and its earlier reconciles skipped their writes).
     pub fn requeue_all(&self) {
         let keys: Vec<PrimaryKey> = {
             let controllers = self.controllers.read().expect("controllers lock");
@@ -640,12 +641,8 @@ impl Operator {
                 })
                 .collect()
         };
-        for (i, key) in keys.into_iter().enumerate() {
-            let delay = self
-                .config
-                .requeue_spacing
-                .saturating_mul(u32::try_from(i).unwrap_or(u32::MAX));
-            self.queue.add_after(key, delay);
+        for key in keys {
+            self.queue.add_background(key);
         }
     }
 
@@ -864,6 +861,10 @@ impl Operator {
             self.observer.forget(&uid);
             self.queue.forget(&key);
             self.backoff.reset(&key);
+            self.read_before_create
+                .lock()
+                .expect("read-before-create lock")
+                .remove(&key);
             if kind_scoped(&key) {
                 // The others may move up (e.g. a queue): one more call.
                 metrics::global().set_primary_gauges(

@@ -6,7 +6,12 @@
 //! - A key is handed to at most one worker at a time. A key added while it
 //!   is being reconciled runs again right after (nothing is lost).
 //! - A delayed add keeps only the earliest requested time per key.
-//! - Keys come out in the order they were first added.
+//! - Keys come out in the order they were first added, every key added
+//!   with [`Queue::add`] before any waiting background key
+//!   ([`Queue::add_background`]: the re-queues of a plugin start or swap),
+//!   so a change is never stuck behind a whole re-queued kind while the
+//!   background keys still keep every worker busy. A background key added
+//!   again with [`Queue::add`] moves to the foreground.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
@@ -20,6 +25,10 @@ use tokio::time::Instant;
 struct State<K> {
     order: VecDeque<K>,
     waiting: HashSet<K>,
+    /// Background keys in the order added; a key no longer in
+    /// `background_waiting` (moved to the foreground) is skipped.
+    background: VecDeque<K>,
+    background_waiting: HashSet<K>,
     running: HashSet<K>,
     /// Added while running: must run again when the current run ends.
     dirty: HashSet<K>,
@@ -57,6 +66,8 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Queue<K> {
             state: Mutex::new(State {
                 order: VecDeque::new(),
                 waiting: HashSet::new(),
+                background: VecDeque::new(),
+                background_waiting: HashSet::new(),
                 running: HashSet::new(),
                 dirty: HashSet::new(),
                 scheduled: HashMap::new(),
@@ -76,6 +87,14 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Queue<K> {
             s.dirty.insert(key);
             return;
         }
+        if s.background_waiting.remove(&key) {
+            // Already counted as waiting: it only moves up.
+            s.waiting.insert(key.clone());
+            s.order.push_back(key);
+            drop(s);
+            self.notify.notify_one();
+            return;
+        }
         if s.waiting.insert(key.clone()) {
             if let Some(name_of) = self.metrics_name {
                 let name = name_of(&key);
@@ -85,6 +104,27 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Queue<K> {
                 s.since.insert(key.clone(), Instant::now());
             }
             s.order.push_back(key);
+            drop(s);
+            self.notify.notify_one();
+        }
+    }
+
+    /// Adds a key behind every key added with [`Queue::add`] (now or
+    /// later), unless it is already waiting or running.
+    pub fn add_background(&self, key: K) {
+        let mut s = self.state.lock().expect("queue lock");
+        if s.running.contains(&key) || s.waiting.contains(&key) {
+            return;
+        }
+        if s.background_waiting.insert(key.clone()) {
+            if let Some(name_of) = self.metrics_name {
+                let name = name_of(&key);
+                let m = crate::metrics::global();
+                m.inc("workqueue_adds_total", &[("name", &name)]);
+                m.add("workqueue_depth", &[("name", &name)], 1.0);
+                s.since.insert(key.clone(), Instant::now());
+            }
+            s.background.push_back(key);
             drop(s);
             self.notify.notify_one();
         }
@@ -139,8 +179,20 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Queue<K> {
                 if s.closed {
                     return None;
                 }
-                if let Some(key) = s.order.pop_front() {
-                    s.waiting.remove(&key);
+                let next = match s.order.pop_front() {
+                    Some(key) => {
+                        s.waiting.remove(&key);
+                        Some(key)
+                    }
+                    None => loop {
+                        match s.background.pop_front() {
+                            Some(key) if s.background_waiting.remove(&key) => break Some(key),
+                            Some(_moved_up) => {}
+                            None => break None,
+                        }
+                    },
+                };
+                if let Some(key) = next {
                     if let Some(name_of) = self.metrics_name {
                         let name = name_of(&key);
                         let m = crate::metrics::global();
@@ -154,7 +206,7 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Queue<K> {
                         }
                     }
                     s.running.insert(key.clone());
-                    if !s.order.is_empty() {
+                    if !s.order.is_empty() || !s.background_waiting.is_empty() {
                         self.notify.notify_one();
                     }
                     return Some(key);
@@ -182,9 +234,11 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Queue<K> {
         self.notify.notify_waiters();
     }
 
-    /// Number of keys waiting (not running, not scheduled).
+    /// Number of keys waiting (not running, not scheduled), background
+    /// keys included.
     pub fn len(&self) -> usize {
-        self.state.lock().expect("queue lock").order.len()
+        let s = self.state.lock().expect("queue lock");
+        s.order.len() + s.background_waiting.len()
     }
 
     /// True when no key is waiting.
@@ -276,6 +330,41 @@ mod tests {
         q.done(&"a");
         // The later timers must not re-add the key.
         tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(q.is_empty());
+    }
+
+    #[tokio::test]
+    async fn background_keys_wait_behind_every_foreground_key() {
+        let q = Queue::new();
+        q.add_background("b1");
+        q.add_background("b2");
+        q.add_background("b3");
+        q.add("f1");
+        // Added again in the background: no change; in the foreground: it
+        // moves up, behind the foreground keys already waiting.
+        q.add_background("b1");
+        q.add("b3");
+        assert_eq!(q.len(), 4);
+        assert_eq!(q.next().await, Some("f1"));
+        assert_eq!(q.next().await, Some("b3"));
+        // A foreground add while background keys wait goes first.
+        q.add("f2");
+        assert_eq!(q.next().await, Some("f2"));
+        assert_eq!(q.next().await, Some("b1"));
+        // Running: a background add neither hands it out twice nor
+        // re-runs it.
+        q.add_background("b1");
+        assert_eq!(q.next().await, Some("b2"));
+        assert!(q.is_empty());
+        q.done(&"b1");
+        q.done(&"b2");
+        assert!(q.is_empty());
+        // A waiting foreground key is not demoted.
+        q.add("f3");
+        q.add_background("f3");
+        q.add_background("b4");
+        assert_eq!(q.next().await, Some("f3"));
+        assert_eq!(q.next().await, Some("b4"));
         assert!(q.is_empty());
     }
 

@@ -6,12 +6,18 @@
 //! cache" does not mean "does not exist". [`TruthLookup`] answers from the
 //! cache when the cache holds the object (its staleness is covered by the
 //! write fences), and otherwise reads the object's metadata from the API
-//! server before validation judges the plan.
+//! server before validation judges the plan — except for an object about to
+//! be created in a namespace the cache watches, see below.
 //!
 //! # Guarantees
 //!
-//! - An object that exists is never judged absent because the cache could
-//!   not see it: a create is planned only after the API server said 404.
+//! - An object that exists is never written as if it were absent: a create
+//!   is planned either after the API server said 404, or (see
+//!   `TruthLookup::presume_absent`) fenced so that it fails with a
+//!   conflict if the object exists; the retry of that reconcile reads every
+//!   object the cache does not hold, and judges it exactly as a read
+//!   before the first attempt would have (refused unless it is this
+//!   primary's, or an orphan of a kind the controller adopts).
 //! - An object created after that read makes the create fail with a
 //!   conflict; the next reconcile reads it and refuses the plan.
 //! - A read that fails (not a 404) is treated as "exists and is not ours":
@@ -26,17 +32,24 @@ use kube::Client;
 use kube::api::{Api, DynamicObject};
 use tokio::runtime::Handle;
 
-use crate::controller::CacheSource;
+use crate::controller::{CacheSource, kind_key};
 use crate::execute::api_resource;
 use crate::plugin::manifest::KindRef;
 use crate::reconcile::snapshot::ObjectSource;
-use crate::reconcile::validate::{ExistingLookup, ExistingObject};
+use crate::reconcile::validate::{BeforeCreate, ExistingLookup, ExistingObject};
 
 /// The cache first, the API server when the cache does not hold the object.
 pub(crate) struct TruthLookup {
     pub(crate) cache: CacheSource,
     pub(crate) client: Client,
     pub(crate) runtime: Handle,
+    /// Judge an object to be created absent without a read when the cache
+    /// of its kind has synced and watches its namespace: had this host
+    /// written it, the cache would hold it, so it is absent or someone
+    /// else's, and the write's fence ([`crate::execute::writer::Fence::ABSENT`],
+    /// or a create) turns "someone else's" into a conflict. Off for the
+    /// retry after such a conflict, which reads as before.
+    pub(crate) presume_absent: bool,
 }
 
 impl TruthLookup {
@@ -77,6 +90,27 @@ impl ExistingLookup for TruthLookup {
         match self.cache.get(kind, namespace, name) {
             Some(found) => Some(ExistingObject::of(&found)),
             None => self.read(kind, namespace, name),
+        }
+    }
+
+    fn existing_before_create(
+        &self,
+        kind: &KindRef,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> BeforeCreate {
+        if let Some(found) = self.cache.get(kind, namespace, name) {
+            return BeforeCreate::Exists(ExistingObject::of(&found));
+        }
+        let cache = &self.cache.cache;
+        let seen_if_ours = cache.watches_namespace(kind.namespaced, namespace)
+            && cache.kind(&kind_key(kind)).is_some_and(|kc| kc.synced());
+        if self.presume_absent && seen_if_ours {
+            return BeforeCreate::Unasked;
+        }
+        match self.read(kind, namespace, name) {
+            Some(found) => BeforeCreate::Exists(found),
+            None => BeforeCreate::Absent,
         }
     }
 }

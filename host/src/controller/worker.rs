@@ -27,8 +27,10 @@ type Seen = (Option<KindRef>, Arc<Value>);
 
 impl Operator {
     /// What a decision reads: the cache (Secrets read live), and the
-    /// cache-then-API-server lookup that judges the plan's writes.
-    fn sources(&self) -> (CacheSource, TruthLookup) {
+    /// cache-then-API-server lookup that judges the plan's writes
+    /// (judging objects to create absent without a read when
+    /// `presume_absent`, see [`TruthLookup`]).
+    fn sources(&self, presume_absent: bool) -> (CacheSource, TruthLookup) {
         let source = CacheSource {
             cache: Arc::clone(&self.cache),
             secrets: Some((Arc::clone(&self.secrets), tokio::runtime::Handle::current())),
@@ -37,6 +39,7 @@ impl Operator {
             cache: source.clone(),
             client: self.client.clone(),
             runtime: tokio::runtime::Handle::current(),
+            presume_absent,
         };
         (source, truth)
     }
@@ -121,6 +124,10 @@ impl Operator {
         else {
             // Gone: so are the gauges its plans set.
             metrics::global().set_primary_gauges(&key.controller, &key.namespace, &key.name, &[]);
+            self.read_before_create
+                .lock()
+                .expect("read-before-create lock")
+                .remove(key);
             return;
         };
         let now = jiff::Timestamp::now();
@@ -138,7 +145,12 @@ impl Operator {
                 .add_after(key.clone(), Duration::from_millis(200));
             return;
         }
-        let (source, truth) = self.sources();
+        let read_first = self
+            .read_before_create
+            .lock()
+            .expect("read-before-create lock")
+            .contains(key);
+        let (source, truth) = self.sources(!read_first);
         let started = std::time::Instant::now();
         let decided = {
             let a = Arc::clone(&a);
@@ -277,6 +289,10 @@ impl Operator {
                             &[("controller", &a.id), ("result", "Reconciled")],
                         );
                         self.backoff.reset(key);
+                        self.read_before_create
+                            .lock()
+                            .expect("read-before-create lock")
+                            .remove(key);
                         tracing::info!(primary = %key, plugin_version = %a.plugin.version(),
                             applied = plan.apply.len(), deleted = plan.delete.len(), "reconciled");
                         // Never sooner than the plugin's floor: a
@@ -313,6 +329,25 @@ impl Operator {
                                 .collect();
                             self.observe(a, key, &primary, &plan, &seen);
                         }
+                    }
+                    Err(e) if e.is_conflict() && judgement.applies.iter().any(|j| j.unasked) => {
+                        // An object judged absent without a read was
+                        // there after all (someone else's: the cache would
+                        // hold ours), or the world moved. The retry, at
+                        // once, reads every object the cache does not hold
+                        // and judges it before writing anything.
+                        metrics::global().inc(
+                            "wasmop_reconcile_total",
+                            &[("controller", &a.id), ("result", e.reason())],
+                        );
+                        metrics::global().inc("workqueue_retries_total", &[("name", &a.id)]);
+                        self.read_before_create
+                            .lock()
+                            .expect("read-before-create lock")
+                            .insert(key.clone());
+                        tracing::info!(primary = %key, reason = e.reason(), error = %e,
+                            "reconcile deferred; the retry reads what the cache does not hold");
+                        self.requeue(a, key, Duration::ZERO);
                     }
                     Err(e)
                         if e.is_conflict()
@@ -379,7 +414,9 @@ impl Operator {
             .unwrap_or_default();
         let now = jiff::Timestamp::now();
         let now_text = format_now(now);
-        let (source, truth) = self.sources();
+        // One call judges many primaries: every object the cache does not
+        // hold is read, as before.
+        let (source, truth) = self.sources(false);
         let started = std::time::Instant::now();
         let decided = {
             let a = Arc::clone(a);

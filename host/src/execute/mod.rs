@@ -18,7 +18,13 @@
 //! - Every write is attempted even when an earlier one failed, so one
 //!   conflict does not hold back the others; any failure fails the
 //!   reconcile, and status, Events and the finalizer release wait for a
-//!   clean pass.
+//!   clean pass. The exception: objects judged absent without a read
+//!   ([`ApplyJudgement::unasked`]: the cache would hold them were they
+//!   ours) are created right after the finalizer, before the plan's other
+//!   writes, and a conflict of one of them ends the pass there, so a plan
+//!   whose object turns out to be someone else's has written nothing of
+//!   its own but the finalizer and the unasked creates before it; its
+//!   retry reads the object and refuses the plan.
 //! - One status write per reconcile, only when the status changed, with
 //!   `observedGeneration` and the host's `Reconciled` condition, whose
 //!   message names the plugin version that reconciled (`reconciled by
@@ -303,6 +309,30 @@ async fn writes(
             }
         }
     }
+    // Objects judged absent without asking the API server (the cache would
+    // hold them were they ours) are created first, in plan order: if one
+    // exists after all, its fence makes the create a conflict, and the
+    // reconcile stops there, before the plan's other writes — its retry
+    // reads the object and judges the whole plan again (refusing it when
+    // the object is someone else's). A create that fails otherwise (its
+    // namespace is created later in the plan) is tried again in order.
+    let mut created = vec![false; plan.apply.len()];
+    for (i, (op, judged)) in plan
+        .apply
+        .iter()
+        .zip(judgement.applies.iter())
+        .enumerate()
+        .filter(|(_, (_, j))| j.unasked)
+    {
+        match apply_one(&t, &primary, op, judged).await {
+            Ok(_) => created[i] = true,
+            Err(ExecuteError::Write(e @ ApplyError::Conflict { .. })) => {
+                return Err(ExecuteError::Write(e));
+            }
+            Err(ExecuteError::Write(_)) => {}
+            Err(other) => return Err(other),
+        }
+    }
     // Fields of the primary (validated to be declared `primary-fields`) in
     // one merge patch carrying the primary's resourceVersion, unless the
     // primary already holds them.
@@ -316,58 +346,22 @@ async fn writes(
             follow_version(&mut primary, &updated);
         }
     }
+    let unjudged = ApplyJudgement::default();
     let mut failures: Vec<ApplyError> = Vec::new();
-    for (op, judged) in plan.apply.iter().zip(
-        judgement
-            .applies
-            .iter()
-            .chain(std::iter::repeat(&ApplyJudgement::default())),
-    ) {
-        // Validation guarantees every applied object is of an owned kind.
-        let Some(owned) = t
-            .spec
-            .owned_kind(object::api_version(&op.object), object::kind(&op.object))
-        else {
-            failures.push(ApplyError::Api {
-                target: describe(&op.object),
-                message: "not of a kind the controller owns".into(),
-            });
-            continue;
-        };
-        let mut obj = plan::prepare_apply(&op.object, &primary, t.plugin.name(), owned);
-        economy::stamp(&mut obj);
-        if already_holds(&t, &owned.kind, op, judged, &obj) {
+    for (i, (op, judged)) in plan
+        .apply
+        .iter()
+        .zip(judgement.applies.iter().chain(std::iter::repeat(&unjudged)))
+        .enumerate()
+    {
+        if created.get(i).copied().unwrap_or(false) {
             continue;
         }
-        let resource = api_resource(&owned.kind);
-        still_leader(&t)?;
-        let written = match (&op.precondition, &judged.existing) {
-            // `force` takes fields from other managers; a create has none.
-            (Some(Precondition::Absent), _) => w.create(&resource, &obj).await,
-            // Judged absent: a server-side apply that creates it, and
-            // conflicts if it appeared meanwhile.
-            (None, None) => w.apply(&resource, &obj, Fence::ABSENT, op.force).await,
-            (Some(Precondition::ResourceVersion(rv)), judged) => {
-                let fence = Fence {
-                    uid: judged.as_ref().map(|j| j.uid.as_str()),
-                    resource_version: Some(rv),
-                };
-                w.apply(&resource, &obj, fence, op.force).await
-            }
-            (None, Some(j)) => {
-                // Our own object: it must still be the one judged (same
-                // UID). An adopted orphan: exactly the version judged.
-                let fence = Fence {
-                    uid: Some(&j.uid),
-                    resource_version: judged.adopts.then_some(j.resource_version.as_str()),
-                };
-                w.apply(&resource, &obj, fence, op.force).await
-            }
-        };
-        match written {
-            Ok(_) if judged.adopts => done.adopted.push(describe(&obj)),
-            Ok(_) => {}
-            Err(e) => failures.push(e),
+        match apply_one(&t, &primary, op, judged).await {
+            Ok(Some(adopted)) => done.adopted.push(adopted),
+            Ok(None) => {}
+            Err(ExecuteError::Write(e)) => failures.push(e),
+            Err(other) => return Err(other),
         }
     }
     for d in plan
@@ -478,6 +472,60 @@ async fn writes(
         }
     }
     Ok((primary, done))
+}
+
+/// Writes one apply of the plan as judged (or nothing, when its object
+/// already holds it); returns the object's description when the write
+/// adopted it.
+async fn apply_one(
+    t: &Target<'_>,
+    primary: &Value,
+    op: &plan::ApplyOp,
+    judged: &ApplyJudgement,
+) -> Result<Option<String>, ExecuteError> {
+    let w = t.writer;
+    // Validation guarantees every applied object is of an owned kind.
+    let Some(owned) = t
+        .spec
+        .owned_kind(object::api_version(&op.object), object::kind(&op.object))
+    else {
+        return Err(ExecuteError::Write(ApplyError::Api {
+            target: describe(&op.object),
+            message: "not of a kind the controller owns".into(),
+        }));
+    };
+    let mut obj = plan::prepare_apply(&op.object, primary, t.plugin.name(), owned);
+    economy::stamp(&mut obj);
+    if already_holds(t, &owned.kind, op, judged, &obj) {
+        return Ok(None);
+    }
+    let resource = api_resource(&owned.kind);
+    still_leader(t)?;
+    let written = match (&op.precondition, &judged.existing) {
+        // `force` takes fields from other managers; a create has none.
+        (Some(Precondition::Absent), _) => w.create(&resource, &obj).await,
+        // Judged absent: a server-side apply that creates it, and
+        // conflicts if it appeared meanwhile.
+        (None, None) => w.apply(&resource, &obj, Fence::ABSENT, op.force).await,
+        (Some(Precondition::ResourceVersion(rv)), judged) => {
+            let fence = Fence {
+                uid: judged.as_ref().map(|j| j.uid.as_str()),
+                resource_version: Some(rv),
+            };
+            w.apply(&resource, &obj, fence, op.force).await
+        }
+        (None, Some(j)) => {
+            // Our own object: it must still be the one judged (same
+            // UID). An adopted orphan: exactly the version judged.
+            let fence = Fence {
+                uid: Some(&j.uid),
+                resource_version: judged.adopts.then_some(j.resource_version.as_str()),
+            };
+            w.apply(&resource, &obj, fence, op.force).await
+        }
+    };
+    written?;
+    Ok(judged.adopts.then(|| describe(&obj)))
 }
 
 /// True when the object `op` applies is, as judged (same UID and

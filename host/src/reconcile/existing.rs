@@ -63,6 +63,18 @@ impl ExistingObject {
     }
 }
 
+/// What a lookup answers for an object about to be created.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BeforeCreate {
+    /// It exists.
+    Exists(ExistingObject),
+    /// It does not exist (as far as the lookup can tell).
+    Absent,
+    /// The lookup does not hold it and did not ask further: absent, unless
+    /// the fenced write finds it (a conflict).
+    Unasked,
+}
+
 /// Answers "does this object exist, and who controls it" for [`validate`].
 ///
 /// Implemented for every [`crate::ObjectSource`], so the offline CLI's
@@ -75,6 +87,24 @@ pub trait ExistingLookup {
         namespace: Option<&str>,
         name: &str,
     ) -> Option<ExistingObject>;
+
+    /// The object of `kind` at `namespace`/`name` as an apply of it is
+    /// judged, when the write will be fenced to fail should the object
+    /// exist after all ([`crate::execute::writer::Fence::ABSENT`] or a
+    /// create): a lookup may then answer [`BeforeCreate::Unasked`] for an
+    /// object it does not hold, without asking further. The default asks
+    /// [`Self::existing`].
+    fn existing_before_create(
+        &self,
+        kind: &KindRef,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> BeforeCreate {
+        match self.existing(kind, namespace, name) {
+            Some(found) => BeforeCreate::Exists(found),
+            None => BeforeCreate::Absent,
+        }
+    }
 }
 
 impl<S: crate::reconcile::snapshot::ObjectSource + ?Sized> ExistingLookup for S {

@@ -41,7 +41,7 @@ pub use wasmop_contract::plan::{
 pub use wasmop_contract::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, OWNER_UID_LABEL, PLUGIN_LABEL};
 
 pub use crate::execute::prepare::prepare_apply;
-pub use crate::reconcile::existing::{ExistingLookup, ExistingObject};
+pub use crate::reconcile::existing::{BeforeCreate, ExistingLookup, ExistingObject};
 
 /// The rule a [`Violation`] breaks.
 ///
@@ -421,7 +421,7 @@ pub fn validate_with_owned(
         judgement: Judgement::default(),
     };
     for op in &plan.apply {
-        let judged = v.apply(&op.object);
+        let judged = v.apply(&op.object, op.precondition.as_ref());
         v.judgement.applies.push(judged);
     }
     for op in &plan.delete {
@@ -461,6 +461,10 @@ pub struct ApplyJudgement {
     /// adoption of its kind: the write adopts it (fenced by its
     /// resourceVersion, so it adopts exactly what was judged).
     pub adopts: bool,
+    /// Judged absent because the lookup does not hold it, without asking
+    /// the API server ([`BeforeCreate::Unasked`]): the fenced create finds
+    /// out, and a conflict means it may exist and be someone else's.
+    pub unasked: bool,
 }
 
 /// The identity of an existing object at judgement.
@@ -615,7 +619,7 @@ impl<'a> Validator<'a> {
         ok.then_some(owned)
     }
 
-    fn apply(&mut self, obj: &Value) -> ApplyJudgement {
+    fn apply(&mut self, obj: &Value, precondition: Option<&Precondition>) -> ApplyJudgement {
         let desc = object::describe(obj);
         if !obj.is_object()
             || object::api_version(obj).is_empty()
@@ -683,7 +687,30 @@ impl<'a> Validator<'a> {
             );
             return ApplyJudgement::default();
         }
-        let Some(found) = self.existing.existing(&owned.kind, namespace, name) else {
+        // An object the lookup does not hold may be judged absent without
+        // asking further only when the write fails should it exist: a
+        // create, or an apply fenced as absent. An apply that carries the
+        // plugin's resourceVersion would succeed on any object at that
+        // version, so its object is always looked up.
+        let fenced_as_absent = matches!(precondition, None | Some(Precondition::Absent));
+        let found = if fenced_as_absent {
+            match self
+                .existing
+                .existing_before_create(&owned.kind, namespace, name)
+            {
+                BeforeCreate::Exists(found) => Some(found),
+                BeforeCreate::Absent => None,
+                BeforeCreate::Unasked => {
+                    return ApplyJudgement {
+                        unasked: true,
+                        ..ApplyJudgement::default()
+                    };
+                }
+            }
+        } else {
+            self.existing.existing(&owned.kind, namespace, name)
+        };
+        let Some(found) = found else {
             return ApplyJudgement::default();
         };
         let judged = ApplyJudgement {
@@ -692,6 +719,7 @@ impl<'a> Validator<'a> {
                 resource_version: found.resource_version.clone(),
             }),
             adopts: false,
+            unasked: false,
         };
         if found.is_controlled_by(self.primary_uid, &owned.ownership) {
             return judged;
@@ -1506,6 +1534,50 @@ mod tests {
             ["primaryPatch sets spec.other, which is not in primary-fields of controller widget"]
         );
         assert!(v(json!({"spec": {"id": {}}})).is_empty());
+    }
+
+    /// A lookup that holds nothing and answers every object to create as
+    /// unasked, while `existing` (what a read would find) knows `world`.
+    struct Unasked(World);
+
+    impl ExistingLookup for Unasked {
+        fn existing(&self, kind: &KindRef, ns: Option<&str>, name: &str) -> Option<ExistingObject> {
+            self.0.existing(kind, ns, name)
+        }
+
+        fn existing_before_create(&self, _: &KindRef, _: Option<&str>, _: &str) -> BeforeCreate {
+            BeforeCreate::Unasked
+        }
+    }
+
+    #[test]
+    fn only_creates_fenced_as_absent_may_go_unasked() {
+        let lookup = Unasked(World::default().with("ConfigMap", "ns", "a", "u-a", None));
+        // No precondition (an apply fenced as absent) and `absent`: judged
+        // absent without asking, and marked so.
+        let mut plan = apply(vec![cm("ns", "a")]);
+        let judged = validate(&plan, &controller(), &primary(), &lookup).unwrap();
+        assert_eq!(judged.applies[0].existing, None);
+        assert!(judged.applies[0].unasked);
+        plan.apply[0].precondition = Some(Precondition::Absent);
+        let judged = validate(&plan, &controller(), &primary(), &lookup).unwrap();
+        assert!(judged.applies[0].unasked);
+        // The plugin's resourceVersion would let the apply succeed on
+        // whatever object is at that version: it is always looked up, and
+        // someone else's object is refused before anything is written.
+        plan.apply[0].precondition = Some(Precondition::ResourceVersion("5".into()));
+        let vs = validate(&plan, &controller(), &primary(), &lookup).unwrap_err();
+        assert_eq!(vs[0].rule, Rule::NotControlledByPrimary);
+        // A lookup that asks (the default) never marks a judgement unasked.
+        let world = World::default();
+        let judged = validate(
+            &apply(vec![cm("ns", "a")]),
+            &controller(),
+            &primary(),
+            &world,
+        )
+        .unwrap();
+        assert!(!judged.applies[0].unasked);
     }
 
     #[test]

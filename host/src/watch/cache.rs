@@ -249,6 +249,15 @@ impl Cache {
         (cache, rx)
     }
 
+    /// True when objects of a kind with this scope in `namespace` are
+    /// within the cache's watches (every namespace is when the cache
+    /// watches all; a cluster-scoped kind has no namespace).
+    pub fn watches_namespace(&self, namespaced: bool, namespace: Option<&str>) -> bool {
+        !namespaced
+            || self.namespaces.is_empty()
+            || namespace.is_some_and(|ns| self.namespaces.iter().any(|n| n == ns))
+    }
+
     /// The cache of a kind, if it is watched.
     pub fn kind(&self, key: &KindKey) -> Option<Arc<KindCache>> {
         self.kinds
