@@ -110,10 +110,16 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Queue<K> {
     }
 
     /// Adds a key behind every key added with [`Queue::add`] (now or
-    /// later), unless it is already waiting or running.
+    /// later), unless it is already waiting. A key being reconciled runs
+    /// again right after, as with [`Queue::add`]: the run in progress may
+    /// have started before the change (a plugin swap) that re-queues it.
     pub fn add_background(&self, key: K) {
         let mut s = self.state.lock().expect("queue lock");
-        if s.running.contains(&key) || s.waiting.contains(&key) {
+        if s.running.contains(&key) {
+            s.dirty.insert(key);
+            return;
+        }
+        if s.waiting.contains(&key) {
             return;
         }
         if s.background_waiting.insert(key.clone()) {
@@ -351,13 +357,18 @@ mod tests {
         q.add("f2");
         assert_eq!(q.next().await, Some("f2"));
         assert_eq!(q.next().await, Some("b1"));
-        // Running: a background add neither hands it out twice nor
-        // re-runs it.
+        // Running: a background add does not hand it out twice, but runs
+        // it again once the current run ends (that run may have started
+        // before the swap that re-queued it).
         q.add_background("b1");
         assert_eq!(q.next().await, Some("b2"));
         assert!(q.is_empty());
-        q.done(&"b1");
         q.done(&"b2");
+        assert!(q.is_empty());
+        q.done(&"b1");
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.next().await, Some("b1"));
+        q.done(&"b1");
         assert!(q.is_empty());
         // A waiting foreground key is not demoted.
         q.add("f3");
