@@ -1340,11 +1340,23 @@ async fn routing_is_added_switched_and_removed_without_touching_the_workload() -
         async move { Ok(api.get_opt("rf-routing").await?.is_none().then_some(())) }
     })
     .await?;
-    let f = wait_provisioned(&ns, "rf").await?;
-    assert!(
-        condition(&f, "RoutingReady").is_null(),
-        "RoutingReady stays after removal"
-    );
+    // The reconcile that deletes the policy drops RoutingReady in its status
+    // write, which follows its deletes: wait for it, with the deadline.
+    wait_provisioned(&ns, "rf").await?;
+    let api = fleets(&ns);
+    wait_for("RoutingReady to be dropped after removal", DEADLINE, || {
+        let api = api.clone();
+        async move {
+            let f = api.get("rf").await?;
+            let c = condition(&f, "RoutingReady");
+            if c.is_null() {
+                Ok(Some(()))
+            } else {
+                bail!("RoutingReady still set: {c}")
+            }
+        }
+    })
+    .await?;
 
     let after = deployments.get("rf").await?;
     assert_eq!(
