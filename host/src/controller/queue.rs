@@ -96,16 +96,22 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Queue<K> {
             return;
         }
         if s.waiting.insert(key.clone()) {
-            if let Some(name_of) = self.metrics_name {
-                let name = name_of(&key);
-                let m = crate::metrics::global();
-                m.inc("workqueue_adds_total", &[("name", &name)]);
-                m.add("workqueue_depth", &[("name", &name)], 1.0);
-                s.since.insert(key.clone(), Instant::now());
-            }
+            self.count_add(&mut s, &key);
             s.order.push_back(key);
             drop(s);
             self.notify.notify_one();
+        }
+    }
+
+    /// Counts a key that starts waiting: the workqueue metrics and the
+    /// instant its wait began.
+    fn count_add(&self, s: &mut State<K>, key: &K) {
+        if let Some(name_of) = self.metrics_name {
+            let name = name_of(key);
+            let m = crate::metrics::global();
+            m.inc("workqueue_adds_total", &[("name", &name)]);
+            m.add("workqueue_depth", &[("name", &name)], 1.0);
+            s.since.insert(key.clone(), Instant::now());
         }
     }
 
@@ -123,13 +129,7 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Queue<K> {
             return;
         }
         if s.background_waiting.insert(key.clone()) {
-            if let Some(name_of) = self.metrics_name {
-                let name = name_of(&key);
-                let m = crate::metrics::global();
-                m.inc("workqueue_adds_total", &[("name", &name)]);
-                m.add("workqueue_depth", &[("name", &name)], 1.0);
-                s.since.insert(key.clone(), Instant::now());
-            }
+            self.count_add(&mut s, &key);
             s.background.push_back(key);
             drop(s);
             self.notify.notify_one();
