@@ -396,7 +396,42 @@ fn interleaved(
                 ma.as_secs_f64() / mb.as_secs_f64()
             );
         }
+        // CPU, not latency: every thread of the process (the epoch
+        // ticker included), the calls one after another.
+        let calls = pairs;
+        let mut cpu = |f: &mut dyn FnMut()| {
+            let start = process_cpu();
+            for _ in 0..calls {
+                f();
+            }
+            (process_cpu() - start) / u32::try_from(calls).expect("calls fit")
+        };
+        let native_cpu = cpu(&mut || {
+            black_box(native(black_box(&s)));
+        });
+        let wasm_cpu = cpu(&mut a);
+        eprintln!(
+            "  {label:>5}  CPU per call, all threads: wasm {wasm_cpu:>10.1?}  native {native_cpu:>10.1?}  wasm/native = {:.2}",
+            wasm_cpu.as_secs_f64() / native_cpu.as_secs_f64()
+        );
     }
+}
+
+/// CPU time of every thread of this process so far (Linux schedstat:
+/// nanoseconds on a CPU, per thread).
+fn process_cpu() -> Duration {
+    let mut nanos: u64 = 0;
+    for task in std::fs::read_dir("/proc/self/task").expect("/proc/self/task") {
+        let path = task.expect("task").path().join("schedstat");
+        if let Ok(text) = std::fs::read_to_string(path) {
+            nanos += text
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    Duration::from_nanos(nanos)
 }
 
 criterion_group! {

@@ -55,6 +55,39 @@ pub async fn writes(client: &Client, resources: &[&str]) -> Result<Writes> {
     Ok(out)
 }
 
+/// Every request the API server counted so far, keyed `VERB
+/// resource[/subresource]`, all resources (for a benchmark's breakdown).
+///
+/// # Errors
+/// When /metrics cannot be read.
+pub async fn requests(client: &Client) -> Result<Writes> {
+    let req = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client.request_text(req).await.context("GET /metrics")?;
+    let mut out = Writes::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |key: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{key}=\"")))
+                .map(|v| v.trim_end_matches('"').to_owned())
+                .unwrap_or_default()
+        };
+        let sub = label("subresource");
+        let mut key = format!("{} {}", label("verb"), label("resource"));
+        if !sub.is_empty() {
+            key = format!("{key}/{sub}");
+        }
+        *out.entry(key).or_default() += value.trim().parse::<f64>().unwrap_or(0.0);
+    }
+    Ok(out)
+}
+
 /// `after - before`, without the entries that did not change.
 pub fn delta(after: &Writes, before: &Writes) -> Writes {
     after

@@ -229,20 +229,94 @@ fn install(src: &Path, dst: &Path) -> Result<()> {
 }
 
 struct Phase {
+    /// Every request the API server counted during the phase (cluster
+    /// wide), printed with `WASMOP_BENCH_REQUESTS=1`.
+    requests: Writes,
     seconds: f64,
     writes: f64,
+    cpu: Cpu,
+}
+
+/// CPU seconds spent during a phase by this process (operator or floor
+/// client, and the bench's own watch), the API server and etcd.
+#[derive(Clone, Copy, Default)]
+struct Cpu {
+    bench: f64,
+    apiserver: f64,
+    etcd: f64,
+}
+
+impl Cpu {
+    /// CPU seconds used so far by each.
+    fn now() -> Cpu {
+        let dir = std::env::var("WASMOP_CLUSTER_DIR").unwrap_or_else(|_| {
+            format!(
+                "{}/wasmop-cluster",
+                std::env::var("TMPDIR").unwrap_or_else(|_| "/tmp".into())
+            )
+        });
+        let of = |component: &str| {
+            std::fs::read_to_string(format!("{dir}/pids/{component}.pid"))
+                .ok()
+                .and_then(|pid| proc_cpu(pid.trim()))
+                .unwrap_or(f64::NAN)
+        };
+        Cpu {
+            bench: proc_cpu("self").unwrap_or(f64::NAN),
+            apiserver: of("kube-apiserver"),
+            etcd: of("etcd"),
+        }
+    }
+
+    /// What was used since `before`.
+    fn since(before: Cpu) -> Cpu {
+        let now = Cpu::now();
+        Cpu {
+            bench: now.bench - before.bench,
+            apiserver: now.apiserver - before.apiserver,
+            etcd: now.etcd - before.etcd,
+        }
+    }
+}
+
+/// User + system CPU seconds of process `pid` (`/proc/<pid>/stat`, in
+/// clock ticks of 1/100 s).
+fn proc_cpu(pid: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command (which may hold spaces) in parentheses.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / 100.0)
 }
 
 impl Phase {
     fn line(&self, n: usize, name: &str, floor: &Phase) {
         println!(
-            "N={n:>6} {name:<9} {:>8.2} s  floor {:>8.2} s  ratio {:>5.2}  writes/primary {:>5.2}  floor {:>5.2}",
+            "N={n:>6} {name:<9} {:>8.2} s  floor {:>8.2} s  ratio {:>5.2}  writes/primary {:>5.2}  floor {:>5.2}  CPU s bench/apiserver/etcd {:.1}/{:.1}/{:.1}  floor {:.1}/{:.1}/{:.1}",
             self.seconds,
             floor.seconds,
             self.seconds / floor.seconds.max(1e-9),
             self.writes / n as f64,
             floor.writes / n as f64,
+            self.cpu.bench,
+            self.cpu.apiserver,
+            self.cpu.etcd,
+            floor.cpu.bench,
+            floor.cpu.apiserver,
+            floor.cpu.etcd,
         );
+        if std::env::var("WASMOP_BENCH_REQUESTS").is_ok_and(|v| v == "1") {
+            for (side, phase) in [("operator", self), ("floor", floor)] {
+                let list: Vec<String> = phase
+                    .requests
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v:.0}"))
+                    .collect();
+                println!("N={n:>6} {name:<9} {side} requests: {}", list.join(" "));
+            }
+        }
     }
 }
 
@@ -397,17 +471,23 @@ async fn operator_run(
     progress.lock().expect("progress lock").wait_for("0.1.0");
 
     let before = writes(&client).await?;
+    let requests_before = apiwrites::requests(&client).await?;
+    let cpu = Cpu::now();
     let t0 = Instant::now();
     create_all(&api, n).await?;
     let done = all_reconciled(&mut count, n, "every Widget reconciled by 0.1.0", deadline).await?;
     let converge = Phase {
         seconds: (done - t0).as_secs_f64(),
+        cpu: Cpu::since(cpu),
+        requests: apiwrites::delta(&apiwrites::requests(&client).await?, &requests_before),
         writes: total(&apiwrites::delta(&writes(&client).await?, &before)),
     };
     let memory = rss();
 
     progress.lock().expect("progress lock").wait_for("0.2.0");
     let before = writes(&client).await?;
+    let requests_before = apiwrites::requests(&client).await?;
+    let cpu = Cpu::now();
     let t0 = Instant::now();
     install(&plugin_path("good-v2")?, &dir.join("good.wasm"))?;
     let swapped = plugins.scan(false).await;
@@ -417,6 +497,8 @@ async fn operator_run(
     let done = all_reconciled(&mut count, n, "every Widget reconciled by 0.2.0", deadline).await?;
     let rollover = Phase {
         seconds: (done - t0).as_secs_f64(),
+        cpu: Cpu::since(cpu),
+        requests: apiwrites::delta(&apiwrites::requests(&client).await?, &requests_before),
         writes: total(&apiwrites::delta(&writes(&client).await?, &before)),
     };
     watching.abort();
@@ -468,6 +550,8 @@ async fn floor_run(n: usize, workers: usize) -> Result<(Phase, Phase)> {
     let client = ns.client.clone();
     let api = widget_api(&client, &ns.name);
     let before = writes(&client).await?;
+    let requests_before = apiwrites::requests(&client).await?;
+    let cpu = Cpu::now();
     let t0 = Instant::now();
     // Creates, 16 at once, each handed on to `workers` writers as it lands.
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
@@ -512,11 +596,15 @@ async fn floor_run(n: usize, workers: usize) -> Result<(Phase, Phase)> {
     w?;
     let converge = Phase {
         seconds: t0.elapsed().as_secs_f64(),
+        cpu: Cpu::since(cpu),
+        requests: apiwrites::delta(&apiwrites::requests(&client).await?, &requests_before),
         writes: total(&apiwrites::delta(&writes(&client).await?, &before)),
     };
     // Rollover floor: the same two writes per Widget, a new label.
     let list = api.list(&ListParams::default()).await?.items;
     let before = writes(&client).await?;
+    let requests_before = apiwrites::requests(&client).await?;
+    let cpu = Cpu::now();
     let t0 = Instant::now();
     let results: Vec<Result<()>> = stream::iter(list)
         .map(|w| {
@@ -534,6 +622,8 @@ async fn floor_run(n: usize, workers: usize) -> Result<(Phase, Phase)> {
     results.into_iter().collect::<Result<()>>()?;
     let rollover = Phase {
         seconds: t0.elapsed().as_secs_f64(),
+        cpu: Cpu::since(cpu),
+        requests: apiwrites::delta(&apiwrites::requests(&client).await?, &requests_before),
         writes: total(&apiwrites::delta(&writes(&client).await?, &before)),
     };
     Ok((converge, rollover))
