@@ -399,7 +399,7 @@ fn interleaved(
         // CPU, not latency: every thread of the process (the epoch
         // ticker included), the calls one after another.
         let calls = pairs;
-        let mut cpu = |f: &mut dyn FnMut()| {
+        let cpu = |f: &mut dyn FnMut()| {
             let start = process_cpu();
             for _ in 0..calls {
                 f();
