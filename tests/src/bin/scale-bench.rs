@@ -14,8 +14,18 @@
 //! - `converge`: first create → every Widget Ready and Reconciled, writes
 //!   per Widget (the API server's `apiserver_request_total`, Widgets and
 //!   ConfigMaps, the bench's own creates included), and the process's RSS;
-//! - `rollover`: `good` swapped for `good-v2` in the plugin directory →
-//!   every ConfigMap relabelled and every Widget reconciled by 0.2.0;
+//! - `rollover1`, `rollover2`, …: `good` swapped for `good-v2` in the
+//!   plugin directory → every ConfigMap relabelled and every Widget
+//!   reconciled by 0.2.0, then back to `good` (0.1.0), and so on
+//!   (`WASMOP_BENCH_ROLLOVERS`, default 3), each round next to a floor
+//!   rollover, the order of the two alternating between rounds; then the
+//!   medians and the median of the rounds' ratios;
+//! - each line also gives the CPU seconds the bench process, the API
+//!   server and etcd used during the phase (the machine's cores are
+//!   shared by all three), and with `WASMOP_BENCH_REQUESTS=1` every
+//!   request the API server counted, by verb and resource;
+//! - an unmeasured warm-up (200 Widgets written the floor's way) comes
+//!   first, so neither side pays for the control plane's first writes;
 //! - the floor of each: N creates (16 at once, like the operator's) piped
 //!   into one ConfigMap apply and one status apply per Widget, as many at
 //!   once as the operator has workers;
@@ -443,69 +453,140 @@ async fn memory_per_object(ns: &str, n: usize) -> Result<(f64, f64)> {
     Ok((per(best[1]), per(best[2])))
 }
 
-async fn operator_run(
+/// What a phase is measured from: the API server's counters, CPU so far
+/// and the instant it started.
+struct Meter {
+    writes: Writes,
+    requests: Writes,
+    cpu: Cpu,
+    t0: Instant,
+}
+
+impl Meter {
+    async fn start(client: &Client) -> Result<Meter> {
+        let writes = writes(client).await?;
+        let requests = apiwrites::requests(client).await?;
+        Ok(Meter {
+            writes,
+            requests,
+            cpu: Cpu::now(),
+            t0: Instant::now(),
+        })
+    }
+
+    /// The phase from the start to `end`.
+    async fn phase(self, client: &Client, end: Instant) -> Result<Phase> {
+        let cpu = Cpu::since(self.cpu);
+        Ok(Phase {
+            seconds: (end - self.t0).as_secs_f64(),
+            cpu,
+            requests: apiwrites::delta(&apiwrites::requests(client).await?, &self.requests),
+            writes: total(&apiwrites::delta(&writes(client).await?, &self.writes)),
+        })
+    }
+}
+
+/// The operator side: an in-process operator over its own namespace, its
+/// plugin directory, and the bench's watch of the Widgets.
+struct OperatorBench {
     n: usize,
-    config: &OperatorConfig,
-) -> Result<(Phase, Phase, (f64, f64), (f64, f64))> {
-    let ns = TestNamespace::new(&format!("scale{n}")).await?;
-    let client = ns.client.clone();
-    let api = widget_api(&client, &ns.name);
-    let dir = std::env::temp_dir().join(format!("wasmop-scale-{}-{n}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    install(&plugin_path("good")?, &dir.join("good.wasm"))?;
-    let op = RunningOperator::start_with(
-        client.clone(),
-        vec![ns.name.clone()],
-        vec![],
-        config.clone(),
-    )
-    .await?;
-    let options: OptionsFor = Arc::new(|_stem: &str| LoadOptions::default());
-    let mut plugins = PluginDir::new(dir.clone(), sandbox(), op.operator.clone(), options);
-    let first = plugins.scan(false).await;
-    if first.activated.is_empty() {
-        bail!("good did not load: {first:?}");
-    }
-    let deadline = Duration::from_secs(60 + n as u64 / 10);
-    let (progress, mut count, watching) = watch_widgets(&client, &ns.name);
-    progress.lock().expect("progress lock").wait_for("0.1.0");
+    ns: TestNamespace,
+    dir: std::path::PathBuf,
+    op: RunningOperator,
+    plugins: PluginDir,
+    progress: Arc<Mutex<Progress>>,
+    count: tokio::sync::watch::Receiver<(usize, Instant)>,
+    watching: tokio::task::JoinHandle<()>,
+    deadline: Duration,
+}
 
-    let before = writes(&client).await?;
-    let requests_before = apiwrites::requests(&client).await?;
-    let cpu = Cpu::now();
-    let t0 = Instant::now();
-    create_all(&api, n).await?;
-    let done = all_reconciled(&mut count, n, "every Widget reconciled by 0.1.0", deadline).await?;
-    let converge = Phase {
-        seconds: (done - t0).as_secs_f64(),
-        cpu: Cpu::since(cpu),
-        requests: apiwrites::delta(&apiwrites::requests(&client).await?, &requests_before),
-        writes: total(&apiwrites::delta(&writes(&client).await?, &before)),
-    };
-    let memory = rss();
-
-    progress.lock().expect("progress lock").wait_for("0.2.0");
-    let before = writes(&client).await?;
-    let requests_before = apiwrites::requests(&client).await?;
-    let cpu = Cpu::now();
-    let t0 = Instant::now();
-    install(&plugin_path("good-v2")?, &dir.join("good.wasm"))?;
-    let swapped = plugins.scan(false).await;
-    if swapped.activated.is_empty() {
-        bail!("good-v2 did not load: {swapped:?}");
+impl OperatorBench {
+    /// Starts the operator with `good` (0.1.0) loaded, before any Widget.
+    async fn start(n: usize, config: &OperatorConfig) -> Result<OperatorBench> {
+        let ns = TestNamespace::new(&format!("scale{n}")).await?;
+        let client = ns.client.clone();
+        let dir = std::env::temp_dir().join(format!("wasmop-scale-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        install(&plugin_path("good")?, &dir.join("good.wasm"))?;
+        let op = RunningOperator::start_with(
+            client.clone(),
+            vec![ns.name.clone()],
+            vec![],
+            config.clone(),
+        )
+        .await?;
+        let options: OptionsFor = Arc::new(|_stem: &str| LoadOptions::default());
+        let mut plugins = PluginDir::new(dir.clone(), sandbox(), op.operator.clone(), options);
+        let first = plugins.scan(false).await;
+        if first.activated.is_empty() {
+            bail!("good did not load: {first:?}");
+        }
+        let (progress, count, watching) = watch_widgets(&client, &ns.name);
+        Ok(OperatorBench {
+            n,
+            ns,
+            dir,
+            op,
+            plugins,
+            progress,
+            count,
+            watching,
+            deadline: Duration::from_secs(60 + n as u64 / 10),
+        })
     }
-    let done = all_reconciled(&mut count, n, "every Widget reconciled by 0.2.0", deadline).await?;
-    let rollover = Phase {
-        seconds: (done - t0).as_secs_f64(),
-        cpu: Cpu::since(cpu),
-        requests: apiwrites::delta(&apiwrites::requests(&client).await?, &requests_before),
-        writes: total(&apiwrites::delta(&writes(&client).await?, &before)),
-    };
-    watching.abort();
-    op.stop().await;
-    let _ = std::fs::remove_dir_all(&dir);
-    let per_object = memory_per_object(&ns.name, n).await?;
-    Ok((converge, rollover, memory, per_object))
+
+    /// First create → every Widget Ready and reconciled by 0.1.0.
+    async fn converge(&mut self) -> Result<Phase> {
+        let client = self.ns.client.clone();
+        let api = widget_api(&client, &self.ns.name);
+        self.progress
+            .lock()
+            .expect("progress lock")
+            .wait_for("0.1.0");
+        let meter = Meter::start(&client).await?;
+        create_all(&api, self.n).await?;
+        let done = all_reconciled(
+            &mut self.count,
+            self.n,
+            "every Widget reconciled by 0.1.0",
+            self.deadline,
+        )
+        .await?;
+        meter.phase(&client, done).await
+    }
+
+    /// `plugin` (of `version`) replaces the loaded one in the plugin
+    /// directory → every Widget reconciled by `version`.
+    async fn rollover(&mut self, plugin: &str, version: &str) -> Result<Phase> {
+        let client = self.ns.client.clone();
+        self.progress
+            .lock()
+            .expect("progress lock")
+            .wait_for(version);
+        let meter = Meter::start(&client).await?;
+        install(&plugin_path(plugin)?, &self.dir.join("good.wasm"))?;
+        let swapped = self.plugins.scan(false).await;
+        if swapped.activated.is_empty() {
+            bail!("{plugin} did not load: {swapped:?}");
+        }
+        let done = all_reconciled(
+            &mut self.count,
+            self.n,
+            &format!("every Widget reconciled by {version}"),
+            self.deadline,
+        )
+        .await?;
+        meter.phase(&client, done).await
+    }
+
+    /// Stops the operator; then the memory per cached object over its
+    /// converged namespace.
+    async fn finish(self) -> Result<(f64, f64)> {
+        self.watching.abort();
+        self.op.stop().await;
+        let _ = std::fs::remove_dir_all(&self.dir);
+        memory_per_object(&self.ns.name, self.n).await
+    }
 }
 
 /// The necessary writes of one Widget as a plain client makes them: its
@@ -545,88 +626,91 @@ async fn floor_writes(client: &Client, ns: &str, name: &str, uid: &str, label: &
     Ok(())
 }
 
-async fn floor_run(n: usize, workers: usize) -> Result<(Phase, Phase)> {
-    let ns = TestNamespace::new(&format!("floor{n}")).await?;
-    let client = ns.client.clone();
-    let api = widget_api(&client, &ns.name);
-    let before = writes(&client).await?;
-    let requests_before = apiwrites::requests(&client).await?;
-    let cpu = Cpu::now();
-    let t0 = Instant::now();
-    // Creates, 16 at once, each handed on to `workers` writers as it lands.
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
-    let creating = {
-        let api = api.clone();
-        async move {
-            let results: Vec<Result<()>> = stream::iter(0..n)
-                .map(|i| {
-                    let api = api.clone();
-                    let tx = tx.clone();
-                    async move {
-                        let created = api.create(&PostParams::default(), &widget(i)?).await?;
-                        let uid = created.metadata.uid.unwrap_or_default();
-                        let _ = tx.send((format!("w{i}"), uid));
-                        Ok(())
-                    }
-                })
-                .buffer_unordered(CREATE_CONCURRENCY)
-                .collect()
-                .await;
-            results.into_iter().collect::<Result<()>>()
-        }
-    };
-    let writing = {
-        let client = client.clone();
-        let ns = ns.name.clone();
-        async move {
-            let results: Vec<Result<()>> = tokio_stream_from(rx)
-                .map(|(name, uid)| {
-                    let client = client.clone();
-                    let ns = ns.clone();
-                    async move { floor_writes(&client, &ns, &name, &uid, "v1").await }
-                })
-                .buffer_unordered(workers)
-                .collect()
-                .await;
-            results.into_iter().collect::<Result<()>>()
-        }
-    };
-    let (c, w) = tokio::join!(creating, writing);
-    c?;
-    w?;
-    let converge = Phase {
-        seconds: t0.elapsed().as_secs_f64(),
-        cpu: Cpu::since(cpu),
-        requests: apiwrites::delta(&apiwrites::requests(&client).await?, &requests_before),
-        writes: total(&apiwrites::delta(&writes(&client).await?, &before)),
-    };
-    // Rollover floor: the same two writes per Widget, a new label.
-    let list = api.list(&ListParams::default()).await?.items;
-    let before = writes(&client).await?;
-    let requests_before = apiwrites::requests(&client).await?;
-    let cpu = Cpu::now();
-    let t0 = Instant::now();
-    let results: Vec<Result<()>> = stream::iter(list)
-        .map(|w| {
+/// The floor's side: its namespace and its Widgets (name, UID).
+struct FloorBench {
+    ns: TestNamespace,
+    widgets: Vec<(String, String)>,
+    workers: usize,
+}
+
+impl FloorBench {
+    /// Creates `n` Widgets (16 at once), each handed on as it lands to
+    /// `workers` writers making its two necessary writes.
+    async fn converge(n: usize, workers: usize) -> Result<(Phase, FloorBench)> {
+        let ns = TestNamespace::new(&format!("floor{n}")).await?;
+        let client = ns.client.clone();
+        let api = widget_api(&client, &ns.name);
+        let meter = Meter::start(&client).await?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
+        let creating = {
+            let api = api.clone();
+            async move {
+                let results: Vec<Result<()>> = stream::iter(0..n)
+                    .map(|i| {
+                        let api = api.clone();
+                        let tx = tx.clone();
+                        async move {
+                            let created = api.create(&PostParams::default(), &widget(i)?).await?;
+                            let uid = created.metadata.uid.unwrap_or_default();
+                            let _ = tx.send((format!("w{i}"), uid));
+                            Ok(())
+                        }
+                    })
+                    .buffer_unordered(CREATE_CONCURRENCY)
+                    .collect()
+                    .await;
+                results.into_iter().collect::<Result<()>>()
+            }
+        };
+        let writing = {
             let client = client.clone();
             let ns = ns.name.clone();
             async move {
-                let name = w.metadata.name.unwrap_or_default();
-                let uid = w.metadata.uid.unwrap_or_default();
-                floor_writes(&client, &ns, &name, &uid, "v2").await
+                let results: Vec<Result<(String, String)>> = tokio_stream_from(rx)
+                    .map(|(name, uid)| {
+                        let client = client.clone();
+                        let ns = ns.clone();
+                        async move {
+                            floor_writes(&client, &ns, &name, &uid, "v1").await?;
+                            Ok((name, uid))
+                        }
+                    })
+                    .buffer_unordered(workers)
+                    .collect()
+                    .await;
+                results.into_iter().collect::<Result<Vec<_>>>()
             }
-        })
-        .buffer_unordered(workers)
-        .collect()
-        .await;
-    results.into_iter().collect::<Result<()>>()?;
-    let rollover = Phase {
-        seconds: t0.elapsed().as_secs_f64(),
-        cpu: Cpu::since(cpu),
-        requests: apiwrites::delta(&apiwrites::requests(&client).await?, &requests_before),
-        writes: total(&apiwrites::delta(&writes(&client).await?, &before)),
-    };
-    Ok((converge, rollover))
+        };
+        let (c, w) = tokio::join!(creating, writing);
+        c?;
+        let widgets = w?;
+        let converge = meter.phase(&client, Instant::now()).await?;
+        Ok((
+            converge,
+            FloorBench {
+                ns,
+                widgets,
+                workers,
+            },
+        ))
+    }
+
+    /// The same two writes per Widget with the label `label`.
+    async fn rollover(&self, label: &str) -> Result<Phase> {
+        let client = self.ns.client.clone();
+        let meter = Meter::start(&client).await?;
+        let results: Vec<Result<()>> = stream::iter(self.widgets.iter())
+            .map(|(name, uid)| {
+                let client = client.clone();
+                let ns = self.ns.name.clone();
+                async move { floor_writes(&client, &ns, name, uid, label).await }
+            })
+            .buffer_unordered(self.workers)
+            .collect()
+            .await;
+        results.into_iter().collect::<Result<()>>()?;
+        meter.phase(&client, Instant::now()).await
+    }
 }
 
 /// The memory figure alone: N Widgets with a ConfigMap and a status each,
@@ -680,6 +764,12 @@ async fn main() -> Result<()> {
     } else {
         sizes
     };
+    let rollovers: usize = std::env::var("WASMOP_BENCH_ROLLOVERS")
+        .ok()
+        .map(|v| v.parse().context("WASMOP_BENCH_ROLLOVERS is a number"))
+        .transpose()?
+        .unwrap_or(3)
+        .max(1);
     let client = wasmop_tests::client().await?;
     apply_test_crds(&client).await?;
     let config = test_config();
@@ -688,6 +778,12 @@ async fn main() -> Result<()> {
     // start has a bench of its own).
     for plugin in ["good", "good-v2"] {
         load_plugin(plugin, json!({}))?;
+    }
+    if !memory_only_flag {
+        // Warm-up, not measured: the first writes after the control plane
+        // starts are slower (connections, the API server's caches, etcd),
+        // and would count against whichever side goes first.
+        drop(FloorBench::converge(200, config.workers).await?);
     }
     for n in sizes {
         if memory_only_flag {
@@ -698,11 +794,48 @@ async fn main() -> Result<()> {
             );
             continue;
         }
-        let (floor_converge, floor_rollover) = floor_run(n, config.workers).await?;
-        let (converge, rollover, (rss_now, rss_peak), (cache, reflector)) =
-            operator_run(n, &config).await?;
+        let (floor_converge, floor) = FloorBench::converge(n, config.workers).await?;
+        let mut operator = OperatorBench::start(n, &config).await?;
+        let converge = operator.converge().await?;
+        let (rss_now, rss_peak) = rss();
         converge.line(n, "converge", &floor_converge);
-        rollover.line(n, "rollover", &floor_rollover);
+        // Rollovers back and forth (good-v2, then good again, ...), each
+        // next to a floor rollover in the same round, the order of the two
+        // alternating from round to round; the median ratio is the figure.
+        let mut rounds = Vec::new();
+        for round in 0..rollovers {
+            let (plugin, version, label) = if round % 2 == 0 {
+                ("good-v2", "0.2.0", "v2")
+            } else {
+                ("good", "0.1.0", "v1")
+            };
+            let (op, fl) = if round % 2 == 0 {
+                let fl = floor.rollover(label).await?;
+                (operator.rollover(plugin, version).await?, fl)
+            } else {
+                let op = operator.rollover(plugin, version).await?;
+                (op, floor.rollover(label).await?)
+            };
+            op.line(n, &format!("rollover{}", round + 1), &fl);
+            rounds.push((op, fl));
+        }
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        println!(
+            "N={n:>6} rollover  median of {rollovers}: {:>8.2} s  floor {:>8.2} s  ratio {:>5.2} (median of the rounds' ratios)",
+            median(rounds.iter().map(|(o, _)| o.seconds).collect()),
+            median(rounds.iter().map(|(_, f)| f.seconds).collect()),
+            median(
+                rounds
+                    .iter()
+                    .map(|(o, f)| o.seconds / f.seconds.max(1e-9))
+                    .collect()
+            ),
+        );
+        drop(floor);
+        let (cache, reflector) = operator.finish().await?;
         println!(
             "N={n:>6} memory    RSS {rss_now:.1} MiB after converging, peak {rss_peak:.1} MiB"
         );
