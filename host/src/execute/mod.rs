@@ -468,7 +468,7 @@ async fn writes(
             .await?;
         if !dry {
             economy::remember_status(object::uid(&primary), &before, &status);
-            follow_version(&mut primary, &updated);
+            primary["metadata"]["resourceVersion"] = json!(updated.resource_version);
         }
     }
     Ok((primary, done))
@@ -503,16 +503,19 @@ async fn apply_one(
     still_leader(t)?;
     let written = match (&op.precondition, &judged.existing) {
         // `force` takes fields from other managers; a create has none.
-        (Some(Precondition::Absent), _) => w.create(&resource, &obj).await,
+        (Some(Precondition::Absent), _) => w.create(&resource, &obj).await.map(drop),
         // Judged absent: a server-side apply that creates it, and
         // conflicts if it appeared meanwhile.
-        (None, None) => w.apply(&resource, &obj, Fence::ABSENT, op.force).await,
+        (None, None) => w
+            .apply(&resource, &obj, Fence::ABSENT, op.force)
+            .await
+            .map(drop),
         (Some(Precondition::ResourceVersion(rv)), judged) => {
             let fence = Fence {
                 uid: judged.as_ref().map(|j| j.uid.as_str()),
                 resource_version: Some(rv),
             };
-            w.apply(&resource, &obj, fence, op.force).await
+            w.apply(&resource, &obj, fence, op.force).await.map(drop)
         }
         (None, Some(j)) => {
             // Our own object: it must still be the one judged (same
@@ -521,7 +524,7 @@ async fn apply_one(
                 uid: Some(&j.uid),
                 resource_version: judged.adopts.then_some(j.resource_version.as_str()),
             };
-            w.apply(&resource, &obj, fence, op.force).await
+            w.apply(&resource, &obj, fence, op.force).await.map(drop)
         }
     };
     written?;

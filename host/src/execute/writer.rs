@@ -21,6 +21,8 @@ use kube::Client;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
 };
+use kube::core::Resource;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::object::describe;
@@ -130,6 +132,39 @@ impl ApplyError {
     }
 }
 
+/// What the host reads of the API server's answer to an apply: the
+/// object's identity after the write. The rest of the answer (the whole
+/// object, managedFields included) is skipped unparsed: the cache gets the
+/// object from its watch.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Written {
+    /// The object's UID.
+    pub uid: String,
+    /// The object's resourceVersion after the write.
+    pub resource_version: String,
+}
+
+impl<'de> Deserialize<'de> for Written {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Meta {
+            #[serde(default)]
+            uid: String,
+            #[serde(default, rename = "resourceVersion")]
+            resource_version: String,
+        }
+        #[derive(Deserialize)]
+        struct Answer {
+            metadata: Meta,
+        }
+        let a = Answer::deserialize(d)?;
+        Ok(Written {
+            uid: a.metadata.uid,
+            resource_version: a.metadata.resource_version,
+        })
+    }
+}
+
 fn api_for(client: &Client, resource: &ApiResource, namespace: Option<&str>) -> Api<DynamicObject> {
     match namespace.filter(|n| !n.is_empty()) {
         Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
@@ -218,6 +253,7 @@ impl Writer {
     /// Server-side applies `obj` to an existing object, only while `fence`
     /// holds. With `force`, fields another field manager set move to this
     /// one instead of conflicting (`force=true`); the fence still holds.
+    /// Returns the object's UID and new resourceVersion ([`Written`]).
     ///
     /// # Errors
     /// [`ApplyError::Conflict`] when another manager owns a field being
@@ -229,17 +265,18 @@ impl Writer {
         obj: &Value,
         fence: Fence<'_>,
         force: bool,
-    ) -> Result<Value, ApplyError> {
+    ) -> Result<Written, ApplyError> {
         let body = fenced(obj, &fence);
-        let api = api_for(&self.client, resource, ns_of(obj));
-        let applied = api
-            .patch(
-                name_of(obj),
-                &self.patch_params(apply_params(&self.field_manager, force)),
-                &Patch::Apply(&body),
+        let send = |force| {
+            self.send_apply(
+                resource,
+                obj,
+                None,
+                apply_params(&self.field_manager, force),
+                &body,
             )
-            .await;
-        let applied = match applied {
+        };
+        let applied = match send(force).await {
             // Fields this plugin's own manager holds from a create (an
             // "Update" entry) conflict with its applies; taking them back
             // from itself is no takeover, so only then is the apply forced.
@@ -248,18 +285,37 @@ impl Writer {
                     && status.code == 409
                     && only_self_conflicts(&status.message, &self.field_manager) =>
             {
-                api.patch(
-                    name_of(obj),
-                    &self.patch_params(apply_params(&self.field_manager, true)),
-                    &Patch::Apply(&body),
-                )
-                .await
+                send(true).await
             }
             other => other,
         };
-        applied
-            .map(|o| serde_json::to_value(o).unwrap_or_default())
-            .map_err(|e| ApplyError::from_kube(describe(obj), e))
+        applied.map_err(|e| ApplyError::from_kube(describe(obj), e))
+    }
+
+    /// Sends a server-side apply of `body` to `obj`'s name (or its
+    /// `subresource`), and reads only [`Written`] from the answer.
+    async fn send_apply(
+        &self,
+        resource: &ApiResource,
+        obj: &Value,
+        subresource: Option<&str>,
+        params: PatchParams,
+        body: &Value,
+    ) -> Result<Written, kube::Error> {
+        let request = kube::core::Request::new(DynamicObject::url_path(
+            resource,
+            ns_of(obj).filter(|n| !n.is_empty()),
+        ));
+        let params = self.patch_params(params);
+        let patch = Patch::Apply(body);
+        let mut http = match subresource {
+            None => request.patch(name_of(obj), &params, &patch),
+            Some(sub) => request.patch_subresource(sub, name_of(obj), &params, &patch),
+        }
+        .map_err(kube::Error::BuildRequest)?;
+        http.extensions_mut().insert("patch");
+        let text = self.client.request_text(http).await?;
+        serde_json::from_str(&text).map_err(kube::Error::SerdeError)
     }
 
     /// Creates `obj`; fails with a conflict when it already exists.
@@ -318,7 +374,7 @@ impl Writer {
 
     /// Writes `status` of `primary` through the status subresource
     /// (server-side apply, forced: the status belongs to the plugin) and
-    /// returns the updated object.
+    /// returns the primary's UID and new resourceVersion.
     ///
     /// # Errors
     /// [`ApplyError::Api`] when the API server refuses it.
@@ -327,21 +383,21 @@ impl Writer {
         resource: &ApiResource,
         primary: &Value,
         status: &Value,
-    ) -> Result<Value, ApplyError> {
+    ) -> Result<Written, ApplyError> {
         let body = json!({
             "apiVersion": primary["apiVersion"],
             "kind": primary["kind"],
             "metadata": {"name": primary["metadata"]["name"], "namespace": primary["metadata"]["namespace"]},
             "status": status,
         });
-        let api = api_for(&self.client, resource, ns_of(primary));
-        api.patch_status(
-            name_of(primary),
-            &self.patch_params(PatchParams::apply(&self.field_manager).force()),
-            &Patch::Apply(&body),
+        self.send_apply(
+            resource,
+            primary,
+            Some("status"),
+            PatchParams::apply(&self.field_manager).force(),
+            &body,
         )
         .await
-        .map(|o| serde_json::to_value(o).unwrap_or_default())
         .map_err(|e| ApplyError::from_kube(describe(primary), e))
     }
 
@@ -411,6 +467,29 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_apply_answer_is_read_for_its_identity_only() {
+        let answer = json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "w-cm", "namespace": "ns", "uid": "u-1",
+                "resourceVersion": "42",
+                "managedFields": [{"manager": "wasmop-good", "operation": "Apply",
+                    "fieldsType": "FieldsV1", "fieldsV1": {"f:data": {"f:value": {}}}}]},
+            "data": {"value": "x"},
+        });
+        let written: Written = serde_json::from_str(&answer.to_string()).expect("parses");
+        assert_eq!(
+            written,
+            Written {
+                uid: "u-1".into(),
+                resource_version: "42".into()
+            }
+        );
+        // An answer that is no object is an error, not an empty identity.
+        assert!(serde_json::from_str::<Written>("[]").is_err());
+        assert!(serde_json::from_str::<Written>(r#"{"kind":"Status"}"#).is_err());
+    }
 
     #[test]
     fn applies_are_forced_only_when_asked() {
