@@ -10,6 +10,11 @@
 # (host cache against a minimal reflector), over objects the bench writes
 # itself, without the operator and floor runs.
 #
+# WASMOP_BENCH_ROLLOVERS=<n> sets the rounds of hot-swap rollovers per
+# size (default 3; each next to a floor rollover, medians reported).
+# WASMOP_BENCH_REQUESTS=1 also prints every request the API server counted
+# in each phase, by verb and resource.
+#
 # WASMOP_BENCH_PROFILE=dev runs an unoptimised build (no release build of
 # wasmtime needed; the host is slower, the floor client too).
 set -euo pipefail
