@@ -20,43 +20,27 @@ pub type Writes = BTreeMap<String, f64>;
 /// # Errors
 /// When /metrics cannot be read.
 pub async fn writes(client: &Client, resources: &[&str]) -> Result<Writes> {
-    let req = http::Request::get("/metrics").body(Vec::new())?;
-    let text = client.request_text(req).await.context("GET /metrics")?;
+    Ok(writes_of(&requests(client).await?, resources))
+}
+
+/// The writes of `resources` among `requests` (as [`requests`] keys them),
+/// keyed `resource[/subresource]` as [`writes`] does.
+pub fn writes_of(requests: &Writes, resources: &[&str]) -> Writes {
     let mut out = Writes::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+    for (key, count) in requests {
+        let Some((verb, target)) = key.split_once(' ') else {
             continue;
         };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let label = |key: &str| {
-            labels
-                .split(',')
-                .find_map(|kv| kv.strip_prefix(&format!("{key}=\"")))
-                .map(|v| v.trim_end_matches('"').to_owned())
-                .unwrap_or_default()
-        };
-        let verb = label("verb");
-        let resource = label("resource");
-        if !matches!(verb.as_str(), "POST" | "PUT" | "PATCH" | "APPLY")
-            || !resources.contains(&resource.as_str())
-        {
-            continue;
+        let resource = target.split('/').next().unwrap_or_default();
+        if matches!(verb, "POST" | "PUT" | "PATCH" | "APPLY") && resources.contains(&resource) {
+            *out.entry(target.to_owned()).or_default() += count;
         }
-        let sub = label("subresource");
-        let key = if sub.is_empty() {
-            resource
-        } else {
-            format!("{resource}/{sub}")
-        };
-        *out.entry(key).or_default() += value.trim().parse::<f64>().unwrap_or(0.0);
     }
-    Ok(out)
+    out
 }
 
 /// Every request the API server counted so far, keyed `VERB
-/// resource[/subresource]`, all resources (for a benchmark's breakdown).
+/// resource[/subresource]`, all resources.
 ///
 /// # Errors
 /// When /metrics cannot be read.
@@ -95,4 +79,34 @@ pub fn delta(after: &Writes, before: &Writes) -> Writes {
         .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
         .filter(|(_, v)| *v != 0.0)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_are_the_write_verbs_of_the_named_resources() {
+        let requests: Writes = [
+            ("APPLY configmaps", 3.0),
+            ("PATCH widgets/status", 2.0),
+            ("POST widgets", 1.0),
+            ("GET widgets", 9.0),
+            ("DELETE configmaps", 4.0),
+            ("APPLY secrets", 5.0),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        let writes = writes_of(&requests, &["widgets", "configmaps"]);
+        let expected: Writes = [
+            ("configmaps", 3.0),
+            ("widgets/status", 2.0),
+            ("widgets", 1.0),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        assert_eq!(writes, expected);
+    }
 }

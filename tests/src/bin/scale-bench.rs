@@ -78,9 +78,8 @@ fn widget(i: usize) -> Result<DynamicObject> {
     }))?)
 }
 
-async fn writes(client: &Client) -> Result<Writes> {
-    apiwrites::writes(client, &["widgets", "configmaps"]).await
-}
+/// The resources whose writes are counted.
+const RESOURCES: &[&str] = &["widgets", "configmaps"];
 
 fn total(w: &Writes) -> f64 {
     w.values().sum()
@@ -464,10 +463,9 @@ struct Meter {
 
 impl Meter {
     async fn start(client: &Client) -> Result<Meter> {
-        let writes = writes(client).await?;
         let requests = apiwrites::requests(client).await?;
         Ok(Meter {
-            writes,
+            writes: apiwrites::writes_of(&requests, RESOURCES),
             requests,
             cpu: Cpu::now(),
             t0: Instant::now(),
@@ -477,11 +475,15 @@ impl Meter {
     /// The phase from the start to `end`.
     async fn phase(self, client: &Client, end: Instant) -> Result<Phase> {
         let cpu = Cpu::since(self.cpu);
+        let requests = apiwrites::requests(client).await?;
         Ok(Phase {
             seconds: (end - self.t0).as_secs_f64(),
             cpu,
-            requests: apiwrites::delta(&apiwrites::requests(client).await?, &self.requests),
-            writes: total(&apiwrites::delta(&writes(client).await?, &self.writes)),
+            writes: total(&apiwrites::delta(
+                &apiwrites::writes_of(&requests, RESOURCES),
+                &self.writes,
+            )),
+            requests: apiwrites::delta(&requests, &self.requests),
         })
     }
 }
