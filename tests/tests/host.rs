@@ -153,6 +153,55 @@ async fn good_plugin_creates_updates_and_garbage_collects_its_objects() -> Resul
     Ok(())
 }
 
+/// What benchmarks follow progress with instead of a watch of their own:
+/// the operator's cache hands each Widget it stores to its observers, the
+/// status the operator wrote included, and forgets an observer that left.
+#[tokio::test]
+async fn the_cache_hands_every_stored_object_to_its_observers() -> Result<()> {
+    let ns = TestNamespace::new("host-observe").await?;
+    let op = start(&ns, &["good"]).await?;
+    let cache = op
+        .operator
+        .cache()
+        .kind(&wasmop::watch::cache::KindKey::new(
+            "test.wasmop.dev",
+            "v1",
+            "Widget",
+        ))
+        .expect("the operator caches Widgets once good is loaded");
+    let mut stored = cache.observe();
+    let left = cache.observe();
+    drop(left);
+    let widgets = test_kind(&ns, "Widget", "widgets");
+    create(&widgets, "Widget", "w1", json!({"value": "one"})).await?;
+    let deadline = tokio::time::Instant::now() + DEFAULT_DEADLINE;
+    let mut versions = Vec::new();
+    let mut first_ready = None;
+    loop {
+        let w = tokio::time::timeout_at(deadline, stored.recv())
+            .await
+            .map_err(|_| anyhow::anyhow!("no Ready Widget observed; saw {versions:?}"))?
+            .expect("the observer stays registered while its receiver lives");
+        assert_eq!((w.namespace(), w.name()), (ns.name.as_str(), "w1"));
+        versions.push(w.resource_version().to_owned());
+        let ready = w.value()["status"]["conditions"]
+            .as_array()
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            });
+        first_ready.get_or_insert(ready);
+        if ready {
+            break;
+        }
+    }
+    // The first object observed is the Widget as created, without status;
+    // the operator's status write came back through the same watch.
+    assert_eq!(first_ready, Some(false), "{versions:?}");
+    assert!(versions.len() >= 2, "{versions:?}");
+    Ok(())
+}
+
 #[tokio::test]
 async fn status_write_does_not_retrigger_the_primary() -> Result<()> {
     let ns = TestNamespace::new("host-noloop").await?;

@@ -147,9 +147,43 @@ pub struct KindCache {
     spec: WatchSpec,
     data: RwLock<Data>,
     synced: watch::Sender<bool>,
+    /// Who [`KindCache::observe`]s the objects stored from now on.
+    observers: std::sync::Mutex<Vec<mpsc::UnboundedSender<Arc<CachedObject>>>>,
 }
 
 impl KindCache {
+    fn new(key: KindKey, spec: WatchSpec) -> Self {
+        KindCache {
+            key,
+            spec,
+            data: RwLock::new(Data::default()),
+            synced: watch::channel(false).0,
+            observers: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Every object this cache stores from now on, added or changed, by a
+    /// watch event or a relist, as stored (deletions are not reported).
+    ///
+    /// For benchmarks and tests that follow the operator's progress
+    /// through its own watch: a watch of their own would add the API
+    /// server's work of serving it to what they measure. An observer whose
+    /// receiver is dropped is forgotten at the next stored object. With no
+    /// observer, storing an object costs one uncontended lock more.
+    pub fn observe(&self) -> mpsc::UnboundedReceiver<Arc<CachedObject>> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.observers.lock().expect("observers lock").push(tx);
+        rx
+    }
+
+    /// Hands a stored object to every observer still listening.
+    fn stored(&self, obj: &Arc<CachedObject>) {
+        let mut observers = self.observers.lock().expect("observers lock");
+        if !observers.is_empty() {
+            observers.retain(|tx| tx.send(Arc::clone(obj)).is_ok());
+        }
+    }
+
     /// The kind's key.
     pub fn key(&self) -> &KindKey {
         &self.key
@@ -333,12 +367,7 @@ impl Cache {
 
     /// Starts the watches of one kind into a new cache.
     fn start(&self, key: KindKey, spec: WatchSpec) -> Watched {
-        let kc = Arc::new(KindCache {
-            key: key.clone(),
-            spec: spec.clone(),
-            data: RwLock::new(Data::default()),
-            synced: watch::channel(false).0,
-        });
+        let kc = Arc::new(KindCache::new(key.clone(), spec.clone()));
         let scopes: Vec<Option<String>> = if spec.namespaced && !self.namespaces.is_empty() {
             self.namespaces.iter().cloned().map(Some).collect()
         } else {
@@ -634,6 +663,7 @@ async fn run_watch(
                         .write()
                         .expect("cache lock")
                         .insert(key, new.clone());
+                    kc.stored(&new);
                     let _ = changes.send(Change {
                         kind: kc.key.clone(),
                         old,
@@ -695,6 +725,7 @@ fn replace_scope(
             continue;
         }
         let old = data.insert(key, new.clone());
+        kc.stored(&new);
         let _ = changes.send(Change {
             kind: kc.key.clone(),
             old,
@@ -829,16 +860,14 @@ mod tests {
     #[test]
     fn the_readers_answer_from_the_stored_text() {
         let ar = ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk("", "v1", "ConfigMap"));
-        let kc = KindCache {
-            key: KindKey::new("", "v1", "ConfigMap"),
-            spec: WatchSpec {
+        let kc = KindCache::new(
+            KindKey::new("", "v1", "ConfigMap"),
+            WatchSpec {
                 resource: ar.clone(),
                 namespaced: true,
                 managed_only: false,
             },
-            data: RwLock::new(Data::default()),
-            synced: watch::channel(false).0,
-        };
+        );
         let mut values = Vec::new();
         for (ns, name, uid, owner) in [
             ("b", "x", "u3", Some("p")),
@@ -882,6 +911,50 @@ mod tests {
                 .any(|o| Arc::ptr_eq(o, &kc.get("b", "x").expect("b/x")))
         );
         assert_eq!(kc.len(), 3);
+    }
+
+    #[test]
+    fn observers_get_every_stored_object_and_a_dropped_one_is_forgotten() {
+        let ar = ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk("", "v1", "ConfigMap"));
+        let kc = KindCache::new(
+            KindKey::new("", "v1", "ConfigMap"),
+            WatchSpec {
+                resource: ar.clone(),
+                namespaced: true,
+                managed_only: false,
+            },
+        );
+        let (changes, _changes_rx) = mpsc::unbounded_channel();
+        let cached = |name: &str, rv: &str| {
+            let mut v = cm_value("a", name, &format!("u-{name}"), None);
+            v["metadata"]["resourceVersion"] = json!(rv);
+            let obj: DynamicObject = serde_json::from_value(v).expect("object");
+            Arc::new(to_cached(obj, &ar).expect("cached"))
+        };
+        let list = |objects: &[Arc<CachedObject>]| {
+            objects
+                .iter()
+                .map(|o| (obj_key(o), Arc::clone(o)))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let mut kept = kc.observe();
+        let dropped = kc.observe();
+        drop(dropped);
+        let x1 = cached("x", "1");
+        replace_scope(&kc, None, list(&[x1.clone(), cached("y", "1")]), &changes);
+        // A relist with x unchanged and y changed reports only y again.
+        let y2 = cached("y", "2");
+        replace_scope(&kc, None, list(&[x1.clone(), y2.clone()]), &changes);
+        let mut got = Vec::new();
+        while let Ok(o) = kept.try_recv() {
+            got.push(format!("{}@{}", o.name(), o.resource_version()));
+        }
+        assert_eq!(got, ["x@1", "y@1", "y@2"]);
+        assert!(Arc::ptr_eq(&kc.get("a", "y").expect("y"), &y2));
+        assert_eq!(kc.observers.lock().expect("observers lock").len(), 1);
+        drop(kept);
+        replace_scope(&kc, None, list(&[x1, cached("y", "3")]), &changes);
+        assert!(kc.observers.lock().expect("observers lock").is_empty());
     }
 
     fn api_error(code: u16) -> kube::Error {

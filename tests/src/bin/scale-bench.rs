@@ -55,6 +55,7 @@ use serde_json::{Value, json};
 use wasmop::LoadOptions;
 use wasmop::controller::OperatorConfig;
 use wasmop::plugin::hotswap::{OptionsFor, PluginDir};
+use wasmop::watch::cache::KindKey;
 use wasmop_tests::apiwrites::{self, Writes};
 use wasmop_tests::operator::{RunningOperator, load_plugin, plugin_path, sandbox, test_config};
 use wasmop_tests::{TestNamespace, apply_test_crds};
@@ -125,8 +126,8 @@ where
     }
 }
 
-fn reconciled_by(w: &DynamicObject, version: &str) -> bool {
-    let conds = w.data["status"]["conditions"].as_array();
+fn reconciled_by(w: &Value, version: &str) -> bool {
+    let conds = w["status"]["conditions"].as_array();
     let has = |t: &str, pred: &dyn Fn(&Value) -> bool| {
         conds.is_some_and(|cs| cs.iter().any(|c| c["type"] == t && pred(c)))
     };
@@ -139,8 +140,8 @@ fn reconciled_by(w: &DynamicObject, version: &str) -> bool {
         })
 }
 
-/// Which Widgets the bench's own watch last saw reconciled by the version
-/// it waits for, and (on a channel) how many, with the instant of the event
+/// Which Widgets the operator's cache last stored reconciled by the
+/// version the bench waits for, and (on a channel) how many, with the instant of the event
 /// that made that count.
 struct Progress {
     version: String,
@@ -156,12 +157,11 @@ impl Progress {
         self.count.send_replace((0, Instant::now()));
     }
 
-    fn seen(&mut self, w: &DynamicObject) {
-        let name = w.metadata.name.clone().unwrap_or_default();
+    fn seen(&mut self, name: &str, w: &Value) {
         let changed = if reconciled_by(w, &self.version) {
-            self.done.insert(name)
+            self.done.insert(name.to_owned())
         } else {
-            self.done.remove(&name)
+            self.done.remove(name)
         };
         if changed {
             self.count.send_replace((self.done.len(), Instant::now()));
@@ -169,7 +169,7 @@ impl Progress {
     }
 }
 
-/// The bench's watch of the Widgets: progress, a count of reconciled
+/// How the bench follows the Widgets: progress, a count of reconciled
 /// Widgets with the instant of the event that changed it, and the task.
 type WidgetWatch = (
     Arc<Mutex<Progress>>,
@@ -177,12 +177,19 @@ type WidgetWatch = (
     tokio::task::JoinHandle<()>,
 );
 
-/// Follows every Widget of `ns` with the bench's own watch. Completion is
-/// judged at the watch event that completes it (no polling: the figure's
-/// resolution is the event's delivery), and the bench loads the API server
-/// with no lists of every Widget while it measures (the floor makes none).
-fn watch_widgets(client: &Client, ns: &str) -> WidgetWatch {
-    use kube::runtime::{WatchStreamExt, watcher};
+/// Follows every Widget the operator's own watch stores in its cache
+/// ([`wasmop::watch::cache::KindCache::observe`]). Completion is judged at
+/// the watch event that completes it (no polling: the figure's resolution
+/// is the event's delivery). The bench opens no watch or list of its own
+/// while it measures: the API server would serve it on top of the
+/// operator's watches, and the floor, which has none, would not pay for it.
+fn watch_widgets(op: &RunningOperator) -> Result<WidgetWatch> {
+    let widgets = op
+        .operator
+        .cache()
+        .kind(&KindKey::new("test.wasmop.dev", "v1", "Widget"))
+        .context("the operator does not cache Widgets")?;
+    let mut stored = widgets.observe();
     let (tx, rx) = tokio::sync::watch::channel((0, Instant::now()));
     let progress = Arc::new(Mutex::new(Progress {
         version: String::new(),
@@ -191,19 +198,20 @@ fn watch_widgets(client: &Client, ns: &str) -> WidgetWatch {
     }));
     let events = {
         let progress = progress.clone();
-        watcher(widget_api(client, ns), watcher::Config::default())
-            .applied_objects()
-            .for_each(move |w| {
-                if let Ok(w) = w {
-                    progress.lock().expect("progress lock").seen(&w);
-                }
-                async {}
-            })
+        async move {
+            while let Some(w) = stored.recv().await {
+                let value = w.value();
+                progress
+                    .lock()
+                    .expect("progress lock")
+                    .seen(w.name(), &value);
+            }
+        }
     };
-    (progress, rx, tokio::spawn(events))
+    Ok((progress, rx, tokio::spawn(events)))
 }
 
-/// Waits until the watch saw all `n` Widgets reconciled; returns the
+/// Waits until the operator's cache held all `n` Widgets reconciled; returns the
 /// instant of the event that completed them.
 async fn all_reconciled(
     count: &mut tokio::sync::watch::Receiver<(usize, Instant)>,
@@ -214,7 +222,7 @@ async fn all_reconciled(
     let reached = tokio::time::timeout(deadline, count.wait_for(|(c, _)| *c >= n))
         .await
         .with_context(|| format!("{what}: not within {deadline:?}"))?
-        .context("the bench's watch ended")?;
+        .context("the bench's observer of the operator's cache ended")?;
     Ok(reached.1)
 }
 
@@ -247,7 +255,8 @@ struct Phase {
 }
 
 /// CPU seconds spent during a phase by this process (operator or floor
-/// client, and the bench's own watch), the API server and etcd.
+/// client, and the bench's observer of the operator's cache), the API
+/// server and etcd.
 #[derive(Clone, Copy, Default)]
 struct Cpu {
     bench: f64,
@@ -489,7 +498,7 @@ impl Meter {
 }
 
 /// The operator side: an in-process operator over its own namespace, its
-/// plugin directory, and the bench's watch of the Widgets.
+/// plugin directory, and the bench's observer of its Widget cache.
 struct OperatorBench {
     n: usize,
     ns: TestNamespace,
@@ -523,7 +532,7 @@ impl OperatorBench {
         if first.activated.is_empty() {
             bail!("good did not load: {first:?}");
         }
-        let (progress, count, watching) = watch_widgets(&client, &ns.name);
+        let (progress, count, watching) = watch_widgets(&op)?;
         Ok(OperatorBench {
             n,
             ns,
