@@ -28,7 +28,11 @@
 //!   first, so neither side pays for the control plane's first writes;
 //! - the floor of each: N creates (16 at once, like the operator's) piped
 //!   into one ConfigMap apply and one status apply per Widget, as many at
-//!   once as the operator has workers;
+//!   once as the operator has workers, each object with the fields the
+//!   operator writes (its labels, annotation and conditions);
+//! - the bench follows the operator's progress through the operator's own
+//!   Widget cache, not a watch of its own, so the API server serves the
+//!   operator's watches and nothing more;
 //! - `memory`: bytes of RSS per cached object, the host's watch cache
 //!   (`wasmop::watch::cache`, what every snapshot reads) against a minimal
 //!   kube-rs reflector holding the same objects (DynamicObject Widgets,
@@ -59,6 +63,10 @@ use wasmop::watch::cache::KindKey;
 use wasmop_tests::apiwrites::{self, Writes};
 use wasmop_tests::operator::{RunningOperator, load_plugin, plugin_path, sandbox, test_config};
 use wasmop_tests::{TestNamespace, apply_test_crds};
+
+/// The ConfigMap label and the plugin version the Widgets converge to
+/// (`good`); the rollovers go to `good-v2` ("v2", "0.2.0") and back.
+const FIRST: (&str, &str) = ("v1", "0.1.0");
 
 /// Creates in flight at once, for the operator run and the floor alike.
 const CREATE_CONCURRENCY: usize = 16;
@@ -601,8 +609,22 @@ impl OperatorBench {
 }
 
 /// The necessary writes of one Widget as a plain client makes them: its
-/// ConfigMap (server-side apply, owner reference) and its status.
-async fn floor_writes(client: &Client, ns: &str, name: &str, uid: &str, label: &str) -> Result<()> {
+/// ConfigMap (server-side apply, owner reference) and its status, with the
+/// same fields the operator writes for the `good` plugin of `version`
+/// (ConfigMap label `label`): the host's two labels and its applied-body
+/// annotation on the ConfigMap, and a status with the plugin's `Ready` and
+/// the host's `Reconciled` conditions and `observedGeneration`. The API
+/// server's work for an apply and for each watch event grows with the
+/// fields of the object, so a floor writing fewer would be cheaper for
+/// reasons that are not the operator's overhead.
+async fn floor_writes(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    uid: &str,
+    (label, version): (&str, &str),
+) -> Result<()> {
+    use std::hash::{DefaultHasher, Hash, Hasher};
     let cms: Api<DynamicObject> = Api::namespaced_with(
         client.clone(),
         ns,
@@ -612,10 +634,17 @@ async fn floor_writes(client: &Client, ns: &str, name: &str, uid: &str, label: &
         ),
     );
     let pp = PatchParams::apply("floor").force();
+    // As long as the host's `sha256:` of the body (8 bytes in hex), and
+    // changing with the body as it does.
+    let mut body = DefaultHasher::new();
+    (name, label).hash(&mut body);
+    let applied = format!("sha256:{:016x}", body.finish());
     let cm = json!({
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": format!("{name}-cm"), "namespace": ns,
-            "labels": {"test.wasmop.dev/version": label},
+            "labels": {"test.wasmop.dev/version": label,
+                "app.kubernetes.io/managed-by": "wasmop", "wasmop.dev/plugin": "good"},
+            "annotations": {"wasmop.dev/applied": applied},
             "ownerReferences": [{"apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
                 "name": name, "uid": uid, "controller": true, "blockOwnerDeletion": true}]},
         "data": {"value": name},
@@ -626,9 +655,13 @@ async fn floor_writes(client: &Client, ns: &str, name: &str, uid: &str, label: &
     let status = json!({
         "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
         "metadata": {"name": name, "namespace": ns},
-        "status": {"value": name, "conditions": [
-            {"type": "Ready", "status": "True", "reason": "Floor", "message": label,
-             "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
+        "status": {"value": name, "observedGeneration": 1, "conditions": [
+            {"type": "Ready", "status": "True", "reason": "Reconciled",
+             "message": format!("ConfigMap {name}-cm holds the value"),
+             "observedGeneration": 1, "lastTransitionTime": "2026-01-01T00:00:00Z"},
+            {"type": "Reconciled", "status": "True", "reason": "Reconciled",
+             "message": format!("reconciled by plugin good {version} sha256:0123456789ab"),
+             "observedGeneration": 1, "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
     });
     widget_api(client, ns)
         .patch_status(name, &pp, &Patch::Apply(&status))
@@ -682,7 +715,7 @@ impl FloorBench {
                         let client = client.clone();
                         let ns = ns.clone();
                         async move {
-                            floor_writes(&client, &ns, &name, &uid, "v1").await?;
+                            floor_writes(&client, &ns, &name, &uid, FIRST).await?;
                             Ok((name, uid))
                         }
                     })
@@ -706,15 +739,15 @@ impl FloorBench {
         ))
     }
 
-    /// The same two writes per Widget with the label `label`.
-    async fn rollover(&self, label: &str) -> Result<Phase> {
+    /// The same two writes per Widget for `release` (label, version).
+    async fn rollover(&self, release: (&str, &str)) -> Result<Phase> {
         let client = self.ns.client.clone();
         let meter = Meter::start(&client).await?;
         let results: Vec<Result<()>> = stream::iter(self.widgets.iter())
             .map(|(name, uid)| {
                 let client = client.clone();
                 let ns = self.ns.name.clone();
-                async move { floor_writes(&client, &ns, name, uid, label).await }
+                async move { floor_writes(&client, &ns, name, uid, release).await }
             })
             .buffer_unordered(self.workers)
             .collect()
@@ -738,7 +771,7 @@ async fn memory_only(n: usize, workers: usize) -> Result<(f64, f64)> {
             async move {
                 let created = api.create(&PostParams::default(), &widget(i)?).await?;
                 let uid = created.metadata.uid.unwrap_or_default();
-                floor_writes(&client, &ns, &format!("w{i}"), &uid, "v1").await
+                floor_writes(&client, &ns, &format!("w{i}"), &uid, FIRST).await
             }
         })
         .buffer_unordered(workers.max(CREATE_CONCURRENCY))
@@ -821,11 +854,11 @@ async fn main() -> Result<()> {
                 ("good", "0.1.0", "v1")
             };
             let (op, fl) = if round % 2 == 0 {
-                let fl = floor.rollover(label).await?;
+                let fl = floor.rollover((label, version)).await?;
                 (operator.rollover(plugin, version).await?, fl)
             } else {
                 let op = operator.rollover(plugin, version).await?;
-                (op, floor.rollover(label).await?)
+                (op, floor.rollover((label, version)).await?)
             };
             op.line(n, &format!("rollover{}", round + 1), &fl);
             rounds.push((op, fl));
