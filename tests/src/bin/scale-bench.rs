@@ -260,6 +260,20 @@ struct Phase {
     seconds: f64,
     writes: f64,
     cpu: Cpu,
+    /// Plugin calls the in-process operator made during the phase (none
+    /// for the floor).
+    calls: f64,
+}
+
+/// Plugin calls this process's operators made so far (the count of
+/// `wasmop_plugin_call_duration_seconds`).
+fn plugin_calls() -> f64 {
+    wasmop::metrics::global()
+        .render()
+        .lines()
+        .filter(|l| l.starts_with("wasmop_plugin_call_duration_seconds_count"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// CPU seconds spent during a phase by this process (operator or floor
@@ -320,7 +334,7 @@ fn proc_cpu(pid: &str) -> Option<f64> {
 impl Phase {
     fn line(&self, n: usize, name: &str, floor: &Phase) {
         println!(
-            "N={n:>6} {name:<9} {:>8.2} s  floor {:>8.2} s  ratio {:>5.2}  writes/primary {:>5.2}  floor {:>5.2}  CPU s bench/apiserver/etcd {:.1}/{:.1}/{:.1}  floor {:.1}/{:.1}/{:.1}",
+            "N={n:>6} {name:<9} {:>8.2} s  floor {:>8.2} s  ratio {:>5.2}  writes/primary {:>5.2}  floor {:>5.2}  CPU s bench/apiserver/etcd {:.1}/{:.1}/{:.1}  floor {:.1}/{:.1}/{:.1}  plugin calls/primary {:.2}",
             self.seconds,
             floor.seconds,
             self.seconds / floor.seconds.max(1e-9),
@@ -332,6 +346,7 @@ impl Phase {
             floor.cpu.bench,
             floor.cpu.apiserver,
             floor.cpu.etcd,
+            self.calls / n as f64,
         );
         if std::env::var("WASMOP_BENCH_REQUESTS").is_ok_and(|v| v == "1") {
             for (side, phase) in [("operator", self), ("floor", floor)] {
@@ -475,6 +490,7 @@ struct Meter {
     writes: Writes,
     requests: Writes,
     cpu: Cpu,
+    calls: f64,
     t0: Instant,
 }
 
@@ -485,6 +501,7 @@ impl Meter {
             writes: apiwrites::writes_of(&requests, RESOURCES),
             requests,
             cpu: Cpu::now(),
+            calls: plugin_calls(),
             t0: Instant::now(),
         })
     }
@@ -496,6 +513,7 @@ impl Meter {
         Ok(Phase {
             seconds: (end - self.t0).as_secs_f64(),
             cpu,
+            calls: plugin_calls() - self.calls,
             writes: total(&apiwrites::delta(
                 &apiwrites::writes_of(&requests, RESOURCES),
                 &self.writes,
@@ -742,6 +760,11 @@ impl FloorBench {
     /// The same two writes per Widget for `release` (label, version).
     async fn rollover(&self, release: (&str, &str)) -> Result<Phase> {
         let client = self.ns.client.clone();
+        let watches = if std::env::var("WASMOP_BENCH_FLOOR_WATCHES").is_ok_and(|v| v == "1") {
+            self.open_watches().await
+        } else {
+            Vec::new()
+        };
         let meter = Meter::start(&client).await?;
         let results: Vec<Result<()>> = stream::iter(self.widgets.iter())
             .map(|(name, uid)| {
@@ -753,7 +776,48 @@ impl FloorBench {
             .collect()
             .await;
         results.into_iter().collect::<Result<()>>()?;
-        meter.phase(&client, Instant::now()).await
+        let phase = meter.phase(&client, Instant::now()).await;
+        for w in watches {
+            w.abort();
+        }
+        phase
+    }
+
+    /// With `WASMOP_BENCH_FLOOR_WATCHES=1`: the watches an operator holds
+    /// (the namespace's Widgets, and its ConfigMaps with the host's label),
+    /// opened and listed before the phase and drained during it, to price
+    /// what the API server spends serving them.
+    async fn open_watches(&self) -> Vec<tokio::task::JoinHandle<()>> {
+        use kube::runtime::watcher;
+        let cms: Api<DynamicObject> = Api::namespaced_with(
+            self.ns.client.clone(),
+            &self.ns.name,
+            &ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("", "v1", "ConfigMap"),
+                "configmaps",
+            ),
+        );
+        let selected = watcher::Config::default().labels("app.kubernetes.io/managed-by=wasmop");
+        let mut handles = Vec::new();
+        for (api, config) in [
+            (
+                widget_api(&self.ns.client, &self.ns.name),
+                watcher::Config::default(),
+            ),
+            (cms, selected),
+        ] {
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
+            handles.push(tokio::spawn(async move {
+                let mut events = watcher(api, config).boxed();
+                while let Some(e) = events.next().await {
+                    if matches!(e, Ok(watcher::Event::InitDone)) {
+                        let _ = tx.try_send(());
+                    }
+                }
+            }));
+            let _ = rx.recv().await;
+        }
+        handles
     }
 }
 
