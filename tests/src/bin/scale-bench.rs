@@ -891,7 +891,9 @@ async fn main() -> Result<()> {
         // Warm-up, not measured: the first writes after the control plane
         // starts are slower (connections, the API server's caches, etcd),
         // and would count against whichever side goes first.
+        settle(&client).await?;
         drop(FloorBench::converge(200, config.workers).await?);
+        settle(&client).await?;
     }
     for n in sizes {
         if memory_only_flag {
@@ -950,6 +952,49 @@ async fn main() -> Result<()> {
         println!(
             "N={n:>6} per-object cache {cache:>7.0} B  reflector {reflector:>7.0} B  ratio {:>5.2}",
             cache / reflector.max(1e-9)
+        );
+        settle(&client).await?;
+    }
+    Ok(())
+}
+
+/// Waits until no namespace is terminating. A size's namespaces (and the
+/// warm-up's, and those of an earlier run) are deleted when it ends, and
+/// the control plane deletes their objects in the background for up to
+/// minutes; measured meanwhile, the next size would share the machine
+/// with that deletion.
+async fn settle(client: &Client) -> Result<()> {
+    use k8s_openapi::api::core::v1::Namespace;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let start = Instant::now();
+    let waited = std::cell::Cell::new(false);
+    until(
+        "the namespaces of earlier runs to be deleted",
+        Duration::from_millis(250),
+        Duration::from_secs(1800),
+        || {
+            let namespaces = namespaces.clone();
+            let waited = &waited;
+            async move {
+                let terminating = namespaces
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .iter()
+                    .filter(|n| {
+                        n.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Terminating")
+                    })
+                    .count();
+                waited.set(waited.get() || terminating > 0);
+                Ok(terminating == 0)
+            }
+        },
+    )
+    .await?;
+    if waited.get() {
+        eprintln!(
+            "waited {:.1} s for terminating namespaces to go",
+            start.elapsed().as_secs_f64()
         );
     }
     Ok(())
