@@ -35,12 +35,19 @@ ensure_wasm_opt() {
       echo "error: npm (Node.js) is needed to install binaryen's wasm-opt, which shrinks the shipped plugins" >&2
       exit 1
     }
-    echo "installing binaryen $BINARYEN_VERSION (wasm-opt) from the npm registry into $binaryen" >&2
-    rm -rf "$binaryen.tmp"
-    mkdir -p "$binaryen.tmp"
-    npm install --prefix "$binaryen.tmp" --no-save --no-audit --no-fund "binaryen@$BINARYEN_VERSION" >&2
-    rm -rf "$binaryen"
-    mv "$binaryen.tmp" "$binaryen"
+    # One install at a time: a second build waits, then finds it installed.
+    mkdir -p "$cache/bin"
+    exec 8>"$cache/bin/.binaryen.lock"
+    flock 8
+    if [[ ! -x "$binaryen/node_modules/.bin/wasm-opt" ]]; then
+      echo "installing binaryen $BINARYEN_VERSION (wasm-opt) from the npm registry into $binaryen" >&2
+      rm -rf "$binaryen.tmp"
+      mkdir -p "$binaryen.tmp"
+      npm install --prefix "$binaryen.tmp" --no-save --no-audit --no-fund "binaryen@$BINARYEN_VERSION" >&2
+      rm -rf "$binaryen"
+      mv "$binaryen.tmp" "$binaryen"
+    fi
+    flock -u 8
   fi
   export PATH="$binaryen/node_modules/.bin:$PATH"
 }
@@ -53,8 +60,10 @@ shrink() {
   if [[ ! -f "$cached" ]]; then
     ensure_wasm_opt
     mkdir -p "$shrunk_cache"
-    python3 tests/shrink-component.py "$1" "$cached.tmp" -Oz
-    mv "$cached.tmp" "$cached"
+    # A temporary name of its own, so two builds at once never write into
+    # each other's file; the rename is atomic.
+    python3 tests/shrink-component.py "$1" "$cached.tmp.$$" -Oz
+    mv "$cached.tmp.$$" "$cached"
   fi
   cp "$cached" "$2"
 }

@@ -13,6 +13,17 @@ set -euo pipefail
 command -v go >/dev/null || die "go is required (Go >= 1.26) to build the control plane"
 export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
 
+# One build at a time per cache: two runs at once (two checkouts starting
+# their clusters, or a bench next to the tests) would both find a binary
+# missing and build it into the same `<out>.tmp`. The second waits here,
+# then finds the first one's results cached.
+mkdir -p "$WASMOP_CACHE/bin"
+exec 9>"$WASMOP_CACHE/bin/.build.lock"
+if ! flock -n 9; then
+  log "another build of the control plane holds $WASMOP_CACHE/bin/.build.lock; waiting for it"
+  flock 9
+fi
+
 build_k8s() {
   local out="$K8S_BIN" bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
   local b missing=0
