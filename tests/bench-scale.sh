@@ -14,6 +14,9 @@
 # size (default 3; each next to a floor rollover, medians reported).
 # WASMOP_BENCH_REQUESTS=1 also prints every request the API server counted
 # in each phase, by verb and resource.
+# WASMOP_BENCH_FLOOR_WATCHES=1 gives the floor's rollovers the two watches
+# an operator holds (its Widgets, its labelled ConfigMaps), to price what
+# the API server spends serving them.
 #
 # WASMOP_BENCH_PROFILE=dev runs an unoptimised build (no release build of
 # wasmtime needed; the host is slower, the floor client too).
