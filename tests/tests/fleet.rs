@@ -1751,7 +1751,27 @@ async fn mesh_join_and_departure_follow_the_proxies() -> Result<()> {
         pa.data["spec"]["selector"]["matchLabels"][UID_LABEL],
         json!(uid)
     );
-    assert!(istiod_egress(&ns, "mf").await?, "istiod egress on 15012");
+    // The same plan creates the policy and updates the NetworkPolicy and
+    // the Deployment; the host writes creates first, so the policy can be
+    // there before the updates land.
+    wait_for(
+        "istiod egress on 15012 and the template's injection label",
+        DEADLINE,
+        || {
+            let (ns, deployments) = (&ns, &deployments);
+            async move {
+                let labelled = deployments
+                    .get("mf")
+                    .await?
+                    .spec
+                    .and_then(|s| s.template.metadata)
+                    .and_then(|m| m.labels)
+                    .is_some_and(|l| l.contains_key("sidecar.istio.io/inject"));
+                Ok((istiod_egress(ns, "mf").await? && labelled).then_some(()))
+            }
+        },
+    )
+    .await?;
     let template = deployments.get("mf").await?.spec.context("spec")?.template;
     let meta = template.metadata.context("template metadata")?;
     assert_eq!(

@@ -167,9 +167,11 @@ impl KindCache {
     ///
     /// For benchmarks and tests that follow the operator's progress
     /// through its own watch: a watch of their own would add the API
-    /// server's work of serving it to what they measure. An observer whose
-    /// receiver is dropped is forgotten at the next stored object. With no
-    /// observer, storing an object costs one uncontended lock more.
+    /// server's work of serving it to what they measure. The channel is
+    /// unbounded: an observer that stops reading keeps everything sent to
+    /// it until its receiver is dropped, and is forgotten at the next
+    /// stored object after that. With no observer, storing an object costs
+    /// one uncontended lock more.
     pub fn observe(&self) -> mpsc::UnboundedReceiver<Arc<CachedObject>> {
         let (tx, rx) = mpsc::unbounded_channel();
         self.observers.lock().expect("observers lock").push(tx);

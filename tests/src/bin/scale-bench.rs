@@ -19,7 +19,9 @@
 //!   reconciled by 0.2.0, then back to `good` (0.1.0), and so on
 //!   (`WASMOP_BENCH_ROLLOVERS`, default 3), each round next to a floor
 //!   rollover, the order of the two alternating between rounds; then the
-//!   medians and the median of the rounds' ratios;
+//!   medians and the median of the rounds' ratios, and the process's RSS
+//!   after the rollovers with its peak so far (the floor's client runs in
+//!   the same process, so the peak covers it too);
 //! - each line also gives the CPU seconds the bench process, the API
 //!   server and etcd used during the phase (the machine's cores are
 //!   shared by all three), and with `WASMOP_BENCH_REQUESTS=1` every
@@ -929,6 +931,7 @@ async fn main() -> Result<()> {
             op.line(n, &format!("rollover{}", round + 1), &fl);
             rounds.push((op, fl));
         }
+        let (rss_rolled, rss_peak_rolled) = rss();
         let median = |mut v: Vec<f64>| {
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]
@@ -947,7 +950,7 @@ async fn main() -> Result<()> {
         drop(floor);
         let (cache, reflector) = operator.finish().await?;
         println!(
-            "N={n:>6} memory    RSS {rss_now:.1} MiB after converging, peak {rss_peak:.1} MiB"
+            "N={n:>6} memory    RSS {rss_now:.1} MiB after converging, peak {rss_peak:.1} MiB; after the rollovers {rss_rolled:.1} MiB, peak {rss_peak_rolled:.1} MiB"
         );
         println!(
             "N={n:>6} per-object cache {cache:>7.0} B  reflector {reflector:>7.0} B  ratio {:>5.2}",
