@@ -859,17 +859,22 @@ mod tests {
         assert_eq!(d.by_owner.get("q").map(Vec::len), Some(1));
     }
 
-    #[test]
-    fn the_readers_answer_from_the_stored_text() {
-        let ar = ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk("", "v1", "ConfigMap"));
-        let kc = KindCache::new(
+    /// An empty cache of namespaced ConfigMaps.
+    fn cm_cache(ar: &ApiResource) -> KindCache {
+        KindCache::new(
             KindKey::new("", "v1", "ConfigMap"),
             WatchSpec {
                 resource: ar.clone(),
                 namespaced: true,
                 managed_only: false,
             },
-        );
+        )
+    }
+
+    #[test]
+    fn the_readers_answer_from_the_stored_text() {
+        let ar = ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk("", "v1", "ConfigMap"));
+        let kc = cm_cache(&ar);
         let mut values = Vec::new();
         for (ns, name, uid, owner) in [
             ("b", "x", "u3", Some("p")),
@@ -918,14 +923,7 @@ mod tests {
     #[test]
     fn observers_get_every_stored_object_and_a_dropped_one_is_forgotten() {
         let ar = ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk("", "v1", "ConfigMap"));
-        let kc = KindCache::new(
-            KindKey::new("", "v1", "ConfigMap"),
-            WatchSpec {
-                resource: ar.clone(),
-                namespaced: true,
-                managed_only: false,
-            },
-        );
+        let kc = cm_cache(&ar);
         let (changes, _changes_rx) = mpsc::unbounded_channel();
         let cached = |name: &str, rv: &str| {
             let mut v = cm_value("a", name, &format!("u-{name}"), None);
