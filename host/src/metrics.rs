@@ -9,6 +9,7 @@
 //! | `wasmop_plugin_load_failures_total` | file, reason | plugin files rejected |
 //! | `wasmop_reconcile_total` | controller, result | reconciles by outcome reason |
 //! | `wasmop_reconcile_seconds_total` | controller | time spent in plugin calls |
+//! | `wasmop_reconcile_echoes_total` | controller | reconciles queued behind other work because their cause was the watch event of the primary's own write (see `controller::echo`) |
 //! | `wasmop_kind_calls_total` | controller | calls of a kind-scoped controller (one per debounced batch of changes) |
 //! | `wasmop_kind_call_primaries_total` | controller | primaries those calls covered, summed |
 //! | `wasmop_kind_plans_refused_total` | controller | object plans of kind plans refused unjudged (unknown, duplicate or mismatched primary) |

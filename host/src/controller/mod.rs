@@ -19,6 +19,7 @@
 //! - Failures are reported on the primary as the `Reconciled` condition and
 //!   as a Warning Event, and retried with exponential backoff.
 
+mod echo;
 pub mod leader;
 pub mod queue;
 pub(crate) mod route;
@@ -204,6 +205,9 @@ pub struct Operator {
     /// executes cleanly, they read every object the cache does not hold
     /// (see `truth`).
     read_before_create: Mutex<HashSet<PrimaryKey>>,
+    /// The plans' writes whose watch events have not arrived (see
+    /// [`echo`]).
+    echoes: echo::Echoes,
 }
 
 impl std::fmt::Debug for Operator {
@@ -242,8 +246,16 @@ impl Operator {
             shadows: RwLock::new(BTreeMap::new()),
             shadow_inflight: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             read_before_create: Mutex::new(HashSet::new()),
+            echoes: echo::Echoes::default(),
         });
         (op, changes)
+    }
+
+    /// Reconciles waiting or running (delayed re-queues not yet due
+    /// excluded): zero when the operator has caught up with every change
+    /// it has seen, the echoes of its own writes included.
+    pub fn pending_reconciles(&self) -> usize {
+        self.queue.pending()
     }
 
     /// The watch caches.
@@ -852,6 +864,7 @@ impl Operator {
             secrets: None,
         };
         let routed = route::route(&routes, change, &source);
+        let echo_of = self.echoes.take(change);
         let kind_scoped = |key: &PrimaryKey| {
             actives
                 .iter()
@@ -881,6 +894,12 @@ impl Operator {
             if kind_scoped(&key) {
                 self.queue
                     .add_after(whole_kind_key(&key.controller), KIND_DEBOUNCE);
+            } else if echo_of.as_ref() == Some(&key) {
+                metrics::global().inc(
+                    "wasmop_reconcile_echoes_total",
+                    &[("controller", &key.controller)],
+                );
+                self.queue.add_echo(key);
             } else {
                 self.queue.add(key);
             }

@@ -12,6 +12,12 @@
 //!   so a change is never stuck behind a whole re-queued kind while the
 //!   background keys still keep every worker busy. A background key added
 //!   again with [`Queue::add`] moves to the foreground.
+//! - An echo ([`Queue::add_echo`]: the watch event of the operator's own
+//!   write, routed back to the primary whose plan made it) waits in the
+//!   background too, also when it arrives while its key runs: the key then
+//!   runs again after that run, behind the foreground. So under load every
+//!   primary's first reconcile of a change comes before the confirmations
+//!   of earlier ones; without load the echo runs at once, as before.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
@@ -32,6 +38,9 @@ struct State<K> {
     running: HashSet<K>,
     /// Added while running: must run again when the current run ends.
     dirty: HashSet<K>,
+    /// Echoed while running (and not in `dirty`): runs again in the
+    /// background when the current run ends.
+    dirty_echo: HashSet<K>,
     /// Earliest pending delayed add per key.
     scheduled: HashMap<K, Instant>,
     /// When each waiting key was added (for `workqueue_queue_duration_seconds`).
@@ -70,6 +79,7 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Queue<K> {
                 background_waiting: HashSet::new(),
                 running: HashSet::new(),
                 dirty: HashSet::new(),
+                dirty_echo: HashSet::new(),
                 scheduled: HashMap::new(),
                 since: HashMap::new(),
                 closed: false,
@@ -84,6 +94,7 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Queue<K> {
         let mut s = self.state.lock().expect("queue lock");
         s.scheduled.remove(&key);
         if s.running.contains(&key) {
+            s.dirty_echo.remove(&key);
             s.dirty.insert(key);
             return;
         }
@@ -120,9 +131,27 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Queue<K> {
     /// again right after, as with [`Queue::add`]: the run in progress may
     /// have started before the change (a plugin swap) that re-queues it.
     pub fn add_background(&self, key: K) {
+        self.add_behind(key, false);
+    }
+
+    /// Adds a key whose only cause is the echo of the operator's own write
+    /// for it, behind every foreground key like [`Queue::add_background`].
+    /// A key being reconciled runs again after that run, in the background
+    /// too (unless something else re-queued it meanwhile: then it runs
+    /// again right after, as with [`Queue::add`]).
+    pub fn add_echo(&self, key: K) {
+        self.add_behind(key, true);
+    }
+
+    fn add_behind(&self, key: K, echo: bool) {
         let mut s = self.state.lock().expect("queue lock");
         if s.running.contains(&key) {
-            s.dirty.insert(key);
+            if !echo {
+                s.dirty_echo.remove(&key);
+                s.dirty.insert(key);
+            } else if !s.dirty.contains(&key) {
+                s.dirty_echo.insert(key);
+            }
             return;
         }
         if s.waiting.contains(&key) {
@@ -224,13 +253,15 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Queue<K> {
 
     /// Marks a key's run finished; re-adds it when it was added meanwhile.
     pub fn done(&self, key: &K) {
-        let again = {
+        let (again, echo) = {
             let mut s = self.state.lock().expect("queue lock");
             s.running.remove(key);
-            s.dirty.remove(key)
+            (s.dirty.remove(key), s.dirty_echo.remove(key))
         };
         if again {
             self.add(key.clone());
+        } else if echo {
+            self.add_background(key.clone());
         }
     }
 
@@ -250,6 +281,13 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Queue<K> {
     /// True when no key is waiting.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Keys waiting or running (delayed adds not yet due excluded): zero
+    /// when the workers have nothing to do.
+    pub fn pending(&self) -> usize {
+        let s = self.state.lock().expect("queue lock");
+        s.order.len() + s.background_waiting.len() + s.running.len()
     }
 }
 
@@ -376,6 +414,60 @@ mod tests {
         q.add_background("b4");
         assert_eq!(q.next().await, Some("f3"));
         assert_eq!(q.next().await, Some("b4"));
+        assert!(q.is_empty());
+    }
+
+    #[tokio::test]
+    async fn echoes_wait_behind_the_foreground_also_when_their_key_runs() {
+        let q = Queue::new();
+        q.add("a");
+        q.add("b");
+        assert_eq!(q.next().await, Some("a"));
+        assert_eq!(q.pending(), 2);
+        // a's own write echoes while a runs: a runs again, but after b.
+        q.add_echo("a");
+        q.done(&"a");
+        assert_eq!(q.len(), 2);
+        q.add("c");
+        assert_eq!(q.next().await, Some("b"));
+        assert_eq!(q.next().await, Some("c"));
+        assert_eq!(q.next().await, Some("a"));
+        q.done(&"a");
+        // Waiting in the foreground: an echo does not demote it.
+        q.add("b2");
+        q.add_echo("b2");
+        q.add_echo("e");
+        q.add("f");
+        assert_eq!(q.next().await, Some("b2"));
+        assert_eq!(q.next().await, Some("f"));
+        assert_eq!(q.next().await, Some("e"));
+        // A real change next to the echo while running: right after, in
+        // the foreground, whichever came first.
+        q.add("g");
+        q.add_echo("e");
+        q.add("e");
+        q.done(&"e");
+        assert_eq!(q.next().await, Some("g"));
+        assert_eq!(q.next().await, Some("e"));
+        q.add("h");
+        q.add("e");
+        q.add_echo("e");
+        q.done(&"e");
+        assert_eq!(q.next().await, Some("h"));
+        assert_eq!(q.next().await, Some("e"));
+        // A swap's background re-queue of a running key still reruns it in
+        // the foreground (its run may predate the swap), echo or not.
+        q.add_echo("e");
+        q.add_background("e");
+        q.add("i");
+        q.done(&"e");
+        assert_eq!(q.next().await, Some("i"));
+        assert_eq!(q.next().await, Some("e"));
+        q.done(&"e");
+        for k in ["b", "c", "b2", "f", "g", "h", "i"] {
+            q.done(&k);
+        }
+        assert_eq!(q.pending(), 0);
         assert!(q.is_empty());
     }
 

@@ -266,6 +266,10 @@ impl Operator {
                     lease_until: &self.lease_until,
                     budgets: &self.deletion_budgets,
                     current: Some(&current),
+                    written: Some(&super::echo::EchoLog {
+                        echoes: &self.echoes,
+                        primary: key,
+                    }),
                 };
                 match execute::execute(
                     target,

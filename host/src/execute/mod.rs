@@ -121,6 +121,32 @@ pub struct Target<'a> {
     /// Where the objects as judged are read from, to skip applies that
     /// would change nothing ([`economy`]); `None` applies every object.
     pub current: Option<&'a (dyn ObjectSource + Sync)>,
+    /// Told of every object the plan's writes changed (not the status),
+    /// with the resourceVersion the API server answered; `None` tells no
+    /// one. Dry runs tell no one either.
+    pub written: Option<&'a dyn WriteLog>,
+}
+
+/// Where [`execute`] reports the writes it made: the object's kind,
+/// namespace (empty when cluster-scoped), name and the resourceVersion the
+/// API server answered (see `crate::controller::echo`).
+pub trait WriteLog: Sync {
+    /// One write of one object.
+    fn wrote(&self, kind: &KindRef, namespace: &str, name: &str, resource_version: &str);
+}
+
+/// Reports a write to `t.written`, unless `t` writes dry.
+fn log_write(t: &Target<'_>, kind: &KindRef, obj: &Value, resource_version: &str) {
+    if let Some(log) = t.written
+        && !t.writer.is_dry_run()
+    {
+        log.wrote(
+            kind,
+            object::namespace(obj).unwrap_or_default(),
+            object::name(obj),
+            resource_version,
+        );
+    }
 }
 
 impl std::fmt::Debug for Target<'_> {
@@ -219,7 +245,11 @@ pub async fn execute(
         .map_err(|v| ExecuteError::Rejected(vec![v]))?;
     if limits.dry_run_first {
         let dry = t.writer.dry_run();
-        let dry_target = Target { writer: &dry, ..t };
+        let dry_target = Target {
+            writer: &dry,
+            written: None,
+            ..t
+        };
         match writes(dry_target, primary, plan, judgement, now, None).await {
             Ok(_) => {}
             Err(ExecuteError::Write(e)) if !matches!(e, ApplyError::Conflict { .. }) => {
@@ -260,9 +290,16 @@ pub async fn execute(
             .filter(|x| x != f)
             .collect();
         still_leader(&t)?;
-        t.writer
+        let updated = t
+            .writer
             .set_finalizers(t.primary_resource, &primary, &list)
             .await?;
+        log_write(
+            &t,
+            &t.spec.primary,
+            &updated,
+            object::resource_version(&updated),
+        );
     }
     Ok(done)
 }
@@ -304,6 +341,12 @@ async fn writes(
                 .set_finalizers(t.primary_resource, &primary, &list)
                 .await?;
             if !dry {
+                log_write(
+                    &t,
+                    &t.spec.primary,
+                    &updated,
+                    object::resource_version(&updated),
+                );
                 primary = updated;
                 strip_managed_fields(&mut primary);
             }
@@ -344,6 +387,12 @@ async fn writes(
         let updated = w.merge_patch(t.primary_resource, &primary, patch).await?;
         if !dry {
             follow_version(&mut primary, &updated);
+            log_write(
+                &t,
+                &t.spec.primary,
+                &updated,
+                object::resource_version(&updated),
+            );
         }
     }
     let unjudged = ApplyJudgement::default();
@@ -503,19 +552,24 @@ async fn apply_one(
     still_leader(t)?;
     let written = match (&op.precondition, &judged.existing) {
         // `force` takes fields from other managers; a create has none.
-        (Some(Precondition::Absent), _) => w.create(&resource, &obj).await.map(drop),
+        (Some(Precondition::Absent), _) => w
+            .create(&resource, &obj)
+            .await
+            .map(|created| object::resource_version(&created).to_owned()),
         // Judged absent: a server-side apply that creates it, and
         // conflicts if it appeared meanwhile.
         (None, None) => w
             .apply(&resource, &obj, Fence::ABSENT, op.force)
             .await
-            .map(drop),
+            .map(|a| a.resource_version),
         (Some(Precondition::ResourceVersion(rv)), judged) => {
             let fence = Fence {
                 uid: judged.as_ref().map(|j| j.uid.as_str()),
                 resource_version: Some(rv),
             };
-            w.apply(&resource, &obj, fence, op.force).await.map(drop)
+            w.apply(&resource, &obj, fence, op.force)
+                .await
+                .map(|a| a.resource_version)
         }
         (None, Some(j)) => {
             // Our own object: it must still be the one judged (same
@@ -524,10 +578,12 @@ async fn apply_one(
                 uid: Some(&j.uid),
                 resource_version: judged.adopts.then_some(j.resource_version.as_str()),
             };
-            w.apply(&resource, &obj, fence, op.force).await.map(drop)
+            w.apply(&resource, &obj, fence, op.force)
+                .await
+                .map(|a| a.resource_version)
         }
     };
-    written?;
+    log_write(t, &owned.kind, &obj, &written?);
     Ok(judged.adopts.then(|| describe(&obj)))
 }
 

@@ -22,6 +22,12 @@
 //!   medians and the median of the rounds' ratios, and the process's RSS
 //!   after the rollovers with its peak so far (the floor's client runs in
 //!   the same process, so the peak covers it too);
+//! - each operator line also gives when the operator became idle ("idle
+//!   after"): its queue empty, the echoes of its own writes reconciled
+//!   too (they wait behind every first reconcile, so the Widgets are
+//!   Ready first). Writes, plugin calls (and how many reconciles were
+//!   queued as such echoes) and CPU are counted up to then, and the next
+//!   phase starts only after it;
 //! - each line also gives the CPU seconds the bench process, the API
 //!   server and etcd used during the phase (the machine's cores are
 //!   shared by all three), and with `WASMOP_BENCH_REQUESTS=1` every
@@ -260,20 +266,37 @@ struct Phase {
     /// wide), printed with `WASMOP_BENCH_REQUESTS=1`.
     requests: Writes,
     seconds: f64,
+    /// Until the operator had nothing left to do (its queue empty, the
+    /// echoes of its own writes reconciled too); the floor is idle when
+    /// done. Writes, CPU and calls are counted up to this instant.
+    idle_seconds: f64,
     writes: f64,
     cpu: Cpu,
     /// Plugin calls the in-process operator made during the phase (none
     /// for the floor).
     calls: f64,
+    /// Of the reconciles queued, how many were echoes of the operator's
+    /// own writes.
+    echoes: f64,
 }
 
 /// Plugin calls this process's operators made so far (the count of
 /// `wasmop_plugin_call_duration_seconds`).
 fn plugin_calls() -> f64 {
+    metric_sum("wasmop_plugin_call_duration_seconds_count")
+}
+
+/// Reconciles queued as echoes of the operator's own writes so far.
+fn echoes() -> f64 {
+    metric_sum("wasmop_reconcile_echoes_total")
+}
+
+/// The sum of every series of this process's metric `name`.
+fn metric_sum(name: &str) -> f64 {
     wasmop::metrics::global()
         .render()
         .lines()
-        .filter(|l| l.starts_with("wasmop_plugin_call_duration_seconds_count"))
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
@@ -336,10 +359,11 @@ fn proc_cpu(pid: &str) -> Option<f64> {
 impl Phase {
     fn line(&self, n: usize, name: &str, floor: &Phase) {
         println!(
-            "N={n:>6} {name:<9} {:>8.2} s  floor {:>8.2} s  ratio {:>5.2}  writes/primary {:>5.2}  floor {:>5.2}  CPU s bench/apiserver/etcd {:.1}/{:.1}/{:.1}  floor {:.1}/{:.1}/{:.1}  plugin calls/primary {:.2}",
+            "N={n:>6} {name:<9} {:>8.2} s  floor {:>8.2} s  ratio {:>5.2}  idle after {:>8.2} s  writes/primary {:>5.2}  floor {:>5.2}  CPU s bench/apiserver/etcd {:.1}/{:.1}/{:.1}  floor {:.1}/{:.1}/{:.1}  plugin calls/primary {:.2} (echoes {:.2})",
             self.seconds,
             floor.seconds,
             self.seconds / floor.seconds.max(1e-9),
+            self.idle_seconds,
             self.writes / n as f64,
             floor.writes / n as f64,
             self.cpu.bench,
@@ -349,6 +373,7 @@ impl Phase {
             floor.cpu.apiserver,
             floor.cpu.etcd,
             self.calls / n as f64,
+            self.echoes / n as f64,
         );
         if std::env::var("WASMOP_BENCH_REQUESTS").is_ok_and(|v| v == "1") {
             for (side, phase) in [("operator", self), ("floor", floor)] {
@@ -493,6 +518,7 @@ struct Meter {
     requests: Writes,
     cpu: Cpu,
     calls: f64,
+    echoes: f64,
     t0: Instant,
 }
 
@@ -504,18 +530,22 @@ impl Meter {
             requests,
             cpu: Cpu::now(),
             calls: plugin_calls(),
+            echoes: echoes(),
             t0: Instant::now(),
         })
     }
 
-    /// The phase from the start to `end`.
-    async fn phase(self, client: &Client, end: Instant) -> Result<Phase> {
+    /// The phase from the start to `end`, idle at `idle` (counted up to
+    /// now, which is `idle` or just after it).
+    async fn phase(self, client: &Client, end: Instant, idle: Instant) -> Result<Phase> {
         let cpu = Cpu::since(self.cpu);
         let requests = apiwrites::requests(client).await?;
         Ok(Phase {
             seconds: (end - self.t0).as_secs_f64(),
+            idle_seconds: (idle - self.t0).as_secs_f64(),
             cpu,
             calls: plugin_calls() - self.calls,
+            echoes: echoes() - self.echoes,
             writes: total(&apiwrites::delta(
                 &apiwrites::writes_of(&requests, RESOURCES),
                 &self.writes,
@@ -591,7 +621,24 @@ impl OperatorBench {
             self.deadline,
         )
         .await?;
-        meter.phase(&client, done).await
+        let idle = self.caught_up().await?;
+        meter.phase(&client, done, idle).await
+    }
+
+    /// Waits until the operator has nothing left to reconcile: the Widgets
+    /// are Ready before the echoes of its last writes are reconciled
+    /// (they wait behind every first reconcile, see
+    /// `wasmop::controller::queue`). The next phase starts from an idle
+    /// operator, and this phase's calls, writes and CPU include them.
+    async fn caught_up(&self) -> Result<Instant> {
+        let operator = &self.op.operator;
+        until(
+            "the operator's queue to empty",
+            Duration::from_millis(20),
+            self.deadline,
+            || async { Ok(operator.pending_reconciles() == 0) },
+        )
+        .await
     }
 
     /// `plugin` (of `version`) replaces the loaded one in the plugin
@@ -615,7 +662,8 @@ impl OperatorBench {
             self.deadline,
         )
         .await?;
-        meter.phase(&client, done).await
+        let idle = self.caught_up().await?;
+        meter.phase(&client, done, idle).await
     }
 
     /// Stops the operator; then the memory per cached object over its
@@ -748,7 +796,11 @@ impl FloorBench {
         let (c, w) = tokio::join!(creating, writing);
         c?;
         let widgets = w?;
-        let converge = meter.phase(&client, Instant::now()).await?;
+        let converge = {
+            let now = Instant::now();
+            meter.phase(&client, now, now)
+        }
+        .await?;
         Ok((
             converge,
             FloorBench {
@@ -778,7 +830,11 @@ impl FloorBench {
             .collect()
             .await;
         results.into_iter().collect::<Result<()>>()?;
-        let phase = meter.phase(&client, Instant::now()).await;
+        let phase = {
+            let now = Instant::now();
+            meter.phase(&client, now, now)
+        }
+        .await;
         for w in watches {
             w.abort();
         }
@@ -937,7 +993,7 @@ async fn main() -> Result<()> {
             v[v.len() / 2]
         };
         println!(
-            "N={n:>6} rollover  median of {rollovers}: {:>8.2} s  floor {:>8.2} s  ratio {:>5.2} (median of the rounds' ratios)",
+            "N={n:>6} rollover  median of {rollovers}: {:>8.2} s  floor {:>8.2} s  ratio {:>5.2} (median of the rounds' ratios)  idle after {:>8.2} s",
             median(rounds.iter().map(|(o, _)| o.seconds).collect()),
             median(rounds.iter().map(|(_, f)| f.seconds).collect()),
             median(
@@ -946,6 +1002,7 @@ async fn main() -> Result<()> {
                     .map(|(o, f)| o.seconds / f.seconds.max(1e-9))
                     .collect()
             ),
+            median(rounds.iter().map(|(o, _)| o.idle_seconds).collect()),
         );
         drop(floor);
         let (cache, reflector) = operator.finish().await?;
