@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The one command that sets up and runs every test of wasmop:
 #   1. installs what the build needs (the wasm32-wasip2 target, clippy, rustfmt);
-#   2. builds or reuses the cached control-plane binaries (tests/cluster/build.sh);
+#   2. builds or reuses the cached control-plane binaries (tests/cluster/build.sh),
+#      in the background while steps 3 and 4 run: on a cold machine both are
+#      long, and each leaves a core idle at times (Go's links, cargo's
+#      single-crate stretches, downloads);
 #   3. builds every plugin and test plugin to a real .wasm component;
 #   4. checks formatting and lints; scaffolds a plugin outside the
-#      workspace with `wasmop new`, builds it and checks its plan;
-#   5. starts the local control plane (tests/cluster/up.sh);
+#      workspace with `wasmop new`, builds it and checks its plan; builds
+#      the test binaries;
+#   5. waits for step 2, then starts the local control plane (tests/cluster/up.sh);
 #   6. runs the README's demo unattended (`deploy/run-local.sh --check`:
 #      the examples' primaries must all become Ready), which cleans up after
 #      itself; checks the deployment files (tests/deploy-check.sh:
@@ -45,8 +49,25 @@ if [ "${free_kb:-0}" -lt $((6 * 1024 * 1024)) ]; then
   echo "warning: only $((free_kb / 1024)) MiB free for $CARGO_TARGET_DIR; a cold build needs about 6 GiB" >&2
 fi
 
-step "control-plane binaries"
-bash tests/cluster/build.sh
+step "control-plane binaries (in the background; their log follows when they are needed)"
+build_log="$(mktemp)"
+# In a process group of its own (setsid), so that stopping it stops the Go
+# builds under it too.
+setsid bash tests/cluster/build.sh >"$build_log" 2>&1 &
+build_pid=$!
+control_plane_built() {
+  local rc=0
+  wait "$build_pid" || rc=$?
+  step "control-plane binaries: the build's log"
+  cat "$build_log"
+  rm -f "$build_log"
+  if [[ $rc != 0 ]]; then
+    echo "error: building the control plane failed (exit $rc); its log is above" >&2
+    exit "$rc"
+  fi
+}
+# Stop the build too when a step below fails first.
+trap 'kill -- "-$build_pid" 2>/dev/null || true' EXIT
 
 step "plugins (wasm32-wasip2 components)"
 bash tests/build-plugins.sh "$WASMOP_PLUGIN_DIR"
@@ -57,6 +78,12 @@ cargo clippy --workspace --all-targets -- -D warnings
 
 step "a plugin crate outside the workspace (wasmop new, build, wasmop plan)"
 bash tests/scaffold-check.sh
+
+step "test binaries (built now, next to the control plane's build)"
+# shellcheck disable=SC2086
+cargo test --workspace --no-run ${CARGO_TEST_ARGS:-}
+
+control_plane_built
 
 step "local control plane"
 cleanup() {
