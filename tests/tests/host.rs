@@ -578,3 +578,76 @@ async fn referenced_object_retriggers_its_referrer_and_finalizer_holds_deletion(
     .await?;
     Ok(())
 }
+
+/// A kind whose CRD is installed after its watch started (an optional kind
+/// of a plugin, say): its watch fails while the API server does not serve
+/// it, the cache is not synced, and once the CRD is there the first list
+/// syncs the cache and is announced as a `listed` change, although it
+/// held no object. The operator's router re-queues the primaries of the
+/// controllers that found the kind absent on that change; without it, a
+/// primary waiting for the kind would wait for some unrelated change.
+#[tokio::test]
+async fn a_kind_served_late_is_announced_when_first_listed() -> Result<()> {
+    use wasmop::watch::cache::{Cache, KindKey, WatchSpec};
+    let ns = TestNamespace::new("host-late-kind").await?;
+    let crd_name = "lates.late.test.wasmop.dev";
+    wasmop_tests::delete_crds(&ns.client, &[crd_name.to_owned()]).await?;
+    let (cache, mut changes) = Cache::new(ns.client.clone(), vec![ns.name.clone()]);
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("late.test.wasmop.dev", "v1", "Late"),
+        "lates",
+    );
+    let key = KindKey::new("late.test.wasmop.dev", "v1", "Late");
+    let kc = cache.ensure(WatchSpec {
+        resource,
+        namespaced: true,
+        managed_only: false,
+    });
+    let errors = || {
+        wasmop_tests::faults::metric(
+            "wasmop_watch_errors_total",
+            &[("kind", &key.to_string()), ("reason", "rejected")],
+        )
+    };
+    wait_for(
+        "the watch of the unserved kind to fail",
+        DEFAULT_DEADLINE,
+        || async { Ok((errors() >= 1.0).then_some(())) },
+    )
+    .await?;
+    assert!(!kc.synced(), "a kind the API server does not serve synced");
+
+    let file = std::env::temp_dir().join(format!("wasmop-late-crd-{}.yaml", std::process::id()));
+    std::fs::write(
+        &file,
+        serde_json::to_string(&json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": crd_name},
+            "spec": {
+                "group": "late.test.wasmop.dev", "scope": "Namespaced",
+                "names": {"kind": "Late", "plural": "lates", "singular": "late", "listKind": "LateList"},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}],
+            },
+        }))?,
+    )?;
+    let applied = wasmop_tests::apply_crd_files(&ns.client, std::slice::from_ref(&file)).await;
+    let _ = std::fs::remove_file(&file);
+    applied?;
+    let deadline = tokio::time::Instant::now() + DEFAULT_DEADLINE;
+    let announced = loop {
+        let change = tokio::time::timeout_at(deadline, changes.recv())
+            .await
+            .map_err(|_| anyhow::anyhow!("no listed change for {key} after its CRD appeared"))?
+            .expect("the cache's change channel stays open while the cache lives");
+        if change.kind == key {
+            break change;
+        }
+    };
+    assert!(announced.is_listed(), "{announced:?}");
+    assert!(kc.synced());
+    assert_eq!(kc.len(), 0);
+    cache.stop();
+    wasmop_tests::delete_crds(&ns.client, &[crd_name.to_owned()]).await?;
+    Ok(())
+}

@@ -849,6 +849,36 @@ impl Operator {
         }
     }
 
+    /// A kind was listed for the first time. Its objects, if any, came as
+    /// changes of their own; but a controller for which the kind is
+    /// optional decided its primaries while the kind was absent (its CRD
+    /// not installed, the snapshot naming it absent), and nothing else
+    /// would tell it the kind is served now when the list is empty. Every
+    /// primary of such a controller is queued again, in the background
+    /// like a swap's re-queues. Kinds a controller requires were synced
+    /// before it started, so they re-queue nothing.
+    fn kind_listed(&self, kind: &KindKey, actives: &[Arc<Active>]) {
+        for a in actives {
+            if a.primary == *kind
+                || a.kinds.contains(kind)
+                || !watched_kinds(&a.spec).contains(kind)
+            {
+                continue;
+            }
+            tracing::info!(controller = %a.id, kind = %kind,
+                "optional kind served now; reconciling the controller's primaries again");
+            if a.spec.scope == Scope::Kind {
+                self.queue.add_after(whole_kind_key(&a.id), KIND_DEBOUNCE);
+                continue;
+            }
+            if let Some(kc) = self.cache.kind(&a.primary) {
+                for obj in kc.list(None) {
+                    self.queue.add_background(cached_key_of(&a.id, &obj));
+                }
+            }
+        }
+    }
+
     /// Routes a cache change to the primaries it concerns.
     fn route(&self, change: &Change) {
         let actives: Vec<Arc<Active>> = self
@@ -858,6 +888,10 @@ impl Operator {
             .values()
             .cloned()
             .collect();
+        if change.is_listed() {
+            self.kind_listed(&change.kind, &actives);
+            return;
+        }
         let routes: Vec<&Route> = actives.iter().map(|a| &a.route).collect();
         let source = CacheSource {
             cache: Arc::clone(&self.cache),

@@ -74,7 +74,10 @@ pub struct WatchSpec {
 }
 
 /// One change of one object in the cache. `old` is absent for a new object,
-/// `new` for a deleted one.
+/// `new` for a deleted one. Both absent: the kind's first complete list
+/// (its cache just synced; see [`Change::listed`]), sent even when the list
+/// held no object, so that what waited for the kind to be served (an
+/// optional kind whose CRD was missing) can look again.
 #[derive(Clone, Debug)]
 pub struct Change {
     /// Kind of the object.
@@ -83,6 +86,23 @@ pub struct Change {
     pub old: Option<Arc<CachedObject>>,
     /// The object after the change.
     pub new: Option<Arc<CachedObject>>,
+}
+
+impl Change {
+    /// The change that says `kind` was listed completely for the first
+    /// time.
+    pub fn listed(kind: KindKey) -> Self {
+        Change {
+            kind,
+            old: None,
+            new: None,
+        }
+    }
+
+    /// True for [`Change::listed`].
+    pub fn is_listed(&self) -> bool {
+        self.old.is_none() && self.new.is_none()
+    }
 }
 
 type ObjKey = (String, String); // (namespace, name); namespace empty when cluster-scoped
@@ -650,6 +670,7 @@ async fn run_watch(
                     counted_sync = true;
                     if pending.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 1 {
                         kc.synced.send_replace(true);
+                        let _ = changes.send(Change::listed(kc.key.clone()));
                         tracing::debug!(kind = %kc.key, objects = kc.len(), "cache synced");
                     }
                 }
