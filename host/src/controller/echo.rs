@@ -185,29 +185,26 @@ mod tests {
         assert_eq!(echoes.len(), 0);
     }
 
+    /// Primary `primary`'s plan wrote ConfigMap `name`, answered `rv`.
+    fn wrote(echoes: &Echoes, primary: &str, name: &str, rv: &str) {
+        EchoLog {
+            echoes,
+            primary: &key(primary),
+        }
+        .wrote(&cm_kind(), "ns", name, rv);
+    }
+
     #[test]
     fn the_last_write_of_an_object_names_the_primary_of_its_echo() {
         let echoes = Echoes::default();
-        EchoLog {
-            echoes: &echoes,
-            primary: &key("w1"),
-        }
-        .wrote(&cm_kind(), "ns", "a", "10");
-        EchoLog {
-            echoes: &echoes,
-            primary: &key("w2"),
-        }
-        .wrote(&cm_kind(), "ns", "a", "11");
+        wrote(&echoes, "w1", "a", "10");
+        wrote(&echoes, "w2", "a", "11");
         assert_eq!(
             echoes.take(&change(None, Some(cm("a", "10")))),
             None,
             "the first write's version is superseded"
         );
-        EchoLog {
-            echoes: &echoes,
-            primary: &key("w2"),
-        }
-        .wrote(&cm_kind(), "ns", "a", "12");
+        wrote(&echoes, "w2", "a", "12");
         assert_eq!(
             echoes.take(&change(None, Some(cm("a", "12")))),
             Some(key("w2"))

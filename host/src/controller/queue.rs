@@ -38,8 +38,8 @@ struct State<K> {
     running: HashSet<K>,
     /// Added while running: must run again when the current run ends.
     dirty: HashSet<K>,
-    /// Echoed while running (and not in `dirty`): runs again in the
-    /// background when the current run ends.
+    /// Echoed while running: runs again in the background when the
+    /// current run ends, unless it is in `dirty` too.
     dirty_echo: HashSet<K>,
     /// Earliest pending delayed add per key.
     scheduled: HashMap<K, Instant>,
@@ -94,7 +94,6 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Queue<K> {
         let mut s = self.state.lock().expect("queue lock");
         s.scheduled.remove(&key);
         if s.running.contains(&key) {
-            s.dirty_echo.remove(&key);
             s.dirty.insert(key);
             return;
         }
@@ -146,11 +145,10 @@ impl<K: Clone + Eq + Hash + Send + Sync + 'static> Queue<K> {
     fn add_behind(&self, key: K, echo: bool) {
         let mut s = self.state.lock().expect("queue lock");
         if s.running.contains(&key) {
-            if !echo {
-                s.dirty_echo.remove(&key);
-                s.dirty.insert(key);
-            } else if !s.dirty.contains(&key) {
+            if echo {
                 s.dirty_echo.insert(key);
+            } else {
+                s.dirty.insert(key);
             }
             return;
         }

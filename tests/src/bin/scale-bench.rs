@@ -535,6 +535,13 @@ impl Meter {
         })
     }
 
+    /// The phase from the start to now, idle now (the floor's: it has no
+    /// work left once its last write is answered).
+    async fn ended_now(self, client: &Client) -> Result<Phase> {
+        let now = Instant::now();
+        self.phase(client, now, now).await
+    }
+
     /// The phase from the start to `end`, idle at `idle` (counted up to
     /// now, which is `idle` or just after it).
     async fn phase(self, client: &Client, end: Instant, idle: Instant) -> Result<Phase> {
@@ -796,11 +803,7 @@ impl FloorBench {
         let (c, w) = tokio::join!(creating, writing);
         c?;
         let widgets = w?;
-        let converge = {
-            let now = Instant::now();
-            meter.phase(&client, now, now)
-        }
-        .await?;
+        let converge = meter.ended_now(&client).await?;
         Ok((
             converge,
             FloorBench {
@@ -830,11 +833,7 @@ impl FloorBench {
             .collect()
             .await;
         results.into_iter().collect::<Result<()>>()?;
-        let phase = {
-            let now = Instant::now();
-            meter.phase(&client, now, now)
-        }
-        .await;
+        let phase = meter.ended_now(&client).await;
         for w in watches {
             w.abort();
         }
