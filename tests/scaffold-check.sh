@@ -27,8 +27,13 @@ cp Cargo.lock "$work/scaffolded-demo/"
 )
 wasm="$CARGO_TARGET_DIR/wasm32-wasip2/release/scaffolded_demo.wasm"
 [[ -f $wasm ]] || fail "no component at $wasm"
+# The scaffold's .cargo/config.toml links the component to start with
+# 2 MiB of linear memory, as this repository's plugins do.
+start="$("$WASMOP" inspect "$wasm" --no-compile-cache -o json | grep -o '"startMemoryBytes": *[0-9]*' | grep -o '[0-9]*$')" \
+  || fail "wasmop inspect shows no startMemoryBytes"
+(( start >= 2097152 )) || fail "the scaffolded component starts with $start bytes of memory, not 2 MiB"
 "$WASMOP" plan --plugin "$wasm" --no-compile-cache -f "$work/scaffolded-demo/fixtures/example.yaml" > "$work/plan.json" \
   || fail "wasmop plan on the scaffold's fixture"
 diff -u "$work/scaffolded-demo/fixtures/example.plan.json" "$work/plan.json" \
   || fail "the scaffolded plugin's plan differs from its expected plan"
-echo "[scaffold-check] ok: wasmop new -> cargo build (wasm32-wasip2) -> wasmop plan matches the expected plan"
+echo "[scaffold-check] ok: wasmop new -> cargo build (wasm32-wasip2, $start bytes of memory at start) -> wasmop plan matches the expected plan"

@@ -19,7 +19,9 @@
 //! - first, printed (not criterion): `wasm` against each other variant
 //!   below, the two run alternately call by call so both see the same
 //!   machine load; medians and their ratio. On a busy machine these ratios
-//!   are the ones to trust.
+//!   are the ones to trust. Then the CPU per call of wasm and native (all
+//!   threads of the process), from batches of calls that alternate between
+//!   the two for the same reason.
 //! - `reconcile/<variant>/<size>`:
 //!   - `wasm`: [`LoadedPlugin::reconcile`] on the sandbox as shipped;
 //!   - `wasm_wasmtime_defaults`: the same on a sandbox with wasmtime's
@@ -356,7 +358,11 @@ fn interleaved(
         }
     }
     eprintln!("interleaved medians (A, B, A/B):");
-    for (label, owned, pairs) in [("4KB", 1usize, 4000), ("64KB", 16, 1000), ("1MB", 256, 150)] {
+    for (label, owned, pairs) in [
+        ("4KB", 1usize, 4000usize),
+        ("64KB", 16, 1000),
+        ("1MB", 256, 150),
+    ] {
         let owned: Vec<Value> = (0..owned).map(owned_config_map).collect();
         let s = snapshot_of(good, &owned);
         fn call<'a>(p: &'a LoadedPlugin, s: &'a Snapshot) -> impl FnMut() + 'a {
@@ -397,24 +403,46 @@ fn interleaved(
             );
         }
         // CPU, not latency: every thread of the process (the epoch
-        // ticker included), the calls one after another.
-        let calls = pairs;
-        let cpu = |f: &mut dyn FnMut()| {
+        // ticker included), in batches of calls one after another that
+        // alternate between wasm and native (a few milliseconds each), so
+        // both see the same machine load.
+        let batch = usize::try_from(4_000_000 / native_time(&s).as_nanos().max(1))
+            .unwrap_or(100)
+            .clamp(1, 100);
+        let (mut wasm_cpu, mut native_cpu) = (Duration::ZERO, Duration::ZERO);
+        let batches = pairs.div_ceil(batch);
+        for _ in 0..batches {
             let start = process_cpu();
-            for _ in 0..calls {
-                f();
+            for _ in 0..batch {
+                a();
             }
-            (process_cpu() - start) / u32::try_from(calls).expect("calls fit")
-        };
-        let native_cpu = cpu(&mut || {
-            black_box(native(black_box(&s)));
-        });
-        let wasm_cpu = cpu(&mut a);
+            wasm_cpu += process_cpu() - start;
+            let start = process_cpu();
+            for _ in 0..batch {
+                black_box(native(black_box(&s)));
+            }
+            native_cpu += process_cpu() - start;
+        }
+        let calls = u32::try_from(batches * batch).expect("calls fit");
+        let (wasm_cpu, native_cpu) = (wasm_cpu / calls, native_cpu / calls);
         eprintln!(
             "  {label:>5}  CPU per call, all threads: wasm {wasm_cpu:>10.1?}  native {native_cpu:>10.1?}  wasm/native = {:.2}",
             wasm_cpu.as_secs_f64() / native_cpu.as_secs_f64()
         );
     }
+}
+
+/// One native call's duration (median of a few), to size CPU batches.
+fn native_time(s: &Snapshot) -> Duration {
+    let mut times: Vec<Duration> = (0..5)
+        .map(|_| {
+            let start = Instant::now();
+            black_box(native(black_box(s)));
+            start.elapsed()
+        })
+        .collect();
+    times.sort();
+    times[2]
 }
 
 /// CPU time of every thread of this process so far (Linux schedstat:

@@ -185,6 +185,23 @@ fn hog_hits_its_memory_cap() {
     assert_eq!(err.reason(), "PluginOutOfMemory");
 }
 
+/// Every plugin built here is linked to start with 2 MiB of linear memory
+/// (`.cargo/config.toml`), so that calls with snapshots up to about 64 KB
+/// never grow it (BENCHMARKS.md). A build that lost the setting, e.g. to a
+/// `RUSTFLAGS` variable, which replaces it, starts at the linker's default
+/// of about 1.1 MiB and fails here.
+#[test]
+fn plugins_start_with_two_mib_of_linear_memory() {
+    for name in ["good", "instance", "engine", "backup", "fleet", "team"] {
+        let bytes = load(name, Limits::default()).start_memory_bytes();
+        // The linear memory, plus the tables at a pointer per element.
+        assert!(
+            (2 << 20..(2 << 20) + (64 << 10)).contains(&bytes),
+            "{name} starts with {bytes} bytes"
+        );
+    }
+}
+
 #[test]
 fn panicker_traps_with_its_panic_message() {
     let plugin = load("panicker", Limits::default());

@@ -327,6 +327,11 @@ struct Inspection<'a> {
     /// settings (`setting:<key>` entries resolved).
     effective_write_namespaces: std::collections::BTreeMap<&'a str, &'a [String]>,
     cluster_role: k8s_openapi::api::rbac::v1::ClusterRole,
+    /// What a fresh instance holds against the memory cap before it runs:
+    /// initial linear memory and tables.
+    start_memory_bytes: usize,
+    /// The memory cap of each call with these options.
+    memory_cap_bytes: usize,
 }
 
 fn inspect(args: InspectArgs) -> Result<ExitCode, CliError> {
@@ -349,6 +354,8 @@ fn inspect(args: InspectArgs) -> Result<ExitCode, CliError> {
             .map(|c| (c.name.as_str(), c.write_namespaces.as_slice()))
             .collect(),
         cluster_role: crate::plugin::rbac::cluster_role(manifest),
+        start_memory_bytes: plugin.start_memory_bytes(),
+        memory_cap_bytes: plugin.limits().memory_bytes,
     };
     print!("{}", render(&inspection, args.output)?);
     Ok(ExitCode::SUCCESS)

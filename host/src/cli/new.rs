@@ -333,8 +333,22 @@ or point it at a local checkout with `path = ".../plugins/sdk"`.
         ("fixtures/example.plan.json", plan),
         ("README.md", readme),
         (".gitignore", "/target\n".to_owned()),
+        (".cargo/config.toml", CARGO_CONFIG.to_owned()),
     ]
 }
+
+/// The scaffold's `.cargo/config.toml`: the plugin link setting this
+/// repository's own `.cargo/config.toml` gives every plugin built here.
+const CARGO_CONFIG: &str = r#"# The component starts with 2 MiB of linear memory rather than the
+# linker's default (the 1 MiB stack and the data): a reconcile of up to about
+# 64 KB of snapshot then finds its heap already there. Growing a memory costs
+# the wasmop host a change of page protections when the call grows it and
+# another when the next call gets the slot. Untouched pages cost nothing;
+# the memory counts against the plugin's memory cap (`memoryMiB`).
+# A RUSTFLAGS environment variable replaces these flags.
+[target.wasm32-wasip2]
+rustflags = ["-C", "link-arg=--initial-memory=2097152"]
+"#;
 
 fn write_all(dir: &Path, files: &[(&'static str, String)]) -> Result<(), CliError> {
     for (rel, text) in files {
@@ -407,6 +421,29 @@ mod tests {
         assert!(valid_name("my-plugin2"));
         assert!(!valid_name("My_plugin"));
         assert!(!valid_name("-x"));
+    }
+
+    #[test]
+    fn the_scaffold_links_plugins_as_this_repository_does() {
+        // Every setting line of the repository's own cargo config (comments
+        // aside) is in the scaffold's, so plugins built outside get the
+        // same initial memory as the ones built here.
+        let ours = include_str!("../../../.cargo/config.toml");
+        let settings: Vec<&str> = ours
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .collect();
+        assert!(
+            settings.iter().any(|l| l.contains("--initial-memory=")),
+            "{settings:?}"
+        );
+        for line in settings {
+            assert!(
+                CARGO_CONFIG.lines().any(|l| l.trim() == line),
+                "the scaffold's .cargo/config.toml lacks {line:?}"
+            );
+        }
     }
 
     #[test]

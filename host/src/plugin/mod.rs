@@ -261,6 +261,9 @@ pub struct LoadedPlugin {
     effective: Manifest,
     settings: Value,
     limits: Limits,
+    /// What a fresh instance holds against the memory cap before the
+    /// guest runs: its linear memory's initial size and its tables.
+    start_memory_bytes: usize,
     from_cache: bool,
     sandbox: Arc<Sandbox>,
     pre: PluginPre<StoreState>,
@@ -374,6 +377,7 @@ impl LoadedPlugin {
             },
             settings: options.settings.clone(),
             limits: options.limits,
+            start_memory_bytes: 0,
             from_cache,
             sandbox: Arc::clone(sandbox),
             pre,
@@ -387,9 +391,13 @@ impl LoadedPlugin {
                 source,
             }
         };
-        let manifest = plugin
-            .call(UNIX_EPOCH, |p, store| p.call_manifest(store))
+        let (manifest, start_memory_bytes) = plugin
+            .call(UNIX_EPOCH, |p, store| {
+                let start = store.data().memory_used();
+                Ok((p.call_manifest(&mut *store)?, start))
+            })
             .map_err(call_error("manifest"))?;
+        plugin.start_memory_bytes = start_memory_bytes;
         let manifest = convert::manifest_from_json(&manifest).map_err(|problem| {
             LoadError::InvalidManifest {
                 origin: origin.to_owned(),
@@ -462,6 +470,13 @@ impl LoadedPlugin {
     /// plan validation and execution use this one.
     pub fn effective_manifest(&self) -> &Manifest {
         &self.effective
+    }
+
+    /// Bytes a fresh instance of this plugin holds against its memory cap
+    /// before it runs any code: the initial size of its linear memory
+    /// (set when the plugin is linked) and its tables.
+    pub fn start_memory_bytes(&self) -> usize {
+        self.start_memory_bytes
     }
 
     /// The settings the plugin accepted.
