@@ -73,11 +73,9 @@ async fn converging_costs_one_write_per_object_and_a_converged_primary_none() ->
     wait_for("every Widget Ready", DEFAULT_DEADLINE, || all_ready(&api)).await?;
     // Each ConfigMap's create comes back as a watch event: its echo. It
     // re-queues its Widget behind other changes, and that reconcile writes
-    // nothing (checked below with the other writes). An echo whose event is
-    // routed before the write's answer is read is not recognised and is
-    // queued like any change (under load about 7% of them in the scale
-    // bench), so the count may fall short of one per Widget, but it never
-    // exceeds the writes that can echo.
+    // nothing (checked below with the other writes). Every one is
+    // recognised, also when its event is routed before the worker has read
+    // the create's answer (then it is held until the answer settles it).
     let echoes = || {
         metric(
             "wasmop_reconcile_echoes_total",
@@ -85,13 +83,16 @@ async fn converging_costs_one_write_per_object_and_a_converged_primary_none() ->
         )
     };
     wait_for(
-        "an echo recognised, and the operator idle",
+        "one echo per ConfigMap create, and the operator idle",
         DEFAULT_DEADLINE,
-        || async { Ok((echoes() >= 1.0 && op.operator.pending_reconciles() == 0).then_some(())) },
+        || async {
+            Ok((echoes() >= n as f64 && op.operator.pending_reconciles() == 0).then_some(()))
+        },
     )
     .await?;
-    assert!(
-        echoes() <= n as f64,
+    assert_eq!(
+        echoes(),
+        n as f64,
         "{} echoes for {n} ConfigMap creates",
         echoes()
     );

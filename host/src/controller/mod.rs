@@ -898,12 +898,14 @@ impl Operator {
             secrets: None,
         };
         let routed = route::route(&routes, change, &source);
-        let echo_of = self.echoes.take(change);
         let kind_scoped = |key: &PrimaryKey| {
             actives
                 .iter()
                 .any(|a| a.id == key.controller && a.spec.scope == Scope::Kind)
         };
+        let seen = self.echoes.take(change, |writer| {
+            !kind_scoped(writer) && routed.keys.contains(writer)
+        });
         for (key, uid) in routed.gone {
             self.observer.forget(&uid);
             self.queue.forget(&key);
@@ -928,14 +930,21 @@ impl Operator {
             if kind_scoped(&key) {
                 self.queue
                     .add_after(whole_kind_key(&key.controller), KIND_DEBOUNCE);
-            } else if echo_of.as_ref() == Some(&key) {
-                metrics::global().inc(
-                    "wasmop_reconcile_echoes_total",
-                    &[("controller", &key.controller)],
-                );
-                self.queue.add_echo(key);
             } else {
-                self.queue.add(key);
+                match &seen {
+                    echo::Seen::Echo(writer) if *writer == key => {
+                        echo::settle(
+                            &self.queue,
+                            echo::Settled {
+                                primary: key,
+                                echo: true,
+                            },
+                        );
+                    }
+                    // Settled when the write's answer comes.
+                    echo::Seen::Held(writer) if *writer == key => {}
+                    _ => self.queue.add(key),
+                }
             }
         }
     }

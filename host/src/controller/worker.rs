@@ -269,6 +269,7 @@ impl Operator {
                     written: Some(&super::echo::EchoLog {
                         echoes: &self.echoes,
                         primary: key,
+                        queue: Some(&self.queue),
                     }),
                 };
                 match execute::execute(

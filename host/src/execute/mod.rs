@@ -127,25 +127,58 @@ pub struct Target<'a> {
     pub written: Option<&'a dyn WriteLog>,
 }
 
-/// Where [`execute`] reports the writes it made: the object's kind,
-/// namespace (empty when cluster-scoped), name and the resourceVersion the
-/// API server answered (see `crate::controller::echo`).
+/// Where [`execute`] reports the writes it makes: the object's kind,
+/// namespace (empty when cluster-scoped), name, and, once answered, the
+/// resourceVersion the API server answered (see `crate::controller::echo`).
 pub trait WriteLog: Sync {
-    /// One write of one object.
+    /// A write of one object is about to be sent.
+    fn writing(&self, kind: &KindRef, namespace: &str, name: &str);
+    /// That write was answered with `resource_version`; empty when it
+    /// failed or was abandoned.
     fn wrote(&self, kind: &KindRef, namespace: &str, name: &str, resource_version: &str);
 }
 
-/// Reports a write to `t.written`, unless `t` writes dry.
-fn log_write(t: &Target<'_>, kind: &KindRef, obj: &Value, resource_version: &str) {
-    if let Some(log) = t.written
-        && !t.writer.is_dry_run()
-    {
-        log.wrote(
-            kind,
-            object::namespace(obj).unwrap_or_default(),
-            object::name(obj),
-            resource_version,
-        );
+/// A write about to be sent, reported to `t.written` unless `t` writes dry:
+/// [`PendingWrite::answered`] with the version the API server answered.
+/// Dropped unanswered (the write failed, or the reconcile was abandoned
+/// during it), it reports the write as failed.
+struct PendingWrite<'a> {
+    log: Option<&'a dyn WriteLog>,
+    kind: &'a KindRef,
+    namespace: String,
+    name: String,
+}
+
+/// Reports that the write of `obj` (of `kind`) is about to be sent.
+fn pending_write<'a>(t: &Target<'a>, kind: &'a KindRef, obj: &Value) -> PendingWrite<'a> {
+    let log = t.written.filter(|_| !t.writer.is_dry_run());
+    let namespace = object::namespace(obj).unwrap_or_default().to_owned();
+    let name = object::name(obj).to_owned();
+    if let Some(log) = log {
+        log.writing(kind, &namespace, &name);
+    }
+    PendingWrite {
+        log,
+        kind,
+        namespace,
+        name,
+    }
+}
+
+impl PendingWrite<'_> {
+    /// The API server answered the write with `resource_version`.
+    fn answered(mut self, resource_version: &str) {
+        if let Some(log) = self.log.take() {
+            log.wrote(self.kind, &self.namespace, &self.name, resource_version);
+        }
+    }
+}
+
+impl Drop for PendingWrite<'_> {
+    fn drop(&mut self) {
+        if let Some(log) = self.log.take() {
+            log.wrote(self.kind, &self.namespace, &self.name, "");
+        }
     }
 }
 
@@ -290,16 +323,12 @@ pub async fn execute(
             .filter(|x| x != f)
             .collect();
         still_leader(&t)?;
+        let pending = pending_write(&t, &t.spec.primary, &primary);
         let updated = t
             .writer
             .set_finalizers(t.primary_resource, &primary, &list)
             .await?;
-        log_write(
-            &t,
-            &t.spec.primary,
-            &updated,
-            object::resource_version(&updated),
-        );
+        pending.answered(object::resource_version(&updated));
     }
     Ok(done)
 }
@@ -337,16 +366,12 @@ async fn writes(
         if !deleting && !list.iter().any(|x| x == f) {
             list.push(f.clone());
             still_leader(&t)?;
+            let pending = pending_write(&t, &t.spec.primary, &primary);
             let updated = w
                 .set_finalizers(t.primary_resource, &primary, &list)
                 .await?;
+            pending.answered(object::resource_version(&updated));
             if !dry {
-                log_write(
-                    &t,
-                    &t.spec.primary,
-                    &updated,
-                    object::resource_version(&updated),
-                );
                 primary = updated;
                 strip_managed_fields(&mut primary);
             }
@@ -384,15 +409,11 @@ async fn writes(
         && !economy::patch_holds(patch, &primary)
     {
         still_leader(&t)?;
+        let pending = pending_write(&t, &t.spec.primary, &primary);
         let updated = w.merge_patch(t.primary_resource, &primary, patch).await?;
+        pending.answered(object::resource_version(&updated));
         if !dry {
             follow_version(&mut primary, &updated);
-            log_write(
-                &t,
-                &t.spec.primary,
-                &updated,
-                object::resource_version(&updated),
-            );
         }
     }
     let unjudged = ApplyJudgement::default();
@@ -550,6 +571,7 @@ async fn apply_one(
     }
     let resource = api_resource(&owned.kind);
     still_leader(t)?;
+    let pending = pending_write(t, &owned.kind, &obj);
     let written = match (&op.precondition, &judged.existing) {
         // `force` takes fields from other managers; a create has none.
         (Some(Precondition::Absent), _) => w
@@ -583,7 +605,7 @@ async fn apply_one(
                 .map(|a| a.resource_version)
         }
     };
-    log_write(t, &owned.kind, &obj, &written?);
+    pending.answered(&written?);
     Ok(judged.adopts.then(|| describe(&obj)))
 }
 
@@ -626,5 +648,56 @@ fn follow_version(primary: &mut Value, updated: &Value) {
 fn strip_managed_fields(obj: &mut Value) {
     if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
         m.remove("managedFields");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// Every report, in order.
+    #[derive(Default)]
+    struct Reports(Mutex<Vec<String>>);
+
+    impl WriteLog for Reports {
+        fn writing(&self, _: &KindRef, namespace: &str, name: &str) {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("writing {namespace}/{name}"));
+        }
+
+        fn wrote(&self, _: &KindRef, namespace: &str, name: &str, resource_version: &str) {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("wrote {namespace}/{name} {resource_version:?}"));
+        }
+    }
+
+    #[test]
+    fn a_write_dropped_unanswered_is_reported_as_failed() {
+        let reports = Reports::default();
+        let kind = KindRef {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "ConfigMap".into(),
+            plural: "configmaps".into(),
+            namespaced: true,
+        };
+        let pending = |name: &str| PendingWrite {
+            log: Some(&reports),
+            kind: &kind,
+            namespace: "ns".into(),
+            name: name.into(),
+        };
+        // A write whose request failed (`?` returned before the answer).
+        drop(pending("a"));
+        pending("b").answered("7");
+        assert_eq!(
+            *reports.0.lock().unwrap(),
+            ["wrote ns/a \"\"", "wrote ns/b \"7\""]
+        );
     }
 }
