@@ -129,32 +129,19 @@ impl Echoes {
     ) -> Option<Settled> {
         let mut writes = self.writes.lock().expect("echoes lock");
         let id = (kind, namespace.to_owned(), name.to_owned());
-        let held = match writes.remove(&id) {
+        let settled = match writes.remove(&id) {
             Some(Entry::InFlight {
                 held: Some(held),
                 primary: writer,
                 ..
-            }) => Some((held, writer)),
+            }) => Some(Settled {
+                primary: writer,
+                echo: !resource_version.is_empty() && held == resource_version,
+            }),
             _ => None,
         };
-        if let Some((held, writer)) = held {
-            let echo = !resource_version.is_empty() && held == resource_version;
-            if !echo && !resource_version.is_empty() {
-                // Our echo is still to come.
-                writes.insert(
-                    id,
-                    Entry::Answered {
-                        resource_version: resource_version.to_owned(),
-                        primary: primary.clone(),
-                    },
-                );
-            }
-            return Some(Settled {
-                primary: writer,
-                echo,
-            });
-        }
-        if !resource_version.is_empty() {
+        // Unless the echo already came (and was held), it is still to come.
+        if !resource_version.is_empty() && !settled.as_ref().is_some_and(|s| s.echo) {
             writes.insert(
                 id,
                 Entry::Answered {
@@ -163,7 +150,7 @@ impl Echoes {
                 },
             );
         }
-        None
+        settled
     }
 
     /// What `change` is for the primary that wrote its object.
