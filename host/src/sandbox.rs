@@ -272,31 +272,15 @@ impl Sandbox {
     /// random sources are fixed, it has no files, environment, arguments
     /// or network, and its stderr goes to a [`STDERR_CAPACITY`] buffer.
     pub fn store(&self, limits: &Limits, now: SystemTime) -> Store<StoreState> {
-        let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
-        let wasi = WasiCtx::builder()
-            .stderr(stderr.clone())
-            .wall_clock(FixedWallClock(
-                now.duration_since(UNIX_EPOCH).unwrap_or_default(),
-            ))
-            .monotonic_clock(FrozenMonotonicClock)
-            .secure_random(wasmtime_wasi::Deterministic::new(vec![
-                0x5a, 0xa5, 0x3c, 0xc3,
-            ]))
-            .insecure_random(wasmtime_wasi::Deterministic::new(vec![0x42, 0x24]))
-            .insecure_random_seed(0x7761_736d_6f70)
-            .allow_tcp(false)
-            .allow_udp(false)
-            .allow_ip_name_lookup(false)
-            .build();
         let state = StoreState {
-            wasi,
+            wasi: None,
+            now,
             table: ResourceTable::new(),
             limiter: MemoryCap {
                 bytes: limits.memory_bytes,
                 used: 0,
                 hit: false,
             },
-            stderr,
             deadline: Instant::now() + limits.deadline,
         };
         let mut store = Store::new(&self.engine, state);
@@ -318,10 +302,15 @@ fn deadline_ticks(deadline: Duration, tick: Duration) -> u64 {
 
 /// Per-call state inside a [`Store`].
 pub struct StoreState {
-    wasi: WasiCtx,
+    /// The guest's WASI context and its stderr, made on the guest's first
+    /// WASI call: most reconciles make none, and building the context
+    /// (streams, clocks, random sources) was about a quarter of a store's
+    /// cost. What the guest sees is the same either way.
+    wasi: Option<(WasiCtx, MemoryOutputPipe)>,
+    /// The wall-clock time the guest's clock reads.
+    now: SystemTime,
     table: ResourceTable,
     limiter: MemoryCap,
-    stderr: MemoryOutputPipe,
     /// When the call's deadline passes (wall time).
     deadline: Instant,
 }
@@ -338,7 +327,10 @@ impl std::fmt::Debug for StoreState {
 impl StoreState {
     /// What the guest wrote to stderr so far (lossy UTF-8).
     pub fn stderr(&self) -> String {
-        String::from_utf8_lossy(&self.stderr.contents()).into_owned()
+        match &self.wasi {
+            Some((_, stderr)) => String::from_utf8_lossy(&stderr.contents()).into_owned(),
+            None => String::new(),
+        }
     }
 
     /// True when the guest tried to grow a memory past its cap.
@@ -423,11 +415,35 @@ impl Pollable for ClockWait {
 
 impl WasiView for StoreState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
+        let now = self.now;
+        let (ctx, _) = self.wasi.get_or_insert_with(|| wasi_context(now));
         WasiCtxView {
-            ctx: &mut self.wasi,
+            ctx,
             table: &mut self.table,
         }
     }
+}
+
+/// The WASI context of one call (see [`Sandbox::store`]) and the buffer its
+/// stderr writes to.
+fn wasi_context(now: SystemTime) -> (WasiCtx, MemoryOutputPipe) {
+    let stderr = MemoryOutputPipe::new(STDERR_CAPACITY);
+    let wasi = WasiCtx::builder()
+        .stderr(stderr.clone())
+        .wall_clock(FixedWallClock(
+            now.duration_since(UNIX_EPOCH).unwrap_or_default(),
+        ))
+        .monotonic_clock(FrozenMonotonicClock)
+        .secure_random(wasmtime_wasi::Deterministic::new(vec![
+            0x5a, 0xa5, 0x3c, 0xc3,
+        ]))
+        .insecure_random(wasmtime_wasi::Deterministic::new(vec![0x42, 0x24]))
+        .insecure_random_seed(0x7761_736d_6f70)
+        .allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false)
+        .build();
+    (wasi, stderr)
 }
 
 /// One cap for the sum of every linear memory and table of a store (their
@@ -636,6 +652,35 @@ mod tests {
                 assert_eq!(seen, 5, "call {call} under {tuning:?} saw {seen:#x}");
             }
         }
+    }
+
+    #[test]
+    fn the_wasi_context_is_made_at_the_first_wasi_call_only() {
+        let sandbox = Sandbox::new(SandboxConfig {
+            max_instances: 1,
+            max_memory_bytes: 16 << 20,
+            epoch_tick: Duration::from_millis(10),
+        })
+        .expect("sandbox");
+        let component = probe_component(sandbox.engine());
+        let pre = sandbox.linker().instantiate_pre(&component).expect("links");
+        let mut store = sandbox.store(&Limits::default(), UNIX_EPOCH);
+        let instance = pre.instantiate(&mut store).expect("instantiates");
+        let probe = instance
+            .get_typed_func::<(), (u32,)>(&mut store, "probe")
+            .expect("probe export");
+        probe.call(&mut store, ()).expect("runs");
+        // A call that made no WASI call leaves none made, and no stderr.
+        assert!(store.data().wasi.is_none());
+        assert_eq!(store.data().stderr(), "");
+        // The first WASI call makes it, with the buffer `stderr` reads;
+        // later calls use the same context.
+        let state = store.data_mut();
+        drop(state.ctx());
+        let mut pipe = state.wasi.as_ref().expect("made").1.clone();
+        wasmtime_wasi::p2::OutputStream::write_zeroes(&mut pipe, 4).expect("writes");
+        drop(state.ctx());
+        assert_eq!(store.data().stderr(), "\0\0\0\0");
     }
 
     #[test]
