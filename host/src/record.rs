@@ -2,7 +2,8 @@
 //! `wasmop replay`.
 //!
 //! # Format
-//! One JSON file per decided reconcile, in the shape `wasmop plan -f`
+//! One JSON file per decided reconcile (and per call of a kind-scoped
+//! controller, see [`kind_recording`]), in the shape `wasmop plan -f`
 //! reads: a `kind: List` whose items are a `PlanOptions` document (now,
 //! controller, settings), an `Observations` document, a `Recorded`
 //! document (plugin name, version and digest; the primary; the outcome in
@@ -34,8 +35,8 @@
 
 use std::collections::{BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use base64::Engine as _;
 use serde_json::{Value, json};
@@ -45,7 +46,8 @@ use crate::metrics;
 use crate::object;
 use crate::plugin::LoadedPlugin;
 use crate::reconcile::decide::Decision;
-use crate::reconcile::offline::{INPUT_API_VERSION, to_golden_text};
+use crate::reconcile::kind::KindDecided;
+use crate::reconcile::offline::{INPUT_API_VERSION, to_golden_text, to_kind_golden_text};
 use crate::reconcile::snapshot::Snapshot;
 
 /// The kind of the document holding what a recording decided.
@@ -202,9 +204,88 @@ pub fn recording(
     snapshot: &Snapshot,
     decision: &Decision,
 ) -> Value {
+    let primaries = std::slice::from_ref(&snapshot.primary);
+    let outcome: Value = serde_json::from_str(&to_golden_text(decision)).unwrap_or(Value::Null);
+    let primary = json!({
+        "kind": object::kind(&snapshot.primary),
+        "namespace": object::namespace(&snapshot.primary),
+        "name": object::name(&snapshot.primary),
+        "uid": object::uid(&snapshot.primary),
+    });
+    redacted_recording(redactor, plugin, snapshot, primaries, primary, outcome)
+}
+
+/// The recording of one call of a kind-scoped controller, redacted: its
+/// `Recorded` document names the primary kind (`scope: Kind`) and holds the
+/// call's outcome in the golden form of
+/// [`crate::reconcile::offline::to_kind_golden_text`]; its objects are
+/// every primary the call covered, and what they own and read. `None`
+/// when the plugin was not called.
+pub fn kind_recording(
+    redactor: &Redactor,
+    plugin: &LoadedPlugin,
+    decided: &KindDecided,
+) -> Option<Value> {
+    let snapshot = decided.snapshot.as_ref()?;
+    let first = decided.primaries.first()?;
+    let outcome: Value = serde_json::from_str(&to_kind_golden_text(decided)).unwrap_or(Value::Null);
+    let primary = json!({
+        "apiVersion": object::api_version(first),
+        "kind": object::kind(first),
+        "scope": "Kind",
+        "primaries": decided.primaries.len(),
+    });
+    Some(redacted_recording(
+        redactor,
+        plugin,
+        snapshot,
+        &decided.primaries,
+        primary,
+        outcome,
+    ))
+}
+
+/// The objects an outcome in golden form applies: its plan's (or its
+/// rejected plan's), or those of each object plan of a kind call.
+fn plan_objects(outcome: &mut Value) -> Vec<&mut Value> {
+    fn one(o: &mut Value) -> Vec<&mut Value> {
+        let at = if o.get("rejected").is_some() {
+            "/rejected/plan/apply"
+        } else {
+            "/apply"
+        };
+        o.pointer_mut(at)
+            .and_then(Value::as_array_mut)
+            .map(|a| a.iter_mut().filter_map(|op| op.get_mut("object")).collect())
+            .unwrap_or_default()
+    }
+    if outcome.get("objects").is_some() {
+        outcome
+            .get_mut("objects")
+            .and_then(Value::as_array_mut)
+            .map(|plans| plans.iter_mut().flat_map(one).collect())
+            .unwrap_or_default()
+    } else {
+        one(outcome)
+    }
+}
+
+/// A recording: the objects (`primaries`, then what the snapshot owns and
+/// reads, each once, without managedFields), the options and observations
+/// of `snapshot`, and the `Recorded` document of `primary` and `outcome`;
+/// Secrets redacted and their values scrubbed everywhere.
+fn redacted_recording(
+    redactor: &Redactor,
+    plugin: &LoadedPlugin,
+    snapshot: &Snapshot,
+    primaries: &[Arc<Value>],
+    primary: Value,
+    mut outcome: Value,
+) -> Value {
     let mut objects: Vec<Value> = Vec::new();
     let mut seen = BTreeSet::new();
-    let all = std::iter::once(&snapshot.primary)
+    let all = primaries
+        .iter()
         .chain(snapshot.owned.iter())
         .chain(snapshot.related.iter().map(|r| &r.object));
     for o in all {
@@ -222,25 +303,8 @@ pub fn recording(
             objects.push(o);
         }
     }
-    let mut outcome: Value = serde_json::from_str(&to_golden_text(decision)).unwrap_or(Value::Null);
-    let pairs = {
-        let at = if outcome.get("rejected").is_some() {
-            "/rejected/plan/apply"
-        } else {
-            "/apply"
-        };
-        let plan_objects = outcome
-            .pointer_mut(at)
-            .and_then(Value::as_array_mut)
-            .map(|a| {
-                a.iter_mut()
-                    .filter_map(|op| op.get_mut("object"))
-                    .collect::<Vec<_>>()
-            })
-            .unwrap_or_default();
-        // Unique (collected in a set) and longest first already.
-        redactor.redact_secrets(objects.iter_mut().chain(plan_objects))
-    };
+    // Unique (collected in a set) and longest first already.
+    let pairs = redactor.redact_secrets(objects.iter_mut().chain(plan_objects(&mut outcome)));
     let mut doc = json!({
         "apiVersion": "v1",
         "kind": "List",
@@ -265,12 +329,7 @@ pub fn recording(
                     "version": plugin.version(),
                     "digest": plugin.digest(),
                 },
-                "primary": {
-                    "kind": object::kind(&snapshot.primary),
-                    "namespace": object::namespace(&snapshot.primary),
-                    "name": object::name(&snapshot.primary),
-                    "uid": object::uid(&snapshot.primary),
-                },
+                "primary": primary,
                 "outcome": outcome,
             },
         ],
@@ -355,6 +414,26 @@ impl Recorder {
                 .unwrap_or("-")
                 .to_owned(),
             name: object::name(&snapshot.primary).to_owned(),
+            bytes,
+        })
+    }
+
+    /// The redacted recording of one kind call (see [`kind_recording`]),
+    /// named after the controller and the primary kind; `None` when the
+    /// plugin was not called.
+    pub fn render_kind(&self, plugin: &LoadedPlugin, decided: &KindDecided) -> Option<Rendered> {
+        let doc = kind_recording(&self.redactor, plugin, decided)?;
+        let mut bytes = serde_json::to_vec_pretty(&doc).ok()?;
+        bytes.push(b'\n');
+        let snapshot = decided.snapshot.as_ref()?;
+        Some(Rendered {
+            controller: snapshot.controller.clone(),
+            namespace: "kind".to_owned(),
+            name: decided
+                .primaries
+                .first()
+                .map(|p| object::kind(p).to_owned())
+                .unwrap_or_default(),
             bytes,
         })
     }
@@ -485,5 +564,35 @@ mod tests {
         let again = Recorder::new(dir.clone(), 3000).unwrap();
         assert_eq!(again.files.lock().unwrap().1, 3000);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn secrets_in_every_object_plan_of_a_kind_call_are_found() {
+        let secret = |name: &str| {
+            json!({"object": {"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": name}, "data": {"k": B64.encode("kind-call-secret")}}})
+        };
+        let mut outcome = json!({"objects": [
+            {"namespace": "ns", "name": "a", "apply": [secret("sa")]},
+            {"namespace": "ns", "name": "b",
+             "rejected": {"violations": [], "plan": {"apply": [secret("sb")]}}},
+            {"namespace": "ns", "name": "c", "apply": []},
+        ], "refused": []});
+        let names: Vec<String> = plan_objects(&mut outcome)
+            .iter()
+            .map(|o| object::name(o).to_owned())
+            .collect();
+        assert_eq!(names, ["sa", "sb"]);
+        // One object's plan, as before.
+        let mut one = json!({"apply": [secret("s1")]});
+        assert_eq!(plan_objects(&mut one).len(), 1);
+        let mut failed = json!({"failed": {"reason": "PluginTrapped", "message": "x"}});
+        assert!(plan_objects(&mut failed).is_empty());
+        // And they are redacted and scrubbed like any other.
+        let r = Redactor::new();
+        let pairs = r.redact_secrets(plan_objects(&mut outcome).into_iter());
+        scrub(&mut outcome, &pairs);
+        let text = outcome.to_string();
+        assert!(!text.contains(&B64.encode("kind-call-secret")), "{text}");
     }
 }

@@ -10,17 +10,26 @@
 //! - The latest [`MAX_KEPT`] differing reconciles, each with its
 //!   per-object differences, are served as JSON at `/shadow` on the
 //!   metrics address.
+//! - A kind-scoped controller's call is compared primary by primary: the
+//!   active call's decision for each primary against the shadow's object
+//!   plan for it (a primary only one side planned counts as different, a
+//!   failed call as failed for every primary it covered); each primary is
+//!   counted and kept like a reconcile.
 //! - Promotion is a rename: `NAME.shadow.wasm` → `NAME.wasm` stops the
 //!   shadow and hot-swaps the active plugin, through the plugin directory.
 
-use std::collections::VecDeque;
-use std::sync::{Mutex, OnceLock};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::metrics;
-use crate::reconcile::diff::{Difference, diff};
+use crate::object;
+use crate::plugin::CallError;
+use crate::reconcile::diff::{Difference, diff, outcome_of};
+use crate::reconcile::kind::{KindDecided, KindOutcome};
+use crate::reconcile::validate::Plan;
 
 /// How many differing reconciles `/shadow` keeps.
 pub const MAX_KEPT: usize = 50;
@@ -98,6 +107,95 @@ pub fn account(
     differences
 }
 
+/// `namespace/name` of a primary, or `name` when cluster-scoped.
+fn primary_key(namespace: &str, name: &str) -> String {
+    if namespace.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{namespace}/{name}")
+    }
+}
+
+/// What a side that did not plan a primary compares as.
+fn not_planned() -> Value {
+    json!({"skipped": {"reason": "NotPlanned"}})
+}
+
+fn failed(e: &CallError) -> Value {
+    json!({"failed": {"reason": e.reason(), "message": e.to_string()}})
+}
+
+/// The active kind call's outcome per primary it covered (keyed as
+/// [`kind_pairs`] keys them); empty when the plugin was not called.
+pub fn active_kind_outcomes(decided: &KindDecided) -> BTreeMap<String, Value> {
+    let key =
+        |p: &Arc<Value>| primary_key(object::namespace(p).unwrap_or_default(), object::name(p));
+    match &decided.outcome {
+        KindOutcome::Empty => BTreeMap::new(),
+        KindOutcome::Failed(e) => decided
+            .primaries
+            .iter()
+            .map(|p| (key(p), failed(e)))
+            .collect(),
+        KindOutcome::Split { decisions, .. } => {
+            let mut out: BTreeMap<String, Value> = decided
+                .primaries
+                .iter()
+                .map(|p| (key(p), not_planned()))
+                .collect();
+            out.extend(decisions.iter().map(|(p, d)| (key(p), outcome_of(d))));
+            out
+        }
+    }
+}
+
+/// The active and the shadow outcome of each primary of a kind call:
+/// the shadow's object plan for it (as the shadow wrote it, not
+/// validated), its failure for every primary the active call covered, or
+/// "not planned"; a primary only the shadow names is compared with "not
+/// planned" on the active side. A shadow kind plan that sets anything but
+/// `objects` fails as the active one would.
+pub fn kind_pairs(
+    active: BTreeMap<String, Value>,
+    shadow: Result<Plan, CallError>,
+) -> Vec<(String, Value, Value)> {
+    let mut shadow_by: BTreeMap<String, Value> = BTreeMap::new();
+    let shadow_failure = match shadow {
+        Err(e) => Some(failed(&e)),
+        Ok(mut plan) => {
+            let objects = std::mem::take(&mut plan.objects);
+            if plan.is_empty() {
+                for o in objects {
+                    let value = serde_json::to_value(&o.plan).unwrap_or_default();
+                    shadow_by.insert(primary_key(&o.namespace, &o.name), value);
+                }
+                None
+            } else {
+                Some(json!({"failed": {"reason": "PluginOutputMalformed",
+                    "message": "a kind plan holds only `objects`"}}))
+            }
+        }
+    };
+    let mut keys: Vec<String> = active.keys().cloned().collect();
+    keys.extend(
+        shadow_by
+            .keys()
+            .filter(|k| !active.contains_key(*k))
+            .cloned(),
+    );
+    keys.sort();
+    keys.into_iter()
+        .map(|k| {
+            let a = active.get(&k).cloned().unwrap_or_else(not_planned);
+            let s = match &shadow_failure {
+                Some(f) => f.clone(),
+                None => shadow_by.remove(&k).unwrap_or_else(not_planned),
+            };
+            (k, a, s)
+        })
+        .collect()
+}
+
 /// Counts a shadow call not made because too many were in flight.
 pub fn skipped(controller: &str) {
     metrics::global().inc(
@@ -154,6 +252,67 @@ mod tests {
                     &[("controller", "t/unit"), ("result", "failed")]
                 )
                 .is_some()
+        );
+    }
+
+    #[test]
+    fn a_kind_call_is_compared_primary_by_primary() {
+        use wasmop_contract::ObjectPlan;
+        let plan = |a: i64| -> Plan {
+            serde_json::from_value(json!({"status": {"a": a}})).expect("a plan")
+        };
+        let object_plan = |name: &str, a: i64| {
+            let mut o: ObjectPlan =
+                serde_json::from_value(json!({"namespace": "ns", "name": name, "uid": name}))
+                    .expect("an object plan");
+            o.plan = plan(a);
+            o
+        };
+        let value = |a: i64| serde_json::to_value(plan(a)).expect("a value");
+        let active: BTreeMap<String, Value> = [
+            ("ns/x".to_owned(), value(1)),
+            ("ns/y".to_owned(), value(1)),
+            ("ns/z".to_owned(), not_planned()),
+        ]
+        .into();
+        let shadow = Plan {
+            objects: vec![
+                object_plan("x", 1),
+                object_plan("y", 2),
+                object_plan("w", 1),
+            ],
+            ..Plan::default()
+        };
+        let pairs = kind_pairs(active.clone(), Ok(shadow));
+        let keys: Vec<&str> = pairs.iter().map(|(k, _, _)| k.as_str()).collect();
+        assert_eq!(keys, ["ns/w", "ns/x", "ns/y", "ns/z"]);
+        let differs: Vec<bool> = pairs
+            .iter()
+            .map(|(_, a, s)| !diff(&comparable(a), &comparable(s)).is_empty())
+            .collect();
+        // w: only the shadow plans it; x: equal; y: another status; z: neither.
+        assert_eq!(differs, [true, false, true, false]);
+        // A failed shadow call fails every primary the active call covered.
+        let failed_call = kind_pairs(
+            active.clone(),
+            Err(CallError::Timeout {
+                deadline: std::time::Duration::from_secs(1),
+            }),
+        );
+        assert_eq!(failed_call.len(), 3);
+        assert!(
+            failed_call
+                .iter()
+                .all(|(_, _, s)| s.get("failed").is_some())
+        );
+        // So does a kind plan with anything but `objects`.
+        let mut wrong = plan(1);
+        wrong.objects = vec![object_plan("x", 1)];
+        let wrong_scope = kind_pairs(active, Ok(wrong));
+        assert!(
+            wrong_scope
+                .iter()
+                .all(|(_, _, s)| s.get("failed").is_some())
         );
     }
 }

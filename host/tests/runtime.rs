@@ -616,3 +616,82 @@ fn a_primary_with_the_most_observations_the_store_keeps_still_reconciles() {
         .expect("reconciles with a full observation store, under the default memory cap");
     assert_eq!(plan.apply.len(), 1);
 }
+
+/// A kind call's recording (what `wasmop run --record` writes for a
+/// kind-scoped controller) holds every primary the call covered, replays
+/// equal with the plugin that made it, and a replay names each primary
+/// whose object plan differs.
+#[test]
+fn a_recorded_kind_call_replays_equal_and_names_each_primary_that_differs() {
+    let plugin = load("backup", Limits::default());
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../plugins/backup/tests/golden/01-created-together.yaml");
+    let text = std::fs::read_to_string(&golden).expect("golden input");
+    let input = offline::parse_input(&text, "01-created-together.yaml").expect("parses");
+    let run = offline::run(&plugin, &input, None, None).expect("runs");
+    let decided = run
+        .kind
+        .as_ref()
+        .expect("the EtcdBackup controller is kind-scoped");
+    let doc = wasmop::record::kind_recording(&wasmop::record::Redactor::new(), &plugin, decided)
+        .expect("the plugin was called");
+    let items = doc["items"].as_array().expect("a List");
+    let backups: Vec<&str> = items
+        .iter()
+        .filter(|o| o["kind"] == "EtcdBackup")
+        .map(|o| o["metadata"]["name"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(backups, ["a", "b", "c"], "every primary of the call, once");
+    let recorded = items
+        .iter()
+        .position(|o| o["kind"] == wasmop::record::RECORDED_KIND)
+        .expect("a Recorded document");
+    assert_eq!(items[recorded]["primary"]["scope"], "Kind");
+    assert_eq!(items[recorded]["primary"]["primaries"], 3);
+
+    let load_args = wasmop::cli::PluginArgs {
+        compile_cache: Some(scratch_dir("kind-replay-cache")),
+        no_compile_cache: false,
+        deadline_ms: 2000,
+        memory_mib: 64,
+    };
+    let replay = |doc: &Value, dir: &str| {
+        let dir = scratch_dir(dir);
+        std::fs::write(dir.join("kind-call.json"), doc.to_string()).expect("written");
+        wasmop::cli::replay::replay(&dir, &plugin_path("backup"), &[], &load_args)
+            .unwrap_or_else(|e| panic!("replays: {e}"))
+    };
+    let same = replay(&doc, "kind-replay-same");
+    assert_eq!(
+        (same.recordings, same.equal, same.different),
+        (1, 1, 0),
+        "{:?}",
+        same.replays
+    );
+
+    // What the live call decided, changed: b's status, and c's object plan
+    // missing. The replay names exactly those two primaries.
+    let mut changed = doc.clone();
+    let plans = changed["items"][recorded]["outcome"]["objects"]
+        .as_array_mut()
+        .expect("object plans");
+    assert_eq!(plans.len(), 3);
+    plans[1]["status"] = json!({"conditions": []});
+    plans.truncate(2);
+    let different = replay(&changed, "kind-replay-changed");
+    assert_eq!((different.equal, different.different), (0, 1));
+    let named: Vec<(&str, Vec<&str>)> = different
+        .replays
+        .iter()
+        .map(|r| {
+            (
+                r.primary.as_str(),
+                r.differences.iter().map(|d| d.op.as_str()).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(named.len(), 2, "{named:?}");
+    assert_eq!(named[0].0, "EtcdBackup b");
+    assert!(named[0].1.iter().all(|op| *op == "status"), "{named:?}");
+    assert_eq!(named[1], ("EtcdBackup c", vec!["result"]));
+}

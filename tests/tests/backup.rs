@@ -23,7 +23,9 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use wasmop_tests::operator::{RunningOperator, load_plugin};
+use wasmop::controller::OperatorConfig;
+use wasmop_tests::operator::{RunningOperator, load_plugin, plugin_path, test_config};
+use wasmop_tests::widgets::TempDir;
 use wasmop_tests::{DEFAULT_DEADLINE, TestNamespace, apply_crd_files, repo_root, wait_for};
 
 /// One test of this file at a time: they share the cluster-wide queue.
@@ -174,20 +176,36 @@ async fn create_bound_pvc(ns: &TestNamespace, name: &str) -> Result<()> {
     .await
 }
 
+/// The backup plugin's settings for a test: its target namespace the
+/// test's.
+fn backup_settings(ns: &TestNamespace) -> Value {
+    json!({
+        "targetNamespace": ns.name,
+        "image": "registry.invalid/etcd-backup-tools:test",
+        // kwok's node; backups normally run on etcd's (master) nodes.
+        "nodeSelector": {"type": "kwok"},
+    })
+}
+
 /// The operator with the backup plugin, its target namespace the test's.
 async fn start_operator(ns: &TestNamespace) -> Result<RunningOperator> {
-    let plugin = load_plugin(
-        "backup",
-        json!({
-            "targetNamespace": ns.name,
-            "image": "registry.invalid/etcd-backup-tools:test",
-            // kwok's node; backups normally run on etcd's (master) nodes.
-            "nodeSelector": {"type": "kwok"},
-        }),
-    )?;
+    start_operator_with(ns, test_config()).await
+}
+
+async fn start_operator_with(
+    ns: &TestNamespace,
+    config: OperatorConfig,
+) -> Result<RunningOperator> {
+    let plugin = load_plugin("backup", backup_settings(ns))?;
     // Namespaced kinds are watched in the target namespace only; the
     // cluster-scoped EtcdBackup and Backup are watched cluster-wide anyway.
-    RunningOperator::start(ns.client.clone(), vec![ns.name.clone()], vec![plugin]).await
+    RunningOperator::start_with(
+        ns.client.clone(),
+        vec![ns.name.clone()],
+        vec![plugin],
+        config,
+    )
+    .await
 }
 
 fn condition<'a>(obj: &'a DynamicObject, type_: &str) -> Option<&'a Value> {
@@ -859,6 +877,9 @@ async fn upstream_api_validation_cases_pass_or_fail_as_upstream_expects() -> Res
 /// the operator starts are all planned by one call, and the debounced
 /// changes that follow (statuses, the first Job) make a few more calls
 /// over all of them, not one per backup; the serial queue holds throughout.
+/// Each call is recorded (`--record`) and replays equal with the plugin
+/// that made it, and a shadow of the same plugin is compared primary by
+/// primary and found equal.
 #[tokio::test]
 async fn etcd_backups_are_reconciled_together_by_kind_calls() -> Result<()> {
     const BACKUPS: usize = 6;
@@ -880,7 +901,25 @@ async fn etcd_backups_are_reconciled_together_by_kind_calls() -> Result<()> {
     };
     let calls_before = metric("wasmop_kind_calls_total");
     let covered_before = metric("wasmop_kind_call_primaries_total");
-    let _op = start_operator(&ns).await?;
+    let shadow_count = |result: &str| {
+        wasmop::metrics::global()
+            .get(
+                "wasmop_shadow_plans_total",
+                &[("controller", CONTROLLER), ("result", result)],
+            )
+            .unwrap_or(0.0)
+    };
+    let (equal_before, different_before) = (shadow_count("equal"), shadow_count("different"));
+    let dir = TempDir::new("wasmop-record-kind");
+    let recorder = Arc::new(wasmop::record::Recorder::new(dir.0.clone(), 64 << 20)?);
+    let config = OperatorConfig {
+        recorder: Some(recorder),
+        ..test_config()
+    };
+    let op = start_operator_with(&ns, config).await?;
+    op.operator
+        .set_shadow(load_plugin("backup", backup_settings(&ns))?)
+        .map_err(anyhow::Error::msg)?;
 
     // Every backup gets a status: one starts, the others queue behind it.
     let api = etcd_backups(&ns.client);
@@ -987,5 +1026,91 @@ async fn etcd_backups_are_reconciled_together_by_kind_calls() -> Result<()> {
         .filter(|j| !job_finished(j))
         .count();
     ensure!(ours <= 1, "{ours} unfinished backup Jobs at once");
+
+    // Every kind call was recorded, each recording holding every backup it
+    // covered, and every recording replays equal with the same plugin.
+    let recorded: Vec<PathBuf> = std::fs::read_dir(&dir.0)?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.ends_with("-etcdbackup-kind-EtcdBackup.json"))
+        })
+        .collect();
+    ensure!(
+        !recorded.is_empty(),
+        "no recording of a kind call among {:?}",
+        std::fs::read_dir(&dir.0)?
+            .filter_map(Result::ok)
+            .map(|e| e.file_name())
+            .collect::<Vec<_>>()
+    );
+    for file in &recorded {
+        let doc: Value = serde_json::from_str(&std::fs::read_to_string(file)?)?;
+        let items = doc["items"].as_array().context("a List")?;
+        let backups: Vec<&str> = items
+            .iter()
+            .filter(|o| o["kind"] == "EtcdBackup")
+            .filter_map(|o| o["metadata"]["name"].as_str())
+            .collect();
+        let declared = items
+            .iter()
+            .find(|o| o["kind"] == wasmop::record::RECORDED_KIND)
+            .and_then(|r| r["primary"]["primaries"].as_u64())
+            .context("a Recorded document counting the primaries")?;
+        ensure!(
+            backups.len() as u64 == declared,
+            "{}: {} EtcdBackups recorded, {declared} covered",
+            file.display(),
+            backups.len()
+        );
+    }
+    let last = recorded.iter().max().context("a recording")?;
+    let doc = std::fs::read_to_string(last)?;
+    ensure!(
+        names
+            .iter()
+            .all(|n| doc.contains(&format!("\"name\": \"{n}\""))),
+        "the last kind call's recording misses one of {names:?}"
+    );
+    let candidate = plugin_path("backup")?;
+    let record_dir = dir.0.clone();
+    let report = tokio::task::spawn_blocking(move || {
+        let load = wasmop::cli::PluginArgs {
+            compile_cache: None,
+            no_compile_cache: true,
+            deadline_ms: 2000,
+            memory_mib: 64,
+        };
+        wasmop::cli::replay::replay(&record_dir, &candidate, &[], &load)
+    })
+    .await?
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    ensure!(
+        report.recordings >= recorded.len() && report.different == 0,
+        "replay of {} recordings: {} different: {:?}",
+        report.recordings,
+        report.different,
+        report.replays
+    );
+
+    // The shadow (the same plugin) was called on the kind calls and
+    // compared per primary: equal for every backup, never different.
+    wait_for(
+        "the shadow compared every backup",
+        DEFAULT_DEADLINE,
+        || async {
+            let equal = shadow_count("equal") - equal_before;
+            if equal >= BACKUPS as f64 {
+                Ok(Some(()))
+            } else {
+                bail!("{equal} equal shadow comparisons so far")
+            }
+        },
+    )
+    .await?;
+    let different = shadow_count("different") - different_before;
+    ensure!(different == 0.0, "{different} shadow comparisons differ");
     Ok(())
 }

@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use crate::cli::{CliError, Format, PluginArgs, read, render};
 use crate::plugin::{LoadError, LoadedPlugin};
-use crate::reconcile::diff::{Allowed, Difference, diff, outcome_of};
+use crate::reconcile::diff::{Allowed, Difference, diff, diff_kind, outcome_of};
 use crate::reconcile::offline;
 use crate::sandbox::{Sandbox, SandboxConfig};
 
@@ -48,7 +48,9 @@ pub struct ReplayArgs {
 pub struct Replayed {
     /// The recording file.
     pub file: String,
-    /// `Kind namespace/name` of the primary.
+    /// `Kind namespace/name` of the primary (for a recorded kind call, one
+    /// entry per primary that differs, and `Kind (kind call)` for the
+    /// call as a whole).
     pub primary: String,
     /// The plugin and version recorded.
     pub recorded_by: String,
@@ -213,41 +215,96 @@ pub fn replay(
         report.recordings += 1;
         let run = offline::run(plugin, &input, None, None)?;
         let before = recorded.get("outcome").cloned().unwrap_or(Value::Null);
-        let after = outcome_of(&run.decision);
-        let (allowed, differences): (Vec<Difference>, Vec<Difference>) = diff(&before, &after)
-            .into_iter()
-            .partition(|d| allow.iter().any(|a| a.matches(d)));
-        match (differences.is_empty(), allowed.is_empty()) {
-            (true, true) => report.equal += 1,
-            (true, false) => report.allowed += 1,
-            (false, _) => report.different += 1,
-        }
-        if !(differences.is_empty() && allowed.is_empty()) {
-            let p = recorded.get("primary").cloned().unwrap_or(Value::Null);
-            let s = |k: &str| {
-                p.get(k)
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned()
-            };
-            let plug = recorded.get("plugin").cloned().unwrap_or(Value::Null);
-            let ps = |k: &str| {
-                plug.get(k)
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned()
-            };
+        let p = recorded.get("primary").cloned().unwrap_or(Value::Null);
+        let s = |k: &str| {
+            p.get(k)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let kind_recording = s("scope") == "Kind";
+        let whole_call = || format!("{} (kind call)", s("kind"));
+        // Differences per primary: one entry for a reconcile, one per
+        // primary that differs (and one for the whole call) for a kind call.
+        let per_primary: Vec<(String, Vec<Difference>)> = match (&run.kind, kind_recording) {
+            (None, false) => vec![(
+                format!("{} {}/{}", s("kind"), s("namespace"), s("name")),
+                diff(&before, &outcome_of(&run.decision)),
+            )],
+            (Some(kind), true) => {
+                let after = serde_json::from_str(&offline::to_kind_golden_text(kind))
+                    .unwrap_or(Value::Null);
+                diff_kind(&before, &after)
+                    .into_iter()
+                    .map(|(primary, differences)| {
+                        let label = if primary.is_empty() {
+                            whole_call()
+                        } else {
+                            format!("{} {primary}", s("kind"))
+                        };
+                        (label, differences)
+                    })
+                    .collect()
+            }
+            // The candidate's controller is kind-scoped where the recorded
+            // one was not, or the other way round: the outcomes differ as
+            // a whole.
+            (kind, _) => {
+                let after = match kind {
+                    Some(kind) => serde_json::from_str(&offline::to_kind_golden_text(kind))
+                        .unwrap_or(Value::Null),
+                    None => outcome_of(&run.decision),
+                };
+                let label = if kind_recording {
+                    whole_call()
+                } else {
+                    format!("{} {}/{}", s("kind"), s("namespace"), s("name"))
+                };
+                vec![(
+                    label,
+                    vec![Difference {
+                        op: "result".into(),
+                        object: String::new(),
+                        path: "(scope)".into(),
+                        before: Some(before.clone()),
+                        after: Some(after),
+                    }],
+                )]
+            }
+        };
+        let plug = recorded.get("plugin").cloned().unwrap_or(Value::Null);
+        let ps = |k: &str| {
+            plug.get(k)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let (mut any_allowed, mut any_different) = (false, false);
+        for (primary, found) in per_primary {
+            let (allowed, differences): (Vec<Difference>, Vec<Difference>) = found
+                .into_iter()
+                .partition(|d| allow.iter().any(|a| a.matches(d)));
+            any_allowed |= !allowed.is_empty();
+            any_different |= !differences.is_empty();
+            if differences.is_empty() && allowed.is_empty() {
+                continue;
+            }
             report.replays.push(Replayed {
                 file: file
                     .file_name()
                     .and_then(|n| n.to_str())
                     .unwrap_or_default()
                     .to_owned(),
-                primary: format!("{} {}/{}", s("kind"), s("namespace"), s("name")),
+                primary,
                 recorded_by: format!("{} {}", ps("name"), ps("version")),
                 differences,
                 allowed,
             });
+        }
+        match (any_different, any_allowed) {
+            (false, false) => report.equal += 1,
+            (false, true) => report.allowed += 1,
+            (true, _) => report.different += 1,
         }
     }
     if report.recordings == 0 {

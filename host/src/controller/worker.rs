@@ -44,6 +44,20 @@ impl Operator {
         (source, truth)
     }
 
+    /// A place for one more shadow call in flight (at most as many as
+    /// workers), given back when dropped; `None`, counted as skipped, when
+    /// there is none.
+    fn shadow_slot(&self, a: &Active) -> Option<ShadowSlot> {
+        use std::sync::atomic::Ordering;
+        let inflight = Arc::clone(&self.shadow_inflight);
+        if inflight.fetch_add(1, Ordering::SeqCst) >= self.config.workers.max(1) {
+            inflight.fetch_sub(1, Ordering::SeqCst);
+            crate::shadow::skipped(&a.id);
+            return None;
+        }
+        Some(ShadowSlot(inflight))
+    }
+
     /// Calls the shadow candidate on the snapshot the active plugin just
     /// decided, in the background (bounded by the worker count), and
     /// compares the plans. Nothing of the shadow's plan is written.
@@ -55,26 +69,16 @@ impl Operator {
         snapshot: &crate::reconcile::snapshot::Snapshot,
         decision: &Decision,
     ) {
-        use std::sync::atomic::Ordering;
-        let inflight = Arc::clone(&self.shadow_inflight);
-        if inflight.fetch_add(1, Ordering::SeqCst) >= self.config.workers.max(1) {
-            inflight.fetch_sub(1, Ordering::SeqCst);
-            crate::shadow::skipped(&a.id);
+        let Some(slot) = self.shadow_slot(a) else {
             return;
-        }
+        };
         let active = crate::reconcile::diff::outcome_of(decision);
         let snapshot = snapshot.clone();
         let controller = a.id.to_string();
         let primary = format!("{}/{}", key.namespace, key.name);
         let active_version = a.plugin.version().to_owned();
         tokio::task::spawn_blocking(move || {
-            struct Done(Arc<std::sync::atomic::AtomicUsize>);
-            impl Drop for Done {
-                fn drop(&mut self) {
-                    self.0.fetch_sub(1, Ordering::SeqCst);
-                }
-            }
-            let _done = Done(inflight);
+            let _slot = slot;
             let outcome = match shadow.reconcile(&snapshot) {
                 Ok(plan) => serde_json::to_value(&plan).unwrap_or_default(),
                 Err(e) => {
@@ -91,6 +95,47 @@ impl Operator {
             if !differences.is_empty() {
                 tracing::info!(controller = %controller, primary = %primary, shadow_version = shadow.version(),
                     differences = differences.len(), "shadow plan differs from the active one");
+            }
+        });
+    }
+
+    /// Calls the shadow candidate on the snapshot of a kind call the active
+    /// plugin just made, in the background (bounded like [`Self::run_shadow`]),
+    /// and compares the two calls primary by primary. Nothing of the
+    /// shadow's plan is written.
+    fn run_shadow_kind(
+        &self,
+        a: &Active,
+        shadow: Arc<crate::plugin::LoadedPlugin>,
+        decided: &crate::reconcile::kind::KindDecided,
+    ) {
+        let Some(snapshot) = &decided.snapshot else {
+            return;
+        };
+        let Some(slot) = self.shadow_slot(a) else {
+            return;
+        };
+        let active = crate::shadow::active_kind_outcomes(decided);
+        let snapshot = snapshot.clone();
+        let controller = a.id.to_string();
+        let active_version = a.plugin.version().to_owned();
+        tokio::task::spawn_blocking(move || {
+            let _slot = slot;
+            let pairs = crate::shadow::kind_pairs(active, shadow.reconcile(&snapshot));
+            let mut differing = 0usize;
+            for (primary, active, outcome) in &pairs {
+                let differences = crate::shadow::account(
+                    &controller,
+                    primary,
+                    (&active_version, shadow.version()),
+                    active,
+                    outcome,
+                );
+                differing += usize::from(!differences.is_empty());
+            }
+            if differing > 0 {
+                tracing::info!(controller = %controller, shadow_version = shadow.version(),
+                    primaries = pairs.len(), differing, "shadow kind plan differs from the active one");
             }
         });
     }
@@ -456,6 +501,15 @@ impl Operator {
                 return;
             }
         };
+        if let Some(recorder) = &self.config.recorder
+            && let Some(rendered) = recorder.render_kind(&a.plugin, &decided)
+        {
+            let recorder = Arc::clone(recorder);
+            tokio::task::spawn_blocking(move || recorder.write(rendered));
+        }
+        if let Some(shadow) = self.shadow(a.plugin.name()) {
+            self.run_shadow_kind(a, shadow, &decided);
+        }
         if decided.snapshot.is_some() {
             m.inc("wasmop_kind_calls_total", &[("controller", &a.id)]);
             m.add(
@@ -597,5 +651,14 @@ impl Operator {
             .await;
         }
         self.requeue(a, key, delay);
+    }
+}
+
+/// One shadow call in flight (see `Operator::shadow_slot`).
+struct ShadowSlot(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for ShadowSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }

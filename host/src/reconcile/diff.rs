@@ -5,7 +5,8 @@
 //! a plan, or `{"rejected": {violations, plan}}`, `{"failed": {reason,
 //! message}}`, `{"skipped": {reason}}`. Applies and deletes are matched by
 //! `apiVersion`, `kind`, namespace and name; within a matched apply the
-//! difference is given field by field.
+//! difference is given field by field. [`diff_kind`] compares two calls
+//! of a kind-scoped controller, object plan by object plan.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -256,6 +257,74 @@ pub fn diff(before: &Value, after: &Value) -> Vec<Difference> {
     out
 }
 
+/// The differences between two kind calls in the golden form of
+/// [`super::offline::to_kind_golden_text`], per primary (`namespace/name`,
+/// or `name` when cluster-scoped): [`diff`] of the object plans both name,
+/// a `result` difference for a primary only one side planned, and for the
+/// whole call (under the empty name) a `result` difference when either side
+/// is not split into object plans (failed, skipped) and they differ, or a
+/// `refused` difference when the refused object plans differ. Empty when
+/// the calls decided the same.
+pub fn diff_kind(before: &Value, after: &Value) -> Vec<(String, Vec<Difference>)> {
+    let whole = |op: &str, a: Option<&Value>, b: Option<&Value>| Difference {
+        op: op.to_owned(),
+        object: String::new(),
+        path: String::new(),
+        before: a.cloned(),
+        after: b.cloned(),
+    };
+    let (Some(oa), Some(ob)) = (before.get("objects"), after.get("objects")) else {
+        return if before == after {
+            Vec::new()
+        } else {
+            vec![(
+                String::new(),
+                vec![whole("result", Some(before), Some(after))],
+            )]
+        };
+    };
+    let by_primary = |objects: &Value| -> BTreeMap<String, Value> {
+        objects
+            .as_array()
+            .map(|plans| {
+                plans
+                    .iter()
+                    .map(|p| {
+                        let s = |k: &str| p.get(k).and_then(Value::as_str).unwrap_or_default();
+                        let key = match s("namespace") {
+                            "" => s("name").to_owned(),
+                            ns => format!("{ns}/{}", s("name")),
+                        };
+                        let mut outcome = p.clone();
+                        if let Some(fields) = outcome.as_object_mut() {
+                            fields.remove("namespace");
+                            fields.remove("name");
+                        }
+                        (key, outcome)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (pa, pb) = (by_primary(oa), by_primary(ob));
+    let mut out = Vec::new();
+    let (ra, rb) = (before.get("refused"), after.get("refused"));
+    if ra != rb {
+        out.push((String::new(), vec![whole("refused", ra, rb)]));
+    }
+    let keys: std::collections::BTreeSet<&String> = pa.keys().chain(pb.keys()).collect();
+    for k in keys {
+        let differences = match (pa.get(k), pb.get(k)) {
+            (Some(a), Some(b)) => diff(a, b),
+            (a, b) => vec![whole("result", a, b)],
+        };
+        if !differences.is_empty() {
+            out.push((k.clone(), differences));
+        }
+    }
+    out
+}
+
 /// One entry of an allow-list of expected differences: every field given
 /// must match (`*` matches any run of characters).
 #[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
@@ -363,5 +432,49 @@ mod tests {
         assert!(!other.matches(&d));
         assert!(glob("a*b*c", "axxbyyc") && !glob("a*b*c", "axxbyy") && glob("*", ""));
         assert!(serde_yaml::from_str::<Allowed>("{opp: apply}").is_err());
+    }
+
+    #[test]
+    fn kind_calls_differ_per_primary_and_as_a_whole() {
+        let plan = |v: &str| json!({"apply": [cm("a", v)], "delete": [], "status": {"ready": true}, "events": []});
+        let entry = |ns: &str, name: &str, v: &str| {
+            let mut e = plan(v);
+            e["namespace"] = json!(ns);
+            e["name"] = json!(name);
+            e
+        };
+        let call = |entries: Vec<Value>, refused: Vec<&str>| json!({"objects": entries, "refused": refused});
+        let before = call(vec![entry("ns", "x", "v1"), entry("ns", "y", "v1")], vec![]);
+        assert!(diff_kind(&before, &before).is_empty());
+        // The order of object plans does not matter.
+        let swapped = call(vec![entry("ns", "y", "v1"), entry("ns", "x", "v1")], vec![]);
+        assert!(diff_kind(&before, &swapped).is_empty());
+        // One primary's plan changed, another is planned by one side only,
+        // and the refusals differ.
+        let after = call(
+            vec![entry("ns", "x", "v2"), entry("", "z", "v1")],
+            vec!["object plan for ns/gone: not in the snapshot"],
+        );
+        let found = diff_kind(&before, &after);
+        let names: Vec<&str> = found.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(names, ["", "ns/x", "ns/y", "z"], "{found:?}");
+        assert_eq!(found[0].1[0].op, "refused");
+        assert_eq!(found[1].1[0].op, "apply");
+        assert_eq!(
+            found[1].1[0].path,
+            ".metadata.labels[\"test.wasmop.dev/version\"]"
+        );
+        assert_eq!(found[2].1[0].op, "result");
+        assert!(found[2].1[0].after.is_none());
+        assert!(found[3].1[0].before.is_none());
+        // A failed call against a split one is one difference of the whole.
+        let failed = json!({"failed": {"reason": "PluginTrapped", "message": "boom"}});
+        let found = diff_kind(&before, &failed);
+        assert_eq!(found.len(), 1);
+        assert_eq!(
+            (found[0].0.as_str(), found[0].1[0].op.as_str()),
+            ("", "result")
+        );
+        assert!(diff_kind(&failed, &failed).is_empty());
     }
 }
