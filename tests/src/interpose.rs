@@ -6,7 +6,9 @@
 //! [`Interposer::new`] wraps a real client; give the returned client to the
 //! operator. Every request goes through unchanged to the real API server.
 //! A hook registered with [`Interposer::before`] runs (and is awaited) just
-//! before the first request it matches is sent, once. Every request other
+//! before the first request it matches is sent, once; one registered with
+//! [`Interposer::after`] runs when that request's answer has come, before
+//! the operator gets it. Every request other
 //! than a GET is recorded with the status the API server answered
 //! ([`Interposer::writes`]); every request, GETs (reads, lists, watches)
 //! included, in [`Interposer::requests`].
@@ -56,6 +58,7 @@ impl Recorded {
 #[derive(Default)]
 pub struct Interposer {
     hooks: Mutex<Vec<Hook>>,
+    after_hooks: Mutex<Vec<Hook>>,
     writes: Mutex<Vec<Recorded>>,
     all: Mutex<Vec<Recorded>>,
 }
@@ -118,10 +121,14 @@ impl Interposer {
                     .path_and_query()
                     .map(ToString::to_string)
                     .unwrap_or_default();
-                if let Some(action) = state.take_hook(&method, &path) {
+                if let Some(action) = take(&state.hooks, &method, &path) {
                     action().await;
                 }
+                let after = take(&state.after_hooks, &method, &path);
                 let answer = inner.send(req).await;
+                if let Some(action) = after {
+                    action().await;
+                }
                 let status = answer.as_ref().map_or(0, |r| r.status().as_u16());
                 let recorded = Recorded {
                     method,
@@ -156,6 +163,21 @@ impl Interposer {
         });
     }
 
+    /// Runs `action` (awaited) when the answer to the first request
+    /// `matches` accepts has come, before the operator gets it; once. The
+    /// operator's other requests (its watches included) go on meanwhile.
+    pub fn after<M, F, Fut>(&self, matches: M, action: F)
+    where
+        M: FnMut(&Method, &str) -> bool + Send + 'static,
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.after_hooks.lock().expect("hooks lock").push(Hook {
+            matches: Box::new(matches),
+            action: Box::new(move || Box::pin(action())),
+        });
+    }
+
     /// Every request other than a GET sent so far, in order.
     pub fn writes(&self) -> Vec<Recorded> {
         self.writes.lock().expect("writes lock").clone()
@@ -170,19 +192,22 @@ impl Interposer {
     /// True while a registered hook has not run yet.
     pub fn pending(&self) -> bool {
         !self.hooks.lock().expect("hooks lock").is_empty()
+            || !self.after_hooks.lock().expect("hooks lock").is_empty()
     }
+}
 
-    fn take_hook(&self, method: &Method, path: &str) -> Option<Action> {
-        let mut hooks = self.hooks.lock().expect("hooks lock");
-        // Every matcher sees every request (counting matchers count them).
-        let hit = hooks
-            .iter_mut()
-            .map(|h| (h.matches)(method, path))
-            .collect::<Vec<_>>()
-            .into_iter()
-            .position(|m| m)?;
-        Some(hooks.remove(hit).action)
-    }
+/// The action of the first hook of `hooks` that matches the request,
+/// removed from the list.
+fn take(hooks: &Mutex<Vec<Hook>>, method: &Method, path: &str) -> Option<Action> {
+    let mut hooks = hooks.lock().expect("hooks lock");
+    // Every matcher sees every request (counting matchers count them).
+    let hit = hooks
+        .iter_mut()
+        .map(|h| (h.matches)(method, path))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .position(|m| m)?;
+    Some(hooks.remove(hit).action)
 }
 
 #[cfg(test)]

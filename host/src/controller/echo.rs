@@ -26,7 +26,9 @@
 //! settled when the answer comes ([`Echoes::wrote`]): the echo if the
 //! versions match, otherwise a change queued in the foreground. A write
 //! that fails (or is abandoned) settles as a change. Only the first change
-//! in the window is held; further ones are queued at once.
+//! in the window is held; further ones are queued at once. Each held change
+//! counts in `wasmop_echoes_held_total`; `tests/tests/echo.rs` forces the
+//! overtaking against the real API server by holding a write's answer back.
 //!
 //! An entry lives until the next change of its object arrives (matching or
 //! not) or the host writes the object again; a write the API server

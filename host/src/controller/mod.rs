@@ -942,7 +942,12 @@ impl Operator {
                         );
                     }
                     // Settled when the write's answer comes.
-                    echo::Seen::Held(writer) if *writer == key => {}
+                    echo::Seen::Held(writer) if *writer == key => {
+                        metrics::global().inc(
+                            "wasmop_echoes_held_total",
+                            &[("controller", &key.controller)],
+                        );
+                    }
                     _ => self.queue.add(key),
                 }
             }
