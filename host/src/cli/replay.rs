@@ -228,7 +228,7 @@ pub fn replay(
         // primary that differs (and one for the whole call) for a kind call.
         let per_primary: Vec<(String, Vec<Difference>)> = match (&run.kind, kind_recording) {
             (None, false) => vec![(
-                format!("{} {}/{}", s("kind"), s("namespace"), s("name")),
+                primary_label(&s("kind"), &s("namespace"), &s("name")),
                 diff(&before, &outcome_of(&run.decision)),
             )],
             (Some(kind), true) => {
@@ -258,7 +258,7 @@ pub fn replay(
                 let label = if kind_recording {
                     whole_call()
                 } else {
-                    format!("{} {}/{}", s("kind"), s("namespace"), s("name"))
+                    primary_label(&s("kind"), &s("namespace"), &s("name"))
                 };
                 vec![(
                     label,
@@ -318,6 +318,16 @@ pub fn replay(
     Ok(report)
 }
 
+/// `Kind namespace/name` of a recorded primary, `Kind name` when it is
+/// cluster-scoped (as a kind call's entries name theirs).
+fn primary_label(kind: &str, namespace: &str, name: &str) -> String {
+    if namespace.is_empty() {
+        format!("{kind} {name}")
+    } else {
+        format!("{kind} {namespace}/{name}")
+    }
+}
+
 fn print_text(report: &Report) {
     for r in &report.replays {
         println!("{} ({}, recorded by {}):", r.primary, r.file, r.recorded_by);
@@ -337,4 +347,15 @@ fn print_text(report: &Report) {
         report.different,
         report.other_plugins
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_scoped_primaries_are_named_without_a_namespace() {
+        assert_eq!(primary_label("Widget", "demo", "w1"), "Widget demo/w1");
+        assert_eq!(primary_label("EtcdBackup", "", "b"), "EtcdBackup b");
+    }
 }
