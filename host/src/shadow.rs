@@ -45,7 +45,7 @@ pub struct ShadowDifference {
     pub at: String,
     /// `plugin/controller`.
     pub controller: String,
-    /// `namespace/name` of the primary.
+    /// `namespace/name` of the primary (`name` when cluster-scoped).
     pub primary: String,
     /// Version of the active plugin.
     pub active: String,
@@ -108,7 +108,7 @@ pub fn account(
 }
 
 /// `namespace/name` of a primary, or `name` when cluster-scoped.
-fn primary_key(namespace: &str, name: &str) -> String {
+pub fn primary_key(namespace: &str, name: &str) -> String {
     if namespace.is_empty() {
         name.to_owned()
     } else {
@@ -240,6 +240,7 @@ mod tests {
         let d = account("t/unit", "ns/p", ("1", "2"), &plan, &other);
         assert_eq!(d.len(), 1);
         assert!(report().contains("\"primary\": \"ns/p\""));
+        assert_eq!(primary_key("", "cluster-wide"), "cluster-wide");
         // A rejected active plan compares by its plan.
         let rejected = json!({"rejected": {"violations": [], "plan": plan}});
         assert!(account("t/unit", "ns/p", ("1", "2"), &rejected, &plan).is_empty());

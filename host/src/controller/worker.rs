@@ -75,7 +75,7 @@ impl Operator {
         let active = crate::reconcile::diff::outcome_of(decision);
         let snapshot = snapshot.clone();
         let controller = a.id.to_string();
-        let primary = format!("{}/{}", key.namespace, key.name);
+        let primary = crate::shadow::primary_key(&key.namespace, &key.name);
         let active_version = a.plugin.version().to_owned();
         tokio::task::spawn_blocking(move || {
             let _slot = slot;
