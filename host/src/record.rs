@@ -46,8 +46,9 @@ use crate::metrics;
 use crate::object;
 use crate::plugin::LoadedPlugin;
 use crate::reconcile::decide::Decision;
+use crate::reconcile::diff::{kind_outcome_of, outcome_of};
 use crate::reconcile::kind::KindDecided;
-use crate::reconcile::offline::{INPUT_API_VERSION, to_golden_text, to_kind_golden_text};
+use crate::reconcile::offline::INPUT_API_VERSION;
 use crate::reconcile::snapshot::Snapshot;
 
 /// The kind of the document holding what a recording decided.
@@ -205,7 +206,7 @@ pub fn recording(
     decision: &Decision,
 ) -> Value {
     let primaries = std::slice::from_ref(&snapshot.primary);
-    let outcome: Value = serde_json::from_str(&to_golden_text(decision)).unwrap_or(Value::Null);
+    let outcome = outcome_of(decision);
     let primary = json!({
         "kind": object::kind(&snapshot.primary),
         "namespace": object::namespace(&snapshot.primary),
@@ -228,7 +229,7 @@ pub fn kind_recording(
 ) -> Option<Value> {
     let snapshot = decided.snapshot.as_ref()?;
     let first = decided.primaries.first()?;
-    let outcome: Value = serde_json::from_str(&to_kind_golden_text(decided)).unwrap_or(Value::Null);
+    let outcome = kind_outcome_of(decided);
     let primary = json!({
         "apiVersion": object::api_version(first),
         "kind": object::kind(first),

@@ -121,7 +121,8 @@ fn not_planned() -> Value {
     json!({"skipped": {"reason": "NotPlanned"}})
 }
 
-fn failed(e: &CallError) -> Value {
+/// The comparable form of a failed call.
+pub fn failed(e: &CallError) -> Value {
     json!({"failed": {"reason": e.reason(), "message": e.to_string()}})
 }
 
@@ -176,14 +177,8 @@ pub fn kind_pairs(
             }
         }
     };
-    let mut keys: Vec<String> = active.keys().cloned().collect();
-    keys.extend(
-        shadow_by
-            .keys()
-            .filter(|k| !active.contains_key(*k))
-            .cloned(),
-    );
-    keys.sort();
+    let keys: std::collections::BTreeSet<String> =
+        active.keys().chain(shadow_by.keys()).cloned().collect();
     keys.into_iter()
         .map(|k| {
             let a = active.get(&k).cloned().unwrap_or_else(not_planned);

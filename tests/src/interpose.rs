@@ -29,6 +29,20 @@ struct Hook {
     action: Action,
 }
 
+impl Hook {
+    fn new<M, F, Fut>(matches: M, action: F) -> Self
+    where
+        M: FnMut(&Method, &str) -> bool + Send + 'static,
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        Hook {
+            matches: Box::new(matches),
+            action: Box::new(move || Box::pin(action())),
+        }
+    }
+}
+
 /// One request the operator sent (other than a GET), and the answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Recorded {
@@ -157,10 +171,10 @@ impl Interposer {
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        self.hooks.lock().expect("hooks lock").push(Hook {
-            matches: Box::new(matches),
-            action: Box::new(move || Box::pin(action())),
-        });
+        self.hooks
+            .lock()
+            .expect("hooks lock")
+            .push(Hook::new(matches, action));
     }
 
     /// Runs `action` (awaited) when the answer to the first request
@@ -172,10 +186,10 @@ impl Interposer {
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        self.after_hooks.lock().expect("hooks lock").push(Hook {
-            matches: Box::new(matches),
-            action: Box::new(move || Box::pin(action())),
-        });
+        self.after_hooks
+            .lock()
+            .expect("hooks lock")
+            .push(Hook::new(matches, action));
     }
 
     /// Every request other than a GET sent so far, in order.

@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use crate::cli::{CliError, Format, PluginArgs, read, render};
 use crate::plugin::{LoadError, LoadedPlugin};
-use crate::reconcile::diff::{Allowed, Difference, diff, diff_kind, outcome_of};
+use crate::reconcile::diff::{Allowed, Difference, diff, diff_kind, kind_outcome_of, outcome_of};
 use crate::reconcile::offline;
 use crate::sandbox::{Sandbox, SandboxConfig};
 
@@ -215,13 +215,7 @@ pub fn replay(
         report.recordings += 1;
         let run = offline::run(plugin, &input, None, None)?;
         let before = recorded.get("outcome").cloned().unwrap_or(Value::Null);
-        let p = recorded.get("primary").cloned().unwrap_or(Value::Null);
-        let s = |k: &str| {
-            p.get(k)
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned()
-        };
+        let s = |k: &str| text_at(recorded, "primary", k);
         let kind_recording = s("scope") == "Kind";
         let whole_call = || format!("{} (kind call)", s("kind"));
         // Differences per primary: one entry for a reconcile, one per
@@ -231,30 +225,24 @@ pub fn replay(
                 primary_label(&s("kind"), &s("namespace"), &s("name")),
                 diff(&before, &outcome_of(&run.decision)),
             )],
-            (Some(kind), true) => {
-                let after = serde_json::from_str(&offline::to_kind_golden_text(kind))
-                    .unwrap_or(Value::Null);
-                diff_kind(&before, &after)
-                    .into_iter()
-                    .map(|(primary, differences)| {
-                        let label = if primary.is_empty() {
-                            whole_call()
-                        } else {
-                            format!("{} {primary}", s("kind"))
-                        };
-                        (label, differences)
-                    })
-                    .collect()
-            }
+            (Some(kind), true) => diff_kind(&before, &kind_outcome_of(kind))
+                .into_iter()
+                .map(|(primary, differences)| {
+                    let label = if primary.is_empty() {
+                        whole_call()
+                    } else {
+                        format!("{} {primary}", s("kind"))
+                    };
+                    (label, differences)
+                })
+                .collect(),
             // The candidate's controller is kind-scoped where the recorded
             // one was not, or the other way round: the outcomes differ as
             // a whole.
             (kind, _) => {
-                let after = match kind {
-                    Some(kind) => serde_json::from_str(&offline::to_kind_golden_text(kind))
-                        .unwrap_or(Value::Null),
-                    None => outcome_of(&run.decision),
-                };
+                let after = kind
+                    .as_ref()
+                    .map_or_else(|| outcome_of(&run.decision), kind_outcome_of);
                 let label = if kind_recording {
                     whole_call()
                 } else {
@@ -272,13 +260,7 @@ pub fn replay(
                 )]
             }
         };
-        let plug = recorded.get("plugin").cloned().unwrap_or(Value::Null);
-        let ps = |k: &str| {
-            plug.get(k)
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned()
-        };
+        let ps = |k: &str| text_at(recorded, "plugin", k);
         let (mut any_allowed, mut any_different) = (false, false);
         for (primary, found) in per_primary {
             let (allowed, differences): (Vec<Difference>, Vec<Difference>) = found
@@ -316,6 +298,15 @@ pub fn replay(
         )));
     }
     Ok(report)
+}
+
+/// The text at `recorded.doc.key`, empty when absent.
+fn text_at(recorded: &Value, doc: &str, key: &str) -> String {
+    recorded
+        .pointer(&format!("/{doc}/{key}"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// `Kind namespace/name` of a recorded primary, `Kind name` when it is

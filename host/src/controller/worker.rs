@@ -81,9 +81,7 @@ impl Operator {
             let _slot = slot;
             let outcome = match shadow.reconcile(&snapshot) {
                 Ok(plan) => serde_json::to_value(&plan).unwrap_or_default(),
-                Err(e) => {
-                    serde_json::json!({"failed": {"reason": e.reason(), "message": e.to_string()}})
-                }
+                Err(e) => crate::shadow::failed(&e),
             };
             let differences = crate::shadow::account(
                 &controller,

@@ -15,11 +15,18 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::reconcile::decide::Decision;
-use crate::reconcile::offline::to_golden_text;
+use crate::reconcile::kind::KindDecided;
+use crate::reconcile::offline::{to_golden_text, to_kind_golden_text};
 
 /// The golden form of `decision` as a JSON value.
 pub fn outcome_of(decision: &Decision) -> Value {
     serde_json::from_str(&to_golden_text(decision)).unwrap_or(Value::Null)
+}
+
+/// The golden form of a kind call as a JSON value (what [`diff_kind`]
+/// compares).
+pub fn kind_outcome_of(kind: &KindDecided) -> Value {
+    serde_json::from_str(&to_kind_golden_text(kind)).unwrap_or(Value::Null)
 }
 
 /// One difference.
