@@ -1,5 +1,5 @@
-//! The allocator of a plugin component (opt-in feature `call-allocator`;
-//! wasm targets without threads only).
+//! The allocator of a plugin component (feature `call-allocator`, on by
+//! default; wasm targets without threads only).
 //!
 //! The host runs every call in a new instance and throws its memory away
 //! afterwards, so a plugin's heap lives for one call. This allocator is
@@ -15,10 +15,15 @@
 //! - Freeing the block just below the top moves the top back, and growing
 //!   (`realloc`) the block just below the top extends it in place, so a
 //!   growing buffer (the plan's JSON text) is not copied at every doubling.
-//! - The heap grows with `memory.grow` by the pages a request lacks, as the
-//!   default allocator does, so the host's memory cap stops it at the same
-//!   point: a refused growth is an allocation failure, which traps and is
-//!   reported as "out of memory".
+//! - The heap starts in the part of the plugin's initial memory that its
+//!   data and stack leave free (plugins start with 2 MiB): on first use it
+//!   takes that stretch, less 64 KiB for the C library, as one block from
+//!   the C library's allocator, which owns it. A call whose heap fits there
+//!   never grows the memory.
+//! - Beyond it the heap grows with `memory.grow` by the pages a request
+//!   lacks, as the default allocator does, so the host's memory cap stops it
+//!   at the same point: a refused growth is an allocation failure, which
+//!   traps and is reported as "out of memory".
 //!
 //! Alignments above 16 (rare) are served from the top and never reused.
 
@@ -46,6 +51,9 @@ pub(crate) trait Memory {
     /// Grows the memory by `pages` pages; the address of the first new
     /// byte, or `None` when refused.
     fn grow(&mut self, pages: usize) -> Option<usize>;
+    /// A stretch `start..end` of memory the heap may use before it grows
+    /// the memory; asked once, at the heap's first use.
+    fn first(&mut self) -> Option<(usize, usize)>;
 }
 
 pub(crate) struct Heap<M> {
@@ -59,6 +67,8 @@ pub(crate) struct Heap<M> {
     small: [*mut u8; CLASSES],
     /// Free large blocks (payload pointers; next pointer in the first word).
     large: *mut u8,
+    /// Whether [`Memory::first`] has been asked.
+    started: bool,
 }
 
 /// The class of a small request, or `None` for a large one.
@@ -90,6 +100,7 @@ impl<M: Memory> Heap<M> {
             end: 0,
             small: [ptr::null_mut(); CLASSES],
             large: ptr::null_mut(),
+            started: false,
         }
     }
 
@@ -98,6 +109,19 @@ impl<M: Memory> Heap<M> {
     fn reserve(&mut self, need: usize) -> bool {
         if self.end - self.top >= need {
             return true;
+        }
+        if !self.started {
+            self.started = true;
+            if let Some((start, end)) = self.memory.first()
+                && let Some(start) = round_up(start, ALIGN)
+                && start < end
+            {
+                self.top = start;
+                self.end = end;
+                if end - start >= need {
+                    return true;
+                }
+            }
         }
         let size = self.memory.end();
         // Growth continues this heap only if nothing else grew the memory
@@ -360,7 +384,32 @@ impl Memory for LinearMemory {
             previous => Some(previous * PAGE),
         }
     }
+
+    /// What the initial memory has free above the data (`__heap_base`),
+    /// less [`LIBC_SLACK`], taken as one block from the C library's
+    /// allocator: it owns that stretch (wasi-libc's dlmalloc adds it to its
+    /// heap when it starts), so taking it through it keeps the two heaps
+    /// apart. `None` when too little is free.
+    fn first(&mut self) -> Option<(usize, usize)> {
+        unsafe extern "C" {
+            static __heap_base: u8;
+        }
+        let base = (&raw const __heap_base) as usize;
+        let free = self.end().checked_sub(base)?.checked_sub(LIBC_SLACK)?;
+        let size = free & !(PAGE - 1);
+        if size == 0 {
+            return None;
+        }
+        let layout = Layout::from_size_align(size, ALIGN).ok()?;
+        // SAFETY: a non-zero size; the block is never freed.
+        let p = unsafe { std::alloc::GlobalAlloc::alloc(&std::alloc::System, layout) };
+        (!p.is_null()).then(|| (p as usize, p as usize + size))
+    }
 }
+
+/// What the heap leaves of the initial memory to the C library's allocator.
+#[cfg(target_arch = "wasm32")]
+const LIBC_SLACK: usize = PAGE;
 
 /// The global allocator of a component.
 #[cfg(target_arch = "wasm32")]
@@ -373,7 +422,7 @@ unsafe impl Sync for CallArena {}
 
 #[cfg(target_arch = "wasm32")]
 impl CallArena {
-    /// An empty heap; memory is taken with `memory.grow` on first use.
+    /// An empty heap; memory is taken on first use (see [`Memory::first`]).
     pub(crate) const fn new() -> Self {
         CallArena(core::cell::UnsafeCell::new(Heap::new(LinearMemory)))
     }
@@ -412,6 +461,9 @@ mod tests {
         len: usize,
         grows: usize,
         intrude_every: Option<usize>,
+        /// The first stretch offered, as offsets: `8..first` (unaligned
+        /// start), with a page above it that is not the heap's.
+        first: usize,
     }
 
     impl Fake {
@@ -421,6 +473,14 @@ mod tests {
                 len: 0,
                 grows: 0,
                 intrude_every: None,
+                first: 0,
+            }
+        }
+        fn with_first(cap: usize, first: usize) -> Self {
+            Fake {
+                len: first + PAGE,
+                first,
+                ..Fake::new(cap)
             }
         }
         fn base(&self) -> usize {
@@ -450,6 +510,9 @@ mod tests {
             let start = self.end();
             self.len += bytes;
             Some(start)
+        }
+        fn first(&mut self) -> Option<(usize, usize)> {
+            (self.first > 0).then(|| (self.base() + 8, self.base() + self.first))
         }
     }
 
@@ -562,6 +625,44 @@ mod tests {
         for seed in 0..4 {
             churn(Heap::new(Fake::new(64 << 20)), seed, 1_500);
         }
+    }
+
+    #[test]
+    fn the_first_stretch_is_used_before_the_memory_grows() {
+        let first = 10 * PAGE;
+        let mut heap = Heap::new(Fake::with_first(64 << 20, first));
+        let base = heap.memory.base();
+        let small = Layout::from_size_align(100, 8).unwrap();
+        // SAFETY: non-zero size.
+        let p = unsafe { heap.alloc(small) } as usize;
+        assert_eq!(
+            p,
+            base + 16,
+            "the first block, aligned, at the stretch's start"
+        );
+        // Blocks that fit the stretch do not grow the memory.
+        let mut taken = vec![p];
+        let block = Layout::from_size_align(PAGE, 8).unwrap();
+        for _ in 0..8 {
+            // SAFETY: non-zero size.
+            taken.push(unsafe { heap.alloc(block) } as usize);
+        }
+        assert_eq!(heap.memory.grows, 0);
+        assert!(taken.iter().all(|&q| q >= base + 16 && q < base + first));
+        // One that does not fit comes from new pages above the page that
+        // is not the heap's, and the memory grows.
+        let big = Layout::from_size_align(2 * PAGE, 8).unwrap();
+        // SAFETY: non-zero size.
+        let q = unsafe { heap.alloc(big) } as usize;
+        assert_eq!(heap.memory.grows, 1);
+        assert!(
+            q >= base + first + PAGE,
+            "{q:#x} above {:#x}",
+            base + first + PAGE
+        );
+        // Churn over a heap that started in its own stretch keeps every
+        // block apart and intact.
+        churn(Heap::new(Fake::with_first(64 << 20, first)), 11, 1_500);
     }
 
     #[test]

@@ -93,8 +93,8 @@ mod glue;
 #[allow(unsafe_code)]
 mod alloc;
 
-/// With feature `call-allocator`: a heap that lives for one call (see
-/// `alloc`).
+/// With feature `call-allocator` (on by default): a heap that lives for
+/// one call (see `alloc`).
 #[cfg(all(
     feature = "call-allocator",
     target_arch = "wasm32",
