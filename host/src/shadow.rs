@@ -191,11 +191,14 @@ pub fn kind_pairs(
         .collect()
 }
 
-/// Counts a shadow call not made because too many were in flight.
-pub fn skipped(controller: &str) {
-    metrics::global().inc(
+/// Counts a shadow call not made because too many were in flight, once
+/// per primary it would have compared (one for a reconcile, each primary
+/// of a kind call), as a made call is counted.
+pub fn skipped(controller: &str, primaries: usize) {
+    metrics::global().add(
         "wasmop_shadow_plans_total",
         &[("controller", controller), ("result", "skipped")],
+        primaries as f64,
     );
 }
 
@@ -213,6 +216,23 @@ pub fn report() -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_skipped_call_counts_once_per_primary_it_would_have_compared() {
+        let labels = [("controller", "t/skipped"), ("result", "skipped")];
+        let count = || {
+            metrics::global()
+                .get("wasmop_shadow_plans_total", &labels)
+                .unwrap_or(0.0)
+        };
+        let before = count();
+        skipped("t/skipped", 1);
+        assert_eq!(count(), before + 1.0);
+        skipped("t/skipped", 3);
+        assert_eq!(count(), before + 4.0, "a kind call of three primaries");
+        skipped("t/skipped", 0);
+        assert_eq!(count(), before + 4.0, "a kind call without primaries");
+    }
 
     #[test]
     fn equal_and_different_plans_are_counted_and_differences_kept() {

@@ -45,14 +45,14 @@ impl Operator {
     }
 
     /// A place for one more shadow call in flight (at most as many as
-    /// workers), given back when dropped; `None`, counted as skipped, when
-    /// there is none.
-    fn shadow_slot(&self, a: &Active) -> Option<ShadowSlot> {
+    /// workers), given back when dropped; `None` when there is none,
+    /// counted as skipped once for each of the call's `primaries`.
+    fn shadow_slot(&self, a: &Active, primaries: usize) -> Option<ShadowSlot> {
         use std::sync::atomic::Ordering;
         let inflight = Arc::clone(&self.shadow_inflight);
         if inflight.fetch_add(1, Ordering::SeqCst) >= self.config.workers.max(1) {
             inflight.fetch_sub(1, Ordering::SeqCst);
-            crate::shadow::skipped(&a.id);
+            crate::shadow::skipped(&a.id, primaries);
             return None;
         }
         Some(ShadowSlot(inflight))
@@ -69,7 +69,7 @@ impl Operator {
         snapshot: &crate::reconcile::snapshot::Snapshot,
         decision: &Decision,
     ) {
-        let Some(slot) = self.shadow_slot(a) else {
+        let Some(slot) = self.shadow_slot(a, 1) else {
             return;
         };
         let active = crate::reconcile::diff::outcome_of(decision);
@@ -110,7 +110,7 @@ impl Operator {
         let Some(snapshot) = &decided.snapshot else {
             return;
         };
-        let Some(slot) = self.shadow_slot(a) else {
+        let Some(slot) = self.shadow_slot(a, decided.primaries.len()) else {
             return;
         };
         let active = crate::shadow::active_kind_outcomes(decided);
