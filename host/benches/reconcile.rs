@@ -29,6 +29,9 @@
 //!     tuning);
 //!   - `wasm_no_epoch`: the shipped settings without epoch interruption
 //!     (no deadline: what the deadline checks cost);
+//!   - `wasm_inlining` (interleaved only): the shipped settings with
+//!     Cranelift's inlining within a plugin (`Tuning::inlining`; not
+//!     shipped: it makes compiling a plugin about 5x slower);
 //!   - `wasm_keep_1mib`: the shipped settings keeping 1 MiB of each pooled
 //!     memory resident instead of 4 MiB;
 //!   - `wasm_baseline_plugin`: when `WASMOP_BENCH_BASELINE_PLUGIN` names
@@ -147,6 +150,14 @@ fn bench(c: &mut Criterion) {
         },
     )
     .expect("sandbox");
+    let inlining = Sandbox::tuned(
+        config(),
+        Tuning {
+            inlining: true,
+            ..Tuning::default()
+        },
+    )
+    .expect("sandbox");
     let keep_1mib = Sandbox::tuned(
         config(),
         Tuning {
@@ -161,9 +172,11 @@ fn bench(c: &mut Criterion) {
     // by `WASMOP_BENCH_BASELINE_PLUGIN` (a plugin name in the plugin dir).
     let baseline = std::env::var("WASMOP_BENCH_BASELINE_PLUGIN")
         .ok()
+        .filter(|name| !name.is_empty())
         .map(|name| load(&shipped, &name));
     let good_defaults = load(&defaults, "good");
     let good_no_epoch = load(&no_epoch, "good");
+    let good_inlining = load(&inlining, "good");
     let malformed = load(&shipped, "malformed");
     let malformed_defaults = load(&defaults, "malformed");
 
@@ -229,7 +242,13 @@ fn bench(c: &mut Criterion) {
     });
     group.finish();
 
-    interleaved(&good, &good_defaults, &good_no_epoch, baseline.as_ref());
+    interleaved(
+        &good,
+        &good_defaults,
+        &good_no_epoch,
+        &good_inlining,
+        baseline.as_ref(),
+    );
 
     let mut group = c.benchmark_group("reconcile");
     for (label, owned) in [("4KB", 1usize), ("64KB", 16), ("1MB", 256)] {
@@ -290,6 +309,7 @@ fn interleaved(
     good: &LoadedPlugin,
     defaults: &LoadedPlugin,
     no_epoch: &LoadedPlugin,
+    inlining: &LoadedPlugin,
     baseline: Option<&LoadedPlugin>,
 ) {
     fn median(mut samples: Vec<Duration>) -> Duration {
@@ -374,6 +394,7 @@ fn interleaved(
         let mut cases: Vec<Named<'_>> = vec![
             ("wasm_wasmtime_defaults", Box::new(wasm(defaults))),
             ("wasm_no_epoch", Box::new(wasm(no_epoch))),
+            ("wasm_inlining", Box::new(wasm(inlining))),
             (
                 "native",
                 Box::new(|| {
@@ -410,24 +431,32 @@ fn interleaved(
             .unwrap_or(100)
             .clamp(1, 100);
         let (mut wasm_cpu, mut native_cpu) = (Duration::ZERO, Duration::ZERO);
+        let (mut wasm_faults, mut native_faults) = (0u64, 0u64);
         let batches = pairs.div_ceil(batch);
         for _ in 0..batches {
-            let start = process_cpu();
+            let (start, faults) = (process_cpu(), minor_faults());
             for _ in 0..batch {
                 a();
             }
             wasm_cpu += process_cpu() - start;
-            let start = process_cpu();
+            wasm_faults += minor_faults() - faults;
+            let (start, faults) = (process_cpu(), minor_faults());
             for _ in 0..batch {
                 black_box(native(black_box(&s)));
             }
             native_cpu += process_cpu() - start;
+            native_faults += minor_faults() - faults;
         }
         let calls = u32::try_from(batches * batch).expect("calls fit");
         let (wasm_cpu, native_cpu) = (wasm_cpu / calls, native_cpu / calls);
         eprintln!(
             "  {label:>5}  CPU per call, all threads: wasm {wasm_cpu:>10.1?}  native {native_cpu:>10.1?}  wasm/native = {:.2}",
             wasm_cpu.as_secs_f64() / native_cpu.as_secs_f64()
+        );
+        eprintln!(
+            "  {label:>5}  page faults per call: wasm {:.1}  native {:.1}",
+            wasm_faults as f64 / f64::from(calls),
+            native_faults as f64 / f64::from(calls)
         );
     }
 }
@@ -443,6 +472,19 @@ fn native_time(s: &Snapshot) -> Duration {
         .collect();
     times.sort();
     times[2]
+}
+
+/// Minor page faults of this process so far (every thread; Linux
+/// `/proc/self/stat`, field 10).
+fn minor_faults() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    // The command name (field 2) is in parentheses and may hold spaces.
+    let after_name = &stat[stat.rfind(')').expect("stat's name") + 2..];
+    after_name
+        .split_whitespace()
+        .nth(7)
+        .and_then(|n| n.parse().ok())
+        .expect("minflt")
 }
 
 /// CPU time of every thread of this process so far (Linux schedstat:

@@ -48,7 +48,7 @@ use crate::reconcile::validate::PlanLimits;
 use thiserror::Error;
 use wasmtime::component::{Linker, Resource, ResourceTable};
 use wasmtime::{
-    Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store,
+    Config, Enabled, Engine, Inlining, InstanceAllocationStrategy, PoolingAllocationConfig, Store,
     StoreContextMut,
 };
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
@@ -119,6 +119,12 @@ pub struct Tuning {
     /// Find the pages a call dirtied with the `PAGEMAP_SCAN` ioctl (Linux
     /// 6.7+; ignored where unsupported) and reset only those.
     pub pagemap_scan: bool,
+    /// Let Cranelift inline small functions into their callers within a
+    /// plugin (wasmtime's `Inlining::Yes`; off: `Inlining::No`, wasmtime's
+    /// default). Off as shipped: it made compiling the shipped plugins
+    /// about 5x slower (0.5-1.1 s to 2.6-4.9 s each) for calls 0-7% faster
+    /// (BENCHMARKS.md, "Epoch interruption").
+    pub inlining: bool,
 }
 
 impl Default for Tuning {
@@ -128,6 +134,7 @@ impl Default for Tuning {
             memory_keep_resident: 4 << 20,
             table_keep_resident: 64 << 10,
             pagemap_scan: true,
+            inlining: false,
         }
     }
 }
@@ -140,6 +147,7 @@ impl Tuning {
             memory_keep_resident: 0,
             table_keep_resident: 0,
             pagemap_scan: false,
+            inlining: false,
         }
     }
 }
@@ -220,6 +228,11 @@ impl Sandbox {
         let mut wasm = Config::new();
         wasm.wasm_component_model(true)
             .epoch_interruption(tuning.epoch_interruption)
+            .compiler_inlining(if tuning.inlining {
+                Inlining::Yes
+            } else {
+                Inlining::No
+            })
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&wasm).map_err(|e| SandboxError::Engine(e.into()))?;
 
