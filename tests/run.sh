@@ -94,10 +94,15 @@ linted() {
 step "lints (clippy -D warnings) and test binaries of every target, next to the control plane's build"
 # shellcheck disable=SC2086
 linted cargo test --workspace --all-targets --no-run ${CARGO_TEST_ARGS:-}
-# The operator's binary from that build, for the scripts below (they build
-# it themselves otherwise, without the lints, which would rebuild it).
-linted cargo build -p wasmop
+# The operator's binary from that build (the integration tests run it), for
+# the scripts below: they would otherwise build it themselves with
+# `cargo build -p wasmop`, whose features resolve differently, a second build
+# of the host crate.
 export WASMOP_BIN="$CARGO_TARGET_DIR/debug/wasmop"
+[[ -x $WASMOP_BIN ]] || {
+  echo "error: the test build left no $WASMOP_BIN" >&2
+  exit 1
+}
 
 step "a plugin crate outside the workspace (wasmop new, build, wasmop plan)"
 bash tests/scaffold-check.sh
