@@ -141,31 +141,20 @@ fn native(s: &Snapshot) -> wasmop::Plan {
 fn bench(c: &mut Criterion) {
     let config = SandboxConfig::default;
     let shipped = Sandbox::new(config()).expect("sandbox");
-    let defaults = Sandbox::tuned(config(), Tuning::wasmtime_defaults()).expect("sandbox");
-    let no_epoch = Sandbox::tuned(
-        config(),
-        Tuning {
-            epoch_interruption: false,
-            ..Tuning::default()
-        },
-    )
-    .expect("sandbox");
-    let inlining = Sandbox::tuned(
-        config(),
-        Tuning {
-            inlining: true,
-            ..Tuning::default()
-        },
-    )
-    .expect("sandbox");
-    let keep_1mib = Sandbox::tuned(
-        config(),
-        Tuning {
-            memory_keep_resident: 1 << 20,
-            ..Tuning::default()
-        },
-    )
-    .expect("sandbox");
+    let tuned = |tuning| Sandbox::tuned(config(), tuning).expect("sandbox");
+    let defaults = tuned(Tuning::wasmtime_defaults());
+    let no_epoch = tuned(Tuning {
+        epoch_interruption: false,
+        ..Tuning::default()
+    });
+    let inlining = tuned(Tuning {
+        inlining: true,
+        ..Tuning::default()
+    });
+    let keep_1mib = tuned(Tuning {
+        memory_keep_resident: 1 << 20,
+        ..Tuning::default()
+    });
     let good = load(&shipped, "good");
     let good_keep_1mib = load(&keep_1mib, "good");
     // A build of `good` to compare with (e.g. against an older SDK), named

@@ -640,18 +640,86 @@ mod tests {
         wasmtime::component::Component::new(engine, bytes).expect("compiles")
     }
 
+    /// A sandbox of one pooled slot (so each call reuses the last one's
+    /// memory), 16 MiB per call, 10 ms epoch ticks.
+    fn one_slot(tuning: Tuning) -> Arc<Sandbox> {
+        Sandbox::tuned(
+            SandboxConfig {
+                max_instances: 1,
+                max_memory_bytes: 16 << 20,
+                epoch_tick: Duration::from_millis(10),
+            },
+            tuning,
+        )
+        .expect("sandbox")
+    }
+
+    /// Every tuning a benchmark may build a sandbox with.
+    fn every_tuning() -> [Tuning; 3] {
+        [
+            Tuning::default(),
+            Tuning::wasmtime_defaults(),
+            Tuning {
+                inlining: true,
+                ..Tuning::default()
+            },
+        ]
+    }
+
+    #[test]
+    fn a_spinning_call_meets_its_deadline_under_every_tuning() {
+        // A loop whose body is only a call to a tiny function: with
+        // inlining, the callee's entry check is gone and only the loop's
+        // back-edge check is left to stop it.
+        let wat = r#"(component
+  (core module $m
+    (func $step (param i32) (result i32) (i32.add (local.get 0) (i32.const 1)))
+    (func (export "spin") (result i32)
+      (local $n i32)
+      (loop $again
+        (local.set $n (call $step (local.get $n)))
+        (br $again))
+      (local.get $n)))
+  (core instance $i (instantiate $m))
+  (func (export "spin") (result u32) (canon lift (core func $i "spin"))))"#;
+        let bytes = wat::parse_str(wat).expect("the spinning component parses");
+        for tuning in every_tuning() {
+            let sandbox = one_slot(tuning);
+            let component =
+                wasmtime::component::Component::new(sandbox.engine(), &bytes).expect("compiles");
+            let pre = sandbox.linker().instantiate_pre(&component).expect("links");
+            let limits = Limits {
+                deadline: Duration::from_millis(100),
+                ..Limits::default()
+            };
+            let mut store = sandbox.store(&limits, UNIX_EPOCH);
+            let instance = pre.instantiate(&mut store).expect("instantiates");
+            let spin = instance
+                .get_typed_func::<(), (u32,)>(&mut store, "spin")
+                .expect("spin export");
+            let started = std::time::Instant::now();
+            let e = spin
+                .call(&mut store, ())
+                .expect_err("never returns by itself");
+            assert_eq!(
+                e.downcast_ref::<wasmtime::Trap>(),
+                Some(&wasmtime::Trap::Interrupt),
+                "under {tuning:?}: {e:?}"
+            );
+            // Generous for a loaded machine; a check that never fires would
+            // spin forever, not for seconds.
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "under {tuning:?} it ran {:?}",
+                started.elapsed()
+            );
+        }
+    }
+
     #[test]
     fn pooled_slots_are_pristine_for_every_call_under_every_tuning() {
-        for tuning in [Tuning::default(), Tuning::wasmtime_defaults()] {
-            let sandbox = Sandbox::tuned(
-                SandboxConfig {
-                    max_instances: 1,
-                    max_memory_bytes: 16 << 20,
-                    epoch_tick: Duration::from_millis(10),
-                },
-                tuning,
-            )
-            .expect("sandbox");
+        for tuning in every_tuning() {
+            let sandbox = one_slot(tuning);
             let component = probe_component(sandbox.engine());
             let pre = sandbox.linker().instantiate_pre(&component).expect("links");
             // One slot: every call reuses the memory the previous one dirtied.
@@ -669,12 +737,7 @@ mod tests {
 
     #[test]
     fn the_wasi_context_is_made_at_the_first_wasi_call_only() {
-        let sandbox = Sandbox::new(SandboxConfig {
-            max_instances: 1,
-            max_memory_bytes: 16 << 20,
-            epoch_tick: Duration::from_millis(10),
-        })
-        .expect("sandbox");
+        let sandbox = one_slot(Tuning::default());
         let component = probe_component(sandbox.engine());
         let pre = sandbox.linker().instantiate_pre(&component).expect("links");
         let mut store = sandbox.store(&Limits::default(), UNIX_EPOCH);
