@@ -20,7 +20,14 @@ set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="${1:-${WASMOP_PLUGIN_OUT:-$root/target/plugins}}"
-target=wasm32-wasip2
+# Plugins are built without WASI (wasm-component-ld makes the component,
+# .cargo/config.toml); a crate whose Cargo.toml says
+#   [package.metadata.wasmop]
+#   target = "wasm32-wasip2"
+# is built for WASI preview 2 instead (the test plugins that exercise what
+# the host grants of WASI).
+default_target=wasm32-unknown-unknown
+targets=(wasm32-unknown-unknown wasm32-wasip2)
 component_magic="0061736d0d000100"
 shipped_profile=plugin
 # The most a ConfigMap (and so the deploy/ delivery of a plugin) holds.
@@ -69,9 +76,11 @@ shrink() {
   cp "$cached" "$2"
 }
 
-if ! rustup target list --installed | grep -qx "$target"; then
-  rustup target add "$target"
-fi
+for target in "${targets[@]}"; do
+  if ! rustup target list --installed | grep -qx "$target"; then
+    rustup target add "$target"
+  fi
+done
 
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -84,6 +93,21 @@ target_dir="$(cargo metadata --format-version 1 --no-deps |
 package_name() {
   awk '/^\[/ { in_package = ($0 == "[package]") }
        in_package && /^name *=/ { gsub(/^name *= *"|".*$/, ""); print; exit }' "$1/Cargo.toml"
+}
+
+# The target a crate directory asks for in [package.metadata.wasmop], or
+# the default.
+crate_target() {
+  local asked
+  asked="$(awk '/^\[/ { in_meta = ($0 == "[package.metadata.wasmop]") }
+       in_meta && /^target *=/ { gsub(/^target *= *"|".*$/, ""); print; exit }' "$1/Cargo.toml")"
+  case "${asked:-$default_target}" in
+    wasm32-unknown-unknown | wasm32-wasip2) echo "${asked:-$default_target}" ;;
+    *)
+      echo "error: $1/Cargo.toml asks for target \"$asked\"; plugins build for wasm32-unknown-unknown or wasm32-wasip2" >&2
+      exit 1
+      ;;
+  esac
 }
 
 built=()
@@ -100,7 +124,8 @@ for dir in plugins/*/ tests/plugins/*/; do
     echo "skip $dir: not a workspace member" >&2
     continue
   fi
-  echo "building $name ($dir)" >&2
+  target="$(crate_target "$dir")"
+  echo "building $name ($dir, $target)" >&2
   profile=release
   [[ "$dir" == plugins/* ]] && profile="$shipped_profile"
   cargo build --profile "$profile" --target "$target" -p "$name"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one command that sets up and runs every test of wasmop:
-#   1. installs what the build needs (the wasm32-wasip2 target, clippy, rustfmt);
+#   1. installs what the build needs (the wasm32-unknown-unknown and
+#      wasm32-wasip2 targets, clippy, rustfmt);
 #   2. builds or reuses the cached control-plane binaries (tests/cluster/build.sh),
 #      in the background while steps 3 and 4 run: on a cold machine both are
 #      long, and each leaves a core idle at times (Go's links, cargo's
@@ -34,8 +35,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 step() { printf '\n==> %s\n' "$*"; }
 t0=$(date +%s)
 
-step "toolchain: wasm32-wasip2 target, clippy, rustfmt"
-rustup target add wasm32-wasip2
+step "toolchain: wasm32-unknown-unknown and wasm32-wasip2 targets, clippy, rustfmt"
+rustup target add wasm32-unknown-unknown wasm32-wasip2
 rustup component add clippy rustfmt
 
 # Cargo's build output is cached outside the repository, so a fresh clone on
@@ -72,7 +73,7 @@ control_plane_built() {
 # Stop the build too when a step below fails first.
 trap 'kill -- "-$build_pid" 2>/dev/null || true' EXIT
 
-step "plugins (wasm32-wasip2 components)"
+step "plugins (components, most without WASI)"
 bash tests/build-plugins.sh "$WASMOP_PLUGIN_DIR"
 
 step "formatting"

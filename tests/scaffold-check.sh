@@ -23,17 +23,22 @@ case "$work/" in "$repo"/*) fail "the temporary directory is inside the workspac
 cp Cargo.lock "$work/scaffolded-demo/"
 (
   cd "$work/scaffolded-demo"
-  cargo build --release --target wasm32-wasip2
+  cargo build --release --target wasm32-unknown-unknown
 )
-wasm="$CARGO_TARGET_DIR/wasm32-wasip2/release/scaffolded_demo.wasm"
+wasm="$CARGO_TARGET_DIR/wasm32-unknown-unknown/release/scaffolded_demo.wasm"
 [[ -f $wasm ]] || fail "no component at $wasm"
 # The scaffold's .cargo/config.toml links the component to start with
 # 2 MiB of linear memory, as this repository's plugins do.
 start="$("$WASMOP" inspect "$wasm" --no-compile-cache -o json | grep -o '"startMemoryBytes": *[0-9]*' | grep -o '[0-9]*$')" \
   || fail "wasmop inspect shows no startMemoryBytes"
 (( start >= 2097152 )) || fail "the scaffolded component starts with $start bytes of memory, not 2 MiB"
+# Built without WASI: it imports the contract's interfaces and nothing else.
+imports="$("$WASMOP" inspect "$wasm" --no-compile-cache -o json | tr -d '\n ' | grep -o '"imports":\[[^]]*\]')" \
+  || fail "wasmop inspect shows no imports"
+[[ "$imports" == *'"wasmop:reconciler/diagnostics@0.4.0"'* ]] || fail "the scaffolded component does not import diagnostics: $imports"
+[[ "$imports" != *wasi:* ]] || fail "the scaffolded component imports WASI: $imports"
 "$WASMOP" plan --plugin "$wasm" --no-compile-cache -f "$work/scaffolded-demo/fixtures/example.yaml" > "$work/plan.json" \
   || fail "wasmop plan on the scaffold's fixture"
 diff -u "$work/scaffolded-demo/fixtures/example.plan.json" "$work/plan.json" \
   || fail "the scaffolded plugin's plan differs from its expected plan"
-echo "[scaffold-check] ok: wasmop new -> cargo build (wasm32-wasip2, $start bytes of memory at start) -> wasmop plan matches the expected plan"
+echo "[scaffold-check] ok: wasmop new -> cargo build (wasm32-unknown-unknown, no WASI imported, $start bytes of memory at start) -> wasmop plan matches the expected plan"

@@ -44,9 +44,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::plugin::bindings::wasmop::reconciler::diagnostics;
 use crate::reconcile::validate::PlanLimits;
 use thiserror::Error;
-use wasmtime::component::{Linker, Resource, ResourceTable};
+use wasmtime::component::{HasSelf, Linker, Resource, ResourceTable};
 use wasmtime::{
     Config, Enabled, Engine, Inlining, InstanceAllocationStrategy, PoolingAllocationConfig, Store,
     StoreContextMut,
@@ -240,6 +241,8 @@ impl Sandbox {
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(|e| SandboxError::Linker(e.into()))?;
         bounded_clock_waits(&mut linker).map_err(|e| SandboxError::Linker(e.into()))?;
+        diagnostics::add_to_linker::<StoreState, HasSelf<StoreState>>(&mut linker, |s| s)
+            .map_err(|e| SandboxError::Linker(e.into()))?;
 
         let weak = engine.weak();
         let tick = config.epoch_tick;
@@ -287,6 +290,7 @@ impl Sandbox {
     pub fn store(&self, limits: &Limits, now: SystemTime) -> Store<StoreState> {
         let state = StoreState {
             wasi: None,
+            panic_text: Vec::new(),
             now,
             table: ResourceTable::new(),
             limiter: MemoryCap {
@@ -320,12 +324,28 @@ pub struct StoreState {
     /// (streams, clocks, random sources) was about a quarter of a store's
     /// cost. What the guest sees is the same either way.
     wasi: Option<(WasiCtx, MemoryOutputPipe)>,
+    /// What the guest reported of a panic (`diagnostics.panic-text`), at
+    /// most [`STDERR_CAPACITY`] bytes.
+    panic_text: Vec<u8>,
     /// The wall-clock time the guest's clock reads.
     now: SystemTime,
     table: ResourceTable,
     limiter: MemoryCap,
     /// When the call's deadline passes (wall time).
     deadline: Instant,
+}
+
+/// `diagnostics.panic-text`: keeps up to [`STDERR_CAPACITY`] bytes of
+/// what the guest reports, the first `len` (at most 8) bytes of `bytes`,
+/// lowest first, each time. A guest that calls it in a loop fills the
+/// buffer and then only spends its own deadline.
+impl diagnostics::Host for StoreState {
+    fn panic_text(&mut self, bytes: u64, len: u8) {
+        let room = STDERR_CAPACITY.saturating_sub(self.panic_text.len());
+        let take = usize::from(len).min(8).min(room);
+        self.panic_text
+            .extend_from_slice(&bytes.to_le_bytes()[..take]);
+    }
 }
 
 impl std::fmt::Debug for StoreState {
@@ -338,12 +358,15 @@ impl std::fmt::Debug for StoreState {
 }
 
 impl StoreState {
-    /// What the guest wrote to stderr so far (lossy UTF-8).
+    /// What the guest wrote to stderr so far, then what it reported of a
+    /// panic through `diagnostics.panic-text` (lossy UTF-8).
     pub fn stderr(&self) -> String {
-        match &self.wasi {
+        let mut text = match &self.wasi {
             Some((_, stderr)) => String::from_utf8_lossy(&stderr.contents()).into_owned(),
             None => String::new(),
-        }
+        };
+        text.push_str(&String::from_utf8_lossy(&self.panic_text));
+        text
     }
 
     /// True when the guest tried to grow a memory past its cap.
@@ -561,6 +584,25 @@ impl HostMonotonicClock for FrozenMonotonicClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A guest may call `diagnostics.panic-text` as often as its deadline
+    /// lets it and with any `len`: the host keeps at most
+    /// [`STDERR_CAPACITY`] bytes, and never more than 8 from one call.
+    #[test]
+    fn reported_panic_text_is_bounded() {
+        let sandbox = Sandbox::new(SandboxConfig::default()).expect("sandbox");
+        let mut store = sandbox.store(&Limits::default(), UNIX_EPOCH);
+        let state = store.data_mut();
+        diagnostics::Host::panic_text(state, u64::from_le_bytes(*b"panicked"), 255);
+        diagnostics::Host::panic_text(state, u64::from_le_bytes(*b" at x\0\0\0"), 5);
+        diagnostics::Host::panic_text(state, 0, 0);
+        assert_eq!(state.stderr(), "panicked at x");
+        for _ in 0..STDERR_CAPACITY {
+            diagnostics::Host::panic_text(state, u64::MAX, u8::MAX);
+        }
+        assert_eq!(state.panic_text.len(), STDERR_CAPACITY);
+        assert!(state.panic_text.starts_with(b"panicked at x\xff"));
+    }
 
     #[test]
     fn deadlines_round_up_to_whole_ticks_plus_one() {

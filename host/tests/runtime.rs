@@ -202,6 +202,41 @@ fn plugins_start_with_two_mib_of_linear_memory() {
     }
 }
 
+/// Plugins are built without WASI (tests/build-plugins.sh): each imports
+/// only the contract's interfaces, which the host serves from nothing the
+/// guest could use to reach the world. The test plugins that exercise WASI
+/// are built for wasm32-wasip2 and import it.
+#[test]
+fn plugins_built_without_wasi_import_only_the_contract() {
+    let contract = [
+        "wasmop:reconciler/diagnostics@0.4.0",
+        "wasmop:reconciler/types@0.4.0",
+    ];
+    for name in [
+        "good", "panicker", "instance", "engine", "backup", "fleet", "team", "admitter",
+    ] {
+        let plugin = load(name, Limits::default());
+        let imports = plugin.imports();
+        assert!(
+            imports.iter().all(|i| contract.contains(&i.as_str())),
+            "{name} imports {imports:?}"
+        );
+        assert!(
+            imports.iter().any(|i| i == contract[0]),
+            "{name} reports panics through diagnostics: {imports:?}"
+        );
+    }
+    let sleeper = load("sleeper", Limits::default());
+    assert!(
+        sleeper
+            .imports()
+            .iter()
+            .any(|i| i.starts_with("wasi:clocks/")),
+        "{:?}",
+        sleeper.imports()
+    );
+}
+
 #[test]
 fn panicker_traps_with_its_panic_message() {
     let plugin = load("panicker", Limits::default());
@@ -210,6 +245,11 @@ fn panicker_traps_with_its_panic_message() {
         panic!("expected a trap, got {err}");
     };
     assert!(message.contains("deliberate panic"), "{message}");
+    // Where it panicked, as the SDK's hook reports it.
+    assert!(
+        message.contains("panicked at tests/plugins/panicker/src/lib.rs:"),
+        "{message}"
+    );
     assert!(!message.contains('\n'), "{message}");
     assert_eq!(err.reason(), "PluginTrapped");
 }

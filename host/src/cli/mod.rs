@@ -332,6 +332,9 @@ struct Inspection<'a> {
     start_memory_bytes: usize,
     /// The memory cap of each call with these options.
     memory_cap_bytes: usize,
+    /// What the component imports: the contract's interfaces, and WASI's
+    /// when it was built for `wasm32-wasip2`.
+    imports: &'a [String],
 }
 
 fn inspect(args: InspectArgs) -> Result<ExitCode, CliError> {
@@ -356,6 +359,7 @@ fn inspect(args: InspectArgs) -> Result<ExitCode, CliError> {
         cluster_role: crate::plugin::rbac::cluster_role(manifest),
         start_memory_bytes: plugin.start_memory_bytes(),
         memory_cap_bytes: plugin.limits().memory_bytes,
+        imports: plugin.imports(),
     };
     print!("{}", render(&inspection, args.output)?);
     Ok(ExitCode::SUCCESS)

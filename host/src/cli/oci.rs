@@ -68,7 +68,7 @@ pub fn push_command(args: PushArgs) -> Result<ExitCode, CliError> {
     if !oci::is_component(&bytes) {
         return Err(CliError::Registry {
             reason: format!(
-                "{} is not a WebAssembly component (build it for wasm32-wasip2)",
+                "{} is not a WebAssembly component (build it for wasm32-unknown-unknown with wasm-component-ld as the linker, or for wasm32-wasip2)",
                 args.plugin.display()
             ),
         });

@@ -264,6 +264,8 @@ pub struct LoadedPlugin {
     /// What a fresh instance holds against the memory cap before the
     /// guest runs: its linear memory's initial size and its tables.
     start_memory_bytes: usize,
+    /// The component's imports, by name.
+    imports: Vec<String>,
     from_cache: bool,
     sandbox: Arc<Sandbox>,
     pre: PluginPre<StoreState>,
@@ -346,6 +348,11 @@ impl LoadedPlugin {
                 component
             }
         };
+        let imports = component
+            .component_type()
+            .imports(engine)
+            .map(|(name, _)| name.to_owned())
+            .collect();
         let link_error = |e: wasmtime::Error| LoadError::Link {
             origin: origin.to_owned(),
             source: e.into(),
@@ -378,6 +385,7 @@ impl LoadedPlugin {
             settings: options.settings.clone(),
             limits: options.limits,
             start_memory_bytes: 0,
+            imports,
             from_cache,
             sandbox: Arc::clone(sandbox),
             pre,
@@ -441,6 +449,13 @@ impl LoadedPlugin {
         plugin.manifest = manifest;
         plugin.effective = effective;
         Ok(plugin)
+    }
+
+    /// What the component imports, by name (`wasi:cli/stderr@0.2.6`,
+    /// `wasmop:reconciler/diagnostics@0.4.0`, …). A plugin built without
+    /// WASI imports only the contract's interfaces.
+    pub fn imports(&self) -> &[String] {
+        &self.imports
     }
 
     /// The plugin's name (from its manifest).

@@ -45,6 +45,7 @@ pub mod bindings {
         runtime_path: "wasmop_sdk_admitting::__private::wit_bindgen::rt",
         with: {
             "wasmop:reconciler/types@0.4.0": wasmop_sdk::bindings::wasmop::reconciler::types,
+            "wasmop:reconciler/diagnostics@0.4.0": wasmop_sdk::bindings::wasmop::reconciler::diagnostics,
         },
     });
 }

@@ -154,6 +154,7 @@ impl AdmissionRequest {
 /// A message when the request's JSON texts do not parse (the host then
 /// denies the request).
 pub fn admit_json<P: Admit>(request: crate::raw::AdmissionRequest) -> Result<String, String> {
+    crate::glue::report_panics();
     let request = AdmissionRequest::try_from(request)?;
     Ok(crate::glue::json_text(&P::admit(&request)))
 }

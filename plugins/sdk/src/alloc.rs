@@ -395,20 +395,35 @@ impl Memory for LinearMemory {
             static __heap_base: u8;
         }
         let base = (&raw const __heap_base) as usize;
-        let free = self.end().checked_sub(base)?.checked_sub(LIBC_SLACK)?;
-        let size = free & !(PAGE - 1);
-        if size == 0 {
-            return None;
-        }
-        let layout = Layout::from_size_align(size, ALIGN).ok()?;
-        // SAFETY: a non-zero size; the block is never freed.
-        let p = unsafe { std::alloc::GlobalAlloc::alloc(&std::alloc::System, layout) };
-        (!p.is_null()).then(|| (p as usize, p as usize + size))
+        first_stretch(base, self.end())
     }
 }
 
+/// The stretch above `base` (`__heap_base`) in a memory that ends at `end`
+/// taken through wasi-libc's allocator (see [`LinearMemory::first`]).
+#[cfg(all(target_arch = "wasm32", target_os = "wasi"))]
+fn first_stretch(base: usize, end: usize) -> Option<(usize, usize)> {
+    let free = end.checked_sub(base)?.checked_sub(LIBC_SLACK)?;
+    let size = free & !(PAGE - 1);
+    if size == 0 {
+        return None;
+    }
+    let layout = Layout::from_size_align(size, ALIGN).ok()?;
+    // SAFETY: a non-zero size; the block is never freed.
+    let p = unsafe { std::alloc::GlobalAlloc::alloc(&std::alloc::System, layout) };
+    (!p.is_null()).then(|| (p as usize, p as usize + size))
+}
+
+/// Without a C library (`wasm32-unknown-unknown`) nothing else owns the
+/// stretch above `__heap_base`: the standard library's allocator there
+/// takes only memory it grows, and it is not the global allocator.
+#[cfg(all(target_arch = "wasm32", not(target_os = "wasi")))]
+fn first_stretch(base: usize, end: usize) -> Option<(usize, usize)> {
+    (end > base).then_some((base, end))
+}
+
 /// What the heap leaves of the initial memory to the C library's allocator.
-#[cfg(target_arch = "wasm32")]
+#[cfg(all(target_arch = "wasm32", target_os = "wasi"))]
 const LIBC_SLACK: usize = PAGE;
 
 /// The global allocator of a component.

@@ -13,6 +13,46 @@ use serde_json::Value;
 use crate::raw as wit;
 use crate::{Observation, Plugin, ReconcileError, RelatedObject, SettingsProblem, Snapshot};
 
+/// In a component, makes a panic's text reach the host (WIT
+/// `diagnostics.panic-text`) before the call traps, so the reconcile's
+/// error says what went wrong: a plugin built for `wasm32-unknown-unknown`
+/// has no stderr, and one built for `wasm32-wasip2` reports the same way.
+/// Called at the start of every export; each call is a new instance, whose
+/// hook is the standard library's until then. Natively it does nothing
+/// (the host process's hook stays).
+pub(crate) fn report_panics() {
+    #[cfg(target_arch = "wasm32")]
+    std::panic::set_hook(Box::new(|info| {
+        let location = info.location().map(|l| (l.file(), l.line(), l.column()));
+        let payload = info.payload_as_str().unwrap_or("Box<dyn Any>");
+        for (bytes, len) in panic_words(&panic_text(location, payload)) {
+            crate::bindings::wasmop::reconciler::diagnostics::panic_text(bytes, len);
+        }
+    }));
+}
+
+/// The text the host shows for a panic, as the standard library's hook
+/// prints it (without the thread's name).
+#[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+pub(crate) fn panic_text(location: Option<(&str, u32, u32)>, payload: &str) -> String {
+    match location {
+        Some((file, line, column)) => format!("panicked at {file}:{line}:{column}:\n{payload}\n"),
+        None => format!("panicked:\n{payload}\n"),
+    }
+}
+
+/// `text` as the words `diagnostics.panic-text` takes: up to 8 bytes each,
+/// the first byte lowest, with their count.
+#[cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+pub(crate) fn panic_words(text: &str) -> impl Iterator<Item = (u64, u8)> + '_ {
+    text.as_bytes().chunks(8).map(|chunk| {
+        let mut word = [0u8; 8];
+        word[..chunk.len()].copy_from_slice(chunk);
+        // A chunk holds at most 8 bytes.
+        (u64::from_le_bytes(word), chunk.len() as u8)
+    })
+}
+
 /// JSON text of a contract value.
 pub(crate) fn json_text(value: &impl Serialize) -> String {
     // The contract's types always serialize: every map key is a string.
@@ -274,5 +314,26 @@ mod tests {
                 .message
                 .starts_with("settings are not valid JSON")
         );
+    }
+
+    #[test]
+    fn a_panic_crosses_as_words_of_up_to_eight_bytes() {
+        let text = panic_text(Some(("src/lib.rs", 5, 9)), "über 8 bytes: ✓");
+        assert_eq!(text, "panicked at src/lib.rs:5:9:\nüber 8 bytes: ✓\n");
+        assert_eq!(panic_text(None, "x"), "panicked:\nx\n");
+        let words: Vec<(u64, u8)> = panic_words(&text).collect();
+        assert_eq!(words.len(), text.len().div_ceil(8));
+        assert!(words[..words.len() - 1].iter().all(|&(_, len)| len == 8));
+        assert_eq!(
+            usize::from(words[words.len() - 1].1),
+            (text.len() - 1) % 8 + 1
+        );
+        // What the host does with them: the first `len` bytes, low first.
+        let mut back = Vec::new();
+        for (bytes, len) in words {
+            back.extend_from_slice(&bytes.to_le_bytes()[..usize::from(len)]);
+        }
+        assert_eq!(String::from_utf8(back).unwrap(), text);
+        assert_eq!(panic_words("").count(), 0);
     }
 }

@@ -43,14 +43,17 @@ impl<P> std::fmt::Debug for Export<P> {
 
 impl<P: Plugin> RawPlugin for Export<P> {
     fn manifest() -> String {
+        crate::glue::report_panics();
         json_text(&P::manifest())
     }
 
     fn validate_settings(settings: String) -> Result<(), String> {
+        crate::glue::report_panics();
         crate::glue::validate_settings::<P>(&settings)
     }
 
     fn reconcile(snapshot: Snapshot) -> Result<String, ReconcileError> {
+        crate::glue::report_panics();
         let snapshot = crate::Snapshot::try_from(snapshot)?;
         let text = P::reconcile(&snapshot).map(|plan| {
             let text = json_text(&plan);
