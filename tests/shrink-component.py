@@ -3,8 +3,9 @@
 
 usage: shrink-component.py IN.wasm OUT.wasm [wasm-opt flags...]
 
-A plugin built for wasm32-wasip2 is a component wrapping one large core
-module (the plugin's code) and a few tiny adapter modules. This runs
+A plugin is a component wrapping one large core module (the plugin's
+code): alone when built for wasm32-unknown-unknown, with two tiny modules
+that wire WASI's imports when built for wasm32-wasip2. This runs
 binaryen's `wasm-opt` on the largest core module and writes the component
 back with that module replaced: the component's other sections refer to the
 module by index, and wasm-opt keeps every import and export, so the
@@ -80,7 +81,8 @@ def main():
         with open(core_in, "wb") as f:
             f.write(secs[big][1])
         # The stripped module has no target_features section to detect
-        # them from: these are what rustc enables for wasm32-wasip2.
+        # them from: these are what rustc enables for wasm32-unknown-unknown
+        # and wasm32-wasip2 alike.
         subprocess.run(
             ["wasm-opt", *FEATURES, *flags, "--strip-debug", "--strip-producers",
              core_in, "-o", core_out],

@@ -3,7 +3,8 @@
 //!
 //! One [`Sandbox`] is shared by all plugins. It owns the [`Engine`]
 //! (component model, pooling allocator, epoch interruption), the
-//! [`Linker`] (WASI preview 2 with nothing granted), and an epoch ticker
+//! [`Linker`] (the contract's `diagnostics` import, and WASI preview 2 with
+//! nothing granted for plugins built for `wasm32-wasip2`), and an epoch ticker
 //! thread that holds only a weak engine reference and stops when the
 //! engine is dropped.
 //!
@@ -33,7 +34,8 @@
 //! (so it ends before the deadline too); a wait that would end after it
 //! traps at once with [`DeadlineExceeded`], reported as a timeout like a
 //! busy loop. No call, whatever the guest does, outlives its deadline by
-//! more than one epoch tick.
+//! more than one epoch tick. The contract's one import,
+//! `diagnostics.panic-text`, only appends to a bounded buffer.
 //!
 //! # One memory cap per store
 //!

@@ -31,7 +31,7 @@
 //!
 //! This crate depends on `serde` and `serde_json` only (plus `k8s-openapi`
 //! behind the `k8s` feature, for [`KindRef::of`]); it builds for
-//! `wasm32-wasip2` and natively.
+//! `wasm32-unknown-unknown`, `wasm32-wasip2` and natively.
 
 #![warn(missing_docs)]
 
