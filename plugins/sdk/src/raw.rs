@@ -65,6 +65,15 @@ impl<P: Plugin> RawPlugin for Export<P> {
     }
 }
 
+/// Makes a panic in this call reach the host with its text (WIT
+/// `diagnostics.panic-text`), as [`Export`] does at the start of every
+/// export. A [`RawPlugin`] built for `wasm32-unknown-unknown` has no
+/// stderr: without this its panics trap with no message. Does nothing
+/// natively.
+pub fn report_panics() {
+    crate::glue::report_panics();
+}
+
 /// Drops `value` natively. In a component it is left in memory instead:
 /// the host runs every call in a new instance and throws the instance's
 /// memory away after it, so walking the parsed snapshot and plan to free
