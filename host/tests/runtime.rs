@@ -254,6 +254,44 @@ fn panicker_traps_with_its_panic_message() {
     assert_eq!(err.reason(), "PluginTrapped");
 }
 
+/// A plugin that floods `diagnostics.panic-text` (100,000 calls, each
+/// claiming 255 bytes) still ends as a trap with a bounded message, and
+/// what it reported is gone by the next call.
+#[test]
+fn a_flood_of_panic_text_is_bounded_and_ends_with_its_call() {
+    // A deadline no debug build of the host comes near: the flood must
+    // end as the panic's trap, not as a timeout.
+    let plugin = load(
+        "panicker",
+        Limits {
+            deadline: Duration::from_secs(60),
+            ..Limits::default()
+        },
+    );
+    let err = reconcile(
+        &plugin,
+        primary("Panicker", json!({"flood": 100_000})),
+        vec![],
+    )
+    .expect_err("panics");
+    let CallError::Trap { message } = &err else {
+        panic!("expected a trap, got {err}");
+    };
+    // The host kept 8 bytes a call at most: the flood's 0xff bytes, shown
+    // lossily, fill the message up to its cap, which ends with `…`.
+    assert!(message.starts_with('\u{fffd}'), "{message:.80}");
+    assert!(message.ends_with('…'), "{message:.80}");
+    assert!(message.len() <= 1024 + '…'.len_utf8(), "{}", message.len());
+    assert!(!message.contains("deliberate panic"), "{message:.80}");
+    // The next call starts with nothing reported.
+    let err = reconcile(&plugin, primary("Panicker", json!({})), vec![]).expect_err("panics");
+    let CallError::Trap { message } = &err else {
+        panic!("expected a trap, got {err}");
+    };
+    assert!(message.starts_with("panicked at "), "{message}");
+    assert!(message.contains("deliberate panic"), "{message}");
+}
+
 #[test]
 fn a_trapped_call_leaves_the_plugin_usable() {
     let panicker = load("panicker", Limits::default());

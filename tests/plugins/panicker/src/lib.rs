@@ -1,6 +1,10 @@
 //! Test plugin `panicker`: reconcile panics with the message
 //! [`MESSAGE`]. In the component a panic is a trap; the host must fail that
 //! one reconcile and go on.
+//!
+//! With `spec.flood: N` it first calls `diagnostics.panic-text` N times
+//! with 8 bytes of `0xff` and a `len` of 255, as a hostile plugin would:
+//! the host must keep a bounded amount of it, and only for that call.
 
 use wasmop_sdk::k8s_openapi::api::core::v1::ConfigMap;
 use wasmop_sdk::serde_json::Value;
@@ -30,7 +34,14 @@ impl Plugin for Panicker {
         wasmop_sdk::settings::only_keys(settings, &[])
     }
 
-    fn reconcile(_snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
+    fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
+        let flood = snapshot.primary["spec"]["flood"].as_u64().unwrap_or(0);
+        #[cfg(target_arch = "wasm32")]
+        for _ in 0..flood {
+            wasmop_sdk::bindings::wasmop::reconciler::diagnostics::panic_text(u64::MAX, u8::MAX);
+        }
+        #[cfg(not(target_arch = "wasm32"))]
+        let _ = flood;
         panic!("{MESSAGE}")
     }
 }
