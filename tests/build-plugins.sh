@@ -89,25 +89,27 @@ cd "$root"
 target_dir="$(cargo metadata --format-version 1 --no-deps |
   sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')"
 
-# The package name of a crate directory: the first `name = "…"` of [package].
-package_name() {
-  awk '/^\[/ { in_package = ($0 == "[package]") }
-       in_package && /^name *=/ { gsub(/^name *= *"|".*$/, ""); print; exit }' "$1/Cargo.toml"
+# toml_string FILE SECTION KEY: the string value of KEY under [SECTION] in
+# FILE (the first one; empty when there is none).
+toml_string() {
+  awk -v section="[$2]" -v key="$3" '
+       /^\[/ { in_section = ($0 == section) }
+       in_section && $0 ~ "^" key " *=" { sub(/^[^=]*= *"/, ""); sub(/".*$/, ""); print; exit }' "$1"
 }
 
 # The target a crate directory asks for in [package.metadata.wasmop], or
 # the default.
 crate_target() {
-  local asked
-  asked="$(awk '/^\[/ { in_meta = ($0 == "[package.metadata.wasmop]") }
-       in_meta && /^target *=/ { gsub(/^target *= *"|".*$/, ""); print; exit }' "$1/Cargo.toml")"
-  case "${asked:-$default_target}" in
-    wasm32-unknown-unknown | wasm32-wasip2) echo "${asked:-$default_target}" ;;
-    *)
-      echo "error: $1/Cargo.toml asks for target \"$asked\"; plugins build for wasm32-unknown-unknown or wasm32-wasip2" >&2
-      exit 1
-      ;;
-  esac
+  local asked t
+  asked="$(toml_string "$1/Cargo.toml" package.metadata.wasmop target)"
+  for t in "${targets[@]}"; do
+    if [[ "${asked:-$default_target}" == "$t" ]]; then
+      echo "$t"
+      return
+    fi
+  done
+  echo "error: $1/Cargo.toml asks for target \"$asked\"; plugins build for ${targets[*]}" >&2
+  exit 1
 }
 
 built=()
@@ -119,7 +121,7 @@ for dir in plugins/*/ tests/plugins/*/; do
     echo "skip $dir: not a cdylib crate" >&2
     continue
   fi
-  name="$(package_name "$dir")"
+  name="$(toml_string "$dir/Cargo.toml" package name)"
   if ! cargo pkgid -p "$name" >/dev/null 2>&1; then
     echo "skip $dir: not a workspace member" >&2
     continue

@@ -29,11 +29,12 @@ wasm="$CARGO_TARGET_DIR/wasm32-unknown-unknown/release/scaffolded_demo.wasm"
 [[ -f $wasm ]] || fail "no component at $wasm"
 # The scaffold's .cargo/config.toml links the component to start with
 # 2 MiB of linear memory, as this repository's plugins do.
-start="$("$WASMOP" inspect "$wasm" --no-compile-cache -o json | grep -o '"startMemoryBytes": *[0-9]*' | grep -o '[0-9]*$')" \
+inspection="$("$WASMOP" inspect "$wasm" --no-compile-cache -o json)" || fail "wasmop inspect on the scaffolded component"
+start="$(grep -o '"startMemoryBytes": *[0-9]*' <<<"$inspection" | grep -o '[0-9]*$')" \
   || fail "wasmop inspect shows no startMemoryBytes"
 (( start >= 2097152 )) || fail "the scaffolded component starts with $start bytes of memory, not 2 MiB"
 # Built without WASI: it imports the contract's interfaces and nothing else.
-imports="$("$WASMOP" inspect "$wasm" --no-compile-cache -o json | tr -d '\n ' | grep -o '"imports":\[[^]]*\]')" \
+imports="$(tr -d '\n ' <<<"$inspection" | grep -o '"imports":\[[^]]*\]')" \
   || fail "wasmop inspect shows no imports"
 [[ "$imports" == *'"wasmop:reconciler/diagnostics@0.4.0"'* ]] || fail "the scaffolded component does not import diagnostics: $imports"
 [[ "$imports" != *wasi:* ]] || fail "the scaffolded component imports WASI: $imports"
