@@ -128,6 +128,11 @@ pub struct Tuning {
     /// about 5x slower (0.5-1.1 s to 2.6-4.9 s each) for calls 0-7% faster
     /// (BENCHMARKS.md, "Epoch interruption").
     pub inlining: bool,
+    /// Compile fuel accounting into the code, wasmtime's other way to stop
+    /// a guest, and give every store all the fuel there is (so it never
+    /// stops a call). Only for the benchmarks, to price fuel against epoch
+    /// interruption; off as shipped.
+    pub fuel: bool,
 }
 
 impl Default for Tuning {
@@ -138,6 +143,7 @@ impl Default for Tuning {
             table_keep_resident: 64 << 10,
             pagemap_scan: true,
             inlining: false,
+            fuel: false,
         }
     }
 }
@@ -151,6 +157,7 @@ impl Tuning {
             table_keep_resident: 0,
             pagemap_scan: false,
             inlining: false,
+            fuel: false,
         }
     }
 }
@@ -179,6 +186,8 @@ pub struct Sandbox {
     config: SandboxConfig,
     /// False only for a benchmark's sandbox without deadlines.
     epochs: bool,
+    /// True only for a benchmark's sandbox that counts fuel.
+    fuel: bool,
 }
 
 impl std::fmt::Debug for Sandbox {
@@ -231,6 +240,7 @@ impl Sandbox {
         let mut wasm = Config::new();
         wasm.wasm_component_model(true)
             .epoch_interruption(tuning.epoch_interruption)
+            .consume_fuel(tuning.fuel)
             .compiler_inlining(if tuning.inlining {
                 Inlining::Yes
             } else {
@@ -264,6 +274,7 @@ impl Sandbox {
             linker,
             config,
             epochs: tuning.epoch_interruption,
+            fuel: tuning.fuel,
         }))
     }
 
@@ -307,6 +318,10 @@ impl Sandbox {
         if self.epochs {
             store.set_epoch_deadline(deadline_ticks(limits.deadline, self.config.epoch_tick));
             store.epoch_deadline_trap();
+        }
+        if self.fuel {
+            // Cannot fail: fuel is enabled in this engine's config.
+            let _ = store.set_fuel(u64::MAX);
         }
         store
     }
@@ -762,7 +777,14 @@ mod tests {
 
     #[test]
     fn pooled_slots_are_pristine_for_every_call_under_every_tuning() {
-        for tuning in every_tuning() {
+        // The benchmarks' fuel tuning too (it has no deadline, so it is not
+        // one of `every_tuning`).
+        let fuel = Tuning {
+            epoch_interruption: false,
+            fuel: true,
+            ..Tuning::default()
+        };
+        for tuning in every_tuning().into_iter().chain([fuel]) {
             let sandbox = one_slot(tuning);
             let component = probe_component(sandbox.engine());
             let pre = sandbox.linker().instantiate_pre(&component).expect("links");

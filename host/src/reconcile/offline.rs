@@ -46,7 +46,7 @@ use crate::plugin::LoadedPlugin;
 use crate::plugin::manifest::{Controller, Manifest, split_api_version};
 use crate::reconcile::decide::{DecideInput, Decision, SkipReason, decide};
 use crate::reconcile::kind::{KindDecided, KindOutcome, decide_kind};
-use crate::reconcile::snapshot::{MemorySource, Observation};
+use crate::reconcile::snapshot::{MemorySource, Observation, Snapshot};
 use crate::reconcile::validate::{Plan, Violation};
 use wasmop_contract::Scope;
 
@@ -355,6 +355,10 @@ pub struct OfflineRun {
     /// For a kind-scoped controller: the one call over every object of
     /// the primary kind in the input, split per primary.
     pub kind: Option<KindDecided>,
+    /// The snapshot the plugin was called with (for a kind-scoped
+    /// controller, the one over every primary); `None` when the plugin was
+    /// not called. The benchmarks call the plugin with it again.
+    pub snapshot: Option<Snapshot>,
 }
 
 impl OfflineRun {
@@ -449,6 +453,7 @@ pub fn run(
             controller: controller.name.clone(),
             primary,
             decision: Decision::Skipped(SkipReason::KindScoped),
+            snapshot: decided.snapshot.clone(),
             kind: Some(decided),
         });
     }
@@ -469,6 +474,7 @@ pub fn run(
         primary,
         decision: decided.decision,
         kind: None,
+        snapshot: decided.snapshot,
     })
 }
 

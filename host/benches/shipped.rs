@@ -1,0 +1,263 @@
+//! The shipped plugins on their own inputs: what one reconcile call of
+//! `instance`, `engine`, `fleet`, `team` and `backup` costs for each of
+//! their golden fixtures (`plugins/*/tests/golden/*.yaml`), and what the
+//! deadline's epoch checks add to it.
+//!
+//! Each fixture is decided once as `wasmop plan` decides it
+//! ([`wasmop::reconcile::offline::run`]); the snapshot the plugin got is
+//! then handed to [`LoadedPlugin::reconcile`] (store, instantiation, the
+//! call, the plan's check) on two sandboxes, the shipped one and one without
+//! epoch interruption, alternately call by call (`rounds` pairs, the order
+//! swapped every pair) so both see the same machine. A kind-scoped
+//! controller's fixture is its one call over every primary in the file.
+//! Admission fixtures, and fixtures the plugin is not called for (a primary
+//! being deleted without its finalizer), are left out and counted in the
+//! output (`measured+left out`).
+//!
+//! The plugins are the built components (`bash tests/build-plugins.sh`, or
+//! `WASMOP_PLUGIN_DIR` naming a directory that holds them):
+//!
+//! ```sh
+//! cargo bench -p wasmop --bench shipped            # every plugin
+//! cargo bench -p wasmop --bench shipped -- fleet   # some of them
+//! WASMOP_BENCH_ROUNDS=2000 cargo bench -p wasmop --bench shipped
+//! WASMOP_BENCH_EACH=1 cargo bench -p wasmop --bench shipped      # per fixture
+//! WASMOP_BENCH_INLINING=1 cargo bench -p wasmop --bench shipped  # Cranelift inlining on
+//! WASMOP_BENCH_FUEL=1 cargo bench -p wasmop --bench shipped      # fuel instead of epochs
+//! ```
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use wasmop::reconcile::golden::{GOLDEN_NOW, built_plugin};
+use wasmop::reconcile::offline;
+use wasmop::sandbox::Tuning;
+use wasmop::{LoadOptions, LoadedPlugin, Sandbox, SandboxConfig, Snapshot};
+
+const SHIPPED: [&str; 5] = ["instance", "engine", "fleet", "team", "backup"];
+
+/// One fixture's medians.
+struct Measured {
+    fixture: String,
+    snapshot_bytes: usize,
+    epoch: Duration,
+    no_epoch: Duration,
+}
+
+fn main() {
+    let wanted: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let rounds: usize = std::env::var("WASMOP_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(600);
+    // WASMOP_BENCH_INLINING=1: both sandboxes with Cranelift's inlining
+    // on (`Tuning::inlining`), to price the checks it removes.
+    let inlining = std::env::var_os("WASMOP_BENCH_INLINING").is_some_and(|v| v != "0");
+    let tuning = Tuning {
+        inlining,
+        ..Tuning::default()
+    };
+    // WASMOP_BENCH_FUEL=1: the first arm counts fuel instead of epochs
+    // (`Tuning::fuel`), wasmtime's other way to stop a guest.
+    let fuel = std::env::var_os("WASMOP_BENCH_FUEL").is_some_and(|v| v != "0");
+    let shipped = Sandbox::tuned(
+        SandboxConfig::default(),
+        Tuning {
+            epoch_interruption: !fuel,
+            fuel,
+            ..tuning
+        },
+    )
+    .expect("sandbox");
+    let no_epoch = Sandbox::tuned(
+        SandboxConfig::default(),
+        Tuning {
+            epoch_interruption: false,
+            ..tuning
+        },
+    )
+    .expect("sandbox");
+
+    eprintln!(
+        "each shipped plugin on its golden fixtures, {rounds} interleaved pairs per fixture, medians{}",
+        if inlining {
+            ", Cranelift inlining on"
+        } else {
+            ""
+        }
+    );
+    let arm = if fuel { "fuel" } else { "epoch" };
+    eprintln!(
+        "  {:<9} {:>8} {:>14} {:>12} {:>12} {:>17}",
+        "plugin",
+        "fixtures",
+        "call (median)",
+        format!("sum {arm}"),
+        "sum neither",
+        format!("{arm}/neither")
+    );
+    for name in SHIPPED {
+        if !wanted.is_empty() && !wanted.iter().any(|w| w == name) {
+            continue;
+        }
+        let path = built_plugin(name).unwrap_or_else(|e| panic!("{e}"));
+        let (measured, left_out) = measure(&shipped, &no_epoch, &path, name, rounds);
+        report(name, &measured, left_out);
+    }
+}
+
+/// Every reconcile fixture of plugin `name`, measured; and how many
+/// fixtures were left out.
+fn measure(
+    shipped: &Arc<Sandbox>,
+    no_epoch: &Arc<Sandbox>,
+    path: &Path,
+    name: &str,
+    rounds: usize,
+) -> (Vec<Measured>, usize) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../plugins")
+        .join(name)
+        .join("tests/golden");
+    let mut fixtures: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("directory entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    fixtures.sort();
+    // Plugins loaded once per settings, on each sandbox.
+    let mut loaded: BTreeMap<String, (LoadedPlugin, LoadedPlugin)> = BTreeMap::new();
+    let mut measured = Vec::new();
+    let mut left_out = 0;
+    for fixture in fixtures {
+        let text = std::fs::read_to_string(&fixture).expect("fixture");
+        let input = offline::parse_input(&text, &fixture.display().to_string())
+            .unwrap_or_else(|e| panic!("{e}"));
+        if input.review.is_some() {
+            left_out += 1;
+            continue;
+        }
+        let settings = input
+            .options
+            .settings
+            .clone()
+            .unwrap_or_else(|| Value::Object(serde_json::Map::new()));
+        let (with, without) = loaded.entry(settings.to_string()).or_insert_with(|| {
+            let load = |sandbox: &Arc<Sandbox>| {
+                let options = LoadOptions {
+                    settings: settings.clone(),
+                    ..LoadOptions::default()
+                };
+                LoadedPlugin::load(sandbox, path, &options)
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            };
+            (load(shipped), load(no_epoch))
+        });
+        let now = input.options.now.as_deref().unwrap_or(GOLDEN_NOW);
+        let run = offline::run(with, &input, Some(now), None)
+            .unwrap_or_else(|e| panic!("{}: {e}", fixture.display()));
+        let Some(snapshot) = run.snapshot else {
+            left_out += 1;
+            continue;
+        };
+        // Both sandboxes answer alike (the plan, or the same error).
+        assert_eq!(
+            format!("{:?}", with.reconcile(&snapshot)),
+            format!("{:?}", without.reconcile(&snapshot)),
+            "{}: the two sandboxes disagree",
+            fixture.display()
+        );
+        let (epoch, no_epoch) = interleaved(with, without, &snapshot, rounds);
+        measured.push(Measured {
+            fixture: fixture
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            snapshot_bytes: snapshot_bytes(&snapshot),
+            epoch,
+            no_epoch,
+        });
+    }
+    (measured, left_out)
+}
+
+/// Medians of `rounds` calls of `a` and of `b`, alternating.
+fn interleaved(
+    a: &LoadedPlugin,
+    b: &LoadedPlugin,
+    snapshot: &Snapshot,
+    rounds: usize,
+) -> (Duration, Duration) {
+    let call = |p: &LoadedPlugin| {
+        let start = Instant::now();
+        drop(black_box(p.reconcile(black_box(snapshot))));
+        start.elapsed()
+    };
+    let (mut ta, mut tb) = (Vec::with_capacity(rounds), Vec::with_capacity(rounds));
+    for i in 0..rounds {
+        if i % 2 == 0 {
+            ta.push(call(a));
+            tb.push(call(b));
+        } else {
+            tb.push(call(b));
+            ta.push(call(a));
+        }
+    }
+    (median(ta), median(tb))
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+/// Bytes of the snapshot's objects as JSON text.
+fn snapshot_bytes(s: &Snapshot) -> usize {
+    let len = |v: &Value| serde_json::to_string(v).map_or(0, |t| t.len());
+    len(&s.primary)
+        + s.owned.iter().map(|o| len(o)).sum::<usize>()
+        + s.related.iter().map(|r| len(&r.object)).sum::<usize>()
+}
+
+fn report(name: &str, measured: &[Measured], left_out: usize) {
+    if measured.is_empty() {
+        eprintln!("  {name:<9} no reconcile fixtures ({left_out} left out)");
+        return;
+    }
+    let sum = |f: fn(&Measured) -> Duration| measured.iter().map(f).sum::<Duration>();
+    let (epoch, no_epoch) = (sum(|m| m.epoch), sum(|m| m.no_epoch));
+    let mut calls: Vec<Duration> = measured.iter().map(|m| m.epoch).collect();
+    calls.sort();
+    let ratio = |m: &Measured| m.epoch.as_secs_f64() / m.no_epoch.as_secs_f64();
+    let (lo, hi) = measured
+        .iter()
+        .map(ratio)
+        .fold((f64::MAX, f64::MIN), |(lo, hi), r| (lo.min(r), hi.max(r)));
+    eprintln!(
+        "  {name:<9} {:>8} {:>14.1?} {:>12.1?} {:>12.1?} {:>8.3} ({lo:.2}–{hi:.2})",
+        format!("{}+{left_out}", measured.len()),
+        calls[calls.len() / 2],
+        epoch,
+        no_epoch,
+        epoch.as_secs_f64() / no_epoch.as_secs_f64(),
+    );
+    if std::env::var_os("WASMOP_BENCH_EACH").is_some() {
+        for m in measured {
+            eprintln!(
+                "      {:<48} {:>7} B {:>10.1?} {:>10.1?} {:>6.3}",
+                m.fixture,
+                m.snapshot_bytes,
+                m.epoch,
+                m.no_epoch,
+                ratio(m)
+            );
+        }
+    }
+}
