@@ -9,8 +9,8 @@
 # without its exports, and building both at once would unify their features.
 #
 # The shipped plugins (plugins/*) are built with the workspace's `plugin`
-# profile (size-optimised but for the JSON path, LTO, one codegen unit,
-# stripped, panic=abort),
+# profile (LTO, one codegen unit, stripped, panic=abort; each plugin at the
+# fastest opt-level that fits, see Cargo.toml),
 # then shrunk with binaryen's `wasm-opt -Oz` (tests/shrink-component.py),
 # and each must stay within 1 MiB, the most a ConfigMap holds: the script
 # fails naming any that does not. wasm-opt comes from the npm package
