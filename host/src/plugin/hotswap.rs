@@ -21,7 +21,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::controller::Operator;
 use crate::metrics;
@@ -287,10 +287,14 @@ impl PluginDir {
         }
         let sandbox = self.sandbox.clone();
         let origin = path.display().to_string();
+        let started = Instant::now();
         let loaded = tokio::task::spawn_blocking(move || {
             LoadedPlugin::from_bytes(&sandbox, &bytes, &origin, &options)
         })
         .await;
+        // How long the load took (a compile, unless the artifact was
+        // cached): a plugin with very large functions can take seconds.
+        let load_ms = started.elapsed().as_millis();
         let plugin = match loaded {
             Ok(Ok(p)) => Arc::new(p),
             Ok(Err(e)) => {
@@ -348,7 +352,8 @@ impl PluginDir {
         match self.operator.add_plugin(plugin.clone()).await {
             Ok(()) => {
                 tracing::info!(file = %path.display(), plugin = %name, version = plugin.version(),
-                    digest = plugin.digest(), from_cache = plugin.compiled_from_cache(), "plugin active");
+                    digest = plugin.digest(), from_cache = plugin.compiled_from_cache(), load_ms,
+                    "plugin active");
                 if let Some(prev) = previous.filter(|p| *p != name) {
                     self.operator.remove_plugin(&prev);
                     report.removed.push(prev);
