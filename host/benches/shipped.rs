@@ -144,11 +144,7 @@ fn measure(
             left_out += 1;
             continue;
         }
-        let settings = input
-            .options
-            .settings
-            .clone()
-            .unwrap_or_else(|| Value::Object(serde_json::Map::new()));
+        let settings = input.options.settings_or_empty();
         let (with, without) = loaded.entry(settings.to_string()).or_insert_with(|| {
             let load = |sandbox: &Arc<Sandbox>| {
                 let options = LoadOptions {

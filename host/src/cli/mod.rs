@@ -370,11 +370,7 @@ fn plan(args: PlanArgs) -> Result<ExitCode, CliError> {
     let input = offline::parse_input(&text, &args.objects.display().to_string())?;
     let settings = match &args.settings {
         Some(path) => read_settings(path)?,
-        None => input
-            .options
-            .settings
-            .clone()
-            .unwrap_or_else(|| Value::Object(serde_json::Map::new())),
+        None => input.options.settings_or_empty(),
     };
     let sandbox = Sandbox::new(SandboxConfig::default())?;
     let plugin = LoadedPlugin::load(&sandbox, &args.plugin, &args.load.load_options(settings))?;

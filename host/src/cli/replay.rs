@@ -179,11 +179,7 @@ pub fn replay(
             report.other_plugins += 1;
             continue;
         }
-        let settings = input
-            .options
-            .settings
-            .clone()
-            .unwrap_or_else(|| Value::Object(serde_json::Map::new()));
+        let settings = input.options.settings_or_empty();
         let key = settings.to_string();
         if !loaded.contains_key(&key) {
             let origin = plugin_file.display().to_string();

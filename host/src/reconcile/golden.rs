@@ -22,7 +22,6 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
 use thiserror::Error;
 
 use crate::plugin::{LoadError, LoadOptions, LoadedPlugin};
@@ -188,11 +187,7 @@ pub fn check(plugin: &Path, dir: &Path) -> Result<GoldenReport, GoldenError> {
             source,
         })?;
         let input = offline::parse_input(&text, &fixture.display().to_string())?;
-        let settings = input
-            .options
-            .settings
-            .clone()
-            .unwrap_or_else(|| Value::Object(serde_json::Map::new()));
+        let settings = input.options.settings_or_empty();
         let key = settings.to_string();
         if !plugins.contains_key(&key) {
             let options = LoadOptions {

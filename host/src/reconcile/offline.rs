@@ -71,6 +71,15 @@ pub struct PlanOptions {
     pub settings: Option<Value>,
 }
 
+impl PlanOptions {
+    /// The plugin's settings the fixture gives, `{}` when it gives none.
+    pub fn settings_or_empty(&self) -> Value {
+        self.settings
+            .clone()
+            .unwrap_or_else(|| Value::Object(serde_json::Map::new()))
+    }
+}
+
 /// Parsed input of an offline run.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OfflineInput {
