@@ -7,6 +7,10 @@
 //! the annotation `sidecar.istio.io/nativeSidecar: "true"`, as an ordinary
 //! container otherwise. Its MutatingWebhookConfiguration is deleted by
 //! [`Injector::stop`].
+//!
+//! [`Injector::hold`] keeps the Pods created from then on waiting in
+//! admission (up to [`MAX_HOLD`]) until [`Injector::release`], so a test
+//! can look at what exists only while a member has no proxy yet.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,6 +29,9 @@ use tokio::net::TcpListener;
 pub const PROXY_CONTAINER: &str = "istio-proxy";
 /// Largest admission request read.
 const MAX_REQUEST: usize = 4 * 1024 * 1024;
+/// Longest a held admission waits for [`Injector::release`] (below the
+/// webhook's timeout, after which the API server would refuse the Pod).
+pub const MAX_HOLD: Duration = Duration::from_secs(25);
 
 /// One running injector.
 pub struct Injector {
@@ -32,6 +39,8 @@ pub struct Injector {
     /// Name of its MutatingWebhookConfiguration.
     pub configuration: String,
     injected: Arc<AtomicUsize>,
+    /// True while admissions are held.
+    held: tokio::sync::watch::Sender<bool>,
     task: tokio::task::AbortHandle,
 }
 
@@ -68,12 +77,13 @@ impl Injector {
         let port = listener.local_addr()?.port();
         let injected = Arc::new(AtomicUsize::new(0));
         let count = injected.clone();
+        let (held, gate) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                let (acceptor, count) = (acceptor.clone(), count.clone());
+                let (acceptor, count, gate) = (acceptor.clone(), count.clone(), gate.clone());
                 tokio::spawn(async move {
                     if let Ok(tls) = acceptor.accept(stream).await {
-                        let _ = serve(tls, &count).await;
+                        let _ = serve(tls, &count, gate).await;
                     }
                 });
             }
@@ -95,7 +105,7 @@ impl Injector {
                 "admissionReviewVersions": ["v1"],
                 // A Pod that should have a proxy is never created without one.
                 "failurePolicy": "Fail",
-                "timeoutSeconds": 10,
+                "timeoutSeconds": 30,
             }],
         }))?;
         Api::<MutatingWebhookConfiguration>::all(client.clone())
@@ -108,8 +118,20 @@ impl Injector {
             client,
             configuration,
             injected,
+            held,
             task,
         })
+    }
+
+    /// From now on, admissions wait (at most [`MAX_HOLD`] each) until
+    /// [`Injector::release`]: the Pods being created stay uncreated.
+    pub fn hold(&self) {
+        self.held.send_replace(true);
+    }
+
+    /// Lets held and later admissions through.
+    pub fn release(&self) {
+        self.held.send_replace(false);
     }
 
     /// How many Pods it has given a proxy.
@@ -138,7 +160,11 @@ impl Injector {
 }
 
 /// Answers one HTTP/1.1 request on `stream` and closes it.
-async fn serve<S>(mut stream: S, count: &AtomicUsize) -> Result<()>
+async fn serve<S>(
+    mut stream: S,
+    count: &AtomicUsize,
+    mut gate: tokio::sync::watch::Receiver<bool>,
+) -> Result<()>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
@@ -174,6 +200,8 @@ where
         }
     }
     let review: Value = serde_json::from_slice(&buf[head_end..head_end + length])?;
+    // Held: answer once released or after MAX_HOLD, whichever comes first.
+    let _ = tokio::time::timeout(MAX_HOLD, gate.wait_for(|held| !*held)).await;
     let answer = serde_json::to_vec(&admit(&review, count))?;
     let head = format!(
         "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",

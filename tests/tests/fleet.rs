@@ -1735,36 +1735,20 @@ async fn mesh_join_and_departure_follow_the_proxies() -> Result<()> {
     );
 
     // The CRDs appear: the join starts, PERMISSIVE until every member has a proxy.
+    // The PeerAuthentication lives only until then, which with the
+    // injector and kwok can be a few hundred milliseconds, and a watch of
+    // a kind whose CRD was just made can lose it (its first resourceVersion
+    // may already be too old for the new watch cache, and the relist comes
+    // after the policy is gone). So the injector holds the replacement
+    // Pods in admission until the policy has been seen.
+    injector.hold();
     wasmop_tests::apply_istio_crds(&ns.client).await?;
-    // The PeerAuthentication lives only until every member has a proxy,
-    // which with the injector and kwok can be a few hundred milliseconds:
-    // it is followed with a watch, started as soon as its kind is served
-    // (the operator needs its own list of the kind first), so its creation
-    // cannot fall between two polls.
-    let first_pa = {
-        use futures::StreamExt;
-        use kube::runtime::{WatchStreamExt, watcher};
-        let cfg = watcher::Config::default().fields("metadata.name=mf-mesh");
-        let mut applied = watcher(peer_authentications(&ns), cfg)
-            .applied_objects()
-            .boxed();
-        tokio::spawn(async move {
-            loop {
-                match applied.next().await {
-                    Some(Ok(pa)) => return Some(pa),
-                    Some(Err(_)) => {}
-                    None => return None,
-                }
-            }
-        })
-    };
     let (stop, monitor) = mesh_monitor(&ns, &uid, |ap, _pa, pods| {
         ap.is_none_or(|ap| !strict(ap)) || pods.iter().all(proxied)
     });
-    let pa = tokio::time::timeout(DEADLINE, first_pa)
-        .await
-        .context("no PeerAuthentication mf-mesh within the deadline")??
-        .context("the watch of PeerAuthentications ended")?;
+    let pa = wait_object(&peer_authentications(&ns), "mf-mesh", true, |_| true).await;
+    injector.release();
+    let pa = pa?.context("no PeerAuthentication mf-mesh")?;
     assert_eq!(pa.labels().get(UID_LABEL), Some(&uid));
     assert_eq!(
         pa.data["spec"]["portLevelMtls"],
