@@ -15,10 +15,7 @@
 //!   host turning the snapshot into JSON texts; the `malformed` plugin,
 //!   which ignores its snapshot (store, instantiate, the snapshot's texts
 //!   copied into the guest, a constant answer); `good` without parsing its
-//!   plan; the host parsing and checking the plan; the whole call. Every
-//!   stage but the whole call makes its instance at the call and drops it
-//!   after; the whole call is [`LoadedPlugin::reconcile`] as shipped (an
-//!   instance made ahead, the store dropped on the sandbox's thread).
+//!   plan; the host parsing and checking the plan; the whole call.
 //! - first, printed (not criterion): `wasm` against each other variant
 //!   below, the two run alternately call by call so both see the same
 //!   machine load; medians and their ratio. On a busy machine these ratios
@@ -37,9 +34,6 @@
 //!     shipped: it makes compiling a plugin about 5x slower);
 //!   - `wasm_keep_1mib`: the shipped settings keeping 1 MiB of each pooled
 //!     memory resident instead of 4 MiB;
-//!   - `wasm_made_at_call`: the shipped settings without the sandbox's
-//!     `wasmop-behind` thread (`Tuning::behind`): each call makes its own
-//!     instance and drops it, as before that thread;
 //!   - `wasm_baseline_plugin`: when `WASMOP_BENCH_BASELINE_PLUGIN` names
 //!     another build of `good` in the plugin dir (e.g. one built with an
 //!     older SDK), that build on the shipped settings;
@@ -161,10 +155,6 @@ fn bench(c: &mut Criterion) {
         memory_keep_resident: 1 << 20,
         ..Tuning::default()
     });
-    let at_call = tuned(Tuning {
-        behind: false,
-        ..Tuning::default()
-    });
     let good = load(&shipped, "good");
     let good_keep_1mib = load(&keep_1mib, "good");
     // A build of `good` to compare with (e.g. against an older SDK), named
@@ -176,7 +166,6 @@ fn bench(c: &mut Criterion) {
     let good_defaults = load(&defaults, "good");
     let good_no_epoch = load(&no_epoch, "good");
     let good_inlining = load(&inlining, "good");
-    let good_at_call = load(&at_call, "good");
     let malformed = load(&shipped, "malformed");
     let malformed_defaults = load(&defaults, "malformed");
 
@@ -247,7 +236,6 @@ fn bench(c: &mut Criterion) {
         &good_defaults,
         &good_no_epoch,
         &good_inlining,
-        &good_at_call,
         baseline.as_ref(),
     );
 
@@ -267,7 +255,6 @@ fn bench(c: &mut Criterion) {
             ("wasm_wasmtime_defaults", &good_defaults),
             ("wasm_no_epoch", &good_no_epoch),
             ("wasm_keep_1mib", &good_keep_1mib),
-            ("wasm_made_at_call", &good_at_call),
         ];
         if let Some(baseline) = &baseline {
             variants.push(("wasm_baseline_plugin", baseline));
@@ -312,7 +299,6 @@ fn interleaved(
     defaults: &LoadedPlugin,
     no_epoch: &LoadedPlugin,
     inlining: &LoadedPlugin,
-    at_call: &LoadedPlugin,
     baseline: Option<&LoadedPlugin>,
 ) {
     fn median(mut samples: Vec<Duration>) -> Duration {
@@ -398,7 +384,6 @@ fn interleaved(
             ("wasm_wasmtime_defaults", Box::new(wasm(defaults))),
             ("wasm_no_epoch", Box::new(wasm(no_epoch))),
             ("wasm_inlining", Box::new(wasm(inlining))),
-            ("wasm_made_at_call", Box::new(wasm(at_call))),
             (
                 "native",
                 Box::new(|| {

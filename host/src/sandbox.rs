@@ -22,24 +22,6 @@
 //! next call a page fault per page; it costs up to that many resident bytes
 //! per pool slot in use.
 //!
-//! # Off the calls' path
-//!
-//! Making a call's instance (a store, the component's instantiation) and
-//! dropping it afterwards (the slot reset above) cost about as much as a
-//! small reconcile's guest code. With [`Tuning::behind`] (as shipped) both
-//! happen on the sandbox's `wasmop-behind` thread: a finished call's store
-//! is dropped there, and then the plugin's next instance is made there
-//! ([`crate::plugin::LoadedPlugin`] keeps one ready), so the next call
-//! only sets its clock and deadline and runs. An instance made ahead has
-//! run nothing but the component's own initialisation, the same for every
-//! instance; it serves exactly one call and is dropped after it, so
-//! "every call starts from the plugin's initial memory" still holds. The
-//! stores waiting to be dropped and the instances made ahead hold at most
-//! a quarter of the pool's slots ([`SandboxConfig::max_instances`]); past
-//! that, a call drops its store itself and the next makes its own
-//! instance, as without the thread. The CPU time is the same; it is only
-//! spent where no call waits for it.
-//!
 //! # Every call ends on time
 //!
 //! Epoch interruption stops wasm code at the deadline, but not a host call
@@ -151,10 +133,6 @@ pub struct Tuning {
     /// stops a call). Only for the benchmarks, to price fuel against epoch
     /// interruption; off as shipped.
     pub fuel: bool,
-    /// Do a call's bookkeeping off its path (see "Off the calls' path"
-    /// in the module docs): drop a finished call's store, and make each
-    /// plugin's next instance, on the sandbox's own thread.
-    pub behind: bool,
 }
 
 impl Default for Tuning {
@@ -166,7 +144,6 @@ impl Default for Tuning {
             pagemap_scan: true,
             inlining: false,
             fuel: false,
-            behind: true,
         }
     }
 }
@@ -181,7 +158,6 @@ impl Tuning {
             pagemap_scan: false,
             inlining: false,
             fuel: false,
-            behind: false,
         }
     }
 }
@@ -212,49 +188,6 @@ pub struct Sandbox {
     epochs: bool,
     /// True only for a benchmark's sandbox that counts fuel.
     fuel: bool,
-    /// The thread that does calls' bookkeeping off their path; `None` when
-    /// [`Tuning::behind`] is off or the pool is too small to spare a slot.
-    behind: Option<Behind>,
-}
-
-/// Work handed to the sandbox's `wasmop-behind` thread.
-type Job = Box<dyn FnOnce() + Send>;
-
-/// The sandbox's `wasmop-behind` thread and the pool slots it may hold.
-struct Behind {
-    jobs: std::sync::mpsc::Sender<Job>,
-    slots: Arc<SlotBudget>,
-}
-
-/// Pool slots held off the calls' path: by finished calls' stores not
-/// dropped yet and by instances made ahead of their call. At most a
-/// quarter of the pool, so calls always have the rest.
-#[derive(Debug)]
-pub(crate) struct SlotBudget {
-    free: std::sync::atomic::AtomicUsize,
-}
-
-impl SlotBudget {
-    /// One slot of the budget, or `None` when all are held.
-    pub(crate) fn take(self: &Arc<Self>) -> Option<SlotToken> {
-        use std::sync::atomic::Ordering;
-        self.free
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-            .ok()
-            .map(|_| SlotToken(Arc::clone(self)))
-    }
-}
-
-/// One slot of the [`SlotBudget`], given back when dropped.
-#[derive(Debug)]
-pub(crate) struct SlotToken(Arc<SlotBudget>);
-
-impl Drop for SlotToken {
-    fn drop(&mut self) {
-        self.0
-            .free
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-    }
 }
 
 impl std::fmt::Debug for Sandbox {
@@ -323,29 +256,6 @@ impl Sandbox {
         diagnostics::add_to_linker::<StoreState, HasSelf<StoreState>>(&mut linker, |s| s)
             .map_err(|e| SandboxError::Linker(e.into()))?;
 
-        let spare = usize::try_from(config.max_instances / 4).unwrap_or(0);
-        let behind = if tuning.behind && spare > 0 {
-            let (tx, rx) = std::sync::mpsc::channel::<Job>();
-            std::thread::Builder::new()
-                .name("wasmop-behind".into())
-                .spawn(move || {
-                    // Ends when the sandbox (the only sender) is dropped.
-                    while let Ok(job) = rx.recv() {
-                        // A job that panics loses only itself.
-                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
-                    }
-                })
-                .map_err(SandboxError::Ticker)?;
-            Some(Behind {
-                jobs: tx,
-                slots: Arc::new(SlotBudget {
-                    free: std::sync::atomic::AtomicUsize::new(spare),
-                }),
-            })
-        } else {
-            None
-        };
-
         let weak = engine.weak();
         let tick = config.epoch_tick;
         std::thread::Builder::new()
@@ -365,7 +275,6 @@ impl Sandbox {
             config,
             epochs: tuning.epoch_interruption,
             fuel: tuning.fuel,
-            behind,
         }))
     }
 
@@ -415,35 +324,6 @@ impl Sandbox {
             let _ = store.set_fuel(u64::MAX);
         }
         store
-    }
-
-    /// Starts a call in a store made earlier by [`Sandbox::store`] with
-    /// the same `limits` (an instance made ahead of its call): the guest's
-    /// clock reads `now`, and the deadline counts from this moment.
-    pub(crate) fn rearm(&self, store: &mut Store<StoreState>, limits: &Limits, now: SystemTime) {
-        let state = store.data_mut();
-        state.now = now;
-        state.deadline = Instant::now() + limits.deadline;
-        if self.epochs {
-            store.set_epoch_deadline(deadline_ticks(limits.deadline, self.config.epoch_tick));
-        }
-    }
-
-    /// A slot of the budget of pool slots that may be held off the calls'
-    /// path; `None` when that budget is spent or the sandbox does nothing
-    /// off the calls' path.
-    pub(crate) fn spare_slot(&self) -> Option<SlotToken> {
-        self.behind.as_ref()?.slots.take()
-    }
-
-    /// Runs `job` on the sandbox's `wasmop-behind` thread, after the jobs
-    /// handed over before it. `Err(job)` when the sandbox does nothing off
-    /// the calls' path.
-    pub(crate) fn run_behind(&self, job: Job) -> Result<(), Job> {
-        let Some(behind) = &self.behind else {
-            return Err(job);
-        };
-        behind.jobs.send(job).map_err(|e| e.0)
     }
 }
 
@@ -504,11 +384,6 @@ impl StoreState {
         };
         text.push_str(&String::from_utf8_lossy(&self.panic_text));
         text
-    }
-
-    /// True once the guest made its first WASI call in this store.
-    pub(crate) fn wasi_made(&self) -> bool {
-        self.wasi.is_some()
     }
 
     /// True when the guest tried to grow a memory past its cap.

@@ -271,89 +271,6 @@ pub struct LoadedPlugin {
     pre: PluginPre<StoreState>,
     /// Set when the component also fits the `admitting-plugin` world.
     admit_pre: Option<bindings::admitting::AdmittingPluginPre<StoreState>>,
-    /// The instance the next call runs in, made ahead of it.
-    warm: Arc<Warm>,
-}
-
-/// A plugin's instances made ahead of their calls on the sandbox's
-/// `wasmop-behind` thread (the sandbox's module docs, "Off the calls'
-/// path"). Each has run only the component's own initialisation, serves
-/// one call, and is dropped after it. Up to [`WARM_INSTANCES`] wait, so
-/// that calls back to back find one while the thread makes the next.
-#[derive(Default)]
-struct Warm {
-    ready: std::sync::Mutex<Vec<Ready>>,
-    /// Set when instantiating touched WASI (whose context holds the
-    /// guest's clock): this plugin's instances are then made at their call.
-    off: std::sync::atomic::AtomicBool,
-}
-
-/// Instances of one plugin made ahead, at most.
-const WARM_INSTANCES: usize = 2;
-
-struct Ready {
-    store: Store<StoreState>,
-    plugin: Plugin,
-    _slot: crate::sandbox::SlotToken,
-}
-
-impl Warm {
-    fn take(&self) -> Option<(Store<StoreState>, Plugin)> {
-        let ready = self.ready.lock().expect("warm lock").pop()?;
-        Some((ready.store, ready.plugin))
-    }
-
-    /// Makes instances until [`WARM_INSTANCES`] wait or the budget of
-    /// spare pool slots is spent. Runs on the `wasmop-behind` thread.
-    fn refill(&self, sandbox: &Sandbox, pre: &PluginPre<StoreState>, limits: &Limits) {
-        while self.ready.lock().expect("warm lock").len() < WARM_INSTANCES {
-            if !self.make_one(sandbox, pre, limits) {
-                return;
-            }
-        }
-    }
-
-    /// Makes one instance; false when none was made.
-    fn make_one(&self, sandbox: &Sandbox, pre: &PluginPre<StoreState>, limits: &Limits) -> bool {
-        use std::sync::atomic::Ordering;
-        if self.off.load(Ordering::Relaxed) {
-            return false;
-        }
-        let Some(slot) = sandbox.spare_slot() else {
-            return false;
-        };
-        // Instantiation runs the component's initialisation: bounded like a
-        // call, and the deadline starts again when the call takes it.
-        let mut store = sandbox.store(limits, UNIX_EPOCH);
-        let plugin = match pre.instantiate(&mut store) {
-            Ok(plugin) => plugin,
-            // Every pool slot in use: try again after a later call.
-            Err(e)
-                if e.downcast_ref::<wasmtime::PoolConcurrencyLimitError>()
-                    .is_some() =>
-            {
-                return false;
-            }
-            // A plugin that cannot be instantiated (its initialisation
-            // traps or spins) gets no more tries here: each would hold
-            // this thread up to its deadline. Its calls make their own
-            // instance and report why it fails.
-            Err(_) => {
-                self.off.store(true, Ordering::Relaxed);
-                return false;
-            }
-        };
-        if store.data().wasi_made() {
-            self.off.store(true, Ordering::Relaxed);
-            return false;
-        }
-        self.ready.lock().expect("warm lock").push(Ready {
-            store,
-            plugin,
-            _slot: slot,
-        });
-        true
-    }
 }
 
 impl std::fmt::Debug for LoadedPlugin {
@@ -473,7 +390,6 @@ impl LoadedPlugin {
             sandbox: Arc::clone(sandbox),
             pre,
             admit_pre,
-            warm: Arc::default(),
         };
 
         let call_error = |export| {
@@ -532,7 +448,6 @@ impl LoadedPlugin {
         plugin.version = manifest.version.clone();
         plugin.manifest = manifest;
         plugin.effective = effective;
-        plugin.warm_up();
         Ok(plugin)
     }
 
@@ -632,7 +547,7 @@ impl LoadedPlugin {
     /// As [`LoadedPlugin::reconcile`].
     #[doc(hidden)]
     pub fn bench_instantiate(&self) -> Result<(), CallError> {
-        self.call_inline(UNIX_EPOCH, |_, _| Ok(()))
+        self.call(UNIX_EPOCH, |_, _| Ok(()))
     }
 
     /// A fresh store, instantiation and the cheapest export
@@ -643,13 +558,12 @@ impl LoadedPlugin {
     /// As [`LoadedPlugin::reconcile`].
     #[doc(hidden)]
     pub fn bench_trivial_call(&self) -> Result<(), CallError> {
-        self.call_inline(UNIX_EPOCH, |p, store| p.call_validate_settings(store, "{}"))
+        self.call(UNIX_EPOCH, |p, store| p.call_validate_settings(store, "{}"))
             .map(drop)
     }
 
-    /// [`LoadedPlugin::reconcile`] without parsing the plan, in an
-    /// instance made at the call: the plan's JSON text as the plugin
-    /// returned it, for the benchmarks.
+    /// [`LoadedPlugin::reconcile`] without parsing the plan: the plan's
+    /// JSON text as the plugin returned it, for the benchmarks.
     ///
     /// # Errors
     ///
@@ -658,101 +572,34 @@ impl LoadedPlugin {
     pub fn bench_reconcile_text(&self, snapshot: &Snapshot) -> Result<String, CallError> {
         let input = convert::snapshot_to_wit(snapshot);
         let now = parse_now(&snapshot.now);
-        self.call_inline(now, |p, store| p.call_reconcile(store, &input))?
+        self.call(now, |p, store| p.call_reconcile(store, &input))?
             .map_err(|_| CallError::PluginError {
                 kind: PluginErrorKind::Internal,
                 message: "the plugin answered with an error".to_owned(),
             })
     }
 
-    /// Runs `f` in a fresh bounded instance of the plugin: the one made
-    /// ahead of this call if there is one, else one made now. The store
-    /// is dropped, and the next instance made, off the call's path.
+    /// Instantiates the plugin in a fresh bounded store and runs `f`.
     fn call<R>(
         &self,
         now: SystemTime,
         f: impl FnOnce(&Plugin, &mut Store<StoreState>) -> wasmtime::Result<R>,
     ) -> Result<R, CallError> {
-        let (mut store, plugin) = match self.warm.take() {
-            Some((mut store, plugin)) => {
-                self.sandbox.rearm(&mut store, &self.limits, now);
-                (store, plugin)
+        let mut store = self.sandbox.store(&self.limits, now);
+        let plugin = match self.pre.instantiate(&mut store) {
+            Ok(plugin) => plugin,
+            Err(e) => {
+                return Err(match classify(&e, store.data(), self.limits) {
+                    Some(err) => err,
+                    None => CallError::Instantiate(e.into()),
+                });
             }
-            None => self.instantiate(now)?,
         };
-        let result = f(&plugin, &mut store).map_err(|e| {
-            classify(&e, store.data(), self.limits).unwrap_or_else(|| CallError::Trap {
-                message: trap_message(&e, &store.data().stderr()),
-            })
-        });
-        self.behind(Some(store));
-        result
-    }
-
-    /// [`LoadedPlugin::call`] with everything on the caller's thread: a
-    /// new store and instance, `f`, the store dropped. For the benchmarks'
-    /// stages.
-    fn call_inline<R>(
-        &self,
-        now: SystemTime,
-        f: impl FnOnce(&Plugin, &mut Store<StoreState>) -> wasmtime::Result<R>,
-    ) -> Result<R, CallError> {
-        let (mut store, plugin) = self.instantiate(now)?;
         f(&plugin, &mut store).map_err(|e| {
             classify(&e, store.data(), self.limits).unwrap_or_else(|| CallError::Trap {
                 message: trap_message(&e, &store.data().stderr()),
             })
         })
-    }
-
-    /// A new store and instance, made on the caller's thread.
-    fn instantiate(&self, now: SystemTime) -> Result<(Store<StoreState>, Plugin), CallError> {
-        let mut store = self.sandbox.store(&self.limits, now);
-        match self.pre.instantiate(&mut store) {
-            Ok(plugin) => Ok((store, plugin)),
-            Err(e) => Err(match classify(&e, store.data(), self.limits) {
-                Some(err) => err,
-                None => CallError::Instantiate(e.into()),
-            }),
-        }
-    }
-
-    /// Drops `used` (a finished call's store) and makes the next instance
-    /// on the sandbox's `wasmop-behind` thread; here, and without making
-    /// one, when the sandbox has no spare slot for the store to wait in.
-    fn behind(&self, used: Option<Store<StoreState>>) {
-        let waiting = match &used {
-            Some(_) => match self.sandbox.spare_slot() {
-                Some(slot) => Some(slot),
-                None => return drop(used),
-            },
-            None => None,
-        };
-        let warm = Arc::downgrade(&self.warm);
-        let sandbox = Arc::clone(&self.sandbox);
-        let pre = self.pre.clone();
-        let limits = self.limits;
-        let job = Box::new(move || {
-            drop(used);
-            drop(waiting);
-            if let Some(warm) = warm.upgrade() {
-                warm.refill(&sandbox, &pre, &limits);
-            }
-        });
-        // Without the thread, the job (the store with it) is dropped here.
-        let _ = self.sandbox.run_behind(job);
-    }
-
-    /// True when an instance made ahead waits for the next call; for tests
-    /// of that path.
-    #[doc(hidden)]
-    pub fn warm_instance_ready(&self) -> bool {
-        !self.warm.ready.lock().expect("warm lock").is_empty()
-    }
-
-    /// Asks for the first instance made ahead (after a load).
-    fn warm_up(&self) {
-        self.behind(None);
     }
 }
 

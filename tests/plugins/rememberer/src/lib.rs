@@ -2,8 +2,7 @@
 //! saw in statics, and reports both in the status it plans. Run natively
 //! (one process, many calls) they grow; in the host every call starts from
 //! the plugin's initial memory, so every plan says `calls: 1` and names
-//! only its own primary — whether the call's instance was made at the call
-//! or ahead of it. Built for WASI preview 2, it also reports the seconds
+//! only its own primary. Built for WASI preview 2, it also reports the seconds
 //! its wall clock reads (`clock`), which the host sets to the snapshot's
 //! `now` for each call.
 
