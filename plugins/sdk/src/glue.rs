@@ -53,15 +53,16 @@ pub(crate) fn panic_words(text: &str) -> impl Iterator<Item = (u64, u8)> + '_ {
     })
 }
 
-/// JSON text of a contract value.
+/// JSON text of a contract value (serde_json's text, written by
+/// [`crate::json`]).
 pub(crate) fn json_text(value: &impl Serialize) -> String {
     // The contract's types always serialize: every map key is a string.
-    serde_json::to_string(value)
+    crate::json::to_string(value)
         .unwrap_or_else(|e| panic!("wasmop-sdk: contract value does not serialize to JSON: {e}"))
 }
 
 fn text(value: &Value) -> String {
-    value.to_string()
+    json_text(value)
 }
 
 fn parse(what: impl FnOnce() -> String, text: &str) -> Result<Value, ReconcileError> {

@@ -38,7 +38,7 @@ fn write_canonical(value: &Value, out: &mut String) {
                 if i > 0 {
                     out.push(',');
                 }
-                out.push_str(&Value::String(key.clone()).to_string());
+                crate::json::write_str(key, out);
                 out.push(':');
                 write_canonical(v, out);
             }
@@ -54,7 +54,14 @@ fn write_canonical(value: &Value, out: &mut String) {
             }
             out.push(']');
         }
-        scalar => out.push_str(&scalar.to_string()),
+        Value::String(s) => crate::json::write_str(s, out),
+        Value::Number(n) => {
+            use std::fmt::Write;
+            // `Number`'s Display is how serde_json writes it.
+            let _ = write!(out, "{n}");
+        }
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Null => out.push_str("null"),
     }
 }
 
@@ -78,6 +85,44 @@ mod tests {
             stable_hash(&json!({"a": "1"})),
             stable_hash(&json!({"a": 1}))
         );
+    }
+
+    /// The canonical text is serde_json's text of the value with its keys
+    /// sorted: strings that need escapes and those that do not, non-ASCII
+    /// text, every kind of number.
+    #[test]
+    fn canonical_text_is_serde_jsons_text_with_sorted_keys() {
+        let value = json!({
+            "plain": "nginx:1.27 -- a/b?c=d&e",
+            "quote\"key": "say \"hi\"",
+            "back\\slash": "C:\\dir\\file",
+            "control": "line\nnext\ttab\u{1}\u{1f}",
+            "del and unicode": "\u{7f} café ünïcödé 日本 🚀",
+            "numbers": [0, 1, -1, 18446744073709551615u64, -9223372036854775808i64,
+                        0.5, -2.25, 1e300, 1.5e-7, 3.0],
+            "nested": {"z": [true, false, null], "a": {}, "m": []},
+            "": "",
+        });
+        let mut canonical = String::new();
+        write_canonical(&value, &mut canonical);
+        // serde_json's text (its map is sorted unless `preserve_order` is
+        // on; sort through a BTreeMap to be sure).
+        fn sorted(v: &Value) -> Value {
+            match v {
+                Value::Object(m) => {
+                    let by_key: std::collections::BTreeMap<&String, Value> =
+                        m.iter().map(|(k, v)| (k, sorted(v))).collect();
+                    let mut out = serde_json::Map::new();
+                    for (k, v) in by_key {
+                        out.insert(k.clone(), v);
+                    }
+                    Value::Object(out)
+                }
+                Value::Array(a) => Value::Array(a.iter().map(sorted).collect()),
+                other => other.clone(),
+            }
+        }
+        assert_eq!(canonical, sorted(&value).to_string());
     }
 
     #[test]

@@ -81,6 +81,7 @@ pub mod snapshot;
 pub mod testing;
 
 mod glue;
+mod json;
 
 #[cfg(any(
     test,

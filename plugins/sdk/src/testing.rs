@@ -232,6 +232,13 @@ pub fn run<P: Plugin>(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
     let crossed = Snapshot::try_from(wit::Snapshot::from(snapshot.clone()))?;
     let plan = P::reconcile(&crossed)?;
     let text = crate::glue::json_text(&plan);
+    // The SDK writes the plan's text itself (faster in a plugin); every
+    // plan a test runs checks that it is serde_json's text, byte for byte.
+    assert_eq!(
+        serde_json::to_string(&plan).ok().as_ref(),
+        Some(&text),
+        "the SDK's JSON text of the plan differs from serde_json's"
+    );
     serde_json::from_str(&text).map_err(|e| {
         ReconcileError::internal(format!("the plan does not survive its JSON text: {e}"))
     })

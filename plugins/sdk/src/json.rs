@@ -1,0 +1,767 @@
+//! Compact JSON text of what a plugin returns, byte for byte what
+//! `serde_json::to_string` writes, found faster for strings.
+//!
+//! serde_json looks at a string one byte per loop turn for what it must
+//! escape; in a plugin every loop turn also pays the host's deadline check
+//! (an epoch check at each loop back-edge). Most strings of a Kubernetes
+//! object need no escape: [`needs_escape`] tells 8 bytes per turn, and such
+//! a string is copied whole. A string that needs escapes, and every
+//! floating-point number, is written by serde_json itself, so the text is
+//! the same either way (the tests compare them).
+
+use std::fmt::{self, Display, Write as _};
+
+use serde::ser::{self, Serialize};
+
+/// `value` as compact JSON text, as `serde_json::to_string` writes it.
+///
+/// # Errors
+///
+/// What serde_json refuses too: a map key that is not a string, a number,
+/// a bool or a unit variant; an error raised by `value`'s `Serialize`.
+pub(crate) fn to_string<T: Serialize + ?Sized>(value: &T) -> Result<String, Error> {
+    let mut out = String::with_capacity(256);
+    value.serialize(Writer { out: &mut out })?;
+    Ok(out)
+}
+
+/// `s` as a JSON string, quoted and escaped as serde_json writes it.
+pub(crate) fn write_str(s: &str, out: &mut String) {
+    if needs_escape(s.as_bytes()) {
+        // serde_json's escaping, for exactly its text. A `&str` always
+        // serializes.
+        if let Ok(text) = serde_json::to_string(s) {
+            out.push_str(&text);
+        }
+    } else {
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+    }
+}
+
+/// True when `bytes` holds a byte below 0x20, `"` or `\` (what JSON
+/// escapes).
+pub(crate) fn needs_escape(bytes: &[u8]) -> bool {
+    const ONES: u64 = u64::MAX / 255;
+    const HIGHS: u64 = ONES * 0x80;
+    // Nonzero exactly when some byte of `x` is below `n` (n ≤ 0x80).
+    let below = |x: u64, n: u64| x.wrapping_sub(ONES * n) & !x & HIGHS;
+    let mut chunks = bytes.chunks_exact(8);
+    for chunk in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let x = u64::from_le_bytes(word);
+        let quote = x ^ (ONES * u64::from(b'"'));
+        let backslash = x ^ (ONES * u64::from(b'\\'));
+        if below(x, 0x20) | below(quote, 1) | below(backslash, 1) != 0 {
+            return true;
+        }
+    }
+    chunks
+        .remainder()
+        .iter()
+        .any(|&b| b < 0x20 || b == b'"' || b == b'\\')
+}
+
+/// Why a value has no JSON text.
+#[derive(Debug)]
+pub(crate) struct Error(String);
+
+impl Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl ser::Error for Error {
+    fn custom<T: Display>(msg: T) -> Self {
+        Error(msg.to_string())
+    }
+}
+
+impl From<serde_json::Error> for Error {
+    fn from(e: serde_json::Error) -> Self {
+        Error(e.to_string())
+    }
+}
+
+/// A value's text appended to `out`.
+struct Writer<'a> {
+    out: &'a mut String,
+}
+
+impl Writer<'_> {
+    fn display(self, v: impl Display) -> Result<(), Error> {
+        // Integers: `Display` writes what serde_json (itoa) writes.
+        let _ = write!(self.out, "{v}");
+        Ok(())
+    }
+
+    fn by_serde_json(self, v: &impl Serialize) -> Result<(), Error> {
+        self.out.push_str(&serde_json::to_string(v)?);
+        Ok(())
+    }
+}
+
+impl<'a> ser::Serializer for Writer<'a> {
+    type Ok = ();
+    type Error = Error;
+    type SerializeSeq = Seq<'a>;
+    type SerializeTuple = Seq<'a>;
+    type SerializeTupleStruct = Seq<'a>;
+    type SerializeTupleVariant = Seq<'a>;
+    type SerializeMap = Map<'a>;
+    type SerializeStruct = Map<'a>;
+    type SerializeStructVariant = Map<'a>;
+
+    fn serialize_bool(self, v: bool) -> Result<(), Error> {
+        self.out.push_str(if v { "true" } else { "false" });
+        Ok(())
+    }
+    fn serialize_i8(self, v: i8) -> Result<(), Error> {
+        self.display(v)
+    }
+    fn serialize_i16(self, v: i16) -> Result<(), Error> {
+        self.display(v)
+    }
+    fn serialize_i32(self, v: i32) -> Result<(), Error> {
+        self.display(v)
+    }
+    fn serialize_i64(self, v: i64) -> Result<(), Error> {
+        self.display(v)
+    }
+    fn serialize_i128(self, v: i128) -> Result<(), Error> {
+        self.display(v)
+    }
+    fn serialize_u8(self, v: u8) -> Result<(), Error> {
+        self.display(v)
+    }
+    fn serialize_u16(self, v: u16) -> Result<(), Error> {
+        self.display(v)
+    }
+    fn serialize_u32(self, v: u32) -> Result<(), Error> {
+        self.display(v)
+    }
+    fn serialize_u64(self, v: u64) -> Result<(), Error> {
+        self.display(v)
+    }
+    fn serialize_u128(self, v: u128) -> Result<(), Error> {
+        self.display(v)
+    }
+    fn serialize_f32(self, v: f32) -> Result<(), Error> {
+        self.by_serde_json(&v)
+    }
+    fn serialize_f64(self, v: f64) -> Result<(), Error> {
+        self.by_serde_json(&v)
+    }
+    fn serialize_char(self, v: char) -> Result<(), Error> {
+        write_str(v.encode_utf8(&mut [0; 4]), self.out);
+        Ok(())
+    }
+    fn serialize_str(self, v: &str) -> Result<(), Error> {
+        write_str(v, self.out);
+        Ok(())
+    }
+    fn serialize_bytes(self, v: &[u8]) -> Result<(), Error> {
+        self.by_serde_json(&v)
+    }
+    fn serialize_none(self) -> Result<(), Error> {
+        self.serialize_unit()
+    }
+    fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), Error> {
+        value.serialize(self)
+    }
+    fn serialize_unit(self) -> Result<(), Error> {
+        self.out.push_str("null");
+        Ok(())
+    }
+    fn serialize_unit_struct(self, _name: &'static str) -> Result<(), Error> {
+        self.serialize_unit()
+    }
+    fn serialize_unit_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+    ) -> Result<(), Error> {
+        self.serialize_str(variant)
+    }
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(
+        self,
+        name: &'static str,
+        value: &T,
+    ) -> Result<(), Error> {
+        if name.starts_with("$serde_json::") {
+            // serde_json's own special forms (a raw value): its text.
+            self.out
+                .push_str(&serde_json::to_string(&Special(name, value))?);
+            return Ok(());
+        }
+        value.serialize(self)
+    }
+    fn serialize_newtype_variant<T: Serialize + ?Sized>(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        value: &T,
+    ) -> Result<(), Error> {
+        self.out.push('{');
+        write_str(variant, self.out);
+        self.out.push(':');
+        value.serialize(Writer { out: self.out })?;
+        self.out.push('}');
+        Ok(())
+    }
+    fn serialize_seq(self, _len: Option<usize>) -> Result<Seq<'a>, Error> {
+        self.out.push('[');
+        Ok(Seq {
+            out: self.out,
+            first: true,
+            close: "]",
+        })
+    }
+    fn serialize_tuple(self, len: usize) -> Result<Seq<'a>, Error> {
+        self.serialize_seq(Some(len))
+    }
+    fn serialize_tuple_struct(self, _name: &'static str, len: usize) -> Result<Seq<'a>, Error> {
+        self.serialize_seq(Some(len))
+    }
+    fn serialize_tuple_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        _len: usize,
+    ) -> Result<Seq<'a>, Error> {
+        self.out.push('{');
+        write_str(variant, self.out);
+        self.out.push_str(":[");
+        Ok(Seq {
+            out: self.out,
+            first: true,
+            close: "]}",
+        })
+    }
+    fn serialize_map(self, _len: Option<usize>) -> Result<Map<'a>, Error> {
+        self.out.push('{');
+        Ok(Map {
+            out: self.out,
+            first: true,
+            close: "}",
+        })
+    }
+    fn serialize_struct(self, _name: &'static str, len: usize) -> Result<Map<'a>, Error> {
+        self.serialize_map(Some(len))
+    }
+    fn serialize_struct_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        _len: usize,
+    ) -> Result<Map<'a>, Error> {
+        self.out.push('{');
+        write_str(variant, self.out);
+        self.out.push_str(":{");
+        Ok(Map {
+            out: self.out,
+            first: true,
+            close: "}}",
+        })
+    }
+}
+
+/// A serde_json special form, handed back to serde_json unchanged.
+struct Special<'v, T: ?Sized>(&'static str, &'v T);
+
+impl<T: Serialize + ?Sized> Serialize for Special<'_, T> {
+    fn serialize<S: ser::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_newtype_struct(self.0, self.1)
+    }
+}
+
+/// The elements of an array.
+struct Seq<'a> {
+    out: &'a mut String,
+    first: bool,
+    close: &'static str,
+}
+
+impl Seq<'_> {
+    fn element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
+        if !self.first {
+            self.out.push(',');
+        }
+        self.first = false;
+        value.serialize(Writer { out: self.out })
+    }
+
+    fn close(self) -> Result<(), Error> {
+        self.out.push_str(self.close);
+        Ok(())
+    }
+}
+
+impl ser::SerializeSeq for Seq<'_> {
+    type Ok = ();
+    type Error = Error;
+    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
+        self.element(value)
+    }
+    fn end(self) -> Result<(), Error> {
+        self.close()
+    }
+}
+
+impl ser::SerializeTuple for Seq<'_> {
+    type Ok = ();
+    type Error = Error;
+    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
+        self.element(value)
+    }
+    fn end(self) -> Result<(), Error> {
+        self.close()
+    }
+}
+
+impl ser::SerializeTupleStruct for Seq<'_> {
+    type Ok = ();
+    type Error = Error;
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
+        self.element(value)
+    }
+    fn end(self) -> Result<(), Error> {
+        self.close()
+    }
+}
+
+impl ser::SerializeTupleVariant for Seq<'_> {
+    type Ok = ();
+    type Error = Error;
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
+        self.element(value)
+    }
+    fn end(self) -> Result<(), Error> {
+        self.close()
+    }
+}
+
+/// The entries of an object.
+struct Map<'a> {
+    out: &'a mut String,
+    first: bool,
+    close: &'static str,
+}
+
+impl Map<'_> {
+    fn key(&mut self, key: &str) {
+        if !self.first {
+            self.out.push(',');
+        }
+        self.first = false;
+        write_str(key, self.out);
+        self.out.push(':');
+    }
+}
+
+impl ser::SerializeMap for Map<'_> {
+    type Ok = ();
+    type Error = Error;
+    fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), Error> {
+        if !self.first {
+            self.out.push(',');
+        }
+        self.first = false;
+        key.serialize(Key { out: self.out })?;
+        self.out.push(':');
+        Ok(())
+    }
+    fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
+        value.serialize(Writer { out: self.out })
+    }
+    fn end(self) -> Result<(), Error> {
+        self.out.push_str(self.close);
+        Ok(())
+    }
+}
+
+impl ser::SerializeStruct for Map<'_> {
+    type Ok = ();
+    type Error = Error;
+    fn serialize_field<T: Serialize + ?Sized>(
+        &mut self,
+        key: &'static str,
+        value: &T,
+    ) -> Result<(), Error> {
+        self.key(key);
+        value.serialize(Writer { out: self.out })
+    }
+    fn end(self) -> Result<(), Error> {
+        self.out.push_str(self.close);
+        Ok(())
+    }
+}
+
+impl ser::SerializeStructVariant for Map<'_> {
+    type Ok = ();
+    type Error = Error;
+    fn serialize_field<T: Serialize + ?Sized>(
+        &mut self,
+        key: &'static str,
+        value: &T,
+    ) -> Result<(), Error> {
+        self.key(key);
+        value.serialize(Writer { out: self.out })
+    }
+    fn end(self) -> Result<(), Error> {
+        self.out.push_str(self.close);
+        Ok(())
+    }
+}
+
+/// A map key: a string, or what serde_json turns into one (numbers and
+/// bools, written quoted by serde_json itself); anything else is refused,
+/// as serde_json refuses it.
+struct Key<'a> {
+    out: &'a mut String,
+}
+
+impl Key<'_> {
+    /// serde_json's text of `key` as a map key (`{"k":0}` without its
+    /// braces and value).
+    fn by_serde_json(self, key: &impl Serialize) -> Result<(), Error> {
+        let mut map = std::collections::BTreeMap::new();
+        map.insert(Keyed(key), 0);
+        let text = serde_json::to_string(&map)?;
+        let inner = text
+            .strip_prefix('{')
+            .and_then(|t| t.strip_suffix(":0}"))
+            .ok_or_else(|| Error(format!("unexpected key text {text}")))?;
+        self.out.push_str(inner);
+        Ok(())
+    }
+}
+
+/// A key compared by nothing: one entry per map, only to be serialized.
+struct Keyed<'k, K>(&'k K);
+
+impl<K> PartialEq for Keyed<'_, K> {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+impl<K> Eq for Keyed<'_, K> {}
+impl<K> PartialOrd for Keyed<'_, K> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl<K> Ord for Keyed<'_, K> {
+    fn cmp(&self, _: &Self) -> std::cmp::Ordering {
+        std::cmp::Ordering::Equal
+    }
+}
+impl<K: Serialize> Serialize for Keyed<'_, K> {
+    fn serialize<S: ser::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+macro_rules! key_by_serde_json {
+    ($($method:ident: $ty:ty),* $(,)?) => {
+        $(fn $method(self, v: $ty) -> Result<(), Error> {
+            self.by_serde_json(&v)
+        })*
+    };
+}
+
+impl ser::Serializer for Key<'_> {
+    type Ok = ();
+    type Error = Error;
+    type SerializeSeq = ser::Impossible<(), Error>;
+    type SerializeTuple = ser::Impossible<(), Error>;
+    type SerializeTupleStruct = ser::Impossible<(), Error>;
+    type SerializeTupleVariant = ser::Impossible<(), Error>;
+    type SerializeMap = ser::Impossible<(), Error>;
+    type SerializeStruct = ser::Impossible<(), Error>;
+    type SerializeStructVariant = ser::Impossible<(), Error>;
+
+    fn serialize_str(self, v: &str) -> Result<(), Error> {
+        write_str(v, self.out);
+        Ok(())
+    }
+    fn serialize_char(self, v: char) -> Result<(), Error> {
+        write_str(v.encode_utf8(&mut [0; 4]), self.out);
+        Ok(())
+    }
+    fn serialize_unit_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+    ) -> Result<(), Error> {
+        self.serialize_str(variant)
+    }
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(
+        self,
+        _name: &'static str,
+        value: &T,
+    ) -> Result<(), Error> {
+        value.serialize(self)
+    }
+
+    key_by_serde_json!(
+        serialize_bool: bool,
+        serialize_i8: i8, serialize_i16: i16, serialize_i32: i32, serialize_i64: i64,
+        serialize_i128: i128,
+        serialize_u8: u8, serialize_u16: u16, serialize_u32: u32, serialize_u64: u64,
+        serialize_u128: u128,
+        serialize_f32: f32, serialize_f64: f64,
+    );
+
+    fn serialize_bytes(self, _v: &[u8]) -> Result<(), Error> {
+        Err(key_error())
+    }
+    fn serialize_none(self) -> Result<(), Error> {
+        Err(key_error())
+    }
+    fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), Error> {
+        value.serialize(self)
+    }
+    fn serialize_unit(self) -> Result<(), Error> {
+        Err(key_error())
+    }
+    fn serialize_unit_struct(self, _name: &'static str) -> Result<(), Error> {
+        Err(key_error())
+    }
+    fn serialize_newtype_variant<T: Serialize + ?Sized>(
+        self,
+        _name: &'static str,
+        _index: u32,
+        _variant: &'static str,
+        _value: &T,
+    ) -> Result<(), Error> {
+        Err(key_error())
+    }
+    fn serialize_seq(self, _len: Option<usize>) -> Result<Self::SerializeSeq, Error> {
+        Err(key_error())
+    }
+    fn serialize_tuple(self, _len: usize) -> Result<Self::SerializeTuple, Error> {
+        Err(key_error())
+    }
+    fn serialize_tuple_struct(
+        self,
+        _name: &'static str,
+        _len: usize,
+    ) -> Result<Self::SerializeTupleStruct, Error> {
+        Err(key_error())
+    }
+    fn serialize_tuple_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        _variant: &'static str,
+        _len: usize,
+    ) -> Result<Self::SerializeTupleVariant, Error> {
+        Err(key_error())
+    }
+    fn serialize_map(self, _len: Option<usize>) -> Result<Self::SerializeMap, Error> {
+        Err(key_error())
+    }
+    fn serialize_struct(
+        self,
+        _name: &'static str,
+        _len: usize,
+    ) -> Result<Self::SerializeStruct, Error> {
+        Err(key_error())
+    }
+    fn serialize_struct_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        _variant: &'static str,
+        _len: usize,
+    ) -> Result<Self::SerializeStructVariant, Error> {
+        Err(key_error())
+    }
+}
+
+fn key_error() -> Error {
+    Error("key must be a string".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Serialize;
+    use serde_json::{Value, json};
+    use std::collections::BTreeMap;
+
+    /// Every byte value at every place of a word and of the tail: the
+    /// 8-byte test agrees with the byte-by-byte one.
+    #[test]
+    fn needs_escape_agrees_with_a_byte_by_byte_test() {
+        let slow = |bytes: &[u8]| bytes.iter().any(|&b| b < 0x20 || b == b'"' || b == b'\\');
+        for len in 1..=19 {
+            for at in 0..len {
+                for byte in 0..=255u8 {
+                    for fill in [b'a', 0xc3, 0x7f, b'!', 0xff, 0x20, 0x5d] {
+                        let mut bytes = vec![fill; len];
+                        bytes[at] = byte;
+                        assert_eq!(
+                            needs_escape(&bytes),
+                            slow(&bytes),
+                            "{bytes:?} (byte {byte:#x} at {at} of {len})"
+                        );
+                    }
+                }
+            }
+        }
+        assert!(!needs_escape(b""));
+    }
+
+    fn same_as_serde_json<T: Serialize + ?Sized>(value: &T) {
+        let expected = serde_json::to_string(value).expect("serde_json writes it");
+        assert_eq!(to_string(value).expect("written"), expected);
+    }
+
+    #[test]
+    fn values_are_written_as_serde_json_writes_them() {
+        same_as_serde_json(&json!({
+            "plain": "nginx:1.27 -- a/b?c=d&e",
+            "quote\"key": "say \"hi\"",
+            "back\\slash": "C:\\dir\\file",
+            "control": "line\nnext\ttab\u{1}\u{1f}",
+            "del and unicode": "\u{7f} café ünïcödé 日本 🚀",
+            "numbers": [0, 1, -1, u64::MAX, i64::MIN, 0.5, -2.25, 1e300, 1.5e-7, 3.0, -0.0],
+            "nested": {"z": [true, false, null], "a": {}, "m": [[], [{}]]},
+            "": "",
+        }));
+        same_as_serde_json(&Value::Null);
+        same_as_serde_json("a string at the top");
+    }
+
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Everything {
+        unit: (),
+        none: Option<u8>,
+        some: Option<&'static str>,
+        chars: Vec<char>,
+        small: (i8, i16, i32, u8, u16, u32, i128, u128),
+        floats: (f32, f64, f64, f64),
+        bytes: &'static [u8],
+        unit_variant: Kind,
+        newtype_variant: Kind,
+        tuple_variant: Kind,
+        struct_variant: Kind,
+        newtype: Meters,
+        tuple_struct: Pair,
+        int_keys: BTreeMap<i32, &'static str>,
+        bool_keys: BTreeMap<bool, u8>,
+        unit_variant_keys: BTreeMap<Unit, u8>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        skipped: Vec<u8>,
+        #[serde(flatten)]
+        flattened: BTreeMap<String, Value>,
+    }
+
+    #[derive(Serialize)]
+    enum Kind {
+        Plain,
+        Wrapped(u8),
+        Pair(u8, &'static str),
+        Named { a: u8, b: &'static str },
+    }
+
+    #[derive(Serialize, PartialEq, Eq, PartialOrd, Ord)]
+    enum Unit {
+        First,
+        Second,
+    }
+
+    #[derive(Serialize)]
+    struct Meters(f64);
+
+    #[derive(Serialize)]
+    struct Pair(u8, &'static str);
+
+    #[test]
+    fn every_serde_form_is_written_as_serde_json_writes_it() {
+        let all = |unit_variant, newtype_variant, tuple_variant, struct_variant| Everything {
+            unit: (),
+            none: None,
+            some: Some("\"quoted\""),
+            chars: vec!['a', '"', '\n', 'é', '🚀'],
+            small: (-8, -16, -32, 8, 16, 32, i128::MIN, u128::MAX),
+            floats: (1.5, f64::NAN, f64::INFINITY, 0.1),
+            bytes: b"\x00\xffab",
+            unit_variant,
+            newtype_variant,
+            tuple_variant,
+            struct_variant,
+            newtype: Meters(2.5),
+            tuple_struct: Pair(7, "seven"),
+            int_keys: BTreeMap::from([(-1, "minus one"), (2, "two")]),
+            bool_keys: BTreeMap::from([(false, 0), (true, 1)]),
+            unit_variant_keys: BTreeMap::from([(Unit::First, 1), (Unit::Second, 2)]),
+            skipped: Vec::new(),
+            flattened: BTreeMap::from([
+                ("extra".to_owned(), json!({"k": "v\u{0}"})),
+                ("more".to_owned(), json!([1, "two"])),
+            ]),
+        };
+        same_as_serde_json(&all(
+            Kind::Plain,
+            Kind::Wrapped(1),
+            Kind::Pair(2, "b"),
+            Kind::Named { a: 3, b: "c\\" },
+        ));
+    }
+
+    #[test]
+    fn keys_serde_json_refuses_are_refused() {
+        let map = BTreeMap::from([(vec![1u8], 1u8)]);
+        assert!(serde_json::to_string(&map).is_err());
+        assert!(to_string(&map).is_err());
+        let map = BTreeMap::from([(None::<u8>, 1u8)]);
+        assert!(serde_json::to_string(&map).is_err());
+        assert!(to_string(&map).is_err());
+        let map = BTreeMap::from([(f64::NAN.to_bits(), ())]);
+        same_as_serde_json(&map);
+        let map = BTreeMap::from([(Some(1u8), 1u8)]);
+        same_as_serde_json(&map);
+    }
+
+    #[test]
+    fn a_plan_with_every_field_is_written_as_serde_json_writes_it() {
+        let plan: crate::Plan = serde_json::from_value(json!({
+            "apply": [{"object": {"apiVersion": "v1", "kind": "ConfigMap",
+                                  "metadata": {"name": "c", "namespace": "ns"},
+                                  "data": {"k": "v\n\"x\""}},
+                       "precondition": null, "force": true}],
+            "delete": [{"target": {"apiVersion": "v1", "kind": "Secret", "namespace": "ns", "name": "s"},
+                        "uid": "u", "resourceVersion": "7"}],
+            "status": {"phase": "Ready", "observedGeneration": 3},
+            "primaryPatch": {"metadata": {"annotations": {"a": "b"}}},
+            "events": [{"type": "Warning", "reason": "Why", "message": "what\tnow"}],
+            "requeueAfterMs": 1500,
+            "cleanupComplete": true,
+            "gauges": [{"name": "ratio", "labels": {"le": "0.5"}, "value": 0.25}],
+        }))
+        .expect("a plan");
+        same_as_serde_json(&plan);
+        let kind_plan = crate::Plan {
+            objects: vec![crate::ObjectPlan::new(
+                &json!({"metadata": {"name": "p", "namespace": "ns", "uid": "u1"}}),
+                plan.clone(),
+            )],
+            ..crate::Plan::default()
+        };
+        same_as_serde_json(&kind_plan);
+    }
+}
