@@ -6,8 +6,11 @@
 //! (an epoch check at each loop back-edge). Most strings of a Kubernetes
 //! object need no escape: [`needs_escape`] tells 8 bytes per turn, and such
 //! a string is copied whole. A string that needs escapes, and every
-//! floating-point number, is written by serde_json itself, so the text is
-//! the same either way (the tests compare them).
+//! floating-point number, is written by serde_json itself, and serde_json's
+//! special forms (a number of its `arbitrary_precision` feature, a
+//! `RawValue`: a struct named `$serde_json::private::…`) are written
+//! verbatim as serde_json writes them, so the text is the same either way
+//! (the tests compare them).
 
 use std::fmt::{self, Display, Write as _};
 
@@ -191,15 +194,9 @@ impl<'a> ser::Serializer for Writer<'a> {
     }
     fn serialize_newtype_struct<T: Serialize + ?Sized>(
         self,
-        name: &'static str,
+        _name: &'static str,
         value: &T,
     ) -> Result<(), Error> {
-        if name.starts_with("$serde_json::") {
-            // serde_json's own special forms (a raw value): its text.
-            self.out
-                .push_str(&serde_json::to_string(&Special(name, value))?);
-            return Ok(());
-        }
         value.serialize(self)
     }
     fn serialize_newtype_variant<T: Serialize + ?Sized>(
@@ -252,9 +249,21 @@ impl<'a> ser::Serializer for Writer<'a> {
             out: self.out,
             first: true,
             close: "}",
+            verbatim: false,
         })
     }
-    fn serialize_struct(self, _name: &'static str, len: usize) -> Result<Map<'a>, Error> {
+    fn serialize_struct(self, name: &'static str, len: usize) -> Result<Map<'a>, Error> {
+        if name.starts_with(SPECIAL) {
+            // A number of serde_json's `arbitrary_precision` or a
+            // `RawValue` (features a plugin's other dependencies may turn
+            // on): one field, its text written as it is.
+            return Ok(Map {
+                out: self.out,
+                first: true,
+                close: "",
+                verbatim: true,
+            });
+        }
         self.serialize_map(Some(len))
     }
     fn serialize_struct_variant(
@@ -271,16 +280,8 @@ impl<'a> ser::Serializer for Writer<'a> {
             out: self.out,
             first: true,
             close: "}}",
+            verbatim: false,
         })
-    }
-}
-
-/// A serde_json special form, handed back to serde_json unchanged.
-struct Special<'v, T: ?Sized>(&'static str, &'v T);
-
-impl<T: Serialize + ?Sized> Serialize for Special<'_, T> {
-    fn serialize<S: ser::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_newtype_struct(self.0, self.1)
     }
 }
 
@@ -350,11 +351,16 @@ impl ser::SerializeTupleVariant for Seq<'_> {
     }
 }
 
+/// How serde_json's special forms name their struct (and field).
+const SPECIAL: &str = "$serde_json::private::";
+
 /// The entries of an object.
 struct Map<'a> {
     out: &'a mut String,
     first: bool,
     close: &'static str,
+    /// A serde_json special form: the field's text, as it is.
+    verbatim: bool,
 }
 
 impl Map<'_> {
@@ -397,6 +403,15 @@ impl ser::SerializeStruct for Map<'_> {
         key: &'static str,
         value: &T,
     ) -> Result<(), Error> {
+        if self.verbatim {
+            return match serde_json::to_value(value)? {
+                serde_json::Value::String(text) => {
+                    self.out.push_str(&text);
+                    Ok(())
+                }
+                other => Err(Error(format!("{key} is not text: {other}"))),
+            };
+        }
         self.key(key);
         value.serialize(Writer { out: self.out })
     }
@@ -721,6 +736,29 @@ mod tests {
             Kind::Pair(2, "b"),
             Kind::Named { a: 3, b: "c\\" },
         ));
+    }
+
+    /// What serde_json's `arbitrary_precision` numbers and `RawValue`s
+    /// hand a serializer (features not on in this build): a struct named
+    /// `$serde_json::private::…` of one field, its text.
+    #[test]
+    fn serde_jsons_special_forms_are_written_verbatim() {
+        struct Special(&'static str, &'static str);
+        impl Serialize for Special {
+            fn serialize<S: ser::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                use ser::SerializeStruct;
+                let mut st = s.serialize_struct(self.0, 1)?;
+                st.serialize_field(self.0, self.1)?;
+                st.end()
+            }
+        }
+        let number = Special("$serde_json::private::Number", "12.50");
+        let raw = Special("$serde_json::private::RawValue", r#"{"a": [1, 2]}"#);
+        assert_eq!(to_string(&[&number]).expect("written"), "[12.50]");
+        assert_eq!(to_string(&raw).expect("written"), r#"{"a": [1, 2]}"#);
+        // Any other struct is an object.
+        let plain = Special("Plain", "x");
+        assert_eq!(to_string(&plain).expect("written"), r#"{"Plain":"x"}"#);
     }
 
     #[test]
