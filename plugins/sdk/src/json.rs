@@ -249,19 +249,20 @@ impl<'a> ser::Serializer for Writer<'a> {
             out: self.out,
             first: true,
             close: "}",
-            verbatim: false,
+            verbatim: None,
         })
     }
     fn serialize_struct(self, name: &'static str, len: usize) -> Result<Map<'a>, Error> {
         if name.starts_with(SPECIAL) {
             // A number of serde_json's `arbitrary_precision` or a
             // `RawValue` (features a plugin's other dependencies may turn
-            // on): one field, its text written as it is.
+            // on): one field, a string, its text written as it is.
+            let start = self.out.len();
             return Ok(Map {
                 out: self.out,
                 first: true,
                 close: "",
-                verbatim: true,
+                verbatim: Some(start),
             });
         }
         self.serialize_map(Some(len))
@@ -280,7 +281,7 @@ impl<'a> ser::Serializer for Writer<'a> {
             out: self.out,
             first: true,
             close: "}}",
-            verbatim: false,
+            verbatim: None,
         })
     }
 }
@@ -351,6 +352,42 @@ impl ser::SerializeTupleVariant for Seq<'_> {
     }
 }
 
+/// The string a JSON string literal of [`write_str`] holds (its escapes
+/// undone: those serde_json writes, `\"`, `\\`, `\b`, `\f`, `\n`,
+/// `\r`, `\t` and `\u00XX`, and `\/`); `None` for anything else. Small on
+/// purpose: serde_json's own parser for a `String` would add kilobytes to
+/// every plugin for what only serde_json's rare special forms need.
+fn unquote(quoted: &str) -> Option<String> {
+    let inner = quoted.strip_prefix('"')?.strip_suffix('"')?;
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        out.push(match chars.next()? {
+            '"' => '"',
+            '\\' => '\\',
+            '/' => '/',
+            'b' => '\u{8}',
+            'f' => '\u{c}',
+            'n' => '\n',
+            'r' => '\r',
+            't' => '\t',
+            'u' => {
+                let hex: String = chars.by_ref().take(4).collect();
+                if hex.len() != 4 {
+                    return None;
+                }
+                char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?
+            }
+            _ => return None,
+        });
+    }
+    Some(out)
+}
+
 /// How serde_json's special forms name their struct (and field).
 const SPECIAL: &str = "$serde_json::private::";
 
@@ -359,8 +396,9 @@ struct Map<'a> {
     out: &'a mut String,
     first: bool,
     close: &'static str,
-    /// A serde_json special form: the field's text, as it is.
-    verbatim: bool,
+    /// A serde_json special form: where its field's text starts (written
+    /// as a JSON string, unquoted at the end).
+    verbatim: Option<usize>,
 }
 
 impl Map<'_> {
@@ -403,19 +441,21 @@ impl ser::SerializeStruct for Map<'_> {
         key: &'static str,
         value: &T,
     ) -> Result<(), Error> {
-        if self.verbatim {
-            return match serde_json::to_value(value)? {
-                serde_json::Value::String(text) => {
-                    self.out.push_str(&text);
-                    Ok(())
-                }
-                other => Err(Error(format!("{key} is not text: {other}"))),
-            };
+        // One call of the field's serializer for both kinds of struct: a
+        // second, for special forms only, would be a second copy of every
+        // field type's code in every plugin.
+        if self.verbatim.is_none() {
+            self.key(key);
         }
-        self.key(key);
         value.serialize(Writer { out: self.out })
     }
     fn end(self) -> Result<(), Error> {
+        if let Some(start) = self.verbatim {
+            let quoted = self.out.split_off(start);
+            let text = unquote(&quoted)
+                .ok_or_else(|| Error(format!("a serde_json special form of {quoted}")))?;
+            self.out.push_str(&text);
+        }
         self.out.push_str(self.close);
         Ok(())
     }
@@ -510,8 +550,7 @@ impl ser::Serializer for Key<'_> {
         Ok(())
     }
     fn serialize_char(self, v: char) -> Result<(), Error> {
-        write_str(v.encode_utf8(&mut [0; 4]), self.out);
-        Ok(())
+        self.serialize_str(v.encode_utf8(&mut [0; 4]))
     }
     fn serialize_unit_variant(
         self,
@@ -756,9 +795,37 @@ mod tests {
         let raw = Special("$serde_json::private::RawValue", r#"{"a": [1, 2]}"#);
         assert_eq!(to_string(&[&number]).expect("written"), "[12.50]");
         assert_eq!(to_string(&raw).expect("written"), r#"{"a": [1, 2]}"#);
+        // Text that needs escapes comes back whole.
+        let raw = Special("$serde_json::private::RawValue", "[\"a\\\"b\\\\\",\n\u{1}]");
+        assert_eq!(
+            to_string(&raw).expect("written"),
+            "[\"a\\\"b\\\\\",\n\u{1}]"
+        );
         // Any other struct is an object.
         let plain = Special("Plain", "x");
         assert_eq!(to_string(&plain).expect("written"), r#"{"Plain":"x"}"#);
+    }
+
+    #[test]
+    fn unquote_undoes_every_escape_write_str_makes() {
+        let mut all: String = (0u32..0x80).filter_map(char::from_u32).collect();
+        all.push_str("café 日本 🚀 \\/\"");
+        for s in [all.as_str(), "", "plain", "\"", "\\", "\u{0}\u{1f}"] {
+            let mut quoted = String::new();
+            write_str(s, &mut quoted);
+            assert_eq!(unquote(&quoted).as_deref(), Some(s), "{quoted}");
+        }
+        assert_eq!(unquote(r#""\/""#).as_deref(), Some("/"));
+        for bad in [
+            "",
+            "x",
+            "\"unterminated",
+            r#""\q""#,
+            r#""\u12""#,
+            r#""\ud800""#,
+        ] {
+            assert_eq!(unquote(bad), None, "{bad}");
+        }
     }
 
     #[test]
