@@ -61,10 +61,6 @@ pub(crate) fn json_text(value: &impl Serialize) -> String {
         .unwrap_or_else(|e| panic!("wasmop-sdk: contract value does not serialize to JSON: {e}"))
 }
 
-fn text(value: &Value) -> String {
-    json_text(value)
-}
-
 fn parse(what: impl FnOnce() -> String, text: &str) -> Result<Value, ReconcileError> {
     serde_json::from_str(text)
         .map_err(|e| ReconcileError::internal(format!("{} is not valid JSON: {e}", what())))
@@ -122,19 +118,19 @@ impl From<Snapshot> for wit::Snapshot {
     fn from(s: Snapshot) -> Self {
         wit::Snapshot {
             controller: s.controller,
-            primary: text(&s.primary),
-            owned: s.owned.iter().map(text).collect(),
+            primary: json_text(&s.primary),
+            owned: s.owned.iter().map(json_text).collect(),
             related: s
                 .related
                 .into_iter()
                 .map(|r| wit::RelatedObject {
-                    object: text(&r.object),
+                    object: json_text(&r.object),
                     read: r.read,
                 })
                 .collect(),
             now: s.now,
             deleting: s.deleting,
-            settings: text(&s.settings),
+            settings: json_text(&s.settings),
             observations: s.observations.into_iter().map(observation_to_wit).collect(),
         }
     }
@@ -185,17 +181,17 @@ impl From<crate::admission::AdmissionRequest> for wit::AdmissionRequest {
     fn from(r: crate::admission::AdmissionRequest) -> Self {
         wit::AdmissionRequest {
             rule: r.rule,
-            request: text(&r.request),
+            request: json_text(&r.request),
             related: r
                 .related
                 .into_iter()
                 .map(|o| wit::RelatedObject {
-                    object: text(&o.object),
+                    object: json_text(&o.object),
                     read: o.read,
                 })
                 .collect(),
             now: r.now,
-            settings: text(&r.settings),
+            settings: json_text(&r.settings),
         }
     }
 }

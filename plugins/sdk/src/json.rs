@@ -91,6 +91,21 @@ impl From<serde_json::Error> for Error {
     }
 }
 
+/// The ten integer methods of a `Serializer`, each handing its value to
+/// `self.$with(v)`.
+macro_rules! integers {
+    ($with:ident) => {
+        integers!($with: serialize_i8 i8, serialize_i16 i16, serialize_i32 i32,
+            serialize_i64 i64, serialize_i128 i128, serialize_u8 u8, serialize_u16 u16,
+            serialize_u32 u32, serialize_u64 u64, serialize_u128 u128);
+    };
+    ($with:ident: $($method:ident $ty:ty),*) => {
+        $(fn $method(self, v: $ty) -> Result<(), Error> {
+            self.$with(v)
+        })*
+    };
+}
+
 /// A value's text appended to `out`.
 struct Writer<'a> {
     out: &'a mut String,
@@ -98,7 +113,6 @@ struct Writer<'a> {
 
 impl Writer<'_> {
     fn display(self, v: impl Display) -> Result<(), Error> {
-        // Integers: `Display` writes what serde_json (itoa) writes.
         let _ = write!(self.out, "{v}");
         Ok(())
     }
@@ -124,36 +138,8 @@ impl<'a> ser::Serializer for Writer<'a> {
         self.out.push_str(if v { "true" } else { "false" });
         Ok(())
     }
-    fn serialize_i8(self, v: i8) -> Result<(), Error> {
-        self.display(v)
-    }
-    fn serialize_i16(self, v: i16) -> Result<(), Error> {
-        self.display(v)
-    }
-    fn serialize_i32(self, v: i32) -> Result<(), Error> {
-        self.display(v)
-    }
-    fn serialize_i64(self, v: i64) -> Result<(), Error> {
-        self.display(v)
-    }
-    fn serialize_i128(self, v: i128) -> Result<(), Error> {
-        self.display(v)
-    }
-    fn serialize_u8(self, v: u8) -> Result<(), Error> {
-        self.display(v)
-    }
-    fn serialize_u16(self, v: u16) -> Result<(), Error> {
-        self.display(v)
-    }
-    fn serialize_u32(self, v: u32) -> Result<(), Error> {
-        self.display(v)
-    }
-    fn serialize_u64(self, v: u64) -> Result<(), Error> {
-        self.display(v)
-    }
-    fn serialize_u128(self, v: u128) -> Result<(), Error> {
-        self.display(v)
-    }
+    // Integers: `Display` writes what serde_json (itoa) writes.
+    integers!(display);
     fn serialize_f32(self, v: f32) -> Result<(), Error> {
         self.by_serde_json(&v)
     }
@@ -308,49 +294,27 @@ impl Seq<'_> {
     }
 }
 
-impl ser::SerializeSeq for Seq<'_> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-        self.element(value)
-    }
-    fn end(self) -> Result<(), Error> {
-        self.close()
-    }
+macro_rules! seq_impls {
+    ($($trait:ident $method:ident),*) => {
+        $(impl ser::$trait for Seq<'_> {
+            type Ok = ();
+            type Error = Error;
+            fn $method<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
+                self.element(value)
+            }
+            fn end(self) -> Result<(), Error> {
+                self.close()
+            }
+        })*
+    };
 }
 
-impl ser::SerializeTuple for Seq<'_> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-        self.element(value)
-    }
-    fn end(self) -> Result<(), Error> {
-        self.close()
-    }
-}
-
-impl ser::SerializeTupleStruct for Seq<'_> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-        self.element(value)
-    }
-    fn end(self) -> Result<(), Error> {
-        self.close()
-    }
-}
-
-impl ser::SerializeTupleVariant for Seq<'_> {
-    type Ok = ();
-    type Error = Error;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), Error> {
-        self.element(value)
-    }
-    fn end(self) -> Result<(), Error> {
-        self.close()
-    }
-}
+seq_impls!(
+    SerializeSeq serialize_element,
+    SerializeTuple serialize_element,
+    SerializeTupleStruct serialize_field,
+    SerializeTupleVariant serialize_field
+);
 
 /// The string a JSON string literal of [`write_str`] holds (its escapes
 /// undone: those serde_json writes, `\"`, `\\`, `\b`, `\f`, `\n`,
@@ -402,13 +366,12 @@ struct Map<'a> {
 }
 
 impl Map<'_> {
-    fn key(&mut self, key: &str) {
+    /// The comma before every entry but the first.
+    fn separate(&mut self) {
         if !self.first {
             self.out.push(',');
         }
         self.first = false;
-        write_str(key, self.out);
-        self.out.push(':');
     }
 }
 
@@ -416,10 +379,7 @@ impl ser::SerializeMap for Map<'_> {
     type Ok = ();
     type Error = Error;
     fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), Error> {
-        if !self.first {
-            self.out.push(',');
-        }
-        self.first = false;
+        self.separate();
         key.serialize(Key { out: self.out })?;
         self.out.push(':');
         Ok(())
@@ -445,7 +405,9 @@ impl ser::SerializeStruct for Map<'_> {
         // second, for special forms only, would be a second copy of every
         // field type's code in every plugin.
         if self.verbatim.is_none() {
-            self.key(key);
+            self.separate();
+            write_str(key, self.out);
+            self.out.push(':');
         }
         value.serialize(Writer { out: self.out })
     }
@@ -469,12 +431,10 @@ impl ser::SerializeStructVariant for Map<'_> {
         key: &'static str,
         value: &T,
     ) -> Result<(), Error> {
-        self.key(key);
-        value.serialize(Writer { out: self.out })
+        ser::SerializeStruct::serialize_field(self, key, value)
     }
     fn end(self) -> Result<(), Error> {
-        self.out.push_str(self.close);
-        Ok(())
+        ser::SerializeStruct::end(self)
     }
 }
 
@@ -486,52 +446,14 @@ struct Key<'a> {
 }
 
 impl Key<'_> {
-    /// serde_json's text of `key` as a map key (`{"k":0}` without its
-    /// braces and value).
-    fn by_serde_json(self, key: &impl Serialize) -> Result<(), Error> {
-        let mut map = std::collections::BTreeMap::new();
-        map.insert(Keyed(key), 0);
-        let text = serde_json::to_string(&map)?;
-        let inner = text
-            .strip_prefix('{')
-            .and_then(|t| t.strip_suffix(":0}"))
-            .ok_or_else(|| Error(format!("unexpected key text {text}")))?;
-        self.out.push_str(inner);
+    /// A number or bool as a key: its text, quoted (as serde_json writes
+    /// it).
+    fn quoted(self, v: impl Serialize) -> Result<(), Error> {
+        self.out.push('"');
+        v.serialize(Writer { out: self.out })?;
+        self.out.push('"');
         Ok(())
     }
-}
-
-/// A key compared by nothing: one entry per map, only to be serialized.
-struct Keyed<'k, K>(&'k K);
-
-impl<K> PartialEq for Keyed<'_, K> {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-impl<K> Eq for Keyed<'_, K> {}
-impl<K> PartialOrd for Keyed<'_, K> {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl<K> Ord for Keyed<'_, K> {
-    fn cmp(&self, _: &Self) -> std::cmp::Ordering {
-        std::cmp::Ordering::Equal
-    }
-}
-impl<K: Serialize> Serialize for Keyed<'_, K> {
-    fn serialize<S: ser::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(serializer)
-    }
-}
-
-macro_rules! key_by_serde_json {
-    ($($method:ident: $ty:ty),* $(,)?) => {
-        $(fn $method(self, v: $ty) -> Result<(), Error> {
-            self.by_serde_json(&v)
-        })*
-    };
 }
 
 impl ser::Serializer for Key<'_> {
@@ -568,14 +490,22 @@ impl ser::Serializer for Key<'_> {
         value.serialize(self)
     }
 
-    key_by_serde_json!(
-        serialize_bool: bool,
-        serialize_i8: i8, serialize_i16: i16, serialize_i32: i32, serialize_i64: i64,
-        serialize_i128: i128,
-        serialize_u8: u8, serialize_u16: u16, serialize_u32: u32, serialize_u64: u64,
-        serialize_u128: u128,
-        serialize_f32: f32, serialize_f64: f64,
-    );
+    integers!(quoted);
+    fn serialize_bool(self, v: bool) -> Result<(), Error> {
+        self.quoted(v)
+    }
+    fn serialize_f32(self, v: f32) -> Result<(), Error> {
+        if !v.is_finite() {
+            return Err(Error("float key must be finite".to_owned()));
+        }
+        self.quoted(v)
+    }
+    fn serialize_f64(self, v: f64) -> Result<(), Error> {
+        if !v.is_finite() {
+            return Err(Error("float key must be finite".to_owned()));
+        }
+        self.quoted(v)
+    }
 
     fn serialize_bytes(self, _v: &[u8]) -> Result<(), Error> {
         Err(key_error())
@@ -840,6 +770,21 @@ mod tests {
         same_as_serde_json(&map);
         let map = BTreeMap::from([(Some(1u8), 1u8)]);
         same_as_serde_json(&map);
+        // Float keys (no `Ord`, so a hand-made map): quoted, finite only.
+        struct FloatKeys(f64, f32);
+        impl Serialize for FloatKeys {
+            fn serialize<S: ser::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                use ser::SerializeMap;
+                let mut m = s.serialize_map(Some(2))?;
+                m.serialize_entry(&self.0, &true)?;
+                m.serialize_entry(&self.1, &false)?;
+                m.end()
+            }
+        }
+        same_as_serde_json(&FloatKeys(1.5, 0.1));
+        assert!(serde_json::to_string(&FloatKeys(f64::NAN, 0.1)).is_err());
+        assert!(to_string(&FloatKeys(f64::NAN, 0.1)).is_err());
+        assert!(to_string(&FloatKeys(1.0, f32::INFINITY)).is_err());
     }
 
     #[test]
