@@ -1,12 +1,40 @@
-//! Read-only accessors for Kubernetes objects held as JSON.
+//! Accessors for Kubernetes objects held as JSON.
 //!
 //! The host keeps objects as `serde_json::Value` — the one JSON shape that
 //! crosses the plugin boundary — and reads the few metadata fields it
 //! needs through these helpers. Missing fields read as empty / `None`.
+//! [`strip_bookkeeping`] is the one that changes an object: what the host
+//! holds and hands to plugins leaves out the API server's and kubectl's
+//! own bookkeeping.
 
 use std::collections::BTreeMap;
 
 use serde_json::Value;
+
+/// kubectl's client-side apply record: the whole object as last applied,
+/// as an annotation (for a `kubectl apply`-ed object, about as large as the
+/// rest of it).
+pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Removes `metadata.managedFields` and kubectl's last-applied annotation
+/// ([`LAST_APPLIED_ANNOTATION`], and `metadata.annotations` if that was its
+/// only entry): bookkeeping of the API server's and of kubectl that no
+/// plugin needs, which would otherwise be held in every cache and copied
+/// into every snapshot. Nothing is written back from such a copy: the
+/// host's writes are server-side applies of the plan's objects and merge
+/// patches of single fields, which leave both on the server as they are.
+pub fn strip_bookkeeping(object: &mut Value) {
+    let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) else {
+        return;
+    };
+    meta.remove("managedFields");
+    if let Some(annotations) = meta.get_mut("annotations").and_then(Value::as_object_mut)
+        && annotations.remove(LAST_APPLIED_ANNOTATION).is_some()
+        && annotations.is_empty()
+    {
+        meta.remove("annotations");
+    }
+}
 
 /// The string at a dotted path (`spec.instanceRef`), if it is a string.
 pub fn str_at<'a>(object: &'a Value, dotted: &str) -> Option<&'a str> {
@@ -132,6 +160,39 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn strip_bookkeeping_leaves_out_managed_fields_and_the_last_applied_annotation() {
+        let mut obj = json!({"metadata": {
+            "name": "a",
+            "managedFields": [{"manager": "kubectl"}],
+            "annotations": {LAST_APPLIED_ANNOTATION: "{}", "keep": "me"},
+        }, "spec": {"x": 1}});
+        strip_bookkeeping(&mut obj);
+        assert_eq!(
+            obj,
+            json!({"metadata": {"name": "a", "annotations": {"keep": "me"}}, "spec": {"x": 1}})
+        );
+        // Annotations that held only the record go; an empty map someone
+        // wrote stays as written.
+        let mut only = json!({"metadata": {"annotations": {LAST_APPLIED_ANNOTATION: "{}"}}});
+        strip_bookkeeping(&mut only);
+        assert_eq!(only, json!({"metadata": {}}));
+        let mut empty = json!({"metadata": {"annotations": {}}});
+        strip_bookkeeping(&mut empty);
+        assert_eq!(empty, json!({"metadata": {"annotations": {}}}));
+        // Not an object, or no metadata: left alone.
+        for mut odd in [
+            json!(null),
+            json!("x"),
+            json!({"spec": {}}),
+            json!({"metadata": 3}),
+        ] {
+            let before = odd.clone();
+            strip_bookkeeping(&mut odd);
+            assert_eq!(odd, before);
+        }
+    }
 
     #[test]
     fn controller_uid_reads_only_the_controller_reference() {

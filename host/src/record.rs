@@ -298,9 +298,7 @@ fn redacted_recording(
         );
         if seen.insert(id) {
             let mut o = (**o).clone();
-            if let Some(meta) = o.get_mut("metadata").and_then(Value::as_object_mut) {
-                meta.remove("managedFields");
-            }
+            object::strip_bookkeeping(&mut o);
             objects.push(o);
         }
     }

@@ -181,9 +181,9 @@ pub(crate) fn trigger_view(obj: &Value) -> Value {
     if let Some(m) = v.as_object_mut() {
         m.remove("status");
     }
+    crate::object::strip_bookkeeping(&mut v);
     if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
         meta.remove("resourceVersion");
-        meta.remove("managedFields");
         if let Some(ann) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
             ann.remove(RECONCILED_BY_ANNOTATION);
             if ann.is_empty() {

@@ -373,7 +373,7 @@ async fn writes(
             pending.answered(object::resource_version(&updated));
             if !dry {
                 primary = updated;
-                strip_managed_fields(&mut primary);
+                object::strip_bookkeeping(&mut primary);
             }
         }
     }
@@ -642,12 +642,6 @@ fn already_holds(
 fn follow_version(primary: &mut Value, updated: &Value) {
     if let Some(rv) = updated["metadata"]["resourceVersion"].as_str() {
         primary["metadata"]["resourceVersion"] = json!(rv);
-    }
-}
-
-fn strip_managed_fields(obj: &mut Value) {
-    if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
-        m.remove("managedFields");
     }
 }
 

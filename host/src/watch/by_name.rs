@@ -92,10 +92,8 @@ impl SecretReads {
             if let Some(m) = v.as_object_mut() {
                 m.insert("apiVersion".into(), "v1".into());
                 m.insert("kind".into(), "Secret".into());
-                if let Some(meta) = m.get_mut("metadata").and_then(Value::as_object_mut) {
-                    meta.remove("managedFields");
-                }
             }
+            crate::object::strip_bookkeeping(&mut v);
             Arc::new(v)
         }))
     }

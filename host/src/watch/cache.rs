@@ -757,7 +757,8 @@ fn replace_scope(
     }
 }
 
-/// The object as cached: without managedFields, and with `apiVersion` and
+/// The object as cached: without managedFields and kubectl's last-applied
+/// annotation ([`crate::object::strip_bookkeeping`]), and with `apiVersion` and
 /// `kind` always set (items of a list response may omit them, and plugins
 /// tell objects apart by kind).
 fn to_cached(obj: DynamicObject, resource: &ApiResource) -> Option<CachedObject> {
@@ -775,9 +776,7 @@ fn to_cached(obj: DynamicObject, resource: &ApiResource) -> Option<CachedObject>
             map.insert(field.to_owned(), Value::String(value.clone()));
         }
     }
-    if let Some(meta) = map.get_mut("metadata").and_then(Value::as_object_mut) {
-        meta.remove("managedFields");
-    }
+    crate::object::strip_bookkeeping(&mut v);
     Some(CachedObject::from_value(&v))
 }
 
@@ -821,6 +820,29 @@ mod tests {
             to_cached(typed, &ar).expect("value").value()["kind"],
             "StatefulSet"
         );
+    }
+
+    /// A `kubectl apply`-ed object: its last-applied annotation (a copy of
+    /// the whole object) is not cached, the object's other annotations are.
+    #[test]
+    fn cached_objects_leave_out_kubectls_last_applied_annotation() {
+        let ar = ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk("", "v1", "ConfigMap"));
+        let applied: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "f", "namespace": "n", "annotations": {
+                "kubectl.kubernetes.io/last-applied-configuration": "{\"data\":{\"k\":\"v\"}}",
+                "team": "a",
+            }},
+            "data": {"k": "v"}
+        }))
+        .expect("object");
+        let cached = to_cached(applied, &ar).expect("value");
+        assert_eq!(
+            cached.value()["metadata"]["annotations"],
+            json!({"team": "a"})
+        );
+        assert!(!cached.text().contains("last-applied"), "{}", cached.text());
+        assert_eq!(cached.value()["data"], json!({"k": "v"}));
     }
 
     fn cm_value(ns: &str, name: &str, uid: &str, owner: Option<&str>) -> Value {
