@@ -21,6 +21,8 @@ use wasmop_tests::{DEFAULT_DEADLINE, TestNamespace, apply_test_crds, wait_for};
 
 const WIDGETS: usize = 20;
 
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
 /// The writes to Widgets and ConfigMaps the operator sent through `seen`
 /// (Events and the like left out).
 fn object_writes(seen: &Interposer) -> Vec<Recorded> {
@@ -63,14 +65,34 @@ async fn converging_costs_one_write_per_object_and_a_converged_primary_none() ->
     )
     .await?;
     let n = WIDGETS;
+    // w0 as `kubectl apply` leaves it: the operator's caches and the
+    // plugin's snapshot leave the record out, the server keeps it.
+    let last_applied = r#"{"apiVersion":"test.wasmop.dev/v1","kind":"Widget","metadata":{"name":"w0"},"spec":{"value":"v0"}}"#;
     for i in 0..WIDGETS {
-        let obj: DynamicObject = serde_json::from_value(json!({
+        let mut obj: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
             "metadata": {"name": format!("w{i}")}, "spec": {"value": format!("v{i}")},
         }))?;
+        if i == 0 {
+            obj.metadata.annotations = Some(
+                [(LAST_APPLIED.to_owned(), last_applied.to_owned())]
+                    .into_iter()
+                    .collect(),
+            );
+        }
         api.create(&PostParams::default(), &obj).await?;
     }
     wait_for("every Widget Ready", DEFAULT_DEADLINE, || all_ready(&api)).await?;
+    let w0 = api.get("w0").await?;
+    assert_eq!(
+        w0.metadata
+            .annotations
+            .unwrap_or_default()
+            .get(LAST_APPLIED)
+            .map(String::as_str),
+        Some(last_applied),
+        "the Widget keeps kubectl's record through its reconciles"
+    );
     // Each ConfigMap's create comes back as a watch event: its echo. It
     // re-queues its Widget behind other changes, and that reconcile writes
     // nothing (checked below with the other writes). Every one is

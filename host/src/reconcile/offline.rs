@@ -346,6 +346,10 @@ fn push_object(
             what: object::describe(&obj),
         });
     }
+    // As the operator's caches hold objects, so a `kubectl get -o yaml`
+    // of a live object decides here as it does there.
+    let mut obj = obj;
+    object::strip_bookkeeping(&mut obj);
     input.objects.push(obj);
     Ok(())
 }
@@ -594,6 +598,29 @@ settings: {replicas: 2}
         assert_eq!(input.observations[0].status, Some(200));
         assert_eq!(input.options.now.as_deref(), Some("2025-01-01T00:00:00Z"));
         assert_eq!(input.options.settings, Some(json!({"replicas": 2})));
+    }
+
+    /// A live object as `kubectl get -o yaml --show-managed-fields` prints
+    /// it is read as the operator's caches hold it.
+    #[test]
+    fn input_objects_leave_out_bookkeeping_as_the_caches_do() {
+        let text = r#"
+apiVersion: test.wasmop.dev/v1
+kind: Widget
+metadata:
+  name: w
+  annotations:
+    kubectl.kubernetes.io/last-applied-configuration: '{"spec":{"value":"x"}}'
+    team: a
+  managedFields: [{manager: kubectl-client-side-apply, operation: Update}]
+spec: {value: x}
+"#;
+        let input = parse_input(text, "f.yaml").expect("parses");
+        assert_eq!(
+            input.objects[0]["metadata"],
+            json!({"name": "w", "annotations": {"team": "a"}})
+        );
+        assert_eq!(input.objects[0]["spec"], json!({"value": "x"}));
     }
 
     #[test]
