@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Shrinks a WebAssembly component by optimising its core module for size.
+"""Optimises a WebAssembly component's core module with binaryen's wasm-opt
+(for size unless flags are given: tests/build-plugins.sh passes -O3).
 
 usage: shrink-component.py IN.wasm OUT.wasm [wasm-opt flags...]
 
