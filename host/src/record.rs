@@ -141,7 +141,7 @@ impl Redactor {
             if let Some(a) = v
                 .pointer_mut("/metadata/annotations")
                 .and_then(Value::as_object_mut)
-                && let Some(last) = a.get_mut("kubectl.kubernetes.io/last-applied-configuration")
+                && let Some(last) = a.get_mut(object::LAST_APPLIED_ANNOTATION)
             {
                 let text = last.as_str().unwrap_or_default().as_bytes().to_vec();
                 *last = Value::String(self.token(&text));
