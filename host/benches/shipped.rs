@@ -24,7 +24,16 @@
 //! WASMOP_BENCH_EACH=1 cargo bench -p wasmop --bench shipped      # per fixture
 //! WASMOP_BENCH_INLINING=1 cargo bench -p wasmop --bench shipped  # Cranelift inlining on
 //! WASMOP_BENCH_FUEL=1 cargo bench -p wasmop --bench shipped      # fuel instead of epochs
+//! WASMOP_BENCH_COUNT_CHECKS=1 cargo bench -p wasmop --bench shipped  # where the checks are
 //! ```
+//!
+//! `WASMOP_BENCH_COUNT_CHECKS=1` times nothing: it makes one call per
+//! fixture on a sandbox that counts every epoch check against the guest
+//! function it is in (`Tuning::count_checks`) and prints, per plugin, the
+//! checks per call and the functions with the most. Plugins built by
+//! `tests/build-plugins.sh` have no function names (they are stripped), so
+//! functions show as `#` and their index unless the plugin was built with
+//! its name section kept.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -35,7 +44,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use wasmop::reconcile::golden::{GOLDEN_NOW, built_plugin};
 use wasmop::reconcile::offline;
-use wasmop::sandbox::Tuning;
+use wasmop::sandbox::{CheckPlace, Tuning};
 use wasmop::{LoadOptions, LoadedPlugin, Sandbox, SandboxConfig, Snapshot};
 
 const SHIPPED: [&str; 5] = ["instance", "engine", "fleet", "team", "backup"];
@@ -67,11 +76,14 @@ fn main() {
     // WASMOP_BENCH_FUEL=1: the first arm counts fuel instead of epochs
     // (`Tuning::fuel`), wasmtime's other way to stop a guest.
     let fuel = std::env::var_os("WASMOP_BENCH_FUEL").is_some_and(|v| v != "0");
+    // WASMOP_BENCH_COUNT_CHECKS=1: count the checks instead of timing.
+    let count = std::env::var_os("WASMOP_BENCH_COUNT_CHECKS").is_some_and(|v| v != "0");
     let shipped = Sandbox::tuned(
         SandboxConfig::default(),
         Tuning {
             epoch_interruption: !fuel,
             fuel,
+            count_checks: count,
             ..tuning
         },
     )
@@ -85,43 +97,55 @@ fn main() {
     )
     .expect("sandbox");
 
-    eprintln!(
-        "each shipped plugin on its golden fixtures, {rounds} interleaved pairs per fixture, medians{}",
-        if inlining {
-            ", Cranelift inlining on"
-        } else {
-            ""
-        }
-    );
-    let arm = if fuel { "fuel" } else { "epoch" };
-    eprintln!(
-        "  {:<9} {:>8} {:>14} {:>12} {:>12} {:>17}",
-        "plugin",
-        "fixtures",
-        "call (median)",
-        format!("sum {arm}"),
-        "sum neither",
-        format!("{arm}/neither")
-    );
+    if count {
+        eprintln!(
+            "each shipped plugin on its golden fixtures: epoch checks of one call per fixture, by guest function"
+        );
+    } else {
+        eprintln!(
+            "each shipped plugin on its golden fixtures, {rounds} interleaved pairs per fixture, medians{}",
+            if inlining {
+                ", Cranelift inlining on"
+            } else {
+                ""
+            }
+        );
+        let arm = if fuel { "fuel" } else { "epoch" };
+        eprintln!(
+            "  {:<9} {:>8} {:>14} {:>12} {:>12} {:>17}",
+            "plugin",
+            "fixtures",
+            "call (median)",
+            format!("sum {arm}"),
+            "sum neither",
+            format!("{arm}/neither")
+        );
+    }
     for name in SHIPPED {
         if !wanted.is_empty() && !wanted.iter().any(|w| w == name) {
             continue;
         }
         let path = built_plugin(name).unwrap_or_else(|e| panic!("{e}"));
-        let (measured, left_out) = measure(&shipped, &no_epoch, &path, name, rounds);
-        report(name, &measured, left_out);
+        let (measured, left_out, checks) = measure(&shipped, &no_epoch, &path, name, rounds, count);
+        if count {
+            report_checks(name, checks, measured.len(), left_out);
+        } else {
+            report(name, &measured, left_out);
+        }
     }
 }
 
-/// Every reconcile fixture of plugin `name`, measured; and how many
-/// fixtures were left out.
+/// Every reconcile fixture of plugin `name`, measured; how many fixtures
+/// were left out; and, when `count`ing, the epoch checks of one call of
+/// each per guest function (then nothing is timed).
 fn measure(
     shipped: &Arc<Sandbox>,
     no_epoch: &Arc<Sandbox>,
     path: &Path,
     name: &str,
     rounds: usize,
-) -> (Vec<Measured>, usize) {
+    count: bool,
+) -> (Vec<Measured>, usize, BTreeMap<CheckPlace, u64>) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../plugins")
         .join(name)
@@ -136,6 +160,8 @@ fn measure(
     let mut loaded: BTreeMap<String, (LoadedPlugin, LoadedPlugin)> = BTreeMap::new();
     let mut measured = Vec::new();
     let mut left_out = 0;
+    // Counting: only the checks of the one call per fixture below are kept.
+    let mut counted: BTreeMap<CheckPlace, u64> = BTreeMap::new();
     for fixture in fixtures {
         let text = std::fs::read_to_string(&fixture).expect("fixture");
         let input = offline::parse_input(&text, &fixture.display().to_string())
@@ -170,7 +196,16 @@ fn measure(
             "{}: the two sandboxes disagree",
             fixture.display()
         );
-        let (epoch, no_epoch) = interleaved(with, without, &snapshot, rounds);
+        let (epoch, no_epoch) = if count {
+            shipped.take_check_counts();
+            drop(black_box(with.reconcile(&snapshot)));
+            for (place, n) in shipped.take_check_counts() {
+                *counted.entry(place).or_insert(0) += n;
+            }
+            (Duration::ZERO, Duration::ZERO)
+        } else {
+            interleaved(with, without, &snapshot, rounds)
+        };
         measured.push(Measured {
             fixture: fixture
                 .file_stem()
@@ -181,7 +216,7 @@ fn measure(
             no_epoch,
         });
     }
-    (measured, left_out)
+    (measured, left_out, counted)
 }
 
 /// Medians of `rounds` calls of `a` and of `b`, alternating.
@@ -220,6 +255,51 @@ fn snapshot_bytes(s: &Snapshot) -> usize {
     len(&s.primary)
         + s.owned.iter().map(|o| len(o)).sum::<usize>()
         + s.related.iter().map(|r| len(&r.object)).sum::<usize>()
+}
+
+/// Checks per call of plugin `name`, how many are at function entries (a
+/// function's check at its lowest offset) and how many at loop headers,
+/// and the functions with the most.
+fn report_checks(name: &str, checks: BTreeMap<CheckPlace, u64>, calls: usize, left_out: usize) {
+    // Per function: (entries, loop turns). The places of one function are
+    // in offset order, so its first is its entry.
+    let mut functions: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for (place, n) in &checks {
+        match functions.get_mut(place.function.as_str()) {
+            Some((_, turns)) => *turns += n,
+            None => {
+                functions.insert(&place.function, (*n, 0));
+            }
+        }
+    }
+    let entries: u64 = functions.values().map(|f| f.0).sum();
+    let turns: u64 = functions.values().map(|f| f.1).sum();
+    let total = entries + turns;
+    let per_call = |n: u64| n / u64::try_from(calls.max(1)).unwrap_or(1);
+    #[allow(clippy::cast_precision_loss)]
+    let share = |n: u64| n as f64 * 100.0 / total.max(1) as f64;
+    eprintln!(
+        "  {name:<9} {calls}+{left_out} fixtures, {} epoch checks per call (mean): {} at function entries ({:.0}%), {} at loop headers; in {} functions",
+        per_call(total),
+        per_call(entries),
+        share(entries),
+        per_call(turns),
+        functions.len()
+    );
+    let mut by_count: Vec<(&str, (u64, u64))> = functions.into_iter().collect();
+    by_count.sort_by_key(|(_, (entries, turns))| std::cmp::Reverse(entries + turns));
+    eprintln!(
+        "      {:>9} {:>6} {:>9} {:>9}  function",
+        "checks", "share", "entries", "loops"
+    );
+    for (function, (entries, turns)) in by_count.iter().take(30) {
+        let function = format!("{:#}", rustc_demangle::demangle(function));
+        eprintln!(
+            "      {:>9} {:>5.1}% {entries:>9} {turns:>9}  {function}",
+            entries + turns,
+            share(entries + turns)
+        );
+    }
 }
 
 fn report(name: &str, measured: &[Measured], left_out: usize) {

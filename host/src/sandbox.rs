@@ -43,7 +43,8 @@
 //! and every table (at one pointer per element) of every instance in it; the
 //! sum may not exceed [`Limits::memory_bytes`].
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::plugin::bindings::wasmop::reconciler::diagnostics;
@@ -133,6 +134,13 @@ pub struct Tuning {
     /// stops a call). Only for the benchmarks, to price fuel against epoch
     /// interruption; off as shipped.
     pub fuel: bool,
+    /// Make every epoch check of a call stop in the host, which counts it
+    /// against the guest function and the place in it where it is
+    /// ([`Sandbox::take_check_counts`]) and lets the call go on until its
+    /// deadline. Only for the benchmarks, to see where a plugin's checks
+    /// are: calls take hundreds of times as long. Needs
+    /// `epoch_interruption`; off as shipped.
+    pub count_checks: bool,
 }
 
 impl Default for Tuning {
@@ -144,6 +152,7 @@ impl Default for Tuning {
             pagemap_scan: true,
             inlining: false,
             fuel: false,
+            count_checks: false,
         }
     }
 }
@@ -158,6 +167,7 @@ impl Tuning {
             pagemap_scan: false,
             inlining: false,
             fuel: false,
+            count_checks: false,
         }
     }
 }
@@ -188,6 +198,9 @@ pub struct Sandbox {
     epochs: bool,
     /// True only for a benchmark's sandbox that counts fuel.
     fuel: bool,
+    /// Epoch checks per place in the guest, for a benchmark's sandbox
+    /// made with [`Tuning::count_checks`].
+    checks: Option<Arc<Mutex<HashMap<CheckPlace, u64>>>>,
 }
 
 impl std::fmt::Debug for Sandbox {
@@ -275,6 +288,7 @@ impl Sandbox {
             config,
             epochs: tuning.epoch_interruption,
             fuel: tuning.fuel,
+            checks: (tuning.epoch_interruption && tuning.count_checks).then(Default::default),
         }))
     }
 
@@ -286,6 +300,22 @@ impl Sandbox {
     /// The configuration the sandbox was built with.
     pub fn config(&self) -> &SandboxConfig {
         &self.config
+    }
+
+    /// The epoch checks counted since the last take, per place, most first
+    /// (empty unless made with [`Tuning::count_checks`]).
+    #[doc(hidden)]
+    pub fn take_check_counts(&self) -> Vec<(CheckPlace, u64)> {
+        let Some(checks) = &self.checks else {
+            return Vec::new();
+        };
+        let mut counts: Vec<_> = checks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain()
+            .collect();
+        counts.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        counts
     }
 
     pub(crate) fn linker(&self) -> &Linker<StoreState> {
@@ -315,7 +345,9 @@ impl Sandbox {
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
-        if self.epochs {
+        if let Some(checks) = &self.checks {
+            count_checks(&mut store, Arc::clone(checks));
+        } else if self.epochs {
             store.set_epoch_deadline(deadline_ticks(limits.deadline, self.config.epoch_tick));
             store.epoch_deadline_trap();
         }
@@ -325,6 +357,48 @@ impl Sandbox {
         }
         store
     }
+}
+
+/// Where an epoch check is: the guest function (its name, or `#` and its
+/// index in a module without names) and the check's offset in the
+/// function's code. A function's entry check is the one at its lowest
+/// offset; the others are at loop headers.
+#[doc(hidden)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CheckPlace {
+    /// The function's name.
+    pub function: String,
+    /// Offset of the check in the function's code, when known.
+    pub offset: Option<usize>,
+}
+
+/// Makes every epoch check of `store` call back (a deadline of the current
+/// epoch, renewed the same way each time), count the check against its
+/// [`CheckPlace`] on top of the guest's stack and trap once the store's
+/// deadline has passed.
+fn count_checks(store: &mut Store<StoreState>, checks: Arc<Mutex<HashMap<CheckPlace, u64>>>) {
+    store.set_epoch_deadline(0);
+    store.epoch_deadline_callback(move |ctx| {
+        if Instant::now() >= ctx.data().deadline {
+            return Err(wasmtime::Trap::Interrupt.into());
+        }
+        let trace = wasmtime::WasmBacktrace::force_capture(&ctx);
+        let place = trace.frames().first().map_or_else(
+            || CheckPlace {
+                function: "(no guest frame)".to_owned(),
+                offset: None,
+            },
+            |f| CheckPlace {
+                function: f
+                    .func_name()
+                    .map_or_else(|| format!("#{}", f.func_index()), str::to_owned),
+                offset: f.func_offset(),
+            },
+        );
+        let mut checks = checks.lock().unwrap_or_else(PoisonError::into_inner);
+        *checks.entry(place).or_insert(0) += 1;
+        Ok(wasmtime::UpdateDeadline::Continue(0))
+    });
 }
 
 /// Epoch ticks that cover `deadline`, plus one for the tick in progress.
@@ -714,7 +788,7 @@ mod tests {
     }
 
     /// Every tuning a benchmark may build a sandbox with.
-    fn every_tuning() -> [Tuning; 3] {
+    fn every_tuning() -> [Tuning; 4] {
         [
             Tuning::default(),
             Tuning::wasmtime_defaults(),
@@ -722,7 +796,54 @@ mod tests {
                 inlining: true,
                 ..Tuning::default()
             },
+            Tuning {
+                count_checks: true,
+                ..Tuning::default()
+            },
         ]
+    }
+
+    #[test]
+    fn counted_checks_are_each_function_entry_and_loop_turn() {
+        let wat = r#"(component
+  (core module $m
+    (func $step (param i32) (result i32) (i32.add (local.get 0) (i32.const 1)))
+    (func $run (export "run") (result i32)
+      (local $n i32)
+      (loop $again
+        (local.set $n (call $step (local.get $n)))
+        (br_if $again (i32.lt_u (local.get $n) (i32.const 10))))
+      (local.get $n)))
+  (core instance $i (instantiate $m))
+  (func (export "run") (result u32) (canon lift (core func $i "run"))))"#;
+        let bytes = wat::parse_str(wat).expect("the component parses");
+        let sandbox = one_slot(Tuning {
+            count_checks: true,
+            ..Tuning::default()
+        });
+        let component =
+            wasmtime::component::Component::new(sandbox.engine(), &bytes).expect("compiles");
+        let pre = sandbox.linker().instantiate_pre(&component).expect("links");
+        for _ in 0..2 {
+            let mut store = sandbox.store(&Limits::default(), UNIX_EPOCH);
+            let instance = pre.instantiate(&mut store).expect("instantiates");
+            let run = instance
+                .get_typed_func::<(), (u32,)>(&mut store, "run")
+                .expect("run export");
+            assert_eq!(run.call(&mut store, ()).expect("runs"), (10,));
+            // `step` is entered 10 times; `run` once (its check at the
+            // lowest offset), and its loop's header is passed 10 times.
+            let mut places = sandbox.take_check_counts();
+            places.sort_by(|a, b| a.0.cmp(&b.0));
+            let seen: Vec<(&str, u64)> = places
+                .iter()
+                .map(|(place, n)| (place.function.as_str(), *n))
+                .collect();
+            assert_eq!(seen, [("run", 1), ("run", 10), ("step", 10)], "{places:?}");
+            assert!(places.iter().all(|(place, _)| place.offset.is_some()));
+        }
+        // Nothing is counted without the tuning.
+        assert!(one_slot(Tuning::default()).take_check_counts().is_empty());
     }
 
     #[test]
