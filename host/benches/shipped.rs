@@ -25,7 +25,13 @@
 //! WASMOP_BENCH_INLINING=1 cargo bench -p wasmop --bench shipped  # Cranelift inlining on
 //! WASMOP_BENCH_FUEL=1 cargo bench -p wasmop --bench shipped      # fuel instead of epochs
 //! WASMOP_BENCH_COUNT_CHECKS=1 cargo bench -p wasmop --bench shipped  # where the checks are
+//! WASMOP_BENCH_SETS=5 cargo bench -p wasmop --bench shipped     # 5 sets, then their medians
 //! ```
+//!
+//! The ratio of one set moves by a point or two from one set to the next
+//! on the same build (BENCHMARKS.md); `WASMOP_BENCH_SETS=n` measures every
+//! plugin `n` times over, one plugin after the other in each set, and ends
+//! with each plugin's median ratio of the sets and their range.
 //!
 //! `WASMOP_BENCH_COUNT_CHECKS=1` times nothing: it makes one call per
 //! fixture on a sandbox that counts every epoch check against the guest
@@ -66,6 +72,11 @@ fn main() {
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(600);
+    let sets: usize = std::env::var("WASMOP_BENCH_SETS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(1)
+        .max(1);
     // WASMOP_BENCH_INLINING=1: both sandboxes with Cranelift's inlining
     // on (`Tuning::inlining`), to price the checks it removes.
     let inlining = std::env::var_os("WASMOP_BENCH_INLINING").is_some_and(|v| v != "0");
@@ -121,18 +132,54 @@ fn main() {
             format!("{arm}/neither")
         );
     }
-    for name in SHIPPED {
-        if !wanted.is_empty() && !wanted.iter().any(|w| w == name) {
-            continue;
+    // Per plugin, each set's sums with checks and without.
+    let mut sums: BTreeMap<&str, Vec<(Duration, Duration)>> = BTreeMap::new();
+    for set in 1..=if count { 1 } else { sets } {
+        if sets > 1 && !count {
+            eprintln!("  set {set} of {sets}");
         }
-        let path = built_plugin(name).unwrap_or_else(|e| panic!("{e}"));
-        let (measured, left_out, checks) = measure(&shipped, &no_epoch, &path, name, rounds, count);
-        if count {
-            report_checks(name, checks, measured.len(), left_out);
-        } else {
-            report(name, &measured, left_out);
+        for name in SHIPPED {
+            if !wanted.is_empty() && !wanted.iter().any(|w| w == name) {
+                continue;
+            }
+            let path = built_plugin(name).unwrap_or_else(|e| panic!("{e}"));
+            let (measured, left_out, checks) =
+                measure(&shipped, &no_epoch, &path, name, rounds, count);
+            if count {
+                report_checks(name, checks, measured.len(), left_out);
+            } else {
+                report(name, &measured, left_out);
+                sums.entry(name).or_default().push((
+                    measured.iter().map(|m| m.epoch).sum(),
+                    measured.iter().map(|m| m.no_epoch).sum(),
+                ));
+            }
         }
     }
+    if sets > 1 && !count {
+        eprintln!("  medians of the {sets} sets (sums of the fixtures' medians):");
+        for (name, sets) in sums {
+            report_sets(name, &sets);
+        }
+    }
+}
+
+/// A plugin's median sums and median ratio over the sets, and the range of
+/// the sets' ratios.
+fn report_sets(name: &str, sets: &[(Duration, Duration)]) {
+    let ratio = |(with, without): &(Duration, Duration)| {
+        with.as_secs_f64() / without.as_secs_f64().max(f64::MIN_POSITIVE)
+    };
+    let mut ratios: Vec<f64> = sets.iter().map(ratio).collect();
+    ratios.sort_by(f64::total_cmp);
+    let with = median(sets.iter().map(|s| s.0).collect());
+    let without = median(sets.iter().map(|s| s.1).collect());
+    eprintln!(
+        "  {name:<9} {with:>12.3?} {without:>12.3?} ratio {:.3} ({:.3}–{:.3})",
+        ratios[ratios.len() / 2],
+        ratios[0],
+        ratios[ratios.len() - 1]
+    );
 }
 
 /// Every reconcile fixture of plugin `name`, measured; how many fixtures
