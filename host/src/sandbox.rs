@@ -302,20 +302,18 @@ impl Sandbox {
         &self.config
     }
 
-    /// The epoch checks counted since the last take, per place, most first
-    /// (empty unless made with [`Tuning::count_checks`]).
+    /// The epoch checks counted since the last take, per place, in no
+    /// particular order (empty unless made with [`Tuning::count_checks`]).
     #[doc(hidden)]
     pub fn take_check_counts(&self) -> Vec<(CheckPlace, u64)> {
         let Some(checks) = &self.checks else {
             return Vec::new();
         };
-        let mut counts: Vec<_> = checks
+        checks
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .drain()
-            .collect();
-        counts.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        counts
+            .collect()
     }
 
     pub(crate) fn linker(&self) -> &Linker<StoreState> {
@@ -787,6 +785,24 @@ mod tests {
         .expect("sandbox")
     }
 
+    /// A fresh store under `limits`, an instance of `pre` in it and a call
+    /// of its `export` (no arguments, one `u32` result); the store is kept
+    /// for what the call left in it.
+    fn call_u32(
+        sandbox: &Sandbox,
+        pre: &wasmtime::component::InstancePre<StoreState>,
+        limits: &Limits,
+        export: &str,
+    ) -> (Store<StoreState>, wasmtime::Result<u32>) {
+        let mut store = sandbox.store(limits, UNIX_EPOCH);
+        let instance = pre.instantiate(&mut store).expect("instantiates");
+        let func = instance
+            .get_typed_func::<(), (u32,)>(&mut store, export)
+            .unwrap_or_else(|e| panic!("{export} export: {e}"));
+        let result = func.call(&mut store, ()).map(|(n,)| n);
+        (store, result)
+    }
+
     /// Every tuning a benchmark may build a sandbox with.
     fn every_tuning() -> [Tuning; 4] {
         [
@@ -825,12 +841,8 @@ mod tests {
             wasmtime::component::Component::new(sandbox.engine(), &bytes).expect("compiles");
         let pre = sandbox.linker().instantiate_pre(&component).expect("links");
         for _ in 0..2 {
-            let mut store = sandbox.store(&Limits::default(), UNIX_EPOCH);
-            let instance = pre.instantiate(&mut store).expect("instantiates");
-            let run = instance
-                .get_typed_func::<(), (u32,)>(&mut store, "run")
-                .expect("run export");
-            assert_eq!(run.call(&mut store, ()).expect("runs"), (10,));
+            let (_, ran) = call_u32(&sandbox, &pre, &Limits::default(), "run");
+            assert_eq!(ran.expect("runs"), 10);
             // `step` is entered 10 times; `run` once (its check at the
             // lowest offset), and its loop's header is passed 10 times.
             let mut places = sandbox.take_check_counts();
@@ -872,15 +884,9 @@ mod tests {
                 deadline: Duration::from_millis(100),
                 ..Limits::default()
             };
-            let mut store = sandbox.store(&limits, UNIX_EPOCH);
-            let instance = pre.instantiate(&mut store).expect("instantiates");
-            let spin = instance
-                .get_typed_func::<(), (u32,)>(&mut store, "spin")
-                .expect("spin export");
             let started = std::time::Instant::now();
-            let e = spin
-                .call(&mut store, ())
-                .expect_err("never returns by itself");
+            let (_, spun) = call_u32(&sandbox, &pre, &limits, "spin");
+            let e = spun.expect_err("never returns by itself");
             assert_eq!(
                 e.downcast_ref::<wasmtime::Trap>(),
                 Some(&wasmtime::Trap::Interrupt),
@@ -911,12 +917,8 @@ mod tests {
             let pre = sandbox.linker().instantiate_pre(&component).expect("links");
             // One slot: every call reuses the memory the previous one dirtied.
             for call in 0..4 {
-                let mut store = sandbox.store(&Limits::default(), UNIX_EPOCH);
-                let instance = pre.instantiate(&mut store).expect("instantiates");
-                let probe = instance
-                    .get_typed_func::<(), (u32,)>(&mut store, "probe")
-                    .expect("probe export");
-                let (seen,) = probe.call(&mut store, ()).expect("runs");
+                let (_, seen) = call_u32(&sandbox, &pre, &Limits::default(), "probe");
+                let seen = seen.expect("runs");
                 assert_eq!(seen, 5, "call {call} under {tuning:?} saw {seen:#x}");
             }
         }
@@ -927,12 +929,8 @@ mod tests {
         let sandbox = one_slot(Tuning::default());
         let component = probe_component(sandbox.engine());
         let pre = sandbox.linker().instantiate_pre(&component).expect("links");
-        let mut store = sandbox.store(&Limits::default(), UNIX_EPOCH);
-        let instance = pre.instantiate(&mut store).expect("instantiates");
-        let probe = instance
-            .get_typed_func::<(), (u32,)>(&mut store, "probe")
-            .expect("probe export");
-        probe.call(&mut store, ()).expect("runs");
+        let (mut store, probed) = call_u32(&sandbox, &pre, &Limits::default(), "probe");
+        probed.expect("runs");
         // A call that made no WASI call leaves none made, and no stderr.
         assert!(store.data().wasi.is_none());
         assert_eq!(store.data().stderr(), "");
