@@ -141,6 +141,7 @@ fn native(s: &Snapshot) -> wasmop::Plan {
 fn bench(c: &mut Criterion) {
     let config = SandboxConfig::default;
     let shipped = Sandbox::new(config()).expect("sandbox");
+    eprintln!("memory reset after each call: {}", shipped.memory_reset());
     let tuned = |tuning| Sandbox::tuned(config(), tuning).expect("sandbox");
     let defaults = tuned(Tuning::wasmtime_defaults());
     let no_epoch = tuned(Tuning {

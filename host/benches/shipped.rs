@@ -99,6 +99,7 @@ fn main() {
         },
     )
     .expect("sandbox");
+    eprintln!("memory reset after each call: {}", shipped.memory_reset());
     let no_epoch = Sandbox::tuned(
         SandboxConfig::default(),
         Tuning {

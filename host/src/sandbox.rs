@@ -22,6 +22,18 @@
 //! next call a page fault per page; it costs up to that many resident bytes
 //! per pool slot in use.
 //!
+//! `PAGEMAP_SCAN` as wasmtime 48 uses it reports only pages that are
+//! present: a page the call dirtied that the kernel swapped out before the
+//! call ended is neither reset nor returned, and the next call in the slot
+//! reads what the previous one wrote there (the unit test
+//! `pages_swapped_out_during_a_call_are_reset_too` shows it with a swap
+//! file). So the scan is used only where swap cannot reach this process
+//! ([`swap_in_reach`]: no active swap device, or a cgroup whose
+//! `memory.swap.max` is 0); otherwise every page a call touched is returned
+//! to the kernel when it ends ([`MemoryReset::Whole`], wasmtime's own way,
+//! about 18 µs more per small call). [`Sandbox::memory_reset`] says which,
+//! and the operator logs it at start.
+//!
 //! # Every call ends on time
 //!
 //! Epoch interruption stops wasm code at the deadline, but not a host call
@@ -141,6 +153,10 @@ pub struct Tuning {
     /// are: calls take hundreds of times as long. Needs
     /// `epoch_interruption`; off as shipped.
     pub count_checks: bool,
+    /// Use the page scan even where swap can reach this process (see
+    /// [`MemoryReset`]): calls may then see pages an earlier call left.
+    /// Only for tests that show it, and benchmarks; off as shipped.
+    pub ignore_swap: bool,
 }
 
 impl Default for Tuning {
@@ -153,6 +169,7 @@ impl Default for Tuning {
             inlining: false,
             fuel: false,
             count_checks: false,
+            ignore_swap: false,
         }
     }
 }
@@ -168,8 +185,93 @@ impl Tuning {
             inlining: false,
             fuel: false,
             count_checks: false,
+            ignore_swap: false,
         }
     }
+}
+
+/// How the pool restores a slot's linear memory when a call ends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MemoryReset {
+    /// Only the pages the call dirtied, found with `PAGEMAP_SCAN`, are
+    /// restored (or zeroed) in place; the rest stays as it was. Used only
+    /// where swap cannot reach this process.
+    DirtyPages,
+    /// Every page the call touched is returned to the kernel, which maps
+    /// the initial image or zeroes afresh at the next touch.
+    Whole {
+        /// Why the page scan is not used, for the operator's log.
+        why: String,
+    },
+}
+
+impl std::fmt::Display for MemoryReset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MemoryReset::DirtyPages => {
+                f.write_str("dirty pages only (PAGEMAP_SCAN; no swap can reach this process)")
+            }
+            MemoryReset::Whole { why } => {
+                write!(f, "every touched page returned to the kernel ({why})")
+            }
+        }
+    }
+}
+
+/// Why swap could take pages of this process, or `None` when it cannot:
+/// `/proc/swaps` lists no active device, or this process's cgroup (v2) or
+/// one above it has `memory.swap.max` 0. Unreadable files count as swap in
+/// reach, except a missing `/proc/swaps` (a kernel without swap support).
+pub fn swap_in_reach() -> Option<String> {
+    let swaps = match std::fs::read_to_string("/proc/swaps") {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => return Some(format!("/proc/swaps could not be read: {e}")),
+    };
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let limits: Vec<Option<String>> = cgroup_v2_path(&cgroup)
+        .map(|path| {
+            swap_max_files(&path)
+                .into_iter()
+                .map(|file| std::fs::read_to_string(file).ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    swap_verdict(&swaps, &limits)
+}
+
+/// [`swap_in_reach`] on what it read: the text of `/proc/swaps` and the
+/// `memory.swap.max` of this process's cgroup and each one above it (`None`
+/// where there is no such file).
+fn swap_verdict(swaps: &str, swap_max: &[Option<String>]) -> Option<String> {
+    let device = swaps
+        .lines()
+        .skip(1)
+        .find_map(|line| line.split_whitespace().next())?;
+    if swap_max.iter().flatten().any(|max| max.trim() == "0") {
+        return None;
+    }
+    Some(format!(
+        "swap is on ({device}) and no cgroup of this process sets memory.swap.max to 0"
+    ))
+}
+
+/// The cgroup v2 path of `/proc/self/cgroup`'s text (its `0::` line).
+fn cgroup_v2_path(text: &str) -> Option<String> {
+    text.lines()
+        .find_map(|line| line.strip_prefix("0::"))
+        .map(str::to_owned)
+}
+
+/// `memory.swap.max` of the cgroup at `path` and of each one above it.
+fn swap_max_files(path: &str) -> Vec<std::path::PathBuf> {
+    let mut dir = std::path::PathBuf::from("/sys/fs/cgroup");
+    let mut files = vec![dir.join("memory.swap.max")];
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        dir.push(part);
+        files.push(dir.join("memory.swap.max"));
+    }
+    files
 }
 
 /// Size of the in-memory stderr a call may fill (for panic messages).
@@ -192,6 +294,7 @@ pub enum SandboxError {
 /// The shared engine and linker. Cheap to share behind an [`Arc`].
 pub struct Sandbox {
     engine: Engine,
+    reset: MemoryReset,
     linker: Linker<StoreState>,
     config: SandboxConfig,
     /// False only for a benchmark's sandbox without deadlines.
@@ -232,6 +335,24 @@ impl Sandbox {
     /// As [`Sandbox::new`].
     #[doc(hidden)]
     pub fn tuned(config: SandboxConfig, tuning: Tuning) -> Result<Arc<Sandbox>, SandboxError> {
+        let reset = if tuning.pagemap_scan {
+            match swap_in_reach().filter(|_| !tuning.ignore_swap) {
+                Some(why) => MemoryReset::Whole { why },
+                None => MemoryReset::DirtyPages,
+            }
+        } else {
+            MemoryReset::Whole {
+                why: "the page scan is off in this sandbox's tuning".into(),
+            }
+        };
+        // Pages kept resident are reset in place only where the scan finds
+        // them; without it, wasmtime would `memset` all of them after every
+        // call, slower than returning them (BENCHMARKS.md, "Swap").
+        let (memory_keep_resident, pagemap_scan) = match reset {
+            MemoryReset::DirtyPages => (tuning.memory_keep_resident, Enabled::Auto),
+            MemoryReset::Whole { .. } if tuning.pagemap_scan => (0, Enabled::No),
+            MemoryReset::Whole { .. } => (tuning.memory_keep_resident, Enabled::No),
+        };
         let mut pool = PoolingAllocationConfig::new();
         let n = config.max_instances.max(1);
         pool.total_component_instances(n)
@@ -242,13 +363,9 @@ impl Sandbox {
             .total_tables(n.saturating_mul(8))
             .max_memories_per_module(1)
             .max_memory_size(config.max_memory_bytes)
-            .linear_memory_keep_resident(tuning.memory_keep_resident)
+            .linear_memory_keep_resident(memory_keep_resident)
             .table_keep_resident(tuning.table_keep_resident)
-            .pagemap_scan(if tuning.pagemap_scan {
-                Enabled::Auto
-            } else {
-                Enabled::No
-            });
+            .pagemap_scan(pagemap_scan);
 
         let mut wasm = Config::new();
         wasm.wasm_component_model(true)
@@ -284,12 +401,18 @@ impl Sandbox {
 
         Ok(Arc::new(Sandbox {
             engine,
+            reset,
             linker,
             config,
             epochs: tuning.epoch_interruption,
             fuel: tuning.fuel,
             checks: (tuning.epoch_interruption && tuning.count_checks).then(Default::default),
         }))
+    }
+
+    /// How a call's memory is restored for the next call in its pool slot.
+    pub fn memory_reset(&self) -> &MemoryReset {
+        &self.reset
     }
 
     /// The shared engine.
@@ -922,6 +1045,147 @@ mod tests {
                 assert_eq!(seen, 5, "call {call} under {tuning:?} saw {seen:#x}");
             }
         }
+    }
+
+    #[test]
+    fn swap_is_in_reach_unless_none_is_on_or_a_cgroup_forbids_it() {
+        let header = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n";
+        let on =
+            format!("{header}/swapfile                               file\t\t65532\t\t0\t\t-2\n");
+        assert_eq!(swap_verdict(header, &[]), None);
+        assert_eq!(swap_verdict("", &[]), None);
+        let why = swap_verdict(&on, &[None, Some("max\n".into())]).expect("in reach");
+        assert!(why.contains("/swapfile"), "{why}");
+        // A limit of 0 anywhere on the path keeps this process out of swap.
+        assert_eq!(
+            swap_verdict(&on, &[Some("max\n".into()), Some("0\n".into()), None]),
+            None
+        );
+        assert!(swap_verdict(&on, &[Some("1048576\n".into())]).is_some());
+        assert_eq!(
+            cgroup_v2_path("12:memory:/a\n0::/kubepods/pod1/c1\n").as_deref(),
+            Some("/kubepods/pod1/c1")
+        );
+        assert_eq!(cgroup_v2_path("4:memory:/a\n"), None);
+        let files = swap_max_files("/kubepods/pod1");
+        let files: Vec<_> = files.iter().map(|f| f.to_str().unwrap()).collect();
+        assert_eq!(
+            files,
+            [
+                "/sys/fs/cgroup/memory.swap.max",
+                "/sys/fs/cgroup/kubepods/memory.swap.max",
+                "/sys/fs/cgroup/kubepods/pod1/memory.swap.max",
+            ]
+        );
+    }
+
+    /// A swap file, on while it lives (`mkswap`, `swapon`; needs root).
+    struct SwapFile(std::path::PathBuf);
+
+    impl SwapFile {
+        fn on(bytes: usize) -> SwapFile {
+            let path =
+                std::env::temp_dir().join(format!("wasmop-test-swap-{}", std::process::id()));
+            std::fs::write(&path, vec![0u8; bytes]).expect("swap file written");
+            let mode = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+            std::fs::set_permissions(&path, mode).expect("swap file mode");
+            let file = SwapFile(path);
+            file.run("mkswap");
+            file.run("swapon");
+            file
+        }
+
+        fn run(&self, command: &str) {
+            let out = std::process::Command::new(command)
+                .arg(&self.0)
+                .output()
+                .unwrap_or_else(|e| panic!("{command}: {e}"));
+            assert!(
+                out.status.success(),
+                "{command} {} (this test needs root): {}{}",
+                self.0.display(),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+
+    impl Drop for SwapFile {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("swapoff").arg(&self.0).status();
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    /// Asks the kernel to swap out every private writable mapping of this
+    /// process (`MADV_PAGEOUT`), the pool's linear memories among them.
+    #[allow(unsafe_code)]
+    fn page_out_everything() {
+        let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
+        for line in maps.lines() {
+            let mut fields = line.split_whitespace();
+            let (Some(range), Some(perms)) = (fields.next(), fields.next()) else {
+                continue;
+            };
+            let Some((start, end)) = range.split_once('-') else {
+                continue;
+            };
+            let (Ok(start), Ok(end)) = (
+                usize::from_str_radix(start, 16),
+                usize::from_str_radix(end, 16),
+            ) else {
+                continue;
+            };
+            if perms.starts_with("rw") && perms.ends_with('p') {
+                // SAFETY: MADV_PAGEOUT is advice: it may move pages to swap
+                // but never changes what the memory holds.
+                let _ = unsafe {
+                    rustix::mm::madvise(
+                        start as *mut std::ffi::c_void,
+                        end - start,
+                        rustix::mm::Advice::LinuxPageOut,
+                    )
+                };
+            }
+        }
+    }
+
+    #[test]
+    fn pages_swapped_out_during_a_call_are_reset_too() {
+        let swap = SwapFile::on(64 << 20);
+        // Three calls through one slot; while each call's instance is still
+        // alive, its dirty pages go to swap.
+        let calls = |sandbox: &Sandbox| {
+            let component = probe_component(sandbox.engine());
+            let pre = sandbox.linker().instantiate_pre(&component).expect("links");
+            (0..3)
+                .map(|_| {
+                    let (store, seen) = call_u32(sandbox, &pre, &Limits::default(), "probe");
+                    page_out_everything();
+                    drop(store);
+                    seen.expect("runs")
+                })
+                .collect::<Vec<_>>()
+        };
+        // The scan misses swapped-out pages: the second call reads the
+        // first call's fill (0xab). This also shows the pages did go to
+        // swap; should wasmtime reset them one day, this fails and the scan
+        // can be used with swap on.
+        let scanning = one_slot(Tuning {
+            ignore_swap: true,
+            ..Tuning::default()
+        });
+        assert_eq!(scanning.memory_reset(), &MemoryReset::DirtyPages);
+        let seen = calls(&scanning);
+        assert_eq!(seen[0], 5);
+        assert_ne!(seen[1..], [5, 5], "the scan reset swapped-out pages");
+        // As shipped: swap is seen, the scan is off, every call is pristine.
+        let shipped = one_slot(Tuning::default());
+        let MemoryReset::Whole { why } = shipped.memory_reset() else {
+            panic!("the scan is used with swap on");
+        };
+        assert!(why.contains(swap.0.to_str().unwrap()), "{why}");
+        assert_eq!(calls(&shipped), [5, 5, 5]);
     }
 
     #[test]

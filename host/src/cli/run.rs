@@ -31,7 +31,7 @@ use crate::metrics;
 use crate::plugin::hotswap::{OptionsFor, PluginDir};
 use crate::plugin::{CompileCache, LoadOptions};
 use crate::reconcile::validate::PlanLimits;
-use crate::sandbox::{Limits, Sandbox, SandboxConfig};
+use crate::sandbox::{Limits, MemoryReset, Sandbox, SandboxConfig};
 
 /// Arguments of `wasmop run`.
 #[derive(Debug, Args)]
@@ -280,6 +280,15 @@ fn largest_deadline(file: &OperatorFile) -> Duration {
 async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunError> {
     let sandbox =
         Sandbox::new(SandboxConfig::default()).map_err(|e| RunError::Sandbox(e.to_string()))?;
+    match sandbox.memory_reset() {
+        MemoryReset::DirtyPages => {
+            tracing::info!(reset = %sandbox.memory_reset(), "plugin call memory")
+        }
+        MemoryReset::Whole { .. } => tracing::warn!(
+            reset = %sandbox.memory_reset(),
+            "plugin call memory: the faster reset of dirty pages alone is off, calls cost more"
+        ),
+    }
     let (dirs, oci_sources) = split_sources(&args.plugins)?;
     for name in file.plugins.keys() {
         if !dirs
