@@ -32,7 +32,9 @@
 //! `memory.swap.max` is 0); otherwise every page a call touched is returned
 //! to the kernel when it ends ([`MemoryReset::Whole`], wasmtime's own way,
 //! about 18 µs more per small call). [`Sandbox::memory_reset`] says which,
-//! and the operator logs it at start.
+//! and the operator logs it at start. The choice is made once: swap turned
+//! on later is logged as an error (checked every 10 s) asking for a
+//! restart.
 //!
 //! # Every call ends on time
 //!
@@ -56,6 +58,7 @@
 //! sum may not exceed [`Limits::memory_bytes`].
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -274,6 +277,10 @@ fn swap_max_files(path: &str) -> Vec<std::path::PathBuf> {
     files
 }
 
+/// How often a sandbox that scans for dirty pages checks that swap is
+/// still out of reach.
+const SWAP_CHECK_EVERY: Duration = Duration::from_secs(10);
+
 /// Size of the in-memory stderr a call may fill (for panic messages).
 pub const STDERR_CAPACITY: usize = 16 << 10;
 
@@ -295,6 +302,9 @@ pub enum SandboxError {
 pub struct Sandbox {
     engine: Engine,
     reset: MemoryReset,
+    /// Set by the epoch ticker when swap came into reach after a sandbox
+    /// that scans for dirty pages was made.
+    swap_late: Arc<AtomicBool>,
     linker: Linker<StoreState>,
     config: SandboxConfig,
     /// False only for a benchmark's sandbox without deadlines.
@@ -388,12 +398,29 @@ impl Sandbox {
 
         let weak = engine.weak();
         let tick = config.epoch_tick;
+        // The reset is chosen once; swap turned on later is reported (once)
+        // so that a person knows to restart the operator.
+        let mut watch_swap = reset == MemoryReset::DirtyPages && !tuning.ignore_swap;
+        let mut next_swap_check = Instant::now() + SWAP_CHECK_EVERY;
+        let swap_late = Arc::new(AtomicBool::new(false));
+        let seen_late = Arc::clone(&swap_late);
         std::thread::Builder::new()
             .name("wasmop-epoch".into())
             .spawn(move || {
                 while let Some(engine) = weak.upgrade() {
                     engine.increment_epoch();
                     drop(engine);
+                    if watch_swap && Instant::now() >= next_swap_check {
+                        next_swap_check = Instant::now() + SWAP_CHECK_EVERY;
+                        if let Some(why) = swap_in_reach() {
+                            tracing::error!(
+                                %why,
+                                "swap came on after the operator started: plugin calls may see memory an earlier call left; restart the operator so that calls reset their memory the safe way"
+                            );
+                            seen_late.store(true, Ordering::Relaxed);
+                            watch_swap = false;
+                        }
+                    }
                     std::thread::sleep(tick);
                 }
             })
@@ -402,6 +429,7 @@ impl Sandbox {
         Ok(Arc::new(Sandbox {
             engine,
             reset,
+            swap_late,
             linker,
             config,
             epochs: tuning.epoch_interruption,
@@ -413,6 +441,12 @@ impl Sandbox {
     /// How a call's memory is restored for the next call in its pool slot.
     pub fn memory_reset(&self) -> &MemoryReset {
         &self.reset
+    }
+
+    /// Whether swap came into reach after this sandbox chose to reset only
+    /// dirty pages (checked every 10 s, and logged as an error when seen).
+    pub fn swap_came_on_after_start(&self) -> bool {
+        self.swap_late.load(Ordering::Relaxed)
     }
 
     /// The shared engine.
@@ -1152,6 +1186,14 @@ mod tests {
 
     #[test]
     fn pages_swapped_out_during_a_call_are_reset_too() {
+        // Made before swap is on: it scans, and notices swap coming on.
+        let before = one_slot(Tuning::default());
+        assert_eq!(
+            before.memory_reset(),
+            &MemoryReset::DirtyPages,
+            "this machine has swap on before the test turns it on"
+        );
+        assert!(!before.swap_came_on_after_start());
         let swap = SwapFile::on(64 << 20);
         // Three calls through one slot; while each call's instance is still
         // alive, its dirty pages go to swap.
@@ -1186,6 +1228,13 @@ mod tests {
         };
         assert!(why.contains(swap.0.to_str().unwrap()), "{why}");
         assert_eq!(calls(&shipped), [5, 5, 5]);
+        // The sandbox made before swap came on says so within its check
+        // period.
+        let deadline = Instant::now() + SWAP_CHECK_EVERY + Duration::from_secs(5);
+        while !before.swap_came_on_after_start() {
+            assert!(Instant::now() < deadline, "swap coming on was not noticed");
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     #[test]
