@@ -27,9 +27,9 @@
 //! call ended is neither reset nor returned, and the next call in the slot
 //! reads what the previous one wrote there (the unit test
 //! `pages_swapped_out_during_a_call_are_reset_too` shows it with a swap
-//! file). So the scan is used only where swap cannot reach this process
-//! ([`swap_in_reach`]: no active swap device, or a cgroup whose
-//! `memory.swap.max` is 0); otherwise every page a call touched is returned
+//! file). So the scan is used only where the kernel has it (Linux 6.7+)
+//! and swap cannot reach this process ([`swap_in_reach`]: no active swap
+//! device, or a cgroup whose `memory.swap.max` is 0); otherwise every page a call touched is returned
 //! to the kernel when it ends ([`MemoryReset::Whole`], wasmtime's own way,
 //! about 18 µs more per small call). [`Sandbox::memory_reset`] says which,
 //! and the operator logs it at start. The choice is made once: swap turned
@@ -198,7 +198,7 @@ impl Tuning {
 pub enum MemoryReset {
     /// Only the pages the call dirtied, found with `PAGEMAP_SCAN`, are
     /// restored (or zeroed) in place; the rest stays as it was. Used only
-    /// where swap cannot reach this process.
+    /// where the kernel has the scan and swap cannot reach this process.
     DirtyPages,
     /// Every page the call touched is returned to the kernel, which maps
     /// the initial image or zeroes afresh at the next touch.
@@ -218,6 +218,26 @@ impl std::fmt::Display for MemoryReset {
                 write!(f, "every touched page returned to the kernel ({why})")
             }
         }
+    }
+}
+
+/// Why the kernel of release `release` (`/proc/sys/kernel/osrelease`) has
+/// no `PAGEMAP_SCAN` (Linux 6.7 and later have it), or `None` when it has.
+/// Without the scan, wasmtime would `memset` every page kept resident after
+/// every call, slower than keeping none (BENCHMARKS.md, "Swap").
+fn scan_in_kernel(release: &str) -> Option<String> {
+    let release = release.trim();
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next().and_then(|p| p.parse::<u32>().ok());
+    let minor = parts.next().and_then(|p| p.parse::<u32>().ok());
+    match (major, minor) {
+        (Some(major), Some(minor)) if (major, minor) >= (6, 7) => None,
+        (Some(_), Some(_)) => Some(format!(
+            "Linux {release} has no PAGEMAP_SCAN, which came with 6.7"
+        )),
+        _ => Some(format!(
+            "the kernel release {release:?} could not be read, so PAGEMAP_SCAN is not assumed"
+        )),
     }
 }
 
@@ -346,9 +366,11 @@ impl Sandbox {
     #[doc(hidden)]
     pub fn tuned(config: SandboxConfig, tuning: Tuning) -> Result<Arc<Sandbox>, SandboxError> {
         let reset = if tuning.pagemap_scan {
-            match swap_in_reach().filter(|_| !tuning.ignore_swap) {
-                Some(why) => MemoryReset::Whole { why },
-                None => MemoryReset::DirtyPages,
+            let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+            match (scan_in_kernel(&release), swap_in_reach()) {
+                (Some(why), _) => MemoryReset::Whole { why },
+                (None, Some(why)) if !tuning.ignore_swap => MemoryReset::Whole { why },
+                (None, _) => MemoryReset::DirtyPages,
             }
         } else {
             MemoryReset::Whole {
@@ -1111,6 +1133,20 @@ mod tests {
                 "/sys/fs/cgroup/kubepods/pod1/memory.swap.max",
             ]
         );
+    }
+
+    #[test]
+    fn the_scan_is_used_from_linux_6_7_on() {
+        for release in ["6.7.0", "6.18.44-fc-v1045", "7.0.1", "6.10.0-rc1\n"] {
+            assert_eq!(scan_in_kernel(release), None, "{release}");
+        }
+        for release in ["6.6.30", "5.15.0-124-generic", "6.1.0-28-amd64"] {
+            let why = scan_in_kernel(release).expect(release);
+            assert!(why.contains(release) && why.contains("6.7"), "{why}");
+        }
+        for release in ["", "linux", "6"] {
+            assert!(scan_in_kernel(release).is_some(), "{release:?}");
+        }
     }
 
     /// A swap file, on while it lives (`mkswap`, `swapon`; needs root).
