@@ -25,9 +25,8 @@
 //! `PAGEMAP_SCAN` as wasmtime 48 uses it reports only pages that are
 //! present: a page the call dirtied that the kernel swapped out before the
 //! call ended is neither reset nor returned, and the next call in the slot
-//! reads what the previous one wrote there (the unit test
-//! `pages_swapped_out_during_a_call_are_reset_too` shows it with a swap
-//! file). So the scan is used only where the kernel has it (Linux 6.7+)
+//! reads what the previous one wrote there (`host/tests/swap.rs` shows it
+//! with a swap file). So the scan is used only where the kernel has it (Linux 6.7+)
 //! and swap cannot reach this process ([`swap_in_reach`]: no active swap
 //! device, or a cgroup whose `memory.swap.max` is 0); otherwise every page a call touched is returned
 //! to the kernel when it ends ([`MemoryReset::Whole`], wasmtime's own way,
@@ -299,7 +298,7 @@ fn swap_max_files(path: &str) -> Vec<std::path::PathBuf> {
 
 /// How often a sandbox that scans for dirty pages checks that swap is
 /// still out of reach.
-const SWAP_CHECK_EVERY: Duration = Duration::from_secs(10);
+pub const SWAP_CHECK_EVERY: Duration = Duration::from_secs(10);
 
 /// Size of the in-memory stderr a call may fill (for panic messages).
 pub const STDERR_CAPACITY: usize = 16 << 10;
@@ -1146,130 +1145,6 @@ mod tests {
         }
         for release in ["", "linux", "6"] {
             assert!(scan_in_kernel(release).is_some(), "{release:?}");
-        }
-    }
-
-    /// A swap file, on while it lives (`mkswap`, `swapon`; needs root).
-    struct SwapFile(std::path::PathBuf);
-
-    impl SwapFile {
-        fn on(bytes: usize) -> SwapFile {
-            let path =
-                std::env::temp_dir().join(format!("wasmop-test-swap-{}", std::process::id()));
-            std::fs::write(&path, vec![0u8; bytes]).expect("swap file written");
-            let mode = std::os::unix::fs::PermissionsExt::from_mode(0o600);
-            std::fs::set_permissions(&path, mode).expect("swap file mode");
-            let file = SwapFile(path);
-            file.run("mkswap");
-            file.run("swapon");
-            file
-        }
-
-        fn run(&self, command: &str) {
-            let out = std::process::Command::new(command)
-                .arg(&self.0)
-                .output()
-                .unwrap_or_else(|e| panic!("{command}: {e}"));
-            assert!(
-                out.status.success(),
-                "{command} {} (this test needs root): {}{}",
-                self.0.display(),
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-    }
-
-    impl Drop for SwapFile {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("swapoff").arg(&self.0).status();
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-
-    /// Asks the kernel to swap out every private writable mapping of this
-    /// process (`MADV_PAGEOUT`), the pool's linear memories among them.
-    #[allow(unsafe_code)]
-    fn page_out_everything() {
-        let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
-        for line in maps.lines() {
-            let mut fields = line.split_whitespace();
-            let (Some(range), Some(perms)) = (fields.next(), fields.next()) else {
-                continue;
-            };
-            let Some((start, end)) = range.split_once('-') else {
-                continue;
-            };
-            let (Ok(start), Ok(end)) = (
-                usize::from_str_radix(start, 16),
-                usize::from_str_radix(end, 16),
-            ) else {
-                continue;
-            };
-            if perms.starts_with("rw") && perms.ends_with('p') {
-                // SAFETY: MADV_PAGEOUT is advice: it may move pages to swap
-                // but never changes what the memory holds.
-                let _ = unsafe {
-                    rustix::mm::madvise(
-                        start as *mut std::ffi::c_void,
-                        end - start,
-                        rustix::mm::Advice::LinuxPageOut,
-                    )
-                };
-            }
-        }
-    }
-
-    #[test]
-    fn pages_swapped_out_during_a_call_are_reset_too() {
-        // Made before swap is on: it scans, and notices swap coming on.
-        let before = one_slot(Tuning::default());
-        assert_eq!(
-            before.memory_reset(),
-            &MemoryReset::DirtyPages,
-            "this machine has swap on before the test turns it on"
-        );
-        assert!(!before.swap_came_on_after_start());
-        let swap = SwapFile::on(64 << 20);
-        // Three calls through one slot; while each call's instance is still
-        // alive, its dirty pages go to swap.
-        let calls = |sandbox: &Sandbox| {
-            let component = probe_component(sandbox.engine());
-            let pre = sandbox.linker().instantiate_pre(&component).expect("links");
-            (0..3)
-                .map(|_| {
-                    let (store, seen) = call_u32(sandbox, &pre, &Limits::default(), "probe");
-                    page_out_everything();
-                    drop(store);
-                    seen.expect("runs")
-                })
-                .collect::<Vec<_>>()
-        };
-        // The scan misses swapped-out pages: the second call reads the
-        // first call's fill (0xab). This also shows the pages did go to
-        // swap; should wasmtime reset them one day, this fails and the scan
-        // can be used with swap on.
-        let scanning = one_slot(Tuning {
-            ignore_swap: true,
-            ..Tuning::default()
-        });
-        assert_eq!(scanning.memory_reset(), &MemoryReset::DirtyPages);
-        let seen = calls(&scanning);
-        assert_eq!(seen[0], 5);
-        assert_ne!(seen[1..], [5, 5], "the scan reset swapped-out pages");
-        // As shipped: swap is seen, the scan is off, every call is pristine.
-        let shipped = one_slot(Tuning::default());
-        let MemoryReset::Whole { why } = shipped.memory_reset() else {
-            panic!("the scan is used with swap on");
-        };
-        assert!(why.contains(swap.0.to_str().unwrap()), "{why}");
-        assert_eq!(calls(&shipped), [5, 5, 5]);
-        // The sandbox made before swap came on says so within its check
-        // period.
-        let deadline = Instant::now() + SWAP_CHECK_EVERY + Duration::from_secs(5);
-        while !before.swap_came_on_after_start() {
-            assert!(Instant::now() < deadline, "swap coming on was not noticed");
-            std::thread::sleep(Duration::from_millis(50));
         }
     }
 
