@@ -26,14 +26,14 @@
 //! present: a page the call dirtied that the kernel swapped out before the
 //! call ended is neither reset nor returned, and the next call in the slot
 //! reads what the previous one wrote there (`host/tests/swap.rs` shows it
-//! with a swap file). So the scan is used only where the kernel has it (Linux 6.7+)
-//! and swap cannot reach this process ([`swap_in_reach`]: no active swap
-//! device, or a cgroup whose `memory.swap.max` is 0); otherwise every page a call touched is returned
-//! to the kernel when it ends ([`MemoryReset::Whole`], wasmtime's own way,
-//! about 18 µs more per small call). [`Sandbox::memory_reset`] says which,
-//! and the operator logs it at start. The choice is made once: swap turned
-//! on later is logged as an error (checked every 10 s) asking for a
-//! restart.
+//! with a swap file). So the scan is used only where the kernel has it
+//! (Linux 6.7+) and swap cannot reach this process ([`swap_in_reach`]: no
+//! active swap device, or a cgroup whose `memory.swap.max` is 0);
+//! otherwise every page a call touched is returned to the kernel when it
+//! ends ([`MemoryReset::Whole`], wasmtime's own way, about 18 µs more per
+//! small call). [`Sandbox::memory_reset`] says which, and the operator logs
+//! it at start. The choice is made once: swap turned on later is logged as
+//! an error (checked every 10 s) asking for a restart.
 //!
 //! # Every call ends on time
 //!
