@@ -250,27 +250,28 @@ pub fn swap_in_reach() -> Option<String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
         Err(e) => return Some(format!("/proc/swaps could not be read: {e}")),
     };
-    let cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    let limits: Vec<Option<String>> = cgroup_v2_path(&cgroup)
-        .map(|path| {
-            swap_max_files(&path)
-                .into_iter()
-                .map(|file| std::fs::read_to_string(file).ok())
-                .collect()
-        })
-        .unwrap_or_default();
-    swap_verdict(&swaps, &limits)
+    swap_verdict(&swaps, || {
+        let cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        cgroup_v2_path(&cgroup)
+            .map(|path| {
+                swap_max_files(&path)
+                    .into_iter()
+                    .map(|file| std::fs::read_to_string(file).ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    })
 }
 
-/// [`swap_in_reach`] on what it read: the text of `/proc/swaps` and the
-/// `memory.swap.max` of this process's cgroup and each one above it (`None`
-/// where there is no such file).
-fn swap_verdict(swaps: &str, swap_max: &[Option<String>]) -> Option<String> {
+/// [`swap_in_reach`] on the text of `/proc/swaps` and, read only when it
+/// lists a device, the `memory.swap.max` of this process's cgroup and each
+/// one above it (`None` where there is no such file).
+fn swap_verdict(swaps: &str, swap_max: impl FnOnce() -> Vec<Option<String>>) -> Option<String> {
     let device = swaps
         .lines()
         .skip(1)
         .find_map(|line| line.split_whitespace().next())?;
-    if swap_max.iter().flatten().any(|max| max.trim() == "0") {
+    if swap_max().iter().flatten().any(|max| max.trim() == "0") {
         return None;
     }
     Some(format!(
@@ -1107,16 +1108,17 @@ mod tests {
         let header = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n";
         let on =
             format!("{header}/swapfile                               file\t\t65532\t\t0\t\t-2\n");
-        assert_eq!(swap_verdict(header, &[]), None);
-        assert_eq!(swap_verdict("", &[]), None);
-        let why = swap_verdict(&on, &[None, Some("max\n".into())]).expect("in reach");
+        let unread = || -> Vec<Option<String>> { panic!("no device: nothing more to read") };
+        assert_eq!(swap_verdict(header, unread), None);
+        assert_eq!(swap_verdict("", unread), None);
+        let why = swap_verdict(&on, || vec![None, Some("max\n".into())]).expect("in reach");
         assert!(why.contains("/swapfile"), "{why}");
         // A limit of 0 anywhere on the path keeps this process out of swap.
         assert_eq!(
-            swap_verdict(&on, &[Some("max\n".into()), Some("0\n".into()), None]),
+            swap_verdict(&on, || vec![Some("max\n".into()), Some("0\n".into()), None]),
             None
         );
-        assert!(swap_verdict(&on, &[Some("1048576\n".into())]).is_some());
+        assert!(swap_verdict(&on, || vec![Some("1048576\n".into())]).is_some());
         assert_eq!(
             cgroup_v2_path("12:memory:/a\n0::/kubepods/pod1/c1\n").as_deref(),
             Some("/kubepods/pod1/c1")

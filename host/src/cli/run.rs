@@ -280,12 +280,11 @@ fn largest_deadline(file: &OperatorFile) -> Duration {
 async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunError> {
     let sandbox =
         Sandbox::new(SandboxConfig::default()).map_err(|e| RunError::Sandbox(e.to_string()))?;
-    match sandbox.memory_reset() {
-        MemoryReset::DirtyPages => {
-            tracing::info!(reset = %sandbox.memory_reset(), "plugin call memory")
-        }
+    let reset = sandbox.memory_reset();
+    match reset {
+        MemoryReset::DirtyPages => tracing::info!(%reset, "plugin call memory"),
         MemoryReset::Whole { .. } => tracing::warn!(
-            reset = %sandbox.memory_reset(),
+            %reset,
             "plugin call memory: the faster reset of dirty pages alone is off, calls cost more"
         ),
     }
