@@ -35,6 +35,23 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 step() { printf '\n==> %s\n' "$*"; }
 t0=$(date +%s)
 
+# host/tests/swap.rs turns a swap file on for a moment to show that a call's
+# memory is reset even when swap took part of it, and host/tests/compaction.rs
+# keeps the kernel compacting memory (/proc/sys/vm/compact_memory) to show
+# the same while pages move: only root can, with mkswap, swapon and swapoff
+# (util-linux). Said here, before a long build, rather than by those tests
+# at the end.
+if [[ $(id -u) != 0 ]]; then
+  echo "error: tests/run.sh runs as root (host/tests/swap.rs turns a swap file on with swapon, host/tests/compaction.rs writes /proc/sys/vm/compact_memory); run it with sudo or in a root shell" >&2
+  exit 1
+fi
+for tool in mkswap swapon swapoff; do
+  if ! command -v "$tool" >/dev/null; then
+    echo "error: $tool is not on PATH ($PATH); host/tests/swap.rs needs it: install util-linux, or add /usr/sbin and /sbin to PATH" >&2
+    exit 1
+  fi
+done
+
 step "toolchain: wasm32-unknown-unknown and wasm32-wasip2 targets, clippy, rustfmt"
 rustup target add wasm32-unknown-unknown wasm32-wasip2
 rustup component add clippy rustfmt
