@@ -109,7 +109,9 @@ trap '"$KUBECTL" delete namespace wasmop wasmop-helm --wait=false >/dev/null 2>&
 dry_run_clean -f "$shipped/chart.yaml" || fail "helm template | kubectl apply --dry-run=server (above)"
 "$HELM" template wasmop deploy/chart -n wasmop-helm --set replicaCount=2 \
   --set 'plugins.oci[0]=oci://registry.example/p@sha256:0000000000000000000000000000000000000000000000000000000000000000' \
-  --set plugins.registryAuthSecret=regcred > "$shipped/chart-oci.yaml"
+  --set plugins.registryAuthSecret=regcred --set memoryReset=dirty-pages > "$shipped/chart-oci.yaml"
+grep -q -- "--memory-reset=whole" "$shipped/chart.yaml" || fail "the chart does not pass --memory-reset=whole by default"
+grep -q -- "--memory-reset=dirty-pages" "$shipped/chart-oci.yaml" || fail "the chart does not pass memoryReset to the operator"
 grep -q -- "--leader-elect" "$shipped/chart-oci.yaml" || fail "two replicas do not turn on leader election"
 grep -q -- "--plugins=oci://registry.example/p@sha256:0000" "$shipped/chart-oci.yaml" || fail "the chart does not pass its OCI plugins to the operator"
 grep -q -- "--registry-auth=" "$shipped/chart-oci.yaml" || fail "the chart does not pass the registry credentials"

@@ -32,8 +32,10 @@
 //!   - `wasm_inlining` (interleaved only): the shipped settings with
 //!     Cranelift's inlining within a plugin (`Tuning::inlining`; not
 //!     shipped: it makes compiling a plugin about 5x slower);
-//!   - `wasm_keep_1mib`: the shipped settings keeping 1 MiB of each pooled
-//!     memory resident instead of 4 MiB;
+//!   - `wasm_dirty_pages`: the faster reset of a call's memory
+//!     (`--memory-reset=dirty-pages`: only dirty pages, found with
+//!     `PAGEMAP_SCAN`, copied back; the shipped reset returns every touched
+//!     page), where this machine allows it (the bench prints which);
 //!   - `wasm_baseline_plugin`: when `WASMOP_BENCH_BASELINE_PLUGIN` names
 //!     another build of `good` in the plugin dir (e.g. one built with an
 //!     older SDK), that build on the shipped settings;
@@ -152,12 +154,19 @@ fn bench(c: &mut Criterion) {
         inlining: true,
         ..Tuning::default()
     });
-    let keep_1mib = tuned(Tuning {
-        memory_keep_resident: 1 << 20,
-        ..Tuning::default()
-    });
+    // The faster reset (`--memory-reset=dirty-pages`), where this machine
+    // allows it.
+    let dirty_pages = Sandbox::new(SandboxConfig {
+        dirty_pages_reset: true,
+        ..config()
+    })
+    .expect("sandbox");
+    eprintln!(
+        "memory reset of wasm_dirty_pages: {}",
+        dirty_pages.memory_reset()
+    );
     let good = load(&shipped, "good");
-    let good_keep_1mib = load(&keep_1mib, "good");
+    let good_dirty_pages = load(&dirty_pages, "good");
     // A build of `good` to compare with (e.g. against an older SDK), named
     // by `WASMOP_BENCH_BASELINE_PLUGIN` (a plugin name in the plugin dir).
     let baseline = std::env::var("WASMOP_BENCH_BASELINE_PLUGIN")
@@ -237,6 +246,7 @@ fn bench(c: &mut Criterion) {
         &good_defaults,
         &good_no_epoch,
         &good_inlining,
+        &good_dirty_pages,
         baseline.as_ref(),
     );
 
@@ -255,7 +265,7 @@ fn bench(c: &mut Criterion) {
             ("wasm", &good),
             ("wasm_wasmtime_defaults", &good_defaults),
             ("wasm_no_epoch", &good_no_epoch),
-            ("wasm_keep_1mib", &good_keep_1mib),
+            ("wasm_dirty_pages", &good_dirty_pages),
         ];
         if let Some(baseline) = &baseline {
             variants.push(("wasm_baseline_plugin", baseline));
@@ -300,6 +310,7 @@ fn interleaved(
     defaults: &LoadedPlugin,
     no_epoch: &LoadedPlugin,
     inlining: &LoadedPlugin,
+    dirty_pages: &LoadedPlugin,
     baseline: Option<&LoadedPlugin>,
 ) {
     fn median(mut samples: Vec<Duration>) -> Duration {
@@ -385,6 +396,7 @@ fn interleaved(
             ("wasm_wasmtime_defaults", Box::new(wasm(defaults))),
             ("wasm_no_epoch", Box::new(wasm(no_epoch))),
             ("wasm_inlining", Box::new(wasm(inlining))),
+            ("wasm_dirty_pages", Box::new(wasm(dirty_pages))),
             (
                 "native",
                 Box::new(|| {

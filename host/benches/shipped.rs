@@ -26,6 +26,7 @@
 //! WASMOP_BENCH_FUEL=1 cargo bench -p wasmop --bench shipped      # fuel instead of epochs
 //! WASMOP_BENCH_COUNT_CHECKS=1 cargo bench -p wasmop --bench shipped  # where the checks are
 //! WASMOP_BENCH_SETS=5 cargo bench -p wasmop --bench shipped     # 5 sets, then their medians
+//! WASMOP_BENCH_DIRTY_PAGES=1 cargo bench -p wasmop --bench shipped  # the faster memory reset
 //! ```
 //!
 //! The ratio of one set moves by a point or two from one set to the next
@@ -89,8 +90,15 @@ fn main() {
     let fuel = std::env::var_os("WASMOP_BENCH_FUEL").is_some_and(|v| v != "0");
     // WASMOP_BENCH_COUNT_CHECKS=1: count the checks instead of timing.
     let count = std::env::var_os("WASMOP_BENCH_COUNT_CHECKS").is_some_and(|v| v != "0");
+    // WASMOP_BENCH_DIRTY_PAGES=1: both sandboxes with the faster reset of a
+    // call's memory (`--memory-reset=dirty-pages`) where the machine
+    // allows it.
+    let config = || SandboxConfig {
+        dirty_pages_reset: std::env::var_os("WASMOP_BENCH_DIRTY_PAGES").is_some_and(|v| v != "0"),
+        ..SandboxConfig::default()
+    };
     let shipped = Sandbox::tuned(
-        SandboxConfig::default(),
+        config(),
         Tuning {
             epoch_interruption: !fuel,
             fuel,
@@ -101,7 +109,7 @@ fn main() {
     .expect("sandbox");
     eprintln!("memory reset after each call: {}", shipped.memory_reset());
     let no_epoch = Sandbox::tuned(
-        SandboxConfig::default(),
+        config(),
         Tuning {
             epoch_interruption: false,
             ..tuning

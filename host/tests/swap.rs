@@ -83,12 +83,14 @@ fn page_out_everything() {
     }
 }
 
-/// A sandbox of one pool slot, so every call gets the last one's memory.
+/// A sandbox of one pool slot, so every call gets the last one's memory,
+/// asking for the faster reset of dirty pages (`--memory-reset=dirty-pages`).
 fn one_slot(tuning: Tuning) -> Arc<Sandbox> {
     let config = SandboxConfig {
         max_instances: 1,
         max_memory_bytes: 16 << 20,
         epoch_tick: Duration::from_millis(10),
+        dirty_pages_reset: true,
     };
     Sandbox::tuned(config, tuning).expect("sandbox")
 }
@@ -150,12 +152,23 @@ fn pages_swapped_out_during_a_call_are_reset_too() {
     assert_eq!(scanning.memory_reset(), &MemoryReset::DirtyPages);
     assert_eq!(calls(&scanning), [7, u32::MAX, u32::MAX]);
 
-    // As shipped: swap is seen, the scan is off, every call is pristine.
-    let shipped = one_slot(Tuning::default());
-    let MemoryReset::Whole { why } = shipped.memory_reset() else {
+    // Asked for the faster reset: swap is seen, the scan is off, every call
+    // is pristine.
+    let asked = one_slot(Tuning::default());
+    let MemoryReset::Whole { why } = asked.memory_reset() else {
         panic!("the scan is used with swap on");
     };
     assert!(why.contains(swap.0.to_str().expect("utf-8")), "{why}");
+    assert_eq!(calls(&asked), [7, 7, 7]);
+
+    // As shipped: every touched page is returned, swap or not.
+    let shipped = Sandbox::new(SandboxConfig {
+        max_instances: 1,
+        max_memory_bytes: 16 << 20,
+        ..SandboxConfig::default()
+    })
+    .expect("sandbox");
+    assert!(matches!(shipped.memory_reset(), MemoryReset::Whole { .. }));
     assert_eq!(calls(&shipped), [7, 7, 7]);
 
     // The sandbox made before swap came on says so within its period.
