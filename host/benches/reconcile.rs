@@ -34,8 +34,12 @@
 //!     shipped: it makes compiling a plugin about 5x slower);
 //!   - `wasm_dirty_pages`: the faster reset of a call's memory
 //!     (`--memory-reset=dirty-pages`: only dirty pages, found with
-//!     `PAGEMAP_SCAN`, copied back; the shipped reset returns every touched
-//!     page), where this machine allows it (the bench prints which);
+//!     `PAGEMAP_SCAN`, copied back; the shipped reset rewrites the first
+//!     512 KiB and returns every other touched page), where this machine
+//!     allows it (the bench prints which);
+//!   - `wasm_none_rewritten`: the shipped reset with nothing rewritten and
+//!     kept (`Tuning::rewrite_resident` 0: every touched page returned, as
+//!     shipped before the 512 KiB were kept);
 //!   - `wasm_baseline_plugin`: when `WASMOP_BENCH_BASELINE_PLUGIN` names
 //!     another build of `good` in the plugin dir (e.g. one built with an
 //!     older SDK), that build on the shipped settings;
@@ -154,6 +158,10 @@ fn bench(c: &mut Criterion) {
         inlining: true,
         ..Tuning::default()
     });
+    let none_rewritten = tuned(Tuning {
+        rewrite_resident: 0,
+        ..Tuning::default()
+    });
     // The faster reset (`--memory-reset=dirty-pages`), where this machine
     // allows it.
     let dirty_pages = Sandbox::new(SandboxConfig {
@@ -176,6 +184,7 @@ fn bench(c: &mut Criterion) {
     let good_defaults = load(&defaults, "good");
     let good_no_epoch = load(&no_epoch, "good");
     let good_inlining = load(&inlining, "good");
+    let good_none_rewritten = load(&none_rewritten, "good");
     let malformed = load(&shipped, "malformed");
     let malformed_defaults = load(&defaults, "malformed");
 
@@ -247,6 +256,7 @@ fn bench(c: &mut Criterion) {
         &good_no_epoch,
         &good_inlining,
         &good_dirty_pages,
+        &good_none_rewritten,
         baseline.as_ref(),
     );
 
@@ -266,6 +276,7 @@ fn bench(c: &mut Criterion) {
             ("wasm_wasmtime_defaults", &good_defaults),
             ("wasm_no_epoch", &good_no_epoch),
             ("wasm_dirty_pages", &good_dirty_pages),
+            ("wasm_none_rewritten", &good_none_rewritten),
         ];
         if let Some(baseline) = &baseline {
             variants.push(("wasm_baseline_plugin", baseline));
@@ -311,6 +322,7 @@ fn interleaved(
     no_epoch: &LoadedPlugin,
     inlining: &LoadedPlugin,
     dirty_pages: &LoadedPlugin,
+    none_rewritten: &LoadedPlugin,
     baseline: Option<&LoadedPlugin>,
 ) {
     fn median(mut samples: Vec<Duration>) -> Duration {
@@ -397,6 +409,7 @@ fn interleaved(
             ("wasm_no_epoch", Box::new(wasm(no_epoch))),
             ("wasm_inlining", Box::new(wasm(inlining))),
             ("wasm_dirty_pages", Box::new(wasm(dirty_pages))),
+            ("wasm_none_rewritten", Box::new(wasm(none_rewritten))),
             (
                 "native",
                 Box::new(|| {

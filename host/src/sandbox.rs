@@ -15,10 +15,16 @@
 //!
 //! Each call is a new instance in a new store. Its linear memory (and its
 //! tables) come from a pool slot, which wasmtime restores to the module's
-//! initial image before the slot is used again. As shipped, every page a
-//! call touched is returned to the kernel when it ends
-//! ([`MemoryReset::Whole`]): the next call in the slot faults in the image
-//! or zeroes afresh, whatever the kernel did to the pages meanwhile.
+//! initial image before the slot is used again. As shipped
+//! ([`MemoryReset::Whole`]), when a call ends the first
+//! [`Tuning::rewrite_resident`] bytes (512 KiB) of its memory are rewritten
+//! from the image (or zeroed), every one of them, and stay mapped; every
+//! other page it touched is returned to the kernel, and the next call in
+//! the slot faults in the image or zeroes afresh there. Neither depends on
+//! what the kernel did to the pages meanwhile (swapped them out, moved
+//! them). Plugins linked as this repository links them (a 256 KiB stack,
+//! first in memory, `.cargo/config.toml`) have their stack, data and the
+//! start of their heap in those 512 KiB, so a small call faults in no page.
 //!
 //! The faster reset, [`SandboxConfig::dirty_pages_reset`], finds the pages
 //! a call dirtied with `PAGEMAP_SCAN` and copies them back from the image
@@ -140,10 +146,19 @@ impl Default for Limits {
 pub struct Tuning {
     /// Compile deadline checks into the code (off: calls have no deadline).
     pub epoch_interruption: bool,
-    /// Bytes of each pooled linear memory reset with `memset` and kept
-    /// mapped when a call ends, rather than returned to the kernel with
-    /// `madvise` (which makes the next call fault every page in again).
+    /// With the dirty-pages reset: at most this many bytes of each pooled
+    /// linear memory that a call dirtied are reset in place and kept mapped
+    /// when it ends, rather than returned to the kernel with `madvise`
+    /// (which makes the next call fault every page in again).
     pub memory_keep_resident: usize,
+    /// With the whole reset ([`MemoryReset::Whole`]): the first this many
+    /// bytes of each pooled linear memory are rewritten from the image (or
+    /// zeroed) after every call, touched or not, and kept mapped; the rest
+    /// is returned to the kernel. Writing every byte is what makes it safe
+    /// whatever the kernel did to the pages; it costs time in proportion,
+    /// so it pays only where a call's pages are (a plugin's stack, data and
+    /// early heap, with the 256 KiB stack of `.cargo/config.toml`).
+    pub rewrite_resident: usize,
     /// The same for tables.
     pub table_keep_resident: usize,
     /// Find the pages a call dirtied with the `PAGEMAP_SCAN` ioctl (Linux
@@ -179,6 +194,7 @@ impl Default for Tuning {
         Tuning {
             epoch_interruption: true,
             memory_keep_resident: 4 << 20,
+            rewrite_resident: 512 << 10,
             table_keep_resident: 64 << 10,
             pagemap_scan: true,
             inlining: false,
@@ -195,6 +211,7 @@ impl Tuning {
         Tuning {
             epoch_interruption: true,
             memory_keep_resident: 0,
+            rewrite_resident: 0,
             table_keep_resident: 0,
             pagemap_scan: false,
             inlining: false,
@@ -214,8 +231,10 @@ pub enum MemoryReset {
     /// the scan and swap cannot reach this process; a page the kernel is
     /// migrating as the call ends escapes it.
     DirtyPages,
-    /// Every page the call touched is returned to the kernel, which maps
-    /// the initial image or zeroes afresh at the next touch.
+    /// The first [`Tuning::rewrite_resident`] bytes are rewritten from the
+    /// image (or zeroed), all of them, and stay mapped; every other page
+    /// the call touched is returned to the kernel, which maps the initial
+    /// image or zeroes afresh at the next touch.
     Whole {
         /// Why the page scan is not used, for the operator's log.
         why: String,
@@ -229,7 +248,10 @@ impl std::fmt::Display for MemoryReset {
                 f.write_str("dirty pages only (PAGEMAP_SCAN; no swap can reach this process)")
             }
             MemoryReset::Whole { why } => {
-                write!(f, "every touched page returned to the kernel ({why})")
+                write!(
+                    f,
+                    "the first bytes rewritten, every other touched page returned to the kernel ({why})"
+                )
             }
         }
     }
@@ -398,13 +420,14 @@ impl Sandbox {
                 why: "the page scan is off in this sandbox's tuning".into(),
             }
         };
-        // Pages kept resident are reset in place only where the scan finds
-        // them; without it, wasmtime would `memset` all of them after every
-        // call, slower than returning them (BENCHMARKS.md, "Swap").
+        // Without the scan, wasmtime rewrites the whole kept stretch after
+        // every call (its `memset`/copy of the first bytes), which is what
+        // the whole reset wants of its first bytes; with the scan, only the
+        // dirty pages it finds (BENCHMARKS.md, "Swap", "The first 512 KiB
+        // kept").
         let (memory_keep_resident, pagemap_scan) = match reset {
             MemoryReset::DirtyPages => (tuning.memory_keep_resident, Enabled::Auto),
-            MemoryReset::Whole { .. } if tuning.pagemap_scan => (0, Enabled::No),
-            MemoryReset::Whole { .. } => (tuning.memory_keep_resident, Enabled::No),
+            MemoryReset::Whole { .. } => (tuning.rewrite_resident, Enabled::No),
         };
         let mut pool = PoolingAllocationConfig::new();
         let n = config.max_instances.max(1);
@@ -949,9 +972,11 @@ mod tests {
         assert_eq!(cap.used, used);
     }
 
-    /// A component whose `probe` reads three places of its memory — a data
-    /// segment's word (5 in the image), a byte within the resident part
-    /// of a pooled slot, one beyond it — and then dirties all of them.
+    /// A component whose `probe` reads four places of its memory — a data
+    /// segment's word at 128 KiB (5 in the image), zero bytes at 256 KiB,
+    /// 1 MiB and 9 MiB (within the stretch a whole reset rewrites, and
+    /// within and beyond the part a dirty-pages reset keeps) — and then
+    /// dirties all of them: 5 when every one is as in the image.
     fn probe_component(engine: &Engine) -> wasmtime::component::Component {
         let wat = r#"(component
   (core module $m
@@ -962,8 +987,10 @@ mod tests {
       (local.set $seen (i32.add
         (i32.load (i32.const 131072))
         (i32.add
-          (i32.shl (i32.load8_u (i32.const 1048576)) (i32.const 8))
-          (i32.shl (i32.load8_u (i32.const 9437184)) (i32.const 16)))))
+          (i32.add
+            (i32.shl (i32.load8_u (i32.const 1048576)) (i32.const 8))
+            (i32.shl (i32.load8_u (i32.const 9437184)) (i32.const 16)))
+          (i32.shl (i32.load8_u (i32.const 262144)) (i32.const 24)))))
       (memory.fill (i32.const 0) (i32.const 171) (i32.const 10485760))
       (local.get $seen)))
   (core instance $i (instantiate $m))
@@ -1129,7 +1156,7 @@ mod tests {
     }
 
     #[test]
-    fn the_default_reset_returns_every_page_on_any_machine_and_keeps_slots_pristine() {
+    fn the_default_reset_rewrites_or_returns_every_page_on_any_machine_and_keeps_slots_pristine() {
         let sandbox = Sandbox::new(SandboxConfig {
             max_instances: 1,
             max_memory_bytes: 16 << 20,
@@ -1142,6 +1169,9 @@ mod tests {
                 panic!("the page scan is used although dirty_pages_reset is off")
             }
         }
+        // The data word and the zero byte at 256 KiB lie in the rewritten
+        // stretch, the rest beyond it.
+        assert!(Tuning::default().rewrite_resident > 256 << 10);
         let component = probe_component(sandbox.engine());
         let pre = sandbox.linker().instantiate_pre(&component).expect("links");
         for call in 0..4 {

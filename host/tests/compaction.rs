@@ -6,8 +6,10 @@
 //! it copies one, the page is not present. `PAGEMAP_SCAN`, which the
 //! faster reset (`--memory-reset=dirty-pages`) uses to find what a call
 //! dirtied, reports only present pages, so a page being moved at that
-//! moment keeps the call's data for the next one. The shipped reset returns
-//! every touched page to the kernel instead.
+//! moment keeps the call's data for the next one. The shipped reset instead
+//! rewrites the first 512 KiB whole (copied from the image or zeroed, page
+//! by page, whatever the kernel is doing with them) and returns every other
+//! touched page to the kernel.
 //!
 //! Its own test binary: it keeps the kernel compacting memory for the whole
 //! machine while it runs (`/proc/sys/vm/compact_memory`, which needs root).
@@ -86,11 +88,13 @@ fn one_slot(dirty_pages: bool) -> Arc<Sandbox> {
 
 /// A component whose `call(bytes)` counts the pages among the first
 /// `bytes` of its memory whose first word is 0xffffffff (none in its
-/// initial memory), then fills those bytes with 0xff.
+/// initial memory, which has a data segment at 64 KiB so that the image is
+/// copied back there, not zeroed), then fills those bytes with 0xff.
 fn component(sandbox: &Sandbox) -> InstancePre<StoreState> {
     let wat = r#"(component
   (core module $m
     (memory 512)
+    (data (i32.const 65536) "\01\00\00\00")
     (func (export "call") (param $bytes i32) (result i32)
       (local $at i32) (local $left i32)
       (loop $page

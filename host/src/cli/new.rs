@@ -350,18 +350,23 @@ const CARGO_CONFIG: &str = r#"# Built for wasm32-unknown-unknown, the plugin lin
 # wasmop host instantiates faster for every call than a WASI component).
 #
 # The component starts with 2 MiB of linear memory rather than the
-# linker's default (the 1 MiB stack and the data): a reconcile of up to about
+# linker's default (the stack and the data): a reconcile of up to about
 # 64 KB of snapshot then finds its heap already there. Growing a memory costs
 # the wasmop host a change of page protections when the call grows it and
 # another when the next call gets the slot. Untouched pages cost nothing;
 # the memory counts against the plugin's memory cap (`memoryMiB`).
+#
+# Its stack is 256 KiB rather than 1 MiB, so that its data and the start of
+# its heap lie in the first 512 KiB of memory, which the wasmop host rewrites
+# after every call and keeps mapped: a small call faults in no page. A
+# plugin that overflows its stack traps (the stack comes first in memory).
 # A RUSTFLAGS environment variable replaces these flags.
 [target.wasm32-unknown-unknown]
 linker = "wasm-component-ld"
-rustflags = ["-C", "link-arg=--initial-memory=2097152"]
+rustflags = ["-C", "link-arg=--initial-memory=2097152", "-C", "link-arg=-zstack-size=262144"]
 
 [target.wasm32-wasip2]
-rustflags = ["-C", "link-arg=--initial-memory=2097152"]
+rustflags = ["-C", "link-arg=--initial-memory=2097152", "-C", "link-arg=-zstack-size=262144"]
 "#;
 
 fn write_all(dir: &Path, files: &[(&'static str, String)]) -> Result<(), CliError> {
@@ -449,7 +454,9 @@ mod tests {
             .filter(|l| !l.is_empty() && !l.starts_with('#'))
             .collect();
         assert!(
-            settings.iter().any(|l| l.contains("--initial-memory=")),
+            settings
+                .iter()
+                .any(|l| l.contains("--initial-memory=") && l.contains("-zstack-size=262144")),
             "{settings:?}"
         );
         for line in settings {

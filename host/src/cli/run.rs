@@ -118,11 +118,12 @@ pub struct RunArgs {
     #[command(flatten)]
     pub admission: crate::cli::admission::AdmissionArgs,
     /// How a plugin call's memory is made fresh for the next call: `whole`
-    /// returns every page the call touched to the kernel; `dirty-pages`
-    /// copies back only the pages the call dirtied (Linux 6.7+, and only
-    /// where no swap can reach the operator; `whole` elsewhere), about
-    /// 18 µs faster per small call, but a page the kernel is migrating as
-    /// the call ends keeps that call's data for the next call of the plugin.
+    /// rewrites the first 512 KiB from the plugin's image and returns every
+    /// other page the call touched to the kernel; `dirty-pages` copies back
+    /// only the pages the call dirtied (Linux 6.7+, and only where no swap
+    /// can reach the operator; `whole` elsewhere), a little faster, but a
+    /// page the kernel is migrating as the call ends keeps that call's data
+    /// for the next call of the plugin.
     #[arg(long, env = "WASMOP_MEMORY_RESET", value_enum, default_value_t = MemoryResetArg::Whole)]
     pub memory_reset: MemoryResetArg,
 }
@@ -130,7 +131,8 @@ pub struct RunArgs {
 /// `--memory-reset`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum MemoryResetArg {
-    /// Every touched page returned to the kernel after every call.
+    /// The first 512 KiB rewritten, every other touched page returned to
+    /// the kernel, after every call.
     Whole,
     /// Only dirty pages copied back, where swap cannot reach the operator.
     DirtyPages,
@@ -311,7 +313,7 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
         }
         MemoryReset::Whole { .. } => tracing::warn!(
             %reset,
-            "plugin call memory: --memory-reset=dirty-pages cannot be used here, every touched page is returned instead"
+            "plugin call memory: --memory-reset=dirty-pages cannot be used here, the whole reset is used instead"
         ),
     }
     let (dirs, oci_sources) = split_sources(&args.plugins)?;
