@@ -28,9 +28,10 @@
 //!
 //! The faster reset, [`SandboxConfig::dirty_pages_reset`], finds the pages
 //! a call dirtied with `PAGEMAP_SCAN` and copies them back from the image
-//! (or zeroes them) within the first [`Tuning::memory_keep_resident`] bytes,
-//! sparing the next call a page fault per page (about 18 µs per small
-//! call). The scan, as wasmtime 48 uses it, reports only pages that are
+//! (or zeroes them) within the first [`Tuning::memory_keep_resident`] bytes
+//! (4 MiB), sparing the next call a page fault for each page it touches
+//! beyond the whole reset's 512 KiB (a 1 MB call is about a quarter
+//! faster; calls that stay within them gain nothing). The scan, as wasmtime 48 uses it, reports only pages that are
 //! present, and a dirty page is not present while the kernel has it in
 //! swap or is migrating it (compaction moves pages to make room for large
 //! allocations): such a page is neither reset nor returned, and the next
@@ -96,8 +97,9 @@ pub struct SandboxConfig {
     pub epoch_tick: Duration,
     /// Reset only the pages a call dirtied ([`MemoryReset::DirtyPages`])
     /// where the kernel has `PAGEMAP_SCAN` and swap cannot reach this
-    /// process, instead of returning every touched page to the kernel.
-    /// About 18 µs faster per small call (BENCHMARKS.md, "Compaction"), but
+    /// process, instead of the whole reset ([`MemoryReset::Whole`]).
+    /// Faster for calls that touch more than the whole reset's first
+    /// 512 KiB (BENCHMARKS.md, "The first 512 KiB kept"), but
     /// a dirty page the kernel is migrating as the call ends escapes the
     /// scan and keeps the call's data for the next call of the same plugin
     /// (see the module documentation). Default off.
