@@ -697,6 +697,33 @@ fn a_stack_overflow_traps_and_the_host_thread_survives() {
 }
 
 #[test]
+fn a_plugin_has_256_kib_of_stack_in_its_memory_and_overflowing_it_traps() {
+    // Plugins link a 256 KiB stack (`.cargo/config.toml`) so that their data
+    // lies within the 512 KiB the sandbox rewrites after every call; 192 KiB
+    // of frames in linear memory must still fit.
+    let fits =
+        try_load_with("sleeper", json!({"block": "stack-192k"}), Limits::default()).expect("loads");
+    let plan = reconcile(&fits, primary("Sleeper", json!({})), vec![]).expect("192 KiB fit");
+    assert!(plan.apply.is_empty());
+    // Beyond it the stack, first in memory, runs below address 0: a trap,
+    // never a write over the plugin's data.
+    let over = try_load_with(
+        "sleeper",
+        json!({"block": "stack-overflow"}),
+        Limits::default(),
+    )
+    .expect("loads");
+    let err = reconcile(&over, primary("Sleeper", json!({})), vec![]).expect_err("overflows");
+    let CallError::Trap { message } = &err else {
+        panic!("expected a trap, got {err}");
+    };
+    assert!(message.contains("memory"), "{message}");
+    assert_eq!(err.reason(), "PluginTrapped");
+    // The next call starts from the plugin's initial memory.
+    reconcile(&fits, primary("Sleeper", json!({})), vec![]).expect("fits again");
+}
+
+#[test]
 fn a_primary_with_the_most_observations_the_store_keeps_still_reconciles() {
     // The store never hands a snapshot more than its per-primary budget
     // (unit-tested in observe), in at most this many results.

@@ -6,7 +6,11 @@
 //!   wasm32-wasip2 a monotonic-clock subscription and a blocking poll);
 //! - `validate-settings`: validate-settings sleeps for an hour;
 //! - `stdin`: reconcile reads stdin to its end, then returns an empty plan;
-//! - `recurse`: reconcile recurses without end (a stack overflow).
+//! - `recurse`: reconcile recurses without end (a stack overflow);
+//! - `stack-192k`: reconcile puts 192 KiB on its stack in linear memory
+//!   (48 frames of 4 KiB), then returns an empty plan;
+//! - `stack-overflow`: the same with 4 MiB, far beyond the 256 KiB stack
+//!   plugins are linked with (`.cargo/config.toml`).
 
 use std::hint::black_box;
 use std::io::Read;
@@ -60,6 +64,14 @@ impl Plugin for Sleeper {
                 let _ = std::io::stdin().read_to_end(&mut input);
                 Ok(Plan::new())
             }
+            "stack-192k" => {
+                black_box(fill_stack(black_box(48)));
+                Ok(Plan::new())
+            }
+            "stack-overflow" => Err(ReconcileError::internal(format!(
+                "4 MiB of stack did not overflow: {}",
+                fill_stack(black_box(1024))
+            ))),
             "recurse" => Err(ReconcileError::internal(format!(
                 "recursion ended at depth {}",
                 recurse(black_box(0))
@@ -81,6 +93,22 @@ pub fn recurse(depth: u64) -> u64 {
         return depth;
     }
     recurse(black_box(depth + 1)).wrapping_add(1)
+}
+
+/// Recurses `depth` times with a 4 KiB buffer in each frame. The buffer's
+/// address is taken, so it lives on the stack in linear memory (not in
+/// wasm locals), and it is read after the inner call, so every frame stays.
+#[inline(never)]
+pub fn fill_stack(depth: u32) -> u64 {
+    let mut frame = [0u8; 4096];
+    frame[depth as usize % 4096] = depth as u8;
+    let frame = black_box(&mut frame);
+    let below = if depth == 0 {
+        0
+    } else {
+        fill_stack(black_box(depth - 1))
+    };
+    below + u64::from(frame[0]) + u64::from(frame[4095])
 }
 
 wasmop_sdk::export_plugin!(Sleeper);
