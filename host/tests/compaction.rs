@@ -20,8 +20,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use wasmop::sandbox::{MemoryReset, StoreState, Tuning};
-use wasmop::{Limits, Sandbox, SandboxConfig};
-use wasmtime::component::{Component, InstancePre, Linker};
+use wasmop::{Limits, Sandbox};
+use wasmtime::component::InstancePre;
+
+mod common;
 
 /// Bytes each call checks and then dirties.
 const DIRTIED: u32 = 16 << 20;
@@ -70,20 +72,14 @@ impl Drop for Compactor {
     }
 }
 
-/// A sandbox of one pool slot, so every call gets the last one's memory;
-/// with the faster reset if `dirty_pages`, keeping all a call dirties.
+/// A sandbox of one pool slot, 64 MiB, with the faster reset if
+/// `dirty_pages`, keeping all a call dirties.
 fn one_slot(dirty_pages: bool) -> Arc<Sandbox> {
-    let config = SandboxConfig {
-        max_instances: 1,
-        max_memory_bytes: 64 << 20,
-        epoch_tick: Duration::from_millis(10),
-        dirty_pages_reset: dirty_pages,
-    };
     let tuning = Tuning {
         memory_keep_resident: DIRTIED as usize,
         ..Tuning::default()
     };
-    Sandbox::tuned(config, tuning).expect("sandbox")
+    common::one_slot(64 << 20, dirty_pages, tuning)
 }
 
 /// A component whose `call(bytes)` counts the pages among the first
@@ -107,11 +103,7 @@ fn component(sandbox: &Sandbox) -> InstancePre<StoreState> {
   (core instance $i (instantiate $m))
   (func (export "call") (param "bytes" u32) (result u32)
     (canon lift (core func $i "call"))))"#;
-    let component =
-        Component::new(sandbox.engine(), wat::parse_str(wat).expect("parses")).expect("compiles");
-    Linker::<StoreState>::new(sandbox.engine())
-        .instantiate_pre(&component)
-        .expect("links")
+    common::link(sandbox, wat)
 }
 
 /// One call in a fresh store: the pages it found left by an earlier call.

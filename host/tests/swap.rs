@@ -9,9 +9,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
-use wasmop::sandbox::{MemoryReset, SWAP_CHECK_EVERY, StoreState, Tuning};
+use wasmop::sandbox::{MemoryReset, SWAP_CHECK_EVERY, Tuning};
 use wasmop::{Limits, Sandbox, SandboxConfig};
-use wasmtime::component::{Component, Linker};
+
+mod common;
 
 /// A swap file, on while it lives.
 struct SwapFile(PathBuf);
@@ -83,16 +84,10 @@ fn page_out_everything() {
     }
 }
 
-/// A sandbox of one pool slot, so every call gets the last one's memory,
-/// asking for the faster reset of dirty pages (`--memory-reset=dirty-pages`).
+/// A sandbox of one pool slot, 16 MiB, asking for the faster reset of
+/// dirty pages (`--memory-reset=dirty-pages`).
 fn one_slot(tuning: Tuning) -> Arc<Sandbox> {
-    let config = SandboxConfig {
-        max_instances: 1,
-        max_memory_bytes: 16 << 20,
-        epoch_tick: Duration::from_millis(10),
-        dirty_pages_reset: true,
-    };
-    Sandbox::tuned(config, tuning).expect("sandbox")
+    common::one_slot(16 << 20, true, tuning)
 }
 
 /// Three calls through the sandbox's one slot of a component that returns
@@ -109,10 +104,7 @@ fn calls(sandbox: &Sandbox) -> Vec<u32> {
       (memory.fill (i32.const 0) (i32.const 255) (i32.const 4194304))))
   (core instance $i (instantiate $m))
   (func (export "peek") (result u32) (canon lift (core func $i "peek"))))"#;
-    let component =
-        Component::new(sandbox.engine(), wat::parse_str(wat).expect("parses")).expect("compiles");
-    let linker = Linker::<StoreState>::new(sandbox.engine());
-    let pre = linker.instantiate_pre(&component).expect("links");
+    let pre = common::link(sandbox, wat);
     (0..3)
         .map(|_| {
             let mut store = sandbox.store(&Limits::default(), UNIX_EPOCH);
