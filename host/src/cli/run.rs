@@ -87,6 +87,12 @@ pub struct RunArgs {
     /// read again (they are read by name, never listed or watched).
     #[arg(long, value_name = "MS", default_value_t = 30_000)]
     pub secret_poll_interval_ms: u64,
+    /// How often the leader sweeps for objects its plugins made whose
+    /// owner is gone (the garbage collector missed them) and deletes them;
+    /// 0 turns the sweep off (objects refused to a plan are still
+    /// collected).
+    #[arg(long, value_name = "SECS", default_value_t = crate::controller::DEFAULT_ORPHAN_SWEEP_INTERVAL.as_secs())]
+    pub orphan_sweep_interval_secs: u64,
     /// Base URL (`http://host:port` or `https://host:port`) that plans may call with target
     /// `allow-list`; repeat for several.
     #[arg(long = "allow-url", value_name = "URL")]
@@ -353,6 +359,8 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
     let mut config = OperatorConfig {
         workers: file.workers.unwrap_or(OperatorConfig::default().workers),
         secret_poll_interval: Duration::from_millis(args.secret_poll_interval_ms.max(100)),
+        orphan_sweep_interval: (args.orphan_sweep_interval_secs > 0)
+            .then(|| Duration::from_secs(args.orphan_sweep_interval_secs)),
         ..OperatorConfig::default()
     };
     config.observe.allow_list = args.allow_urls.clone();

@@ -21,6 +21,7 @@
 
 mod echo;
 pub mod leader;
+pub mod orphans;
 pub mod queue;
 pub(crate) mod route;
 mod truth;
@@ -77,6 +78,9 @@ pub struct OperatorConfig {
     pub secret_poll_interval: Duration,
     /// Where each decided reconcile is recorded (`wasmop run --record`).
     pub recorder: Option<Arc<crate::record::Recorder>>,
+    /// How often the leader sweeps for objects of its plugins whose owner
+    /// is gone (see [`orphans`]); `None`: never.
+    pub orphan_sweep_interval: Option<Duration>,
 }
 
 impl Default for OperatorConfig {
@@ -90,9 +94,14 @@ impl Default for OperatorConfig {
             observe: ObserveConfig::default(),
             secret_poll_interval: Duration::from_secs(30),
             recorder: None,
+            orphan_sweep_interval: Some(DEFAULT_ORPHAN_SWEEP_INTERVAL),
         }
     }
 }
+
+/// How often the leader sweeps for orphans by default (`wasmop run
+/// --orphan-sweep-interval-secs`).
+pub const DEFAULT_ORPHAN_SWEEP_INTERVAL: Duration = Duration::from_secs(600);
 
 /// Errors of registering a plugin with the live operator.
 #[derive(Debug, thiserror::Error)]
@@ -208,6 +217,9 @@ pub struct Operator {
     /// The plans' writes whose watch events have not arrived (see
     /// [`echo`]).
     echoes: echo::Echoes,
+    /// UIDs of objects recently collected because their owner was gone
+    /// (see [`orphans`]).
+    collected: Arc<orphans::Collected>,
 }
 
 impl std::fmt::Debug for Operator {
@@ -247,6 +259,7 @@ impl Operator {
             shadow_inflight: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             read_before_create: Mutex::new(HashSet::new()),
             echoes: echo::Echoes::default(),
+            collected: Arc::default(),
         });
         (op, changes)
     }
@@ -310,6 +323,22 @@ impl Operator {
                 }
             })
         };
+        let sweeper = {
+            let op = self.clone();
+            tokio::spawn(async move {
+                let Some(every) = op.config.orphan_sweep_interval else {
+                    return;
+                };
+                let mut tick = tokio::time::interval(every);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                // The first tick is at once: the first sweep waits a period.
+                tick.tick().await;
+                loop {
+                    tick.tick().await;
+                    op.sweep_orphans().await;
+                }
+            })
+        };
         let workers: Vec<_> = (0..self.config.workers.max(1))
             .map(|_| {
                 let op = self.clone();
@@ -336,6 +365,7 @@ impl Operator {
             let mut tasks = self.tasks.lock().expect("tasks lock");
             tasks.push(router.abort_handle());
             tasks.push(secret_poller.abort_handle());
+            tasks.push(sweeper.abort_handle());
             tasks.extend(workers.iter().map(|w| w.abort_handle()));
         }
         shutdown.await;
@@ -345,6 +375,7 @@ impl Operator {
         }
         router.abort();
         secret_poller.abort();
+        sweeper.abort();
     }
 
     /// `Ok` when the cache of every kind an active controller reads has

@@ -50,9 +50,26 @@ pub(crate) struct TruthLookup {
     /// or a create) turns "someone else's" into a conflict. Off for the
     /// retry after such a conflict, which reads as before.
     pub(crate) presume_absent: bool,
+    /// Objects collected because their owner was gone: the cache may
+    /// still hold them for a moment, so the API server is asked instead.
+    pub(crate) collected: std::sync::Arc<super::orphans::Collected>,
 }
 
 impl TruthLookup {
+    /// The cache's copy, unless it is of an object this replica collected
+    /// (gone, or about to be: the watch has not said so yet).
+    fn cached(
+        &self,
+        kind: &KindRef,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<ExistingObject>, ()> {
+        match self.cache.get(kind, namespace, name) {
+            Some(found) if self.collected.contains(crate::object::uid(&found)) => Err(()),
+            found => Ok(found.map(|f| ExistingObject::of(&f))),
+        }
+    }
+
     fn read(&self, kind: &KindRef, namespace: Option<&str>, name: &str) -> Option<ExistingObject> {
         let resource = api_resource(kind);
         let api: Api<DynamicObject> = match namespace.filter(|_| kind.namespaced) {
@@ -87,9 +104,9 @@ impl ExistingLookup for TruthLookup {
         namespace: Option<&str>,
         name: &str,
     ) -> Option<ExistingObject> {
-        match self.cache.get(kind, namespace, name) {
-            Some(found) => Some(ExistingObject::of(&found)),
-            None => self.read(kind, namespace, name),
+        match self.cached(kind, namespace, name) {
+            Ok(Some(found)) => Some(found),
+            Ok(None) | Err(()) => self.read(kind, namespace, name),
         }
     }
 
@@ -99,13 +116,15 @@ impl ExistingLookup for TruthLookup {
         namespace: Option<&str>,
         name: &str,
     ) -> BeforeCreate {
-        if let Some(found) = self.cache.get(kind, namespace, name) {
-            return BeforeCreate::Exists(ExistingObject::of(&found));
-        }
+        let collected = match self.cached(kind, namespace, name) {
+            Ok(Some(found)) => return BeforeCreate::Exists(found),
+            Ok(None) => false,
+            Err(()) => true,
+        };
         let cache = &self.cache.cache;
         let seen_if_ours = cache.watches_namespace(kind.namespaced, namespace)
             && cache.kind(&kind_key(kind)).is_some_and(|kc| kc.synced());
-        if self.presume_absent && seen_if_ours {
+        if self.presume_absent && seen_if_ours && !collected {
             return BeforeCreate::Unasked;
         }
         match self.read(kind, namespace, name) {

@@ -40,6 +40,7 @@ impl Operator {
             client: self.client.clone(),
             runtime: tokio::runtime::Handle::current(),
             presume_absent,
+            collected: Arc::clone(&self.collected),
         };
         (source, truth)
     }
@@ -277,7 +278,14 @@ impl Operator {
                 self.fail(a, key, &primary, e.reason(), &e.to_string(), &now_text)
                     .await;
             }
-            Decision::Rejected { violations, .. } => {
+            Decision::Rejected { plan, violations } => {
+                // Refused only for objects whose owner is gone (the
+                // garbage collector missed them): collected, and the
+                // reconcile goes on at once.
+                if self.collect_refused(a, &primary, &plan, &violations).await {
+                    self.requeue(a, key, Duration::ZERO);
+                    return;
+                }
                 // Each violation names its rule, so a person (and a test)
                 // can tell which guarantee the plan broke.
                 let message = violations

@@ -305,6 +305,11 @@ impl Cache {
         (cache, rx)
     }
 
+    /// The namespaces watched; empty when every namespace is.
+    pub fn namespaces(&self) -> &[String] {
+        &self.namespaces
+    }
+
     /// True when objects of a kind with this scope in `namespace` are
     /// within the cache's watches (every namespace is when the cache
     /// watches all; a cluster-scoped kind has no namespace).

@@ -1,0 +1,750 @@
+//! Collecting what the garbage collector missed.
+//!
+//! Kubernetes' garbage collector deletes an object whose owners are all
+//! gone, but only if it noticed the owner's deletion: when its discovery or
+//! its watches failed at that moment (an API server restart, the
+//! controller-manager down), the dependent stays, controlled by a UID that
+//! no longer exists, until something else deletes it
+//! (kubernetes/kubernetes#109748). A primary re-created under the same name
+//! then plans an object of the same name, the validator finds it controlled
+//! by another owner, and the plan is refused (`NotControlledByPrimary`) for
+//! as long as the leak lasts — forever.
+//!
+//! The host collects such objects itself, in two places:
+//! - **On a refusal.** When every rule a plan breaks is
+//!   `NotControlledByPrimary` on objects it applies, each of those objects
+//!   whose owner is gone is deleted, a Normal Event `CollectedOrphan` naming
+//!   it goes on the primary, and the primary is reconciled again at once.
+//! - **By a sweep** ([`Operator::sweep_orphans`], every
+//!   [`OperatorConfig::orphan_sweep_interval`](super::OperatorConfig)):
+//!   every object of every owned kind that carries the plugin's labels is
+//!   listed from the API server in pages of [`SWEEP_PAGE`], and those whose
+//!   owner is gone are deleted, so a leak does not wait for a name to be
+//!   used again.
+//!
+//! # Guarantees
+//!
+//! An object is deleted only when all of these hold:
+//! - it carries `app.kubernetes.io/managed-by: wasmop` and
+//!   `wasmop.dev/plugin: <this plugin>` (labels the host sets and a plugin
+//!   cannot forge), and not `wasmop.dev/protected=true`;
+//! - its kind is one the controller owns (not a `dependent` kind);
+//! - it is controlled the way that kind is owned: a controller
+//!   ownerReference naming the controller's primary kind (for
+//!   `owner-reference` kinds), or the `wasmop.dev/owner-uid` label and no
+//!   controller ownerReference (for `owner-label` kinds);
+//! - its owner is gone, by a **live** read at that moment: for an
+//!   ownerReference, a read by name finds no object of the primary kind or
+//!   one with another UID; for an owner label, no object of any primary
+//!   kind of the plugin's controllers that own the kind by label has that
+//!   UID in a list of the whole cluster from the API server (not only the
+//!   watched namespaces: another operator may run the same plugin
+//!   elsewhere; the watch cache is asked first only to spare the read when
+//!   it holds the owner: an owner it holds is alive);
+//! - this replica may write (leader), and the delete carries the UID and
+//!   resourceVersion the object was judged at, so a changed or re-created
+//!   object is not deleted.
+//!
+//! A user's object (no labels), an object another plugin made, one whose
+//! owner exists (also while it is being deleted), and one whose owner is of
+//! another kind are never touched. A read that fails counts as "owner
+//! alive". Each collection is counted in `wasmop_orphans_collected_total`
+//! (labels `controller`, `kind`, `found_by`: `refusal` or `sweep`) and
+//! logged; a sweep's length and size are `wasmop_orphan_sweep_seconds` and
+//! `wasmop_orphan_sweep_objects`.
+//!
+//! After a collection the watch cache may still hold the deleted object for
+//! a moment; its UID is remembered ([`Collected`]) for
+//! [`COLLECTED_MEMORY`], and the judgement of a plan
+//! ([`super::truth::TruthLookup`]) asks the API server instead of the cache
+//! for an object with such a UID.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, DynamicObject, ListParams, PartialObjectMeta};
+use serde_json::Value;
+
+use super::{Active, Operator, kind_key};
+use crate::execute::api_resource;
+use crate::metrics;
+use crate::object;
+use crate::plugin::manifest::{Controller, KindRef, Ownership};
+use crate::reconcile::validate::{
+    MANAGED_BY_LABEL, MANAGED_BY_VALUE, OWNER_UID_LABEL, PLUGIN_LABEL, PROTECTED_LABEL, Plan, Rule,
+    Violation,
+};
+
+/// How many objects one page of a sweep's list holds.
+pub const SWEEP_PAGE: u32 = 500;
+
+/// How long the UID of a collected object is remembered, so the cache's
+/// copy of it (until the watch delivers the deletion) is not taken for the
+/// object.
+pub const COLLECTED_MEMORY: Duration = Duration::from_secs(120);
+
+/// UIDs of objects this replica collected recently.
+#[derive(Debug, Default)]
+pub(crate) struct Collected(Mutex<HashMap<String, Instant>>);
+
+impl Collected {
+    fn remember(&self, uid: &str) {
+        let mut map = self.0.lock().expect("collected lock");
+        let now = Instant::now();
+        map.retain(|_, at| now.duration_since(*at) < COLLECTED_MEMORY);
+        map.insert(uid.to_owned(), now);
+    }
+
+    /// True when the object with this UID was collected within
+    /// [`COLLECTED_MEMORY`].
+    pub(crate) fn contains(&self, uid: &str) -> bool {
+        !uid.is_empty()
+            && self
+                .0
+                .lock()
+                .expect("collected lock")
+                .get(uid)
+                .is_some_and(|at| at.elapsed() < COLLECTED_MEMORY)
+    }
+}
+
+/// Who an object says controls it, as far as collection is concerned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Claim {
+    /// A controller ownerReference to an object of the primary kind `kind`.
+    Reference {
+        /// The primary kind the reference names.
+        kind: KindRef,
+        /// The owner's namespace (the object's, for a namespaced primary).
+        namespace: Option<String>,
+        /// The owner's name.
+        name: String,
+        /// The owner's UID.
+        uid: String,
+    },
+    /// The owner label, for a kind owned by label: the owner is an object
+    /// of one of `kinds` with this UID.
+    Label {
+        /// The primary kinds the owner may be of.
+        kinds: Vec<KindRef>,
+        /// The owner's UID.
+        uid: String,
+    },
+}
+
+impl Claim {
+    fn describe(&self) -> String {
+        match self {
+            Claim::Reference {
+                kind,
+                namespace,
+                name,
+                uid,
+            } => format!(
+                "{} (uid {uid})",
+                object::describe_parts(&kind.kind, namespace.as_deref(), name)
+            ),
+            Claim::Label { kinds, uid } => {
+                let kinds: Vec<&str> = kinds.iter().map(|k| k.kind.as_str()).collect();
+                format!("the {} with uid {uid}", kinds.join(" or "))
+            }
+        }
+    }
+}
+
+/// Whether `obj` (as read from the API server) is of the kind a collection
+/// may consider for `plugin`: its labels, its kind among what `controllers`
+/// own, not protected, and controlled in the way the kind is owned. Returns
+/// the claim whose owner must then be found gone, or why it is left alone.
+///
+/// `controllers` are the running controllers of `plugin`; only those that
+/// own the object's kind count. Pure: no reads.
+pub(crate) fn claim_of(
+    obj: &Value,
+    plugin: &str,
+    controllers: &[&Controller],
+) -> Result<Claim, &'static str> {
+    let labels = object::labels(obj);
+    if labels.get(MANAGED_BY_LABEL).map(String::as_str) != Some(MANAGED_BY_VALUE)
+        || labels.get(PLUGIN_LABEL).map(String::as_str) != Some(plugin)
+    {
+        return Err("it does not carry this plugin's labels");
+    }
+    if labels.get(PROTECTED_LABEL).map(String::as_str) == Some("true") {
+        return Err("it is protected");
+    }
+    let (api_version, kind) = (object::api_version(obj), object::kind(obj));
+    let owning: Vec<(&Controller, &Ownership)> = controllers
+        .iter()
+        .filter_map(|c| {
+            c.owned_kind(api_version, kind)
+                .filter(|o| !o.is_dependent())
+                .map(|o| (*c, &o.ownership))
+        })
+        .collect();
+    if owning.is_empty() {
+        return Err("its kind is not owned by the plugin's controllers");
+    }
+    let controller_ref = object::value_at(obj, "metadata.ownerReferences")
+        .and_then(Value::as_array)
+        .and_then(|refs| {
+            refs.iter()
+                .find(|r| r.get("controller").and_then(Value::as_bool) == Some(true))
+        });
+    if let Some(r) = controller_ref {
+        let text = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or_default();
+        let (ref_version, ref_kind) = (text("apiVersion"), text("kind"));
+        let Some((c, _)) = owning.iter().find(|(c, ownership)| {
+            matches!(ownership, Ownership::OwnerReference)
+                && c.primary.matches(ref_version, ref_kind)
+        }) else {
+            return Err("its controller is not of a primary kind that owns it by reference");
+        };
+        if text("uid").is_empty() || text("name").is_empty() {
+            return Err("its controller reference names no uid or name");
+        }
+        return Ok(Claim::Reference {
+            kind: c.primary.clone(),
+            namespace: if c.primary.namespaced {
+                object::namespace(obj).map(str::to_owned)
+            } else {
+                None
+            },
+            name: text("name").to_owned(),
+            uid: text("uid").to_owned(),
+        });
+    }
+    let Some(uid) = labels.get(OWNER_UID_LABEL).filter(|u| !u.is_empty()) else {
+        return Err("nothing controls it");
+    };
+    let mut kinds: Vec<KindRef> = Vec::new();
+    for (c, ownership) in &owning {
+        if matches!(ownership, Ownership::OwnerLabel { .. })
+            && !kinds.iter().any(|k| k.same_type(&c.primary))
+        {
+            kinds.push(c.primary.clone());
+        }
+    }
+    if kinds.is_empty() {
+        return Err("it is owned by label, and no controller owns its kind by label");
+    }
+    Ok(Claim::Label {
+        kinds,
+        uid: uid.clone(),
+    })
+}
+
+/// The objects of a refused plan that collection may help: when every
+/// violation is `NotControlledByPrimary` on an object the plan applies,
+/// those objects (as the plan named them); otherwise none.
+pub(crate) fn refused_applies<'p>(plan: &'p Plan, violations: &[Violation]) -> Vec<&'p Value> {
+    let mut out = Vec::new();
+    for v in violations {
+        if v.rule != Rule::NotControlledByPrimary {
+            return Vec::new();
+        }
+        match plan
+            .apply
+            .iter()
+            .find(|op| object::describe(&op.object) == v.object)
+        {
+            Some(op) => out.push(&op.object),
+            None => return Vec::new(),
+        }
+    }
+    out
+}
+
+/// UIDs of every object of a primary kind, read from the API server once
+/// per sweep (and once per refusal) when an owner label must be checked.
+#[derive(Default)]
+struct LiveUids(HashMap<String, Option<HashSet<String>>>);
+
+/// How one object fared.
+enum Outcome {
+    Collected,
+    Left,
+}
+
+impl Operator {
+    /// Running controllers of `plugin`.
+    fn plugin_controllers(&self, plugin: &str) -> Vec<std::sync::Arc<Active>> {
+        self.controllers
+            .read()
+            .expect("controllers lock")
+            .values()
+            .filter(|a| a.plugin.name() == plugin)
+            .cloned()
+            .collect()
+    }
+
+    /// True when the API server still has the owner `claim` names (also
+    /// while it is being deleted), or when that cannot be told.
+    async fn owner_alive(&self, claim: &Claim, live: &mut LiveUids) -> bool {
+        match claim {
+            Claim::Reference {
+                kind,
+                namespace,
+                name,
+                uid,
+            } => {
+                let resource = api_resource(kind);
+                let api: Api<DynamicObject> = match namespace {
+                    Some(ns) => Api::namespaced_with(self.client.clone(), ns, &resource),
+                    None => Api::all_with(self.client.clone(), &resource),
+                };
+                match api.get_metadata_opt(name).await {
+                    Ok(None) => false,
+                    Ok(Some(meta)) => meta.metadata.uid.as_deref() == Some(uid.as_str()),
+                    Err(e) => {
+                        tracing::debug!(owner = %claim.describe(), error = %e,
+                            "could not read an owner; taking it as alive");
+                        true
+                    }
+                }
+            }
+            Claim::Label { kinds, uid } => {
+                for kind in kinds {
+                    if self
+                        .cache
+                        .kind(&kind_key(kind))
+                        .is_some_and(|kc| kc.get_by_uid(uid).is_some())
+                    {
+                        return true;
+                    }
+                }
+                for kind in kinds {
+                    let key = kind_key(kind).to_string();
+                    if !live.0.contains_key(&key) {
+                        let uids = self.list_uids(kind).await;
+                        live.0.insert(key.clone(), uids);
+                    }
+                    match live.0.get(&key) {
+                        Some(Some(uids)) if !uids.contains(uid) => {}
+                        // Present, or the list failed: alive.
+                        _ => return true,
+                    }
+                }
+                false
+            }
+        }
+    }
+
+    /// The UIDs of every object of `kind` in the whole cluster, listed
+    /// from the API server in pages; `None` when a page fails (e.g. the
+    /// operator may not list the kind cluster-wide). Every namespace, not
+    /// only the watched ones: another operator watching other namespaces
+    /// may run the same plugin, and its primaries own by label too.
+    async fn list_uids(&self, kind: &KindRef) -> Option<HashSet<String>> {
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &api_resource(kind));
+        let mut uids = HashSet::new();
+        let mut params = ListParams::default().limit(SWEEP_PAGE);
+        loop {
+            let page = match api.list_metadata(&params).await {
+                Ok(page) => page,
+                Err(e) => {
+                    tracing::debug!(kind = %kind, error = %e, "could not list owners");
+                    return None;
+                }
+            };
+            uids.extend(page.items.into_iter().filter_map(|m| m.metadata.uid));
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => break,
+            }
+        }
+        Some(uids)
+    }
+
+    /// One API per namespace this operator watches (one for all of them
+    /// when it watches every namespace, or for a cluster-scoped kind).
+    fn list_apis(&self, kind: &KindRef) -> Vec<Api<DynamicObject>> {
+        let resource = api_resource(kind);
+        let namespaces = self.cache.namespaces();
+        if !kind.namespaced || namespaces.is_empty() {
+            return vec![Api::all_with(self.client.clone(), &resource)];
+        }
+        namespaces
+            .iter()
+            .map(|ns| Api::namespaced_with(self.client.clone(), ns, &resource))
+            .collect()
+    }
+
+    /// Deletes `obj` (as read from the API server) when `plugin`'s
+    /// controllers may collect it and its owner is gone; see the module
+    /// guarantees.
+    async fn collect_one(
+        &self,
+        a: &Active,
+        controllers: &[&Controller],
+        obj: &Value,
+        live: &mut LiveUids,
+        found_by: &str,
+    ) -> Result<(Outcome, String), String> {
+        let what = object::describe(obj);
+        let claim = claim_of(obj, a.plugin.name(), controllers)
+            .map_err(|why| format!("{what} is left alone: {why}"))?;
+        if self.owner_alive(&claim, live).await {
+            return Ok((Outcome::Left, String::new()));
+        }
+        if !crate::controller::leader::may_write(&self.leader, &self.lease_until) {
+            return Ok((Outcome::Left, String::new()));
+        }
+        // claim_of found the kind among the controllers' owned kinds.
+        let Some(kind) = controllers
+            .iter()
+            .find_map(|c| c.owned_kind(object::api_version(obj), object::kind(obj)))
+            .map(|o| o.kind.clone())
+        else {
+            return Ok((Outcome::Left, String::new()));
+        };
+        a.writer
+            .delete(
+                &api_resource(&kind),
+                object::namespace(obj),
+                object::name(obj),
+                object::uid(obj),
+                object::resource_version(obj),
+            )
+            .await
+            .map_err(|e| format!("{what} could not be collected: {e}"))?;
+        self.collected.remember(object::uid(obj));
+        metrics::global().inc(
+            "wasmop_orphans_collected_total",
+            &[
+                ("controller", &a.id),
+                ("kind", object::kind(obj)),
+                ("found_by", found_by),
+            ],
+        );
+        let message = format!(
+            "deleted {what}: it was controlled by {}, which no longer exists (the garbage \
+             collector missed it)",
+            claim.describe()
+        );
+        tracing::info!(controller = %a.id, object = %what, owner = %claim.describe(), found_by,
+            "collected an object whose owner is gone");
+        Ok((Outcome::Collected, message))
+    }
+
+    /// After a plan was refused: collects the objects it was refused for
+    /// when every one of them is controlled by an owner that is gone (see
+    /// the module docs). Returns true when all of them were collected and
+    /// the primary should be reconciled again at once.
+    pub(super) async fn collect_refused(
+        &self,
+        a: &Active,
+        primary: &Value,
+        plan: &Plan,
+        violations: &[Violation],
+    ) -> bool {
+        let refused = refused_applies(plan, violations);
+        if refused.is_empty()
+            || !crate::controller::leader::may_write(&self.leader, &self.lease_until)
+        {
+            return false;
+        }
+        let actives = self.plugin_controllers(a.plugin.name());
+        let controllers: Vec<&Controller> = actives.iter().map(|a| &a.spec).collect();
+        let mut live = LiveUids::default();
+        let mut all = true;
+        for planned in refused {
+            let Some(owned) = a
+                .spec
+                .owned_kind(object::api_version(planned), object::kind(planned))
+            else {
+                return false;
+            };
+            let resource = api_resource(&owned.kind);
+            let api: Api<DynamicObject> = match object::namespace(planned) {
+                Some(ns) if owned.kind.namespaced => {
+                    Api::namespaced_with(self.client.clone(), ns, &resource)
+                }
+                _ => Api::all_with(self.client.clone(), &resource),
+            };
+            let found = match api.get_metadata_opt(object::name(planned)).await {
+                Ok(Some(meta)) => meta_value(meta, &owned.kind),
+                // Gone meanwhile: the retry will find it absent.
+                Ok(None) => continue,
+                Err(_) => {
+                    all = false;
+                    continue;
+                }
+            };
+            match self
+                .collect_one(a, &controllers, &found, &mut live, "refusal")
+                .await
+            {
+                Ok((Outcome::Collected, message)) => {
+                    self.reporter
+                        .event(primary, false, "CollectedOrphan", &message)
+                        .await;
+                }
+                Ok((Outcome::Left, _)) => all = false,
+                Err(why) => {
+                    tracing::debug!(controller = %a.id, %why, "refused object not collected");
+                    all = false;
+                }
+            }
+        }
+        all
+    }
+
+    /// One sweep: lists, in pages of [`SWEEP_PAGE`], every object of every
+    /// kind a running controller owns that carries its plugin's labels, and
+    /// collects those whose owner is gone. Only while this replica may
+    /// write. Returns how many objects were looked at and how many
+    /// collected.
+    pub async fn sweep_orphans(&self) -> (usize, usize) {
+        if !crate::controller::leader::may_write(&self.leader, &self.lease_until) {
+            return (0, 0);
+        }
+        let started = Instant::now();
+        let actives: Vec<std::sync::Arc<Active>> = self
+            .controllers
+            .read()
+            .expect("controllers lock")
+            .values()
+            .cloned()
+            .collect();
+        let (mut seen, mut collected) = (0usize, 0usize);
+        let mut swept: HashSet<(String, String)> = HashSet::new();
+        for a in &actives {
+            let siblings: Vec<&Controller> = actives
+                .iter()
+                .filter(|b| b.plugin.name() == a.plugin.name())
+                .map(|b| &b.spec)
+                .collect();
+            let mut live = LiveUids::default();
+            for owned in a.spec.owns.iter().filter(|o| !o.is_dependent()) {
+                // Each kind once per plugin: sibling controllers share it.
+                if !swept.insert((
+                    a.plugin.name().to_owned(),
+                    kind_key(&owned.kind).to_string(),
+                )) {
+                    continue;
+                }
+                let selector = format!(
+                    "{MANAGED_BY_LABEL}={MANAGED_BY_VALUE},{PLUGIN_LABEL}={}",
+                    a.plugin.name()
+                );
+                for api in self.list_apis(&owned.kind) {
+                    let mut params = ListParams::default().labels(&selector).limit(SWEEP_PAGE);
+                    loop {
+                        let page = match api.list_metadata(&params).await {
+                            Ok(page) => page,
+                            Err(e) => {
+                                tracing::warn!(kind = %owned.kind, error = %e,
+                                    "orphan sweep: could not list; the next sweep tries again");
+                                break;
+                            }
+                        };
+                        for meta in page.items {
+                            seen += 1;
+                            let obj = meta_value(meta, &owned.kind);
+                            if let Ok((Outcome::Collected, _)) = self
+                                .collect_one(a, &siblings, &obj, &mut live, "sweep")
+                                .await
+                            {
+                                collected += 1;
+                            }
+                        }
+                        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                            Some(token) => params = params.continue_token(&token),
+                            None => break,
+                        }
+                    }
+                }
+            }
+        }
+        let m = metrics::global();
+        m.set(
+            "wasmop_orphan_sweep_seconds",
+            &[],
+            started.elapsed().as_secs_f64(),
+        );
+        m.set("wasmop_orphan_sweep_objects", &[], seen as f64);
+        tracing::debug!(objects = seen, collected, elapsed = ?started.elapsed(), "orphan sweep");
+        (seen, collected)
+    }
+}
+
+/// An object's metadata as read from the API server, as the JSON the rest
+/// of the host reads (apiVersion and kind filled in from `kind`: a list's
+/// items may lack them).
+fn meta_value(meta: PartialObjectMeta<DynamicObject>, kind: &KindRef) -> Value {
+    let mut value = serde_json::to_value(&meta).unwrap_or_default();
+    if let Some(root) = value.as_object_mut() {
+        root.insert("apiVersion".to_owned(), Value::from(kind.api_version()));
+        root.insert("kind".to_owned(), Value::from(kind.kind.clone()));
+    }
+    value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn widget() -> KindRef {
+        KindRef::namespaced("example.dev", "v1", "Widget", "widgets")
+    }
+    fn configmap() -> KindRef {
+        KindRef::namespaced("", "v1", "ConfigMap", "configmaps")
+    }
+    fn secret() -> KindRef {
+        KindRef::namespaced("", "v1", "Secret", "secrets")
+    }
+
+    fn controller() -> Controller {
+        Controller::new("widget", widget())
+            .owns(configmap())
+            .owns_by_label(secret(), None)
+    }
+
+    fn cm(labels: Value, refs: Value) -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "w-cm", "namespace": "ns", "uid": "u-cm",
+                "resourceVersion": "7", "labels": labels, "ownerReferences": refs}})
+    }
+
+    fn ours() -> Value {
+        json!({"app.kubernetes.io/managed-by": "wasmop", "wasmop.dev/plugin": "good"})
+    }
+
+    fn widget_ref(uid: &str) -> Value {
+        json!([{"apiVersion": "example.dev/v1", "kind": "Widget", "name": "w",
+            "uid": uid, "controller": true, "blockOwnerDeletion": true}])
+    }
+
+    #[test]
+    fn an_object_controlled_by_a_primary_of_the_controller_is_claimed_by_its_reference() {
+        let c = controller();
+        let claim = claim_of(&cm(ours(), widget_ref("old")), "good", &[&c]).unwrap();
+        assert_eq!(
+            claim,
+            Claim::Reference {
+                kind: widget(),
+                namespace: Some("ns".into()),
+                name: "w".into(),
+                uid: "old".into()
+            }
+        );
+    }
+
+    #[test]
+    fn objects_without_the_plugins_labels_are_left_alone() {
+        let c = controller();
+        // A user's object of the same name, with no labels.
+        assert!(claim_of(&cm(json!({}), widget_ref("old")), "good", &[&c]).is_err());
+        // Another plugin's.
+        let other = json!({"app.kubernetes.io/managed-by": "wasmop", "wasmop.dev/plugin": "other"});
+        assert!(claim_of(&cm(other, widget_ref("old")), "good", &[&c]).is_err());
+        // Our plugin label but not managed by wasmop.
+        let half = json!({"wasmop.dev/plugin": "good"});
+        assert!(claim_of(&cm(half, widget_ref("old")), "good", &[&c]).is_err());
+    }
+
+    #[test]
+    fn protected_objects_and_objects_controlled_by_other_kinds_are_left_alone() {
+        let c = controller();
+        let mut labels = ours();
+        labels["wasmop.dev/protected"] = json!("true");
+        assert!(claim_of(&cm(labels, widget_ref("old")), "good", &[&c]).is_err());
+        let deployment = json!([{"apiVersion": "apps/v1", "kind": "Deployment", "name": "w",
+            "uid": "d", "controller": true}]);
+        assert_eq!(
+            claim_of(&cm(ours(), deployment), "good", &[&c]),
+            Err("its controller is not of a primary kind that owns it by reference")
+        );
+    }
+
+    #[test]
+    fn objects_nothing_controls_or_of_kinds_not_owned_are_left_alone() {
+        let c = controller();
+        assert_eq!(
+            claim_of(&cm(ours(), json!(null)), "good", &[&c]),
+            Err("nothing controls it")
+        );
+        let mut svc = cm(ours(), widget_ref("old"));
+        svc["kind"] = json!("Service");
+        assert!(claim_of(&svc, "good", &[&c]).is_err());
+        // A dependent kind is never collected.
+        let d = Controller::new("widget", widget()).deletes_dependents(configmap());
+        assert!(claim_of(&cm(ours(), widget_ref("old")), "good", &[&d]).is_err());
+    }
+
+    #[test]
+    fn a_label_owned_object_is_claimed_by_its_owner_uid_across_the_plugins_primary_kinds() {
+        let c = controller();
+        let other = Controller::new(
+            "gadget",
+            KindRef::namespaced("example.dev", "v1", "Gadget", "gadgets"),
+        )
+        .owns_by_label(secret(), None);
+        let mut labels = ours();
+        labels["wasmop.dev/owner-uid"] = json!("gone");
+        let s = json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "s", "namespace": "elsewhere", "uid": "u", "labels": labels}});
+        assert_eq!(
+            claim_of(&s, "good", &[&c, &other]).unwrap(),
+            Claim::Label {
+                kinds: vec![
+                    widget(),
+                    KindRef::namespaced("example.dev", "v1", "Gadget", "gadgets")
+                ],
+                uid: "gone".into()
+            }
+        );
+        // A ConfigMap is owned by reference: an owner label alone is not
+        // how it is controlled.
+        let mut labelled_cm = cm(ours(), json!(null));
+        labelled_cm["metadata"]["labels"]["wasmop.dev/owner-uid"] = json!("gone");
+        assert!(claim_of(&labelled_cm, "good", &[&c]).is_err());
+    }
+
+    #[test]
+    fn only_refusals_made_entirely_of_foreign_control_over_applies_are_candidates() {
+        let plan = Plan {
+            apply: vec![wasmop_contract::plan::ApplyOp {
+                object: json!({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": "w-cm", "namespace": "ns"}}),
+                precondition: None,
+                force: false,
+            }],
+            ..Plan::default()
+        };
+        let foreign = Violation {
+            rule: Rule::NotControlledByPrimary,
+            object: "ConfigMap ns/w-cm".into(),
+            message: "exists and is controlled by another owner (uid old)".into(),
+        };
+        assert_eq!(
+            refused_applies(&plan, std::slice::from_ref(&foreign)).len(),
+            1
+        );
+        let other = Violation {
+            rule: Rule::KindNotOwned,
+            object: "Secret ns/x".into(),
+            message: String::new(),
+        };
+        assert!(refused_applies(&plan, &[foreign.clone(), other]).is_empty());
+        // A refused delete is not a candidate.
+        let delete = Violation {
+            object: "ConfigMap ns/elsewhere".into(),
+            ..foreign
+        };
+        assert!(refused_applies(&plan, &[delete]).is_empty());
+    }
+
+    #[test]
+    fn collected_uids_are_remembered() {
+        let c = Collected::default();
+        assert!(!c.contains("a"));
+        c.remember("a");
+        assert!(c.contains("a"));
+        assert!(!c.contains(""));
+        assert!(!c.contains("b"));
+    }
+}
