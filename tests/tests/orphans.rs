@@ -300,3 +300,107 @@ async fn a_follower_collects_nothing() -> Result<()> {
     op.stop().await;
     Ok(())
 }
+
+/// Objects owned by label (a ConfigMap in another namespace, a
+/// cluster-scoped Badge) leak when their Labeller goes without its
+/// cleanup (its finalizer taken off by hand). The sweep collects them, and
+/// leaves alone a look-alike whose owner lives in a namespace this
+/// operator does not watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_collects_label_owned_objects_whose_owner_is_gone() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let ns = TestNamespace::new("orphans-label").await?;
+    let target = TestNamespace::new("orphans-label-target").await?;
+    let elsewhere = TestNamespace::new("orphans-label-elsewhere").await?;
+    apply_test_crds(&ns.client).await?;
+    let op = RunningOperator::start(
+        ns.client.clone(),
+        vec![ns.name.clone(), target.name.clone()],
+        vec![load_plugin(
+            "labeller",
+            json!({"targetNamespace": target.name}),
+        )?],
+    )
+    .await?;
+    let resource = |kind: &str, plural: &str| {
+        kube::core::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("test.wasmop.dev", "v1", kind),
+            plural,
+        )
+    };
+    let labellers: Api<DynamicObject> = Api::namespaced_with(
+        ns.client.clone(),
+        &ns.name,
+        &resource("Labeller", "labellers"),
+    );
+    let badges: Api<DynamicObject> = Api::all_with(ns.client.clone(), &resource("Badge", "badges"));
+    let labeller = |name: &str| -> Result<DynamicObject> {
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "test.wasmop.dev/v1", "kind": "Labeller",
+            "metadata": {"name": name}, "spec": {"value": name},
+        }))?)
+    };
+    labellers
+        .create(&PostParams::default(), &labeller("l")?)
+        .await?;
+    let cms: Api<ConfigMap> = target.api();
+    let badge = format!("{}-l", ns.name);
+    wait_for("l's ConfigMap and Badge", DEFAULT_DEADLINE, || async {
+        Ok(
+            (cms.get_opt("l-mirror").await?.is_some() && badges.get_opt(&badge).await?.is_some())
+                .then_some(()),
+        )
+    })
+    .await?;
+
+    // A Labeller in a namespace this operator does not watch, and a
+    // ConfigMap in the watched target namespace that names it as owner by
+    // label: alive, so never collected.
+    let far: Api<DynamicObject> = Api::namespaced_with(
+        ns.client.clone(),
+        &elsewhere.name,
+        &resource("Labeller", "labellers"),
+    );
+    let far_uid = far
+        .create(&PostParams::default(), &labeller("far")?)
+        .await?
+        .metadata
+        .uid
+        .context("no uid")?;
+    let lookalike: ConfigMap = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "far-mirror", "labels": {
+            "app.kubernetes.io/managed-by": "wasmop", "wasmop.dev/plugin": "labeller",
+            "wasmop.dev/owner-uid": far_uid}},
+    }))?;
+    cms.create(&PostParams::default(), &lookalike).await?;
+    let lookalike_before = identity(&cms, "far-mirror").await?;
+
+    // l goes without its cleanup: its finalizer taken off by hand.
+    labellers
+        .patch(
+            "l",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await?;
+    labellers.delete("l", &DeleteParams::background()).await?;
+    wait_for("Labeller l gone", DEFAULT_DEADLINE, || async {
+        Ok(labellers.get_opt("l").await?.is_none().then_some(()))
+    })
+    .await?;
+    assert!(cms.get_opt("l-mirror").await?.is_some());
+
+    let (looked, swept) = op.operator.sweep_orphans().await;
+    eprintln!("label sweep: looked at {looked} objects, collected {swept}");
+    assert!(cms.get_opt("l-mirror").await?.is_none(), "l-mirror leaked");
+    assert!(badges.get_opt(&badge).await?.is_none(), "the Badge leaked");
+    assert_eq!(
+        identity(&cms, "far-mirror").await?,
+        lookalike_before,
+        "a label-owned object whose owner lives elsewhere was touched"
+    );
+    assert!(swept >= 2, "collected {swept}");
+    op.stop().await;
+    Ok(())
+}
