@@ -15,7 +15,9 @@
 //!   re-trigger exactly the primaries that select them (through the
 //!   reference index for field references, by namespace or label otherwise).
 //! - A plugin failure, a rejected plan or an empty plan never deletes
-//!   anything: only deletes the plugin names, validated, are executed.
+//!   anything the plugin made for a live owner: only deletes the plugin
+//!   names, validated, are executed, and objects whose owner is gone that
+//!   the garbage collector missed ([`orphans`], under its own rules).
 //! - Failures are reported on the primary as the `Reconciled` condition and
 //!   as a Warning Event, and retried with exponential backoff.
 

@@ -39,8 +39,9 @@
 //!   kind of the plugin's controllers that own the kind by label has that
 //!   UID in a list of the whole cluster from the API server (not only the
 //!   watched namespaces: another operator may run the same plugin
-//!   elsewhere; the watch cache is asked first only to spare the read when
-//!   it holds the owner: an owner it holds is alive);
+//!   elsewhere). For either, an owner the watch cache holds counts as
+//!   alive without a read, so a sweep reads only for the objects whose
+//!   owner the cache lacks;
 //! - this replica may write (leader), and the delete carries the UID and
 //!   resourceVersion the object was judged at, so a changed or re-created
 //!   object is not deleted.
@@ -289,6 +290,14 @@ impl Operator {
                 name,
                 uid,
             } => {
+                // Held by the watch cache: alive, without a read.
+                if self
+                    .cache
+                    .kind(&kind_key(kind))
+                    .is_some_and(|kc| kc.get_by_uid(uid).is_some())
+                {
+                    return true;
+                }
                 let resource = api_resource(kind);
                 let api: Api<DynamicObject> = match namespace {
                     Some(ns) => Api::namespaced_with(self.client.clone(), ns, &resource),

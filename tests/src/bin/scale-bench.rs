@@ -41,6 +41,10 @@
 //! - the bench follows the operator's progress through the operator's own
 //!   Widget cache, not a watch of its own, so the API server serves the
 //!   operator's watches and nothing more;
+//! - `sweep`: one orphan sweep of the converged namespace (every owner
+//!   alive, so N ConfigMaps looked at and none collected; median of three)
+//!   next to its floor, the paged metadata list of the same ConfigMaps
+//!   that any sweep must make;
 //! - `memory`: bytes of RSS per cached object, the host's watch cache
 //!   (`wasmop::watch::cache`, what every snapshot reads) against a minimal
 //!   kube-rs reflector holding the same objects (DynamicObject Widgets,
@@ -648,6 +652,73 @@ impl OperatorBench {
         .await
     }
 
+    /// The orphan sweep over the converged namespace (every owner alive:
+    /// N ConfigMaps looked at, none collected), three times, next to its
+    /// floor in the same run: the paged list of the same ConfigMaps
+    /// (metadata only, same selector and page size) that any sweep must
+    /// make. Prints the medians and their ratio.
+    async fn sweep_line(&self) -> Result<()> {
+        let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
+            Api::namespaced(self.ns.client.clone(), &self.ns.name);
+        let selector = "app.kubernetes.io/managed-by=wasmop,wasmop.dev/plugin=good";
+        let (mut sweeps, mut floors) = (Vec::new(), Vec::new());
+        let mut looked = 0;
+        for round in 0..3 {
+            let floor = async {
+                let started = Instant::now();
+                let mut params = ListParams::default()
+                    .labels(selector)
+                    .limit(wasmop::controller::orphans::SWEEP_PAGE);
+                let mut seen = 0usize;
+                loop {
+                    let page = cms.list_metadata(&params).await?;
+                    seen += page.items.len();
+                    match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                        Some(token) => params = params.continue_token(&token),
+                        None => break,
+                    }
+                }
+                anyhow::Ok((started.elapsed().as_secs_f64(), seen))
+            };
+            let sweep = async {
+                let started = Instant::now();
+                let (seen, collected) = self.op.operator.sweep_orphans().await;
+                if collected != 0 {
+                    bail!("the sweep collected {collected} objects of a converged namespace");
+                }
+                anyhow::Ok((started.elapsed().as_secs_f64(), seen))
+            };
+            // The order alternates between rounds.
+            let ((s, seen), (f, listed)) = if round % 2 == 0 {
+                let s = sweep.await?;
+                (s, floor.await?)
+            } else {
+                let f = floor.await?;
+                (sweep.await?, f)
+            };
+            if seen != self.n || listed != self.n {
+                bail!(
+                    "the sweep looked at {seen} and the floor listed {listed}, not {}",
+                    self.n
+                );
+            }
+            looked = seen;
+            sweeps.push(s);
+            floors.push(f);
+        }
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (s, f) = (median(sweeps), median(floors));
+        println!(
+            "N={:>6} sweep     {s:>8.3} s  floor {f:>8.3} s  ratio {:>5.2} (median of 3; {looked} owned objects looked at, none collected)",
+            self.n,
+            s / f.max(1e-9)
+        );
+        Ok(())
+    }
+
     /// `plugin` (of `version`) replaces the loaded one in the plugin
     /// directory → every Widget reconciled by `version`.
     async fn rollover(&mut self, plugin: &str, version: &str) -> Result<Phase> {
@@ -966,6 +1037,7 @@ async fn main() -> Result<()> {
         let converge = operator.converge().await?;
         let (rss_now, rss_peak) = rss();
         converge.line(n, "converge", &floor_converge);
+        operator.sweep_line().await?;
         // Rollovers back and forth (good-v2, then good again, ...), each
         // next to a floor rollover in the same round, the order of the two
         // alternating from round to round; the median ratio is the figure.
