@@ -4,13 +4,20 @@
 # the same scripts the tests use), installs the CRDs and waits until each is
 # established, runs the operator, applies the examples in deploy/examples/
 # and shows the examples' primaries (the objects of kinds a CRD serves) with
-# their conditions as they converge, and what the operator made. Ctrl-C
-# stops everything this script started.
+# their conditions as they converge, and what the operator made. The
+# examples cover every shipped plugin (instance, engine, backup, fleet,
+# team) and the `good` test plugin; the operator runs with the settings of
+# deploy/run-local.yaml, labels the kwok Node with the zone the fleet
+# example uses, and calls the stand-in terdut-server (tests/terdut-standin)
+# this script starts on loopback for the team example. Ctrl-C stops
+# everything this script started.
 #
 #   bash deploy/run-local.sh [--check] [EXAMPLE.yaml ...]
 #
 # --check   run the same demo without a screen: wait until every example
-#           primary has the condition Ready=True (deadline
+#           primary has the condition Ready=True (EtcdBackup:
+#           BackupCompleted=True, its Job completed; Backup: Scheduled=True,
+#           its CronJob made) (deadline
 #           WASMOP_DEMO_TIMEOUT seconds, default 300), check the operator's
 #           /metrics, /readyz and /healthz, delete the examples again, and exit 0;
 #           exit 1 with the primaries' state and the operator's log tail
@@ -31,12 +38,31 @@ examples=()
 for arg in "$@"; do
   case $arg in
     --check) check=1 ;;
-    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown option $arg (see --help)" ;;
     *) [[ -f $arg ]] || die "no such example file: $arg"; examples+=("$arg") ;;
   esac
 done
-[[ ${#examples[@]} -gt 0 ]] || examples=(deploy/examples/widgets.yaml deploy/examples/firebolt-instance.yaml)
+[[ ${#examples[@]} -gt 0 ]] || examples=(
+  deploy/examples/widgets.yaml
+  deploy/examples/firebolt-instance.yaml
+  deploy/examples/firebolt-engine.yaml
+  deploy/examples/etcd-backup.yaml
+  deploy/examples/celld-fleet.yaml
+  deploy/examples/terdut-team.yaml
+)
+# The condition that says a primary of a kind converged, where it is not
+# Ready: a finished backup, a scheduled one.
+done_condition() {
+  case $1 in
+    EtcdBackup) echo BackupCompleted ;;
+    Backup) echo Scheduled ;;
+    *) echo Ready ;;
+  esac
+}
+# The address the team example names for its server; replaced by the
+# stand-in's when applied.
+TERDUT_PLACEHOLDER=http://127.0.0.1:18091
 
 if [[ $check == 1 ]]; then
   metrics_addr="${WASMOP_DEMO_METRICS_ADDR:-127.0.0.1:0}"
@@ -56,6 +82,7 @@ KUBECTL="$K8S_BIN/kubectl"
 bash tests/build-plugins.sh "$built"
 # WASMOP_BIN: use this wasmop binary instead of building one.
 if [[ -z ${WASMOP_BIN:-} ]]; then cargo build -p wasmop; fi
+cargo build -p terdut-standin --bin terdut-standin
 WASMOP="${WASMOP_BIN:-$CARGO_TARGET_DIR/debug/wasmop}"
 
 # Reuse a control plane that is already up (and leave it running after);
@@ -69,6 +96,7 @@ bash tests/cluster/up.sh >/dev/null
 export KUBECONFIG="$WASMOP_CLUSTER_DIR/kubeconfig"
 
 op_pid=""
+standin_pid=""
 applied=0
 log_file="$WASMOP_CLUSTER_DIR/logs/wasmop.log"
 cleanup() {
@@ -81,11 +109,12 @@ cleanup() {
     for f in "${examples[@]}"; do
       "$KUBECTL" delete -f "$f" --ignore-not-found --wait=true --timeout=60s >/dev/null 2>&1 || echo "could not delete everything of $f"
     done
+    delete_stale_reservations
   fi
-  if [[ -n $op_pid ]]; then
-    kill "$op_pid" 2>/dev/null || true
-    wait "$op_pid" 2>/dev/null || true
-  fi
+  for pid in $op_pid $standin_pid; do
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
   if [[ $started_cluster == 1 ]]; then bash tests/cluster/down.sh --keep-logs; fi
   if [[ $check == 1 ]]; then exit "$status"; fi
   exit 0
@@ -121,13 +150,47 @@ if compgen -G "crds/*.yaml" >/dev/null; then apply_crds -f crds/; fi
 apply_crds -f "$CERT_MANAGER_CRDS/"
 echo "CRDs established"
 
+# A CelldStorageReservation binds its bucket to one fleet for good and
+# outlives the fleet; the reservations of example fleets that are gone
+# (an earlier run's) are deleted so that the example can be applied again.
+delete_stale_reservations() {
+  local name fns fname
+  while read -r name fns fname; do
+    [[ -n $name ]] || continue
+    if ! "$KUBECTL" get celldfleets.celld.eric.dev -n "$fns" "$fname" >/dev/null 2>&1; then
+      "$KUBECTL" delete celldstoragereservations.celld.eric.dev "$name" --ignore-not-found >/dev/null
+    fi
+  done < <("$KUBECTL" get celldstoragereservations.celld.eric.dev -o jsonpath='{range .items[?(@.spec.bucket=="wasmop-demo-celld")]}{.metadata.name} {.spec.fleetNamespace} {.spec.fleetName}{"\n"}{end}' 2>/dev/null)
+}
+delete_stale_reservations
+
+# The fleet example places its member in zone us-east-1a.
+"$KUBECTL" label nodes -l type=kwok topology.kubernetes.io/zone=us-east-1a --overwrite >/dev/null
+
+# The stand-in terdut-server for the team example, on loopback.
 mkdir -p "$(dirname "$log_file")"
-"$WASMOP" run --plugins "$plugins" --metrics-addr "$metrics_addr" >"$log_file" 2>&1 &
+standin_out="$WASMOP_CLUSTER_DIR/logs/terdut-standin.out"
+"$CARGO_TARGET_DIR/debug/terdut-standin" >"$standin_out" 2>&1 &
+standin_pid=$!
+deadline=$(( $(date +%s) + 30 ))
+until [[ -s $standin_out ]]; do
+  kill -0 "$standin_pid" 2>/dev/null || die "the stand-in terdut-server exited: $(cat "$standin_out")"
+  (( $(date +%s) < deadline )) || die "the stand-in terdut-server printed no address in 30s"
+  sleep 0.1
+done
+terdut_url=$(head -n1 "$standin_out")
+[[ $terdut_url == http://127.0.0.1:* ]] || die "the stand-in terdut-server printed no loopback address: $terdut_url"
+echo "stand-in terdut-server at $terdut_url (pid $standin_pid)"
+
+"$WASMOP" run --plugins "$plugins" --config deploy/run-local.yaml --allow-url "$terdut_url" \
+  --metrics-addr "$metrics_addr" >"$log_file" 2>&1 &
 op_pid=$!
 echo "operator running (pid $op_pid), log: $log_file"
 
 applied=1
-for f in "${examples[@]}"; do "$KUBECTL" apply --server-side -f "$f"; done
+for f in "${examples[@]}"; do
+  sed "s#$TERDUT_PLACEHOLDER#$terdut_url#g" "$f" | "$KUBECTL" apply --server-side -f -
+done
 
 # The examples' primaries: objects whose kind a CRD serves (not the
 # Namespaces and other built-in objects the examples also hold), as
@@ -141,7 +204,7 @@ while read -r api kind ns name; do
   resource=$(awk -v k="$kind.$group" '$1 == k {print $2}' <<<"$crd_map")
   [[ -n $resource ]] || continue
   [[ $ns == "<none>" ]] && ns=""
-  primaries+=("$resource ${ns:--} $name")
+  primaries+=("$resource ${ns:--} $name $(done_condition "$kind")")
 done < <(for f in "${examples[@]}"; do
   "$KUBECTL" get -f "$f" --no-headers -o custom-columns='A:.apiVersion,K:.kind,N:.metadata.namespace,M:.metadata.name'
 done)
@@ -150,17 +213,18 @@ resources=$(printf '%s\n' "${primaries[@]}" | awk '{print $1}' | sort -u | paste
 
 show_primaries() {
   "$KUBECTL" get "$resources" -A --sort-by=.kind \
-    -o custom-columns='KIND:.kind,NAMESPACE:.metadata.namespace,NAME:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,RECONCILED:.status.conditions[?(@.type=="Reconciled")].status,REASON:.status.conditions[?(@.type=="Reconciled")].reason,RECONCILED-BY:.status.conditions[?(@.type=="Reconciled")].message' || true
+    -o custom-columns='KIND:.kind,NAMESPACE:.metadata.namespace,NAME:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,BACKUP-COMPLETED:.status.conditions[?(@.type=="BackupCompleted")].status,SCHEDULED:.status.conditions[?(@.type=="Scheduled")].status,RECONCILED:.status.conditions[?(@.type=="Reconciled")].status,REASON:.status.conditions[?(@.type=="Reconciled")].reason,RECONCILED-BY:.status.conditions[?(@.type=="Reconciled")].message' || true
 }
 
-# Prints the primaries that are not Ready=True yet.
+# Prints the primaries whose condition (Ready, or done_condition's) is not
+# True yet.
 not_ready() {
-  local p resource ns name args status
+  local p resource ns name cond args status
   for p in "${primaries[@]}"; do
-    read -r resource ns name <<<"$p"
+    read -r resource ns name cond <<<"$p"
     args=("$resource" "$name")
     [[ $ns == - ]] || args+=(-n "$ns")
-    status=$("$KUBECTL" get "${args[@]}" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null || true)
+    status=$("$KUBECTL" get "${args[@]}" -o jsonpath="{.status.conditions[?(@.type==\"$cond\")].status}" 2>/dev/null || true)
     [[ $status == True ]] || echo "$p"
   done
 }
@@ -171,7 +235,7 @@ bound_addr() {
 }
 
 if [[ $check == 1 ]]; then
-  echo "waiting up to ${timeout_s}s for every primary to be Ready: ${primaries[*]/%/;}"
+  echo "waiting up to ${timeout_s}s for every primary's condition to be True: ${primaries[*]/%/;}"
   deadline=$(( $(date +%s) + timeout_s ))
   while true; do
     kill -0 "$op_pid" 2>/dev/null || { show_primaries; echo "operator exited; log tail:"; tail -n 40 "$log_file"; exit 1; }
@@ -196,7 +260,7 @@ if [[ $check == 1 ]]; then
   metrics="$(curl -fsS "http://$addr/metrics")" || { echo "GET /metrics on the operator failed"; exit 1; }
   grep -q '^workqueue_adds_total{name=' <<<"$metrics" \
     || { echo "/metrics has no workqueue_adds_total series"; exit 1; }
-  echo "demo check passed: every example primary is Ready; /metrics, /readyz and /healthz answer 200"
+  echo "demo check passed: every example primary converged (its condition True); /metrics, /readyz and /healthz answer 200"
   exit 0
 fi
 
