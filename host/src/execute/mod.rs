@@ -47,9 +47,15 @@
 //!   that only works after an earlier one of the same plan (an object in a
 //!   namespace the plan creates) is refused by the dry run, and two
 //!   writes that are each within a quota are not summed.
+//!
+//! Test builds (cargo feature `failpoints`, enabled only by the
+//! integration tests) can crash the process right before write N of a
+//! plan, at that leadership check ([`failpoint`], `WASMOP_FAILPOINT`); other
+//! builds have no failpoint.
 
 pub mod budget;
 pub mod economy;
+pub mod failpoint;
 pub mod prepare;
 pub mod report;
 pub mod writer;
@@ -245,6 +251,8 @@ pub struct Executed {
 
 fn still_leader(t: &Target<'_>) -> Result<(), ExecuteError> {
     if crate::controller::leader::may_write(t.leader, t.lease_until) {
+        // Right before each write of a plan: the chaos soak's crash point.
+        failpoint::before_write(t.writer.is_dry_run());
         Ok(())
     } else {
         Err(ExecuteError::LostLeadership)
@@ -259,6 +267,17 @@ fn still_leader(t: &Target<'_>) -> Result<(), ExecuteError> {
 /// are several), lost leadership, a plan over the per-minute deletion
 /// budget, or a write the dry run was refused.
 pub async fn execute(
+    t: Target<'_>,
+    primary: &Value,
+    plan: &Plan,
+    judgement: &Judgement,
+    now: &str,
+    reporter: &Reporter,
+) -> Result<Executed, ExecuteError> {
+    failpoint::plan(execute_plan(t, primary, plan, judgement, now, reporter)).await
+}
+
+async fn execute_plan(
     t: Target<'_>,
     primary: &Value,
     plan: &Plan,

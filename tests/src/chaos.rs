@@ -1,0 +1,1742 @@
+//! The chaos soak: two real `wasmop run --leader-elect` replicas with the
+//! `good` test plugin (Widget → ConfigMap `<name>-cm`), Widgets created,
+//! edited, deleted and re-created under the same names, while faults drawn
+//! at random from a printed seed hit the replicas and the control plane;
+//! invariants checked all along and at every quiet point.
+//!
+//! Faults ([`FaultKind`]): SIGKILL of the leader or of the follower replica
+//! (restarted at once), kube-apiserver restarted or frozen, etcd restarted
+//! or its history compacted, kube-controller-manager stopped for 30 s (no
+//! garbage collection meanwhile), a hot swap of the plugin file (`good` ↔
+//! `good-v2`, or the same file written again), and a crash of the leader
+//! right before write N of a plan (the host's test-only failpoint,
+//! `host/src/execute/failpoint.rs`), N cycling over every write index of
+//! the plugin's plans. Faults come every `fault_every` (±25 %), drawn from
+//! a shuffled deck of every kind so each comes up once per deck; a
+//! controller-manager outage runs in the background while other faults
+//! follow. The seed decides the faults, their timing and the load, not the
+//! timing of the cluster's answers, so a replay with the same seed is the
+//! same script, not the same interleaving.
+//!
+//! Invariants ([`Invariant`]), each checked by [`Ledger`] from the
+//! ConfigMaps listed every 300 ms and at the end:
+//!
+//! - `Bystander`: objects the soak made before the operator started and
+//!   that no plan may touch — an unlabelled ConfigMap `<name>-cm` for each
+//!   Widget name `b<i>` the load creates and deletes, unrelated ConfigMaps
+//!   in the soak's namespace, and look-alikes (`w<i>-cm`) in a namespace
+//!   the operator does not watch — keep their UID and resourceVersion.
+//! - `UnexplainedDeletion`: a ConfigMap labelled
+//!   `app.kubernetes.io/managed-by=wasmop` disappears only when the Widget
+//!   that controlled it (by UID) was deleted by the load (the garbage
+//!   collector, or the host collecting what it missed); `good` itself
+//!   never deletes.
+//! - `Ownership`: no two managed ConfigMaps have the same controller, and
+//!   none changes controller.
+//! - `Convergence`: at every quiet point (load paused, every fault over and
+//!   the operator led again) each Widget converges within 5 s of the later
+//!   of the last fault's recovery and the last load operation: its
+//!   ConfigMap holds `spec.value`, controlled by it, and `Reconciled=True`
+//!   for its generation; or, for the `b<i>` Widgets whose ConfigMap is a
+//!   bystander, the documented `Reconciled=False` `PlanRejected` naming
+//!   that ConfigMap. Its distribution is reported.
+//!
+//! Recovery, the instant convergence is timed from: the API server answers
+//! `/readyz`, kube-controller-manager runs, both replicas run and answer
+//! `/readyz`, both run the active plugin version (`wasmop_plugin_info`),
+//! and the Lease is held by a running replica and was renewed within its
+//! duration — so a replica may write.
+//!
+//! [`Breach`] makes the soak break every invariant itself once (touch a
+//! bystander, delete a managed ConfigMap whose Widget lives, forge a second
+//! ConfigMap for one Widget, stop both replicas before a quiet point), to
+//! show each check can fail.
+//!
+//! The soak disturbs the whole cluster: only a test binary of its own may
+//! run it (`tests/chaos.rs`), or `tests/chaos-soak.sh`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Client;
+use kube::api::{
+    Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, Preconditions,
+};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::faults::{Fault, component, readyz, wait_readyz};
+use crate::operator::plugin_path;
+use crate::widgets::{TempDir, install, widgets};
+use crate::{TestNamespace, apply_test_crds, kubeconfig_path, wait_for};
+
+/// What the issue asks: converged this soon after recovery.
+pub const CONVERGE_BOUND: Duration = Duration::from_secs(5);
+/// How long kube-controller-manager stays stopped.
+pub const GC_OUTAGE: Duration = Duration::from_secs(30);
+/// The label every object the host writes carries.
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Name of the replicas' Lease.
+const LEASE: &str = "wasmop-chaos";
+/// Writes of a `good` plan: the ConfigMap, the status.
+const GOOD_WRITES: usize = 2;
+
+/// Deterministic random numbers from the seed (splitmix64).
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator starting from `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next_u64() % n }
+    }
+
+    /// `d` scaled by a factor in [0.75, 1.25).
+    pub fn jitter(&mut self, d: Duration) -> Duration {
+        d.mul_f64(0.75 + self.below(500) as f64 / 1000.0)
+    }
+
+    /// A short lowercase token.
+    pub fn token(&mut self) -> String {
+        format!("{:08x}", self.next_u64() as u32)
+    }
+}
+
+/// `$WASMOP_CHAOS_SEED` when set (decimal or `0x…`), else a seed from the
+/// clock.
+///
+/// # Errors
+/// When the variable is set but is not a number.
+pub fn seed_from_env() -> Result<Option<u64>> {
+    let Ok(text) = std::env::var("WASMOP_CHAOS_SEED") else {
+        return Ok(None);
+    };
+    let text = text.trim();
+    let seed = match text.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => text.parse(),
+    }
+    .with_context(|| format!("WASMOP_CHAOS_SEED={text:?} is not a number"))?;
+    Ok(Some(seed))
+}
+
+/// A seed from the clock and the process id.
+pub fn random_seed() -> u64 {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos() as u64;
+    Rng::new(nanos ^ u64::from(std::process::id()).rotate_left(32)).next_u64()
+}
+
+/// One kind of fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FaultKind {
+    /// SIGKILL of the replica holding the Lease; started again at once.
+    KillLeader,
+    /// SIGKILL of the other replica; started again at once.
+    KillFollower,
+    /// kube-apiserver SIGKILLed, kept down 0-3 s, started again.
+    ApiServerRestart,
+    /// kube-apiserver SIGSTOPped for 2-8 s.
+    ApiServerFreeze,
+    /// etcd SIGKILLed and started again.
+    EtcdRestart,
+    /// etcd's history compacted up to its newest revision.
+    EtcdCompaction,
+    /// kube-controller-manager stopped for [`GC_OUTAGE`].
+    GcStopped,
+    /// The plugin file rewritten: the other version, or the same bytes.
+    HotSwap,
+    /// The leader aborts right before write N of its next plan.
+    CrashBeforeWrite,
+}
+
+impl FaultKind {
+    /// Every kind, in a fixed order.
+    pub const ALL: [FaultKind; 9] = [
+        FaultKind::KillLeader,
+        FaultKind::KillFollower,
+        FaultKind::ApiServerRestart,
+        FaultKind::ApiServerFreeze,
+        FaultKind::EtcdRestart,
+        FaultKind::EtcdCompaction,
+        FaultKind::GcStopped,
+        FaultKind::HotSwap,
+        FaultKind::CrashBeforeWrite,
+    ];
+}
+
+/// The invariants the soak asserts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Invariant {
+    /// A bystander was changed, adopted or deleted.
+    Bystander,
+    /// A managed object disappeared though no plan or owner deletion
+    /// explains it.
+    UnexplainedDeletion,
+    /// Two managed objects for one owner, or one that changed owner.
+    Ownership,
+    /// A primary did not converge within [`CONVERGE_BOUND`] of recovery.
+    Convergence,
+    /// A replica exited without being killed by the soak.
+    ReplicaExited,
+}
+
+/// One broken invariant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// Which.
+    pub invariant: Invariant,
+    /// What was seen.
+    pub detail: String,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}: {}", self.invariant, self.detail)
+    }
+}
+
+/// A ConfigMap as the checks see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID.
+    pub uid: String,
+    /// resourceVersion.
+    pub resource_version: String,
+    /// UID of its controller ownerReference.
+    pub controller: Option<String>,
+    /// Labelled `app.kubernetes.io/managed-by=wasmop`.
+    pub managed: bool,
+    /// `data.value`.
+    pub value: Option<String>,
+}
+
+impl Seen {
+    /// The checks' view of `cm`.
+    pub fn of(cm: &ConfigMap) -> Self {
+        let m = &cm.metadata;
+        Self {
+            namespace: m.namespace.clone().unwrap_or_default(),
+            name: m.name.clone().unwrap_or_default(),
+            uid: m.uid.clone().unwrap_or_default(),
+            resource_version: m.resource_version.clone().unwrap_or_default(),
+            controller: m
+                .owner_references
+                .iter()
+                .flatten()
+                .find(|r| r.controller == Some(true))
+                .map(|r| r.uid.clone()),
+            managed: m
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(MANAGED_BY))
+                .is_some_and(|v| v == "wasmop"),
+            value: cm.data.as_ref().and_then(|d| d.get("value").cloned()),
+        }
+    }
+
+    fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The invariant checks' memory: the bystanders as made, the managed
+/// objects as last seen, what was reported already.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    /// `namespace/name` → (UID, resourceVersion) as the soak made them.
+    bystanders: BTreeMap<String, (String, String)>,
+    /// Managed ConfigMaps by UID, as last seen.
+    managed: HashMap<String, Seen>,
+    reported: HashSet<String>,
+    /// Every violation, in the order seen.
+    pub violations: Vec<Violation>,
+    /// Managed objects seen to disappear, each explained.
+    pub explained_deletions: usize,
+}
+
+impl Ledger {
+    /// Remembers a bystander as made.
+    pub fn bystander(&mut self, seen: &Seen) {
+        self.bystanders.insert(
+            seen.key(),
+            (seen.uid.clone(), seen.resource_version.clone()),
+        );
+    }
+
+    fn report(&mut self, key: String, invariant: Invariant, detail: String) {
+        if self.reported.insert(key) {
+            self.violations.push(Violation { invariant, detail });
+        }
+    }
+
+    /// Checks one complete listing of the watched namespaces: `seen` is
+    /// every ConfigMap of `namespaces` now, `deleted_owners` the UIDs of
+    /// every Widget the load deleted (recorded before each delete is
+    /// sent). Returns the violations this listing found.
+    pub fn observe(
+        &mut self,
+        namespaces: &[String],
+        seen: &[Seen],
+        deleted_owners: &HashSet<String>,
+    ) -> Vec<Violation> {
+        let before = self.violations.len();
+        let by_key: HashMap<String, &Seen> = seen.iter().map(|s| (s.key(), s)).collect();
+        let bystanders: Vec<(String, (String, String))> = self
+            .bystanders
+            .iter()
+            .filter(|(k, _)| namespaces.iter().any(|n| k.starts_with(&format!("{n}/"))))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (key, (uid, rv)) in bystanders {
+            match by_key.get(&key) {
+                None => self.report(
+                    format!("bystander-gone {key}"),
+                    Invariant::Bystander,
+                    format!("bystander ConfigMap {key} was deleted"),
+                ),
+                Some(s) if s.uid != uid => self.report(
+                    format!("bystander-uid {key}"),
+                    Invariant::Bystander,
+                    format!(
+                        "bystander ConfigMap {key} was replaced (uid {uid} → {})",
+                        s.uid
+                    ),
+                ),
+                Some(s) if s.resource_version != rv => self.report(
+                    format!("bystander-rv {key}"),
+                    Invariant::Bystander,
+                    format!(
+                        "bystander ConfigMap {key} was changed (resourceVersion {rv} → {}; managed-by wasmop: {}, controller {:?})",
+                        s.resource_version, s.managed, s.controller
+                    ),
+                ),
+                Some(_) => {}
+            }
+        }
+        let now: HashMap<&str, &Seen> = seen
+            .iter()
+            .filter(|s| s.managed)
+            .map(|s| (s.uid.as_str(), s))
+            .collect();
+        let gone: Vec<Seen> = self
+            .managed
+            .values()
+            .filter(|s| namespaces.contains(&s.namespace) && !now.contains_key(s.uid.as_str()))
+            .cloned()
+            .collect();
+        for s in gone {
+            self.managed.remove(&s.uid);
+            match &s.controller {
+                Some(owner) if deleted_owners.contains(owner) => self.explained_deletions += 1,
+                owner => self.report(
+                    format!("deleted {}", s.uid),
+                    Invariant::UnexplainedDeletion,
+                    format!(
+                        "managed ConfigMap {} (uid {}) was deleted while its owner {owner:?} was not",
+                        s.key(),
+                        s.uid
+                    ),
+                ),
+            }
+        }
+        for s in now.values() {
+            if let Some(prev) = self.managed.get(&s.uid)
+                && prev.controller != s.controller
+            {
+                let (key, uid, from, to) = (
+                    s.key(),
+                    s.uid.clone(),
+                    prev.controller.clone(),
+                    s.controller.clone(),
+                );
+                self.report(
+                    format!("owner {uid}"),
+                    Invariant::Ownership,
+                    format!("managed ConfigMap {key} changed controller {from:?} → {to:?}"),
+                );
+            }
+            self.managed.insert(s.uid.clone(), (*s).clone());
+        }
+        let mut by_owner: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for s in now.values() {
+            if let Some(owner) = &s.controller {
+                by_owner.entry(owner).or_default().push(s.key());
+            }
+        }
+        for (owner, mut objs) in by_owner {
+            if objs.len() > 1 {
+                objs.sort();
+                self.report(
+                    format!("duplicate {owner} {objs:?}"),
+                    Invariant::Ownership,
+                    format!(
+                        "{} managed ConfigMaps controlled by {owner}: {objs:?}",
+                        objs.len()
+                    ),
+                );
+            }
+        }
+        self.violations[before..].to_vec()
+    }
+}
+
+/// Where one Widget stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Reconciled for its generation, its ConfigMap holds its value.
+    Converged,
+    /// The documented blocking condition (its ConfigMap is a bystander).
+    Blocked,
+    /// Not there yet: why.
+    Behind(String),
+}
+
+/// The verdict on `widget` given the ConfigMap named after it, if any;
+/// `bystander_cm` when that name belongs to a bystander.
+pub fn verdict(widget: &Value, cm: Option<&Seen>, bystander_cm: bool) -> Verdict {
+    let generation = widget["metadata"]["generation"].as_i64();
+    let uid = widget["metadata"]["uid"].as_str().unwrap_or_default();
+    let name = widget["metadata"]["name"].as_str().unwrap_or_default();
+    let status = &widget["status"];
+    let reconciled = status["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Reconciled"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    let cond_gen = reconciled["observedGeneration"].as_i64();
+    if generation.is_none() || cond_gen != generation {
+        return Verdict::Behind(format!(
+            "Reconciled is for generation {cond_gen:?}, the Widget is at {generation:?}: {reconciled}"
+        ));
+    }
+    if bystander_cm {
+        let message = reconciled["message"].as_str().unwrap_or_default();
+        return if reconciled["status"] == "False"
+            && reconciled["reason"] == "PlanRejected"
+            && message.contains(&format!("{name}-cm"))
+        {
+            Verdict::Blocked
+        } else {
+            Verdict::Behind(format!(
+                "expected PlanRejected naming the bystander {name}-cm: {reconciled}"
+            ))
+        };
+    }
+    if reconciled["status"] != "True" {
+        return Verdict::Behind(format!("Reconciled is not True: {reconciled}"));
+    }
+    if status["observedGeneration"].as_i64() != generation {
+        return Verdict::Behind(format!(
+            "status.observedGeneration {} for generation {generation:?}",
+            status["observedGeneration"]
+        ));
+    }
+    let want = widget["spec"]["value"].as_str().unwrap_or_default();
+    match cm {
+        None => Verdict::Behind(format!("no ConfigMap {name}-cm")),
+        Some(c) if c.controller.as_deref() != Some(uid) => Verdict::Behind(format!(
+            "{name}-cm is controlled by {:?}, not {uid}",
+            c.controller
+        )),
+        Some(c) if c.value.as_deref() != Some(want) => Verdict::Behind(format!(
+            "{name}-cm holds {:?}, spec.value is {want:?}",
+            c.value
+        )),
+        Some(_) => Verdict::Converged,
+    }
+}
+
+/// The figures of convergence times.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Distribution {
+    /// Fastest.
+    pub min: Duration,
+    /// Median.
+    pub median: Duration,
+    /// 90th percentile.
+    pub p90: Duration,
+    /// Slowest.
+    pub max: Duration,
+}
+
+impl Distribution {
+    /// Of `times`; `None` when empty.
+    pub fn of(times: &[Duration]) -> Option<Self> {
+        let mut t = times.to_vec();
+        t.sort();
+        let at = |q: f64| t[((t.len() - 1) as f64 * q).round() as usize];
+        (!t.is_empty()).then(|| Self {
+            min: t[0],
+            median: at(0.5),
+            p90: at(0.9),
+            max: t[t.len() - 1],
+        })
+    }
+}
+
+/// Which invariant-breaking actions the soak takes itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Breach {
+    /// None: an honest soak.
+    None,
+    /// Break every invariant once before the first quiet point.
+    Every,
+}
+
+/// How to run a soak.
+#[derive(Debug, Clone)]
+pub struct SoakConfig {
+    /// The seed of every random choice.
+    pub seed: u64,
+    /// How long faults and load run, quiet points excluded.
+    pub duration: Duration,
+    /// Mean time between faults.
+    pub fault_every: Duration,
+    /// A quiet point after this long of faults and load.
+    pub quiet_every: Duration,
+    /// Widgets `w<i>` the load works on.
+    pub widgets: usize,
+    /// Widgets `b<i>` whose ConfigMap name a bystander holds.
+    pub blocked: usize,
+    /// The `wasmop` program the replicas run.
+    pub wasmop_bin: PathBuf,
+    /// Invariant-breaking actions of the soak itself.
+    pub breach: Breach,
+}
+
+impl SoakConfig {
+    /// The defaults for `seed` and `duration`, replicas running `bin`.
+    pub fn new(seed: u64, duration: Duration, bin: PathBuf) -> Self {
+        Self {
+            seed,
+            duration,
+            fault_every: Duration::from_secs(10),
+            quiet_every: Duration::from_secs(60),
+            widgets: 10,
+            blocked: 2,
+            wasmop_bin: bin,
+            breach: Breach::None,
+        }
+    }
+}
+
+/// Load operations done and refused.
+#[derive(Debug, Clone, Default)]
+pub struct Ops {
+    /// Widgets created.
+    pub created: usize,
+    /// Widgets edited.
+    pub edited: usize,
+    /// Widgets deleted.
+    pub deleted: usize,
+    /// Widgets deleted and created again at once under the same name.
+    pub recreated: usize,
+    /// Operations the API server did not complete (a fault was on).
+    pub failed: usize,
+}
+
+impl Ops {
+    /// Operations completed.
+    pub fn total(&self) -> usize {
+        self.created + self.edited + self.deleted + self.recreated
+    }
+}
+
+/// What a soak saw.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// Its seed.
+    pub seed: u64,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<FaultKind, usize>,
+    /// Every fault in order, with its moment and detail.
+    pub fault_log: Vec<String>,
+    /// Write indices the failpoint crashed the leader at.
+    pub crashed_at_writes: BTreeSet<usize>,
+    /// Load.
+    pub ops: Ops,
+    /// Convergence time of each Widget at each quiet point.
+    pub convergence: Vec<Duration>,
+    /// Quiet points.
+    pub quiet_points: usize,
+    /// Recovery times (end of the last fault to recovered) at quiet points.
+    pub recoveries: Vec<Duration>,
+    /// Managed objects that disappeared, each explained.
+    pub explained_deletions: usize,
+    /// Every broken invariant.
+    pub violations: Vec<Violation>,
+    /// Wall time.
+    pub took: Duration,
+}
+
+impl Report {
+    /// Broken invariants of `kind`.
+    pub fn broken(&self, kind: Invariant) -> Vec<&Violation> {
+        self.violations
+            .iter()
+            .filter(|v| v.invariant == kind)
+            .collect()
+    }
+
+    /// The figures, one per line.
+    pub fn summary(&self) -> String {
+        let mut out = format!(
+            "chaos soak seed {} (replay: WASMOP_CHAOS_SEED={}) took {:.0?}\n",
+            self.seed, self.seed, self.took
+        );
+        let total: usize = self.faults.values().sum();
+        out += &format!("faults survived: {total} ({:?})\n", self.faults);
+        out += &format!(
+            "crash-before-write indices reached: {:?}\n",
+            self.crashed_at_writes
+        );
+        out += &format!(
+            "operations: {} ({} created, {} edited, {} deleted, {} deleted and re-created; {} not completed during faults)\n",
+            self.ops.total(),
+            self.ops.created,
+            self.ops.edited,
+            self.ops.deleted,
+            self.ops.recreated,
+            self.ops.failed
+        );
+        if let Some(r) = Distribution::of(&self.recoveries) {
+            out += &format!(
+                "recovery after the last fault at {} quiet points: min {:.2?} median {:.2?} max {:.2?}\n",
+                self.quiet_points, r.min, r.median, r.max
+            );
+        }
+        match Distribution::of(&self.convergence) {
+            Some(d) => {
+                out += &format!(
+                    "convergence after recovery ({} Widget·quiet points): min {:.2?} median {:.2?} p90 {:.2?} max (worst) {:.2?}\n",
+                    self.convergence.len(),
+                    d.min,
+                    d.median,
+                    d.p90,
+                    d.max
+                )
+            }
+            None => out += "convergence: none measured\n",
+        }
+        out += &format!(
+            "managed objects deleted, each explained by its owner's deletion: {}\n",
+            self.explained_deletions
+        );
+        let lost = self.broken(Invariant::UnexplainedDeletion).len()
+            + self.broken(Invariant::Bystander).len();
+        out += &format!("lost or touched objects: {lost}\n");
+        out += &format!("violations: {}\n", self.violations.len());
+        for v in &self.violations {
+            out += &format!("  {v}\n");
+        }
+        out += "faults:\n";
+        for f in &self.fault_log {
+            out += &format!("  {f}\n");
+        }
+        out
+    }
+}
+
+/// Shared state of a running soak.
+struct Shared {
+    ledger: Mutex<Ledger>,
+    deleted_owners: Mutex<HashSet<String>>,
+    ops: Mutex<Ops>,
+    last_op: Mutex<Instant>,
+}
+
+/// One `wasmop run --leader-elect` process.
+struct Replica {
+    child: tokio::process::Child,
+    pid: u32,
+    metrics_port: u16,
+}
+
+/// The two replicas, restarted by the soak after each kill.
+struct Replicas {
+    bin: PathBuf,
+    plugins: PathBuf,
+    work: PathBuf,
+    namespace: String,
+    slots: Vec<Option<Replica>>,
+    starts: usize,
+}
+
+fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// GET `path` from the replica's metrics server: status and body.
+async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
+    let io = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await?;
+        anyhow::Ok(String::from_utf8_lossy(&buf).into_owned())
+    };
+    let text = tokio::time::timeout(Duration::from_secs(2), io)
+        .await
+        .context("metrics server did not answer in 2 s")??;
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("no HTTP status")?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+impl Replicas {
+    fn failpoint_file(&self, slot: usize) -> PathBuf {
+        self.work.join(format!("failpoint-{slot}"))
+    }
+
+    async fn start(&mut self, slot: usize) -> Result<()> {
+        let port = free_port()?;
+        let _ = std::fs::remove_file(self.failpoint_file(slot));
+        self.starts += 1;
+        let log = std::fs::File::create(
+            self.work
+                .join(format!("replica-{slot}-start-{}.log", self.starts)),
+        )?;
+        let child = tokio::process::Command::new(&self.bin)
+            .arg("run")
+            .arg("--plugins")
+            .arg(&self.plugins)
+            .arg("--kubeconfig")
+            .arg(kubeconfig_path())
+            .arg("--namespace")
+            .arg(&self.namespace)
+            .arg("--leader-elect")
+            .arg("--leader-election-namespace")
+            .arg(&self.namespace)
+            .arg("--leader-election-id")
+            .arg(LEASE)
+            .arg("--metrics-addr")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--poll-interval-ms")
+            .arg("500")
+            .arg("--compile-cache")
+            .arg(self.work.join("compiled"))
+            .env_remove("POD_NAME")
+            .env_remove("POD_NAMESPACE")
+            .env(
+                "WASMOP_FAILPOINT",
+                format!("@{}", self.failpoint_file(slot).display()),
+            )
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", self.bin.display()))?;
+        let pid = child.id().context("replica pid")?;
+        self.slots[slot] = Some(Replica {
+            child,
+            pid,
+            metrics_port: port,
+        });
+        Ok(())
+    }
+
+    /// SIGKILLs the replica in `slot` and waits until it is gone.
+    async fn kill(&mut self, slot: usize) -> Result<()> {
+        if let Some(mut r) = self.slots[slot].take() {
+            r.child.start_kill()?;
+            r.child.wait().await?;
+        }
+        Ok(())
+    }
+
+    /// How the process in `slot` exited, if it did.
+    fn exited_slot(&mut self, slot: usize) -> Option<String> {
+        let r = self.slots[slot].as_mut()?;
+        let status = r.child.try_wait().ok()??;
+        self.slots[slot] = None;
+        Some(status.to_string())
+    }
+
+    /// Slots whose process exited by itself, with how.
+    fn exited(&mut self) -> Vec<(usize, String)> {
+        let mut out = Vec::new();
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            if let Some(r) = s
+                && let Ok(Some(status)) = r.child.try_wait()
+            {
+                out.push((i, status.to_string()));
+                *s = None;
+            }
+        }
+        out
+    }
+
+    fn slot_of_identity(&self, holder: &str) -> Option<usize> {
+        let pid: u32 = holder.rsplit_once('-')?.1.parse().ok()?;
+        self.slots
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|r| r.pid == pid))
+    }
+
+    /// The slot of the replica holding an unexpired Lease.
+    async fn leader(&self, client: &Client) -> Option<usize> {
+        let lease = Api::<Lease>::namespaced(client.clone(), &self.namespace)
+            .get_opt(LEASE)
+            .await
+            .ok()??;
+        let spec = lease.spec?;
+        let renewed = spec.renew_time?.0;
+        let term = i64::from(spec.lease_duration_seconds?);
+        let now = jiff::Timestamp::now();
+        if now.as_second() - renewed.as_second() > term {
+            return None;
+        }
+        self.slot_of_identity(spec.holder_identity.as_deref()?)
+    }
+
+    /// Every replica runs, answers `/readyz`, and runs `version` of the
+    /// plugin.
+    async fn ready(&self, version: &str) -> bool {
+        for s in &self.slots {
+            let Some(r) = s else { return false };
+            if !matches!(http_get(r.metrics_port, "/readyz").await, Ok((200, _))) {
+                return false;
+            }
+            let Ok((200, metrics)) = http_get(r.metrics_port, "/metrics").await else {
+                return false;
+            };
+            let running = metrics.lines().any(|l| {
+                l.starts_with("wasmop_plugin_info")
+                    && l.contains("plugin=\"good\"")
+                    && l.contains(&format!("version=\"{version}\""))
+            });
+            if !running {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// The plugin versions the hot swap alternates: file and version.
+const VERSIONS: [(&str, &str); 2] = [("good", "0.1.0"), ("good-v2", "0.2.0")];
+
+/// The fault injector: owns the replicas and the plugin file.
+struct Injector {
+    client: Client,
+    rng: Rng,
+    replicas: Replicas,
+    deck: Vec<FaultKind>,
+    active_version: usize,
+    next_crash_index: usize,
+    gc_outage: Option<tokio::task::JoinHandle<Result<()>>>,
+    widgets: Api<DynamicObject>,
+    started: Instant,
+}
+
+impl Injector {
+    fn draw(&mut self) -> FaultKind {
+        if self.deck.is_empty() {
+            let mut deck = FaultKind::ALL.to_vec();
+            for i in (1..deck.len()).rev() {
+                let j = self.rng.below(i as u64 + 1) as usize;
+                deck.swap(i, j);
+            }
+            self.deck = deck;
+        }
+        self.deck.pop().expect("a full deck")
+    }
+
+    fn version(&self) -> &'static str {
+        VERSIONS[self.active_version].1
+    }
+
+    /// Injects one fault; returns its description.
+    async fn inject(&mut self, kind: FaultKind, report: &mut Report) -> Result<String> {
+        let detail = match kind {
+            FaultKind::KillLeader | FaultKind::KillFollower => {
+                let leader = self.replicas.leader(&self.client).await;
+                let slot = match (kind, leader) {
+                    (FaultKind::KillLeader, Some(l)) => l,
+                    (_, Some(l)) => 1 - l,
+                    (_, None) => self.rng.below(2) as usize,
+                };
+                self.replicas.kill(slot).await?;
+                self.replicas.start(slot).await?;
+                format!(
+                    "SIGKILL replica {slot} ({}), restarted",
+                    if leader == Some(slot) {
+                        "leader"
+                    } else if leader.is_some() {
+                        "follower"
+                    } else {
+                        "no live leader"
+                    }
+                )
+            }
+            FaultKind::ApiServerRestart => {
+                let down = self.rng.below(4);
+                component(&["restart", "kube-apiserver", "--down", &down.to_string()]).await?;
+                format!("kube-apiserver killed, down {down} s, started")
+            }
+            FaultKind::ApiServerFreeze => {
+                let hold = Duration::from_millis(2000 + self.rng.below(6000));
+                let frozen = Fault::freeze("kube-apiserver").await?;
+                // The freeze itself: how long it lasts is the fault.
+                tokio::time::sleep(hold).await;
+                frozen.thaw().await?;
+                format!("kube-apiserver frozen {hold:.1?}")
+            }
+            FaultKind::EtcdRestart => {
+                let killed = Instant::now();
+                Fault::kill("etcd").await?.start().await?;
+                let ready = wait_readyz(&self.client, Duration::from_secs(60)).await?;
+                format!(
+                    "etcd killed and started; the API server ready {:.1?} after the kill",
+                    ready - killed
+                )
+            }
+            FaultKind::EtcdCompaction => {
+                let rev = component(&["compact-etcd", "--bump", "3"]).await?;
+                format!(
+                    "etcd compacted at revision {}",
+                    rev.lines().last().unwrap_or_default()
+                )
+            }
+            FaultKind::GcStopped => {
+                if self.gc_outage.as_ref().is_some_and(|t| !t.is_finished()) {
+                    "kube-controller-manager already stopped".to_owned()
+                } else {
+                    let stopped = Fault::kill("kube-controller-manager").await?;
+                    self.gc_outage = Some(tokio::spawn(async move {
+                        // The outage itself: no garbage collection this long.
+                        tokio::time::sleep(GC_OUTAGE).await;
+                        stopped.start().await
+                    }));
+                    format!("kube-controller-manager stopped for {GC_OUTAGE:?}")
+                }
+            }
+            FaultKind::HotSwap => {
+                let same = self.rng.below(3) == 0;
+                if !same {
+                    self.active_version = 1 - self.active_version;
+                }
+                let (file, version) = VERSIONS[self.active_version];
+                install(
+                    &plugin_path(file)?,
+                    &self.replicas.plugins.join("good.wasm"),
+                )?;
+                if same {
+                    format!("plugin file rewritten with the same {file} {version}")
+                } else {
+                    format!("plugin file swapped to {file} {version}")
+                }
+            }
+            FaultKind::CrashBeforeWrite => {
+                let index = self.next_crash_index;
+                self.next_crash_index = (index + 1) % GOOD_WRITES;
+                let Some(slot) = self.replicas.leader(&self.client).await else {
+                    return Ok("crash before a write: no live leader to arm, skipped".into());
+                };
+                std::fs::write(
+                    self.replicas.failpoint_file(slot),
+                    format!("abort-before-write:{index}"),
+                )?;
+                // A plan with every write: a new value for a Widget.
+                let names: Vec<String> = self
+                    .widgets
+                    .list(&ListParams::default())
+                    .await
+                    .map(|l| l.items)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|w| w.metadata.name)
+                    .filter(|n| n.starts_with('w'))
+                    .collect();
+                if let Some(name) = names.get(self.rng.below(names.len() as u64) as usize) {
+                    let _ = self
+                        .widgets
+                        .patch(
+                            name,
+                            &PatchParams::default(),
+                            &Patch::Merge(json!({"spec": {"value": self.rng.token()}})),
+                        )
+                        .await;
+                }
+                let crashed = {
+                    let deadline = Instant::now() + Duration::from_secs(20);
+                    loop {
+                        if let Some(status) = self.replicas.exited_slot(slot) {
+                            break Some(status);
+                        }
+                        if Instant::now() > deadline {
+                            break None;
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                };
+                let _ = std::fs::remove_file(self.replicas.failpoint_file(slot));
+                match crashed {
+                    Some(status) => {
+                        report.crashed_at_writes.insert(index);
+                        self.replicas.start(slot).await?;
+                        format!(
+                            "leader (replica {slot}) crashed before write {index} of a plan ({status}), restarted"
+                        )
+                    }
+                    None => {
+                        // The replica may have lost the Lease before any plan.
+                        if self.replicas.slots[slot].is_none() {
+                            self.replicas.start(slot).await?;
+                        }
+                        format!(
+                            "leader (replica {slot}) armed at write {index}: no plan reached it"
+                        )
+                    }
+                }
+            }
+        };
+        Ok(detail)
+    }
+
+    /// Waits until every fault is over and the operator recovered; returns
+    /// that moment.
+    async fn recovered(&mut self, violations: &mut Vec<Violation>) -> Result<Instant> {
+        if let Some(t) = self.gc_outage.take() {
+            t.await??;
+        }
+        self.restart_exited(violations).await?;
+        let version = self.version();
+        let client = self.client.clone();
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if readyz(&client).await
+                && self.replicas.ready(version).await
+                && self.replicas.leader(&client).await.is_some()
+            {
+                return Ok(Instant::now());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "not recovered 90 s after the last fault: API server ready {}, replicas ready on {version} {}, leader {:?}",
+                    readyz(&client).await,
+                    self.replicas.ready(version).await,
+                    self.replicas.leader(&client).await
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Injector {
+    /// Starts again every replica that exited without the soak killing
+    /// it, each a violation.
+    async fn restart_exited(&mut self, violations: &mut Vec<Violation>) -> Result<()> {
+        for (slot, status) in self.replicas.exited() {
+            violations.push(Violation {
+                invariant: Invariant::ReplicaExited,
+                detail: format!("replica {slot} exited by itself ({status})"),
+            });
+            self.replicas.start(slot).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Lists the ConfigMaps of `namespaces` as the checks see them.
+async fn list_configmaps(client: &Client, namespaces: &[String]) -> Result<Vec<Seen>> {
+    let mut out = Vec::new();
+    for ns in namespaces {
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+        out.extend(
+            api.list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .map(Seen::of),
+        );
+    }
+    Ok(out)
+}
+
+/// The load: one operation on a random Widget.
+async fn load_step(
+    api: &Api<DynamicObject>,
+    rng: &mut Rng,
+    names: &[String],
+    shared: &Shared,
+) -> Result<()> {
+    let name = &names[rng.below(names.len() as u64) as usize];
+    let value = rng.token();
+    let roll = rng.below(100);
+    let create = |value: String| {
+        let api = api.clone();
+        let name = name.clone();
+        async move {
+            let w: DynamicObject = serde_json::from_value(json!({
+                "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
+                "metadata": {"name": name}, "spec": {"value": value},
+            }))?;
+            api.create(&PostParams::default(), &w).await?;
+            anyhow::Ok(())
+        }
+    };
+    let result = match api.get_opt(name).await? {
+        None => create(value)
+            .await
+            .map(|()| shared.ops.lock().unwrap().created += 1),
+        Some(_) if roll < 55 => api
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"value": value}})),
+            )
+            .await
+            .map(|_| shared.ops.lock().unwrap().edited += 1)
+            .map_err(Into::into),
+        Some(w) => {
+            let uid = w.metadata.uid.clone().unwrap_or_default();
+            // Recorded before the delete is sent: the checks may see its
+            // ConfigMap go before this call returns.
+            shared.deleted_owners.lock().unwrap().insert(uid.clone());
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(uid.clone()),
+                    resource_version: None,
+                }),
+                ..DeleteParams::background()
+            };
+            match api.delete(name, &dp).await {
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    shared.deleted_owners.lock().unwrap().remove(&uid);
+                    Err(kube::Error::Api(e).into())
+                }
+                Err(e) => Err(e.into()),
+                Ok(_) if roll < 80 => {
+                    shared.ops.lock().unwrap().deleted += 1;
+                    Ok(())
+                }
+                Ok(_) => create(value)
+                    .await
+                    .map(|()| shared.ops.lock().unwrap().recreated += 1),
+            }
+        }
+    };
+    *shared.last_op.lock().unwrap() = Instant::now();
+    result
+}
+
+/// Runs one soak and returns what it saw; the caller asserts on the
+/// report. Errors are for a soak that could not run (the cluster or the
+/// replicas would not come up, a fault could not be injected or undone).
+///
+/// # Errors
+/// When the soak cannot be set up or a fault cannot be injected or undone.
+pub async fn soak(config: SoakConfig) -> Result<Report> {
+    let begun = Instant::now();
+    eprintln!(
+        "chaos soak: seed {} (replay with WASMOP_CHAOS_SEED={}), {:?} of faults every ~{:?}",
+        config.seed, config.seed, config.duration, config.fault_every
+    );
+    let mut rng = Rng::new(config.seed);
+    let ns = TestNamespace::new("chaos").await?;
+    let elsewhere = TestNamespace::new("chaos-elsewhere").await?;
+    apply_test_crds(&ns.client).await?;
+    let client = ns.client.clone();
+    let watched = vec![ns.name.clone(), elsewhere.name.clone()];
+    let shared = Arc::new(Shared {
+        ledger: Mutex::new(Ledger::default()),
+        deleted_owners: Mutex::new(HashSet::new()),
+        ops: Mutex::new(Ops::default()),
+        last_op: Mutex::new(Instant::now()),
+    });
+
+    // Bystanders, before any replica runs.
+    let widget_names: Vec<String> = (0..config.widgets)
+        .map(|i| format!("w{i}"))
+        .chain((0..config.blocked).map(|i| format!("b{i}")))
+        .collect();
+    let blocked: HashSet<String> = (0..config.blocked).map(|i| format!("b{i}")).collect();
+    let mut bystander_names: Vec<(String, String)> = blocked
+        .iter()
+        .map(|b| (ns.name.clone(), format!("{b}-cm")))
+        .collect();
+    bystander_names.extend((0..3).map(|i| (ns.name.clone(), format!("unrelated-{i}"))));
+    bystander_names
+        .extend((0..config.widgets.min(3)).map(|i| (elsewhere.name.clone(), format!("w{i}-cm"))));
+    for (n, name) in &bystander_names {
+        let cm: ConfigMap = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "labels": {"test.wasmop.dev/bystander": "true"}},
+            "data": {"value": "a user's"},
+        }))?;
+        let made = Api::<ConfigMap>::namespaced(client.clone(), n)
+            .create(&PostParams::default(), &cm)
+            .await?;
+        shared.ledger.lock().unwrap().bystander(&Seen::of(&made));
+    }
+
+    // The replicas.
+    let work = TempDir::new(&format!("chaos-{}", config.seed));
+    let plugins = work.0.join("plugins");
+    std::fs::create_dir_all(&plugins)?;
+    install(&plugin_path("good")?, &plugins.join("good.wasm"))?;
+    let mut injector = Injector {
+        client: client.clone(),
+        rng: Rng::new(rng.next_u64()),
+        replicas: Replicas {
+            bin: config.wasmop_bin.clone(),
+            plugins,
+            work: work.0.clone(),
+            namespace: ns.name.clone(),
+            slots: vec![None, None],
+            starts: 0,
+        },
+        deck: Vec::new(),
+        active_version: 0,
+        next_crash_index: 0,
+        gc_outage: None,
+        widgets: widgets(&ns),
+        started: begun,
+    };
+    injector.replicas.start(0).await?;
+    injector.replicas.start(1).await?;
+    eprintln!(
+        "chaos soak: namespace {}, replica logs in {} (kept with WASMOP_KEEP_NAMESPACES)",
+        ns.name,
+        work.0.display()
+    );
+    let mut early = Vec::new();
+    injector
+        .recovered(&mut early)
+        .await
+        .context("the replicas never led")?;
+
+    // The checks, every 300 ms.
+    let stop = Arc::new(AtomicBool::new(false));
+    let observer = {
+        let (client, shared, stop, watched) = (
+            client.clone(),
+            shared.clone(),
+            stop.clone(),
+            watched.clone(),
+        );
+        tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                if let Ok(seen) = list_configmaps(&client, &watched).await {
+                    let deleted = shared.deleted_owners.lock().unwrap().clone();
+                    let found = shared
+                        .ledger
+                        .lock()
+                        .unwrap()
+                        .observe(&watched, &seen, &deleted);
+                    for v in found {
+                        eprintln!("chaos soak: VIOLATION {v}");
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
+
+    let mut report = Report {
+        seed: config.seed,
+        faults: BTreeMap::new(),
+        fault_log: Vec::new(),
+        crashed_at_writes: BTreeSet::new(),
+        ops: Ops::default(),
+        convergence: Vec::new(),
+        quiet_points: 0,
+        recoveries: Vec::new(),
+        explained_deletions: 0,
+        violations: early,
+        took: Duration::ZERO,
+    };
+    let api = widgets(&ns);
+    let mut spent = Duration::ZERO;
+    let mut breached = false;
+    let soak_result: Result<()> = async {
+        while spent < config.duration {
+            let window = config.quiet_every.min(config.duration - spent);
+            let window_start = Instant::now();
+            // Load, in a task of its own, until the window ends.
+            let load_stop = Arc::new(AtomicBool::new(false));
+            let load = {
+                let (api, shared, load_stop, names) = (
+                    api.clone(),
+                    shared.clone(),
+                    load_stop.clone(),
+                    widget_names.clone(),
+                );
+                let mut rng = Rng::new(rng.next_u64());
+                tokio::spawn(async move {
+                    while !load_stop.load(Ordering::SeqCst) {
+                        if load_step(&api, &mut rng, &names, &shared).await.is_err() {
+                            shared.ops.lock().unwrap().failed += 1;
+                        }
+                        // The load's pace, not a synchronisation.
+                        tokio::time::sleep(Duration::from_millis(100 + rng.below(200))).await;
+                    }
+                })
+            };
+            // Faults until the window ends.
+            let mut next = window_start + injector.rng.jitter(config.fault_every) / 2;
+            while next < window_start + window {
+                tokio::time::sleep_until(next.into()).await;
+                injector.restart_exited(&mut report.violations).await?;
+                let kind = injector.draw();
+                let at = injector.started.elapsed();
+                let detail = injector.inject(kind, &mut report).await?;
+                eprintln!("chaos soak: [{at:.1?}] {kind:?}: {detail}");
+                report
+                    .fault_log
+                    .push(format!("[{at:.1?}] {kind:?}: {detail}"));
+                *report.faults.entry(kind).or_default() += 1;
+                next = Instant::now() + injector.rng.jitter(config.fault_every);
+            }
+            // The rest of the window: load without a new fault.
+            tokio::time::sleep_until((window_start + window).into()).await;
+            spent += window_start.elapsed();
+            // The quiet point: load stopped, faults over, operator led.
+            load_stop.store(true, Ordering::SeqCst);
+            load.await?;
+            let fault_over = Instant::now();
+            let recovered = if config.breach == Breach::Every && !breached {
+                breached = true;
+                // Both replicas stopped: nothing converges from here, and
+                // nothing repairs the breaches.
+                injector.replicas.kill(0).await?;
+                injector.replicas.kill(1).await?;
+                breach(&client, &ns, &shared, &bystander_names).await?;
+                Instant::now()
+            } else {
+                injector.recovered(&mut report.violations).await?
+            };
+            report.recoveries.push(recovered - fault_over);
+            let since = recovered.max(*shared.last_op.lock().unwrap());
+            report.quiet_points += 1;
+            let deadline = if config.breach == Breach::Every {
+                Duration::from_secs(8)
+            } else {
+                Duration::from_secs(60)
+            };
+            let times = measure(&client, &ns, &blocked, since, deadline).await?;
+            for (name, took, state) in times {
+                match took {
+                    Some(t) => {
+                        report.convergence.push(t);
+                        if t > CONVERGE_BOUND {
+                            report.violations.push(Violation {
+                                invariant: Invariant::Convergence,
+                                detail: format!(
+                                    "quiet point {}: Widget {name} converged {t:.2?} after recovery, over {CONVERGE_BOUND:?}",
+                                    report.quiet_points
+                                ),
+                            });
+                        }
+                    }
+                    None => report.violations.push(Violation {
+                        invariant: Invariant::Convergence,
+                        detail: format!(
+                            "quiet point {}: Widget {name} did not converge within {deadline:?} of recovery: {state}",
+                            report.quiet_points
+                        ),
+                    }),
+                }
+            }
+            eprintln!(
+                "chaos soak: quiet point {} after {spent:.0?} of faults: recovered {:.2?} after the last fault",
+                report.quiet_points,
+                recovered - fault_over
+            );
+            if injector.replicas.slots.iter().any(Option::is_none) {
+                for slot in 0..2 {
+                    if injector.replicas.slots[slot].is_none() {
+                        injector.replicas.start(slot).await?;
+                    }
+                }
+                injector.recovered(&mut report.violations).await?;
+            }
+        }
+        // The end: whatever the garbage collector owes is collected.
+        let owed = wait_for(
+            "every managed ConfigMap's owner to be alive",
+            Duration::from_secs(60),
+            || {
+                let (client, ns) = (client.clone(), ns.name.clone());
+                let api = api.clone();
+                async move {
+                    let live: HashSet<String> = api
+                        .list(&ListParams::default())
+                        .await?
+                        .items
+                        .into_iter()
+                        .filter_map(|w| w.metadata.uid)
+                        .collect();
+                    let orphans: Vec<String> = list_configmaps(&client, &[ns])
+                        .await?
+                        .into_iter()
+                        .filter(|s| {
+                            s.managed && s.controller.as_ref().is_none_or(|o| !live.contains(o))
+                        })
+                        .map(|s| s.name)
+                        .collect();
+                    if orphans.is_empty() {
+                        Ok(Some(()))
+                    } else {
+                        bail!("orphans left: {orphans:?}")
+                    }
+                }
+            },
+        )
+        .await;
+        if let Err(e) = owed {
+            report.violations.push(Violation {
+                invariant: Invariant::Convergence,
+                detail: format!("{e:#}"),
+            });
+        }
+        Ok(())
+    }
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    observer.await?;
+    // One last complete look.
+    let seen = list_configmaps(&client, &watched).await?;
+    let deleted = shared.deleted_owners.lock().unwrap().clone();
+    let mut ledger = std::mem::take(&mut *shared.ledger.lock().unwrap());
+    ledger.observe(&watched, &seen, &deleted);
+    for (slot, status) in injector.replicas.exited() {
+        report.violations.push(Violation {
+            invariant: Invariant::ReplicaExited,
+            detail: format!("replica {slot} exited by itself ({status})"),
+        });
+    }
+    injector.replicas.kill(0).await?;
+    injector.replicas.kill(1).await?;
+    if let Some(t) = injector.gc_outage.take() {
+        t.await??;
+    }
+    soak_result?;
+    report.violations.extend(ledger.violations);
+    report.explained_deletions = ledger.explained_deletions;
+    report.ops = shared.ops.lock().unwrap().clone();
+    report.took = begun.elapsed();
+    if !report.violations.is_empty() {
+        eprintln!("chaos soak: replica logs: {} (kept)", keep(work).display());
+    }
+    Ok(report)
+}
+
+/// Keeps a work directory past the soak (its logs explain a failure).
+fn keep(dir: TempDir) -> PathBuf {
+    let path = dir.0.clone();
+    std::mem::forget(dir);
+    path
+}
+
+/// Each Widget's convergence time from `since` (None: not within
+/// `deadline`), with its last state.
+async fn measure(
+    client: &Client,
+    ns: &TestNamespace,
+    blocked: &HashSet<String>,
+    since: Instant,
+    deadline: Duration,
+) -> Result<Vec<(String, Option<Duration>, String)>> {
+    let api = widgets(ns);
+    let mut done: BTreeMap<String, Duration> = BTreeMap::new();
+    let mut behind: BTreeMap<String, String> = BTreeMap::new();
+    loop {
+        let listed = async {
+            let ws = api.list(&ListParams::default()).await?.items;
+            let cms = list_configmaps(client, std::slice::from_ref(&ns.name)).await?;
+            anyhow::Ok((ws, cms))
+        }
+        .await;
+        let at = since.elapsed();
+        if let Ok((ws, cms)) = listed {
+            let by_name: HashMap<&str, &Seen> = cms.iter().map(|c| (c.name.as_str(), c)).collect();
+            behind.clear();
+            for w in ws {
+                let name = w.metadata.name.clone().unwrap_or_default();
+                if done.contains_key(&name) {
+                    continue;
+                }
+                let value = serde_json::to_value(&w)?;
+                let cm = by_name.get(format!("{name}-cm").as_str()).copied();
+                match verdict(&value, cm, blocked.contains(&name)) {
+                    Verdict::Converged | Verdict::Blocked => {
+                        done.insert(name, at);
+                    }
+                    Verdict::Behind(why) => {
+                        behind.insert(name, why);
+                    }
+                }
+            }
+            if behind.is_empty() {
+                break;
+            }
+        }
+        if at > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut out: Vec<(String, Option<Duration>, String)> = done
+        .into_iter()
+        .map(|(n, t)| (n, Some(t), String::new()))
+        .collect();
+    out.extend(behind.into_iter().map(|(n, why)| (n, None, why)));
+    Ok(out)
+}
+
+/// The soak breaking every invariant itself (see [`Breach`]).
+async fn breach(
+    client: &Client,
+    ns: &TestNamespace,
+    shared: &Shared,
+    bystanders: &[(String, String)],
+) -> Result<()> {
+    // A bystander changed.
+    let (bns, bname) = &bystanders[0];
+    Api::<ConfigMap>::namespaced(client.clone(), bns)
+        .patch(
+            bname,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"chaos/breach": "touched"}}})),
+        )
+        .await?;
+    // A managed ConfigMap whose Widget lives, deleted; and a second
+    // managed ConfigMap forged for another live Widget.
+    let cms: Api<ConfigMap> = ns.api();
+    let live: HashMap<String, String> = widgets(ns)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|w| Some((w.metadata.uid?, w.metadata.name?)))
+        .collect();
+    let managed: Vec<Seen> = cms
+        .list(&ListParams::default().labels(&format!("{MANAGED_BY}=wasmop")))
+        .await?
+        .items
+        .iter()
+        .map(Seen::of)
+        .filter(|s| s.controller.as_ref().is_some_and(|o| live.contains_key(o)))
+        .collect();
+    let deleted_owners = shared.deleted_owners.lock().unwrap().clone();
+    let mut managed = managed
+        .into_iter()
+        .filter(|s| !deleted_owners.contains(s.controller.as_deref().unwrap_or_default()));
+    let victim = managed
+        .next()
+        .context("breach: no managed ConfigMap with a live owner")?;
+    cms.delete(&victim.name, &DeleteParams::default()).await?;
+    let twin = managed
+        .next()
+        .context("breach: a second managed ConfigMap with a live owner")?;
+    let owner = twin.controller.clone().unwrap_or_default();
+    let forged: ConfigMap = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {
+            "name": format!("{}-twin", twin.name),
+            "labels": {MANAGED_BY: "wasmop"},
+            "ownerReferences": [{
+                "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
+                "name": live[&owner], "uid": owner, "controller": true,
+            }],
+        },
+    }))?;
+    cms.create(&PostParams::default(), &forged).await?;
+    eprintln!(
+        "chaos soak: BREACH touched bystander {bns}/{bname}, deleted {} (owner alive), forged {}-twin",
+        victim.name, twin.name
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cm(name: &str, uid: &str, rv: &str, owner: Option<&str>, managed: bool) -> Seen {
+        Seen {
+            namespace: "ns".into(),
+            name: name.into(),
+            uid: uid.into(),
+            resource_version: rv.into(),
+            controller: owner.map(Into::into),
+            managed,
+            value: Some("v".into()),
+        }
+    }
+
+    fn ns() -> Vec<String> {
+        vec!["ns".to_owned()]
+    }
+
+    #[test]
+    fn a_bystander_changed_replaced_or_deleted_is_a_violation_reported_once() {
+        let mut l = Ledger::default();
+        l.bystander(&cm("b0-cm", "u1", "10", None, false));
+        l.bystander(&cm("b1-cm", "u2", "11", None, false));
+        l.bystander(&cm("b2-cm", "u3", "12", None, false));
+        let intact = [
+            cm("b0-cm", "u1", "10", None, false),
+            cm("b1-cm", "u2", "11", None, false),
+            cm("b2-cm", "u3", "12", None, false),
+        ];
+        assert!(l.observe(&ns(), &intact, &HashSet::new()).is_empty());
+        // Adopted (changed), replaced, deleted.
+        let broken = [
+            cm("b0-cm", "u1", "13", Some("w"), true),
+            cm("b1-cm", "u9", "14", None, false),
+        ];
+        let v = l.observe(&ns(), &broken, &HashSet::new());
+        assert_eq!(v.len(), 3, "{v:?}");
+        assert!(v.iter().all(|v| v.invariant == Invariant::Bystander));
+        assert!(l.observe(&ns(), &broken, &HashSet::new()).is_empty());
+    }
+
+    #[test]
+    fn a_managed_object_may_go_only_with_its_deleted_owner() {
+        let mut l = Ledger::default();
+        let seen = [
+            cm("a-cm", "c1", "1", Some("wa"), true),
+            cm("b-cm", "c2", "1", Some("wb"), true),
+        ];
+        assert!(l.observe(&ns(), &seen, &HashSet::new()).is_empty());
+        let deleted: HashSet<String> = ["wa".to_owned()].into();
+        let v = l.observe(&ns(), &[], &deleted);
+        assert_eq!(l.explained_deletions, 1);
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(v[0].invariant, Invariant::UnexplainedDeletion);
+        assert!(v[0].detail.contains("b-cm"), "{}", v[0].detail);
+    }
+
+    #[test]
+    fn two_managed_objects_of_one_owner_or_a_change_of_owner_break_ownership() {
+        let mut l = Ledger::default();
+        let one = [cm("a-cm", "c1", "1", Some("wa"), true)];
+        assert!(l.observe(&ns(), &one, &HashSet::new()).is_empty());
+        let two = [
+            cm("a-cm", "c1", "1", Some("wa"), true),
+            cm("a-twin", "c2", "1", Some("wa"), true),
+        ];
+        let v = l.observe(&ns(), &two, &HashSet::new());
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(v[0].invariant, Invariant::Ownership);
+        // a-twin goes with its owner; a-cm stays and changes owner.
+        let moved = [cm("a-cm", "c1", "2", Some("wb"), true)];
+        let v = l.observe(&ns(), &moved, &["wa".to_owned()].into());
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(
+            v[0].detail.contains("changed controller"),
+            "{}",
+            v[0].detail
+        );
+    }
+
+    fn widget(generation: i64, cond: Value, observed: i64) -> Value {
+        json!({
+            "metadata": {"name": "w0", "uid": "u", "generation": generation},
+            "spec": {"value": "x"},
+            "status": {"observedGeneration": observed, "conditions": [cond]},
+        })
+    }
+
+    #[test]
+    fn a_widget_converges_only_reconciled_for_its_generation_with_its_value() {
+        let ok = json!({"type": "Reconciled", "status": "True", "reason": "Reconciled", "observedGeneration": 2});
+        let mut good_cm = cm("w0-cm", "c", "1", Some("u"), true);
+        good_cm.value = Some("x".into());
+        let mut stale_cm = good_cm.clone();
+        stale_cm.value = Some("old".into());
+        let mut foreign_cm = good_cm.clone();
+        foreign_cm.controller = Some("other".into());
+        assert_eq!(
+            verdict(&widget(2, ok.clone(), 2), Some(&good_cm), false),
+            Verdict::Converged
+        );
+        for (w, c) in [
+            (widget(3, ok.clone(), 2), Some(&good_cm)),
+            (widget(2, ok.clone(), 2), Some(&stale_cm)),
+            (widget(2, ok.clone(), 2), Some(&foreign_cm)),
+            (widget(2, ok.clone(), 2), None),
+            (widget(2, ok.clone(), 1), Some(&good_cm)),
+        ] {
+            assert!(matches!(verdict(&w, c, false), Verdict::Behind(_)), "{w}");
+        }
+        let rejected = json!({"type": "Reconciled", "status": "False", "reason": "PlanRejected",
+            "observedGeneration": 2, "message": "ConfigMap w0-cm exists and is not controlled by this primary"});
+        assert_eq!(
+            verdict(&widget(2, rejected.clone(), 1), None, true),
+            Verdict::Blocked
+        );
+        // The same refusal of a Widget whose ConfigMap is no bystander is
+        // the wedge, not convergence.
+        assert!(matches!(
+            verdict(&widget(2, rejected, 1), None, false),
+            Verdict::Behind(_)
+        ));
+    }
+
+    #[test]
+    fn the_distribution_is_of_sorted_times() {
+        let ms = |v: u64| Duration::from_millis(v);
+        let d = Distribution::of(&[ms(50), ms(10), ms(40), ms(30), ms(20)]).unwrap();
+        assert_eq!((d.min, d.median, d.max), (ms(10), ms(30), ms(50)));
+        assert_eq!(d.p90, ms(50));
+        assert!(Distribution::of(&[]).is_none());
+    }
+
+    #[test]
+    fn a_seed_replays_the_same_choices() {
+        let mut a = Rng::new(42);
+        let mut b = Rng::new(42);
+        let xs: Vec<u64> = (0..8).map(|_| a.below(1000)).collect();
+        let ys: Vec<u64> = (0..8).map(|_| b.below(1000)).collect();
+        assert_eq!(xs, ys);
+        let mut c = Rng::new(43);
+        assert_ne!(xs, (0..8).map(|_| c.below(1000)).collect::<Vec<_>>());
+    }
+}
