@@ -9,10 +9,14 @@
 //! - `/readyz` answers 200 once the plugin directory was scanned at start
 //!   (every plugin that loads is active) and the cache of every kind an
 //!   active controller reads has synced; 503 with the reasons before.
+//!   A plugin that waits for a kind the API server does not serve (its CRD
+//!   is not installed) gets a line `[!] waiting: plugin P waits for CRD
+//!   C (...)` without failing the check: the other plugins work, and the
+//!   admission webhooks this process serves must keep their endpoints.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// A readiness check: `Err` holds what is not ready yet.
@@ -27,6 +31,9 @@ pub struct Health {
     busy: Mutex<HashMap<u64, (Instant, String)>>,
     stuck_after: Mutex<Duration>,
     checks: Mutex<Vec<(String, ReadyCheck)>>,
+    /// Plugins loaded but waiting for a kind that is not served: by plugin
+    /// name, the line that says so and the loaded plugin.
+    waiting: Mutex<BTreeMap<String, (String, Arc<crate::plugin::LoadedPlugin>)>>,
 }
 
 impl std::fmt::Debug for Health {
@@ -42,6 +49,7 @@ impl Default for Health {
             busy: Mutex::new(HashMap::new()),
             stuck_after: Mutex::new(DEFAULT_STUCK_AFTER),
             checks: Mutex::new(Vec::new()),
+            waiting: Mutex::new(BTreeMap::new()),
         }
     }
 }
@@ -104,6 +112,44 @@ impl Health {
         checks.push((name.to_owned(), check));
     }
 
+    /// Records that `plugin` (loaded) waits for what `line` says.
+    pub fn set_waiting(
+        &self,
+        plugin: &str,
+        line: String,
+        loaded: Arc<crate::plugin::LoadedPlugin>,
+    ) {
+        self.waiting
+            .lock()
+            .expect("health lock")
+            .insert(plugin.to_owned(), (line, loaded));
+    }
+
+    /// `plugin` waits no more (active, or its file went away or changed).
+    pub fn clear_waiting(&self, plugin: &str) {
+        self.waiting.lock().expect("health lock").remove(plugin);
+    }
+
+    /// The lines of the plugins that wait, by plugin name.
+    pub fn waiting_lines(&self) -> Vec<String> {
+        self.waiting
+            .lock()
+            .expect("health lock")
+            .values()
+            .map(|(line, _)| line.clone())
+            .collect()
+    }
+
+    /// The plugins that wait (loaded, not active).
+    pub fn waiting_plugins(&self) -> Vec<Arc<crate::plugin::LoadedPlugin>> {
+        self.waiting
+            .lock()
+            .expect("health lock")
+            .values()
+            .map(|(_, p)| p.clone())
+            .collect()
+    }
+
     /// `(status, body)` of `/healthz`.
     pub fn healthz(&self, now: Instant) -> (u16, String) {
         let stuck = self.stuck(now);
@@ -136,6 +182,10 @@ impl Health {
                     body.push_str(&format!("[-] {name}: {why}\n"));
                 }
             }
+        }
+        drop(checks);
+        for line in self.waiting_lines() {
+            body.push_str(&format!("[!] waiting: {line}\n"));
         }
         (if ok { 200 } else { 503 }, body)
     }

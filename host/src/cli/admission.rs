@@ -143,7 +143,19 @@ pub async fn start(
         return Ok(Vec::new());
     };
     let op = operator.clone();
-    let plugins: server::Plugins = std::sync::Arc::new(move || op.loaded_plugins());
+    // The active plugins, and those waiting for a CRD (loaded, not active):
+    // a waiting plugin's webhooks stay registered (failurePolicy Fail) and
+    // its `admit` keeps deciding them, so nothing it would refuse is let in
+    // while it waits. A plugin name is served by its active version.
+    let plugins: server::Plugins = std::sync::Arc::new(move || {
+        let mut plugins = op.loaded_plugins();
+        for waiting in crate::health::global().waiting_plugins() {
+            if !plugins.iter().any(|p| p.name() == waiting.name()) {
+                plugins.push(waiting);
+            }
+        }
+        plugins
+    });
     crate::admission::start(
         config,
         client,

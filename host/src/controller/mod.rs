@@ -128,6 +128,19 @@ pub enum OperatorError {
         /// How long it waited.
         waited: Duration,
     },
+    /// The API server does not serve a kind the plugin needs (404: its CRD
+    /// is not installed). The plugin file's loader tries again.
+    #[error("plugin {plugin} waits for CRD {crd} ({hint})")]
+    KindNotServed {
+        /// The kind.
+        kind: String,
+        /// `<plural>.<group>` of the missing CRD.
+        crd: String,
+        /// What to install.
+        hint: String,
+        /// The plugin being loaded.
+        plugin: String,
+    },
 }
 
 /// How long the changes for a kind-scoped controller are collected before
@@ -502,10 +515,23 @@ impl Operator {
             }));
         }
         for c in &caches {
-            if tokio::time::timeout(self.config.sync_timeout, c.wait_synced())
-                .await
-                .is_err()
-            {
+            let synced = tokio::time::timeout(self.config.sync_timeout, async {
+                tokio::select! {
+                    () = c.wait_synced() => true,
+                    () = c.wait_not_served() => false,
+                }
+            })
+            .await;
+            if synced == Ok(false) {
+                self.drop_unused_caches();
+                return Err(OperatorError::KindNotServed {
+                    kind: c.key().to_string(),
+                    crd: c.crd_name(),
+                    hint: crate::watch::cache::install_hint(&c.spec().resource.group).to_owned(),
+                    plugin: plugin.name().to_string(),
+                });
+            }
+            if synced.is_err() {
                 self.drop_unused_caches();
                 return Err(OperatorError::NotSynced {
                     kind: c.key().to_string(),

@@ -17,6 +17,13 @@
 //!   operator configuration) is reloaded with them through the same
 //!   validate-before-swap path, once per change: a plugin that refuses the
 //!   new settings keeps running with the old ones.
+//! - A plugin that needs a kind the API server does not serve (404: its
+//!   CRD is not installed) is not rejected: it **waits**. One warning
+//!   `plugin P waits for CRD C (install ...)`, the gauge
+//!   `wasmop_plugin_waiting_for_crd{plugin,crd}` 1, a `[!] waiting` line on
+//!   `/readyz`; it is tried again every [`WAIT_RETRY`] with the same loaded
+//!   plugin and becomes active once the CRD is served (a version already
+//!   active keeps serving meanwhile).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -27,6 +34,17 @@ use crate::controller::Operator;
 use crate::metrics;
 use crate::plugin::{LoadOptions, LoadedPlugin, digest};
 use crate::sandbox::Sandbox;
+
+/// How often a plugin that waits for a kind not served is tried again.
+pub const WAIT_RETRY: Duration = Duration::from_secs(5);
+
+/// A loaded plugin waiting for a kind the API server does not serve.
+struct Waiting {
+    plugin: Arc<LoadedPlugin>,
+    crd: String,
+    next_try: Instant,
+    load_ms: u128,
+}
 
 /// How to load the file with a given stem (settings and limits).
 pub type OptionsFor = Arc<dyn Fn(&str) -> LoadOptions + Send + Sync>;
@@ -81,6 +99,7 @@ pub struct PluginDir {
     operator: Arc<Operator>,
     options: OptionsFor,
     known: BTreeMap<PathBuf, Known>,
+    waiting: BTreeMap<PathBuf, Waiting>,
 }
 
 impl std::fmt::Debug for PluginDir {
@@ -171,6 +190,7 @@ impl PluginDir {
             operator,
             options,
             known: BTreeMap::new(),
+            waiting: BTreeMap::new(),
         }
     }
 
@@ -202,6 +222,7 @@ impl PluginDir {
             .cloned()
             .collect();
         for path in gone {
+            self.stop_waiting(&path);
             let Some(name) = self.known.remove(&path).and_then(|k| k.plugin) else {
                 continue;
             };
@@ -264,6 +285,7 @@ impl PluginDir {
             known.digest = Some(d);
             self.load(&path, bytes, &mut report).await;
         }
+        self.retry_waiting(&mut report).await;
         // A shadow refused for want of its active plugin is tried again
         // once a plugin became active.
         if !report.activated.is_empty() {
@@ -277,6 +299,8 @@ impl PluginDir {
     }
 
     async fn load(&mut self, path: &Path, bytes: Vec<u8>, report: &mut ScanReport) {
+        // A new version replaces one that waited.
+        self.stop_waiting(path);
         let stem = stem(path);
         // `NAME.shadow.wasm`: a shadow candidate, loaded with NAME's
         // settings and limits.
@@ -348,9 +372,32 @@ impl PluginDir {
             reject(report, path, "DuplicatePlugin", &msg);
             return;
         }
+        self.activate(path, plugin, load_ms, report).await;
+    }
+
+    /// Hands a loaded plugin to the operator: active, waiting for a kind
+    /// not served, or refused.
+    async fn activate(
+        &mut self,
+        path: &Path,
+        plugin: Arc<LoadedPlugin>,
+        load_ms: u128,
+        report: &mut ScanReport,
+    ) {
+        let name = plugin.name().to_string();
         let previous = self.known.get(path).and_then(|k| k.plugin.clone());
         match self.operator.add_plugin(plugin.clone()).await {
             Ok(()) => {
+                if let Some(w) = self.waiting.remove(path) {
+                    tracing::info!(file = %path.display(), plugin = %name, crd = %w.crd,
+                        "the CRD the plugin waited for is served now");
+                    metrics::global().set(
+                        "wasmop_plugin_waiting_for_crd",
+                        &[("plugin", &name), ("crd", &w.crd)],
+                        0.0,
+                    );
+                }
+                crate::health::global().clear_waiting(&name);
                 tracing::info!(file = %path.display(), plugin = %name, version = plugin.version(),
                     digest = plugin.digest(), from_cache = plugin.compiled_from_cache(), load_ms,
                     "plugin active");
@@ -363,7 +410,81 @@ impl PluginDir {
                 }
                 report.activated.push((name, plugin.version().to_string()));
             }
-            Err(e) => reject(report, path, "Refused", &e.to_string()),
+            Err(e @ crate::controller::OperatorError::KindNotServed { .. }) => {
+                let crate::controller::OperatorError::KindNotServed { crd, .. } = &e else {
+                    unreachable!()
+                };
+                let line = e.to_string();
+                let same = self
+                    .waiting
+                    .get(path)
+                    .is_some_and(|w| w.crd == *crd && Arc::ptr_eq(&w.plugin, &plugin));
+                if !same {
+                    if let Some(old) = self.waiting.get(path) {
+                        metrics::global().set(
+                            "wasmop_plugin_waiting_for_crd",
+                            &[("plugin", &name), ("crd", &old.crd)],
+                            0.0,
+                        );
+                    }
+                    // The one line that says why the plugin is not active.
+                    tracing::warn!(file = %path.display(), plugin = %name, crd = %crd,
+                        retry_every = ?WAIT_RETRY, "{line}");
+                    metrics::global().set(
+                        "wasmop_plugin_waiting_for_crd",
+                        &[("plugin", &name), ("crd", crd)],
+                        1.0,
+                    );
+                    crate::health::global().set_waiting(&name, line, plugin.clone());
+                }
+                self.waiting.insert(
+                    path.to_owned(),
+                    Waiting {
+                        plugin,
+                        crd: crd.clone(),
+                        next_try: Instant::now() + WAIT_RETRY,
+                        load_ms,
+                    },
+                );
+            }
+            Err(e) => {
+                self.stop_waiting(path);
+                reject(report, path, "Refused", &e.to_string());
+            }
+        }
+    }
+
+    /// Tries again every waiting plugin whose turn has come.
+    async fn retry_waiting(&mut self, report: &mut ScanReport) {
+        let now = Instant::now();
+        let due: Vec<PathBuf> = self
+            .waiting
+            .iter()
+            .filter(|(_, w)| w.next_try <= now)
+            .map(|(p, _)| p.clone())
+            .collect();
+        for path in due {
+            let Some((plugin, load_ms)) = self
+                .waiting
+                .get(&path)
+                .map(|w| (w.plugin.clone(), w.load_ms))
+            else {
+                continue;
+            };
+            self.activate(&path, plugin, load_ms, report).await;
+        }
+    }
+
+    /// Forgets that the plugin of `path` waited (its file changed or went).
+    fn stop_waiting(&mut self, path: &Path) {
+        if let Some(w) = self.waiting.remove(path) {
+            let name = w.plugin.name().to_owned();
+            metrics::global().set(
+                "wasmop_plugin_waiting_for_crd",
+                &[("plugin", &name), ("crd", &w.crd)],
+                0.0,
+            );
+            crate::health::global().clear_waiting(&name);
         }
     }
 

@@ -167,6 +167,9 @@ pub struct KindCache {
     spec: WatchSpec,
     data: RwLock<Data>,
     synced: watch::Sender<bool>,
+    /// The API server answered 404 to this kind's list and no list has
+    /// completed since: the kind is not served (its CRD is not installed).
+    not_served: watch::Sender<bool>,
     /// Who [`KindCache::observe`]s the objects stored from now on.
     observers: std::sync::Mutex<Vec<mpsc::UnboundedSender<Arc<CachedObject>>>>,
 }
@@ -178,6 +181,7 @@ impl KindCache {
             spec,
             data: RwLock::new(Data::default()),
             synced: watch::channel(false).0,
+            not_served: watch::channel(false).0,
             observers: std::sync::Mutex::new(Vec::new()),
         }
     }
@@ -225,6 +229,26 @@ impl KindCache {
     pub async fn wait_synced(&self) {
         let mut rx = self.synced.subscribe();
         let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// True while the API server answers 404 to this kind's list (no list
+    /// completed since): the kind is not served, e.g. its CRD is not
+    /// installed. The watch keeps retrying; the first list that completes
+    /// turns this false.
+    pub fn not_served(&self) -> bool {
+        *self.not_served.borrow()
+    }
+
+    /// Waits until [`KindCache::not_served`] is true.
+    pub async fn wait_not_served(&self) {
+        let mut rx = self.not_served.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// The name of the CustomResourceDefinition that would serve this kind:
+    /// `<plural>.<group>`.
+    pub fn crd_name(&self) -> String {
+        crd_name(&self.spec.resource)
     }
 
     /// The object with this namespace (empty for cluster-scoped) and name.
@@ -519,6 +543,37 @@ impl Drop for StreamStatus {
 /// Ends a failure episode of a watch stream: logs it and records how long it
 /// lasted, from the first error to the first objects or completed list after
 /// it, in `wasmop_watch_recovery_seconds{kind}`.
+/// `<plural>.<group>`: the name a CustomResourceDefinition serving this
+/// resource has.
+pub fn crd_name(resource: &ApiResource) -> String {
+    format!("{}.{}", resource.plural, resource.group)
+}
+
+/// What to install for a CRD of a well-known project, else the CRD itself.
+pub fn install_hint(group: &str) -> &'static str {
+    match group {
+        "cert-manager.io" | "acme.cert-manager.io" => "install cert-manager",
+        "gateway.networking.k8s.io" => "install the Gateway API CRDs",
+        g if g.ends_with("istio.io") => "install Istio",
+        "monitoring.coreos.com" => "install the Prometheus Operator",
+        "acid.zalan.do" => "install the Zalando postgres-operator",
+        "snapshot.storage.k8s.io" => "install the external-snapshotter CRDs",
+        _ => "install its CRD",
+    }
+}
+
+/// Whether a watch error is the API server's 404 to a list or watch: the
+/// resource is not served.
+fn is_not_found(err: &watcher::Error) -> bool {
+    match err {
+        watcher::Error::WatchError(status) => status.code == 404,
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => matches!(e, kube::Error::Api(s) if s.code == 404),
+        watcher::Error::NoResourceVersion => false,
+    }
+}
+
 fn note_recovered(failing_since: &mut Option<std::time::Instant>, key: &KindKey, scope: &str) {
     if let Some(since) = failing_since.take() {
         let took = since.elapsed();
@@ -597,7 +652,18 @@ async fn run_watch(
                 );
                 let decision =
                     retry.on_failure(&policy, failure, std::time::Instant::now(), jitter());
-                if failure == Failure::Expired {
+                let missing = !counted_sync && is_not_found(&e);
+                if missing && !kc.not_served.send_replace(true) {
+                    // Said once per cache; the plugin that needs the kind
+                    // says it again in its own words (it waits).
+                    tracing::info!(kind = %kc.key, scope = scope_name, crd = %kc.crd_name(),
+                        "kind not served by the API server (404): its CRD is not installed; \
+                         retrying until it is");
+                }
+                if missing {
+                    tracing::debug!(kind = %kc.key, scope = scope_name, error = %e,
+                        retry_in = ?decision.delay, "kind still not served");
+                } else if failure == Failure::Expired {
                     tracing::info!(kind = %kc.key, scope = scope_name, error = %e,
                         "watch expired; relisting");
                 } else if failing_since.is_none() {
@@ -671,6 +737,9 @@ async fn run_watch(
                 retry.on_synced();
                 status.set(WatchState::Synced);
                 note_recovered(&mut failing_since, &kc.key, scope_name);
+                if kc.not_served.send_replace(false) {
+                    tracing::info!(kind = %kc.key, crd = %kc.crd_name(), "kind served now");
+                }
                 if !counted_sync {
                     counted_sync = true;
                     if pending.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 1 {
