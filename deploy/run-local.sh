@@ -28,7 +28,9 @@
 # tests/cluster/up.sh; WASMOP_DEMO_METRICS_ADDR (default 127.0.0.1:9464;
 # --check defaults to a free port) where the operator serves /metrics,
 # /healthz and /readyz;
-# WASMOP_PLUGIN_DIR, where the plugins are built.
+# WASMOP_PLUGIN_DIR, where the plugins are built; WASMOP_BIN and
+# WASMOP_STANDIN_BIN, a wasmop and a terdut-standin binary to use instead of
+# building them.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . tests/cluster/lib.sh
@@ -38,7 +40,7 @@ examples=()
 for arg in "$@"; do
   case $arg in
     --check) check=1 ;;
-    -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown option $arg (see --help)" ;;
     *) [[ -f $arg ]] || die "no such example file: $arg"; examples+=("$arg") ;;
   esac
@@ -82,7 +84,10 @@ KUBECTL="$K8S_BIN/kubectl"
 bash tests/build-plugins.sh "$built"
 # WASMOP_BIN: use this wasmop binary instead of building one.
 if [[ -z ${WASMOP_BIN:-} ]]; then cargo build -p wasmop; fi
-cargo build -p terdut-standin --bin terdut-standin
+# The stand-in terdut-server program: `cargo test --workspace` builds it too
+# (tests/run.sh's build leaves it where this looks first).
+STANDIN="${WASMOP_STANDIN_BIN:-$CARGO_TARGET_DIR/debug/terdut-standin}"
+if [[ -z ${WASMOP_BIN:-} || ! -x $STANDIN ]]; then cargo build -p terdut-standin --bin terdut-standin; fi
 WASMOP="${WASMOP_BIN:-$CARGO_TARGET_DIR/debug/wasmop}"
 
 # Reuse a control plane that is already up (and leave it running after);
@@ -170,7 +175,7 @@ delete_stale_reservations
 # The stand-in terdut-server for the team example, on loopback.
 mkdir -p "$(dirname "$log_file")"
 standin_out="$WASMOP_CLUSTER_DIR/logs/terdut-standin.out"
-"$CARGO_TARGET_DIR/debug/terdut-standin" >"$standin_out" 2>&1 &
+"$STANDIN" >"$standin_out" 2>&1 &
 standin_pid=$!
 deadline=$(( $(date +%s) + 30 ))
 until [[ -s $standin_out ]]; do
