@@ -592,6 +592,237 @@ async fn an_install_bootstrapped_elsewhere_is_reported_then_joined_with_an_admin
 }
 
 #[tokio::test]
+async fn a_server_without_the_proposed_endpoints_is_bootstrapped_with_the_plain_call() -> Result<()>
+{
+    let env = env("team-legacy", |s| {
+        s.controls.without_proposed_routes = true;
+    })
+    .await?;
+    // An empty install: GET /api/version answers 404, the operator sends
+    // the plain POST /api/bootstrap and keeps the key.
+    let server = env.ready_server("terdut").await?;
+    assert_eq!(condition(&server, "Bootstrapped")["status"], "True");
+    wait_event(
+        &env.ns.client,
+        &env.ns.name,
+        "terdut",
+        None,
+        "Bootstrapped",
+        DEADLINE,
+    )
+    .await?;
+    assert!(
+        env.standin
+            .log()
+            .iter()
+            .any(|l| l.method == "GET" && l.path == "/api/version" && l.status == 404)
+    );
+    assert_eq!(env.standin.with(|s| s.count("POST", "/api/bootstrap")), 1);
+    let id = team_id(&env.team("platform", "Platform").await?);
+    assert!(env.standin.with(|s| s.teams.contains_key(&id)));
+
+    // A second server on the same install: its POST answers 403, and the
+    // condition says the version endpoint is missing.
+    env.server("late", json!({})).await?;
+    let late = wait_condition(
+        &env.k.servers,
+        "late",
+        "Bootstrapped",
+        "False",
+        Some("BootstrappedElsewhere"),
+        DEADLINE,
+    )
+    .await?;
+    let message = condition(&late, "Bootstrapped")["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(message.contains("no GET /api/version"), "{message}");
+    assert_eq!(env.standin.with(|s| s.users.len()), 1);
+
+    // With an admin key it would use the service-account endpoints: the
+    // condition names the one that is missing.
+    let admin_key = secret_data(
+        &env.ns,
+        &env.ns.name,
+        "terdut-operator-credentials",
+        "api-key",
+    )
+    .await?
+    .expect("key");
+    let s: Secret = serde_json::from_value(
+        json!({"metadata": {"name": "chart-admin"}, "stringData": {"api-key": admin_key}}),
+    )?;
+    env.ns
+        .api::<Secret>()
+        .create(&PostParams::default(), &s)
+        .await?;
+    patch_spec(
+        &env.k.servers,
+        "late",
+        json!({"bootstrap": {"adminKeySecretRef": {"name": "chart-admin"}}}),
+    )
+    .await?;
+    let late = wait_condition(
+        &env.k.servers,
+        "late",
+        "Bootstrapped",
+        "False",
+        Some("ServiceAccountFailed"),
+        DEADLINE,
+    )
+    .await?;
+    let message = condition(&late, "Bootstrapped")["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains("POST /api/service-accounts answered 404"),
+        "{message}"
+    );
+    assert!(env.standin.with(|s| s.service_accounts.is_empty()));
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_resync_repairs_switches_and_alert_sources_changed_or_deleted_on_the_server()
+-> Result<()> {
+    let env = env("team-resync", |_| {}).await?;
+    env.ready_server("terdut").await?;
+    env.team("platform", "Platform").await?;
+    create(
+        &env.k.switches,
+        "TerdutDeadmanSwitch",
+        "w",
+        json!({"teamRef": {"name": "platform"}, "name": "w", "matcher": "a=b", "timeout": "15m"}),
+    )
+    .await?;
+    create(
+        &env.k.sources,
+        "TerdutAlertSource",
+        "am",
+        json!({"teamRef": {"name": "platform"}, "kind": "alertmanager", "name": "prod"}),
+    )
+    .await?;
+    let sw = wait_condition(&env.k.switches, "w", "Synced", "True", None, DEADLINE).await?;
+    let sid = sw.data["status"]["switchID"].as_u64().expect("id");
+    let src = wait_condition(&env.k.sources, "am", "Ready", "True", None, DEADLINE).await?;
+    let iid = src.data["status"]["integrationID"].as_u64().expect("id");
+
+    // Changed behind the operator's back: the switch's timeout, the
+    // integration's name.
+    env.standin.with(|s| {
+        s.switches.get_mut(&sid).expect("switch").timeout = "1h".into();
+        s.integrations.get_mut(&iid).expect("integration").name = "hijacked".into();
+    });
+    wait_standin("the switch recreated as the spec says", &env.standin, |s| {
+        s.switches.len() == 1
+            && s.switches
+                .values()
+                .all(|w| w.timeout == "15m" && w.id != sid)
+    })
+    .await?;
+    wait_standin("the integration renamed back", &env.standin, |s| {
+        s.integrations.get(&iid).is_some_and(|i| i.name == "prod")
+    })
+    .await?;
+
+    // Deleted behind the operator's back: both created again.
+    let sid = env
+        .standin
+        .with(|s| *s.switches.keys().next().expect("switch"));
+    env.standin.with(|s| {
+        s.switches.clear();
+        s.integrations.clear();
+    });
+    wait_standin(
+        "the switch and the integration created again",
+        &env.standin,
+        |s| {
+            s.switches
+                .values()
+                .any(|w| w.name == "w" && w.timeout == "15m")
+                && s.integrations
+                    .values()
+                    .any(|i| i.name == "prod" && i.kind == "alertmanager")
+        },
+    )
+    .await?;
+    let (kind, note) = wait_event(
+        &env.ns.client,
+        &env.ns.name,
+        "w",
+        None,
+        "SwitchMissingOnServer",
+        DEADLINE,
+    )
+    .await?;
+    assert_eq!(kind, "Warning");
+    assert!(note.contains(&sid.to_string()), "{note}");
+    let (kind, _) = wait_event(
+        &env.ns.client,
+        &env.ns.name,
+        "am",
+        None,
+        "WebhookKeyRotated",
+        DEADLINE,
+    )
+    .await?;
+    assert_eq!(kind, "Warning");
+    let src = wait_condition(&env.k.sources, "am", "Ready", "True", None, DEADLINE).await?;
+    let new_iid = src.data["status"]["integrationID"].as_u64().expect("id");
+    let key = secret_data(&env.ns, &env.ns.name, "am-terdut-webhook", "key")
+        .await?
+        .expect("key");
+    assert_eq!(
+        env.standin
+            .with(|s| s.integrations.get(&new_iid).map(|i| i.key.clone())),
+        Some(key),
+        "the Secret holds the new integration's key"
+    );
+    assert_no_canary(&env).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_child_whose_team_is_gone_is_released_with_a_warning_naming_its_row() -> Result<()> {
+    let env = env("team-orphan", |_| {}).await?;
+    env.ready_server("terdut").await?;
+    let tid = team_id(&env.team("platform", "Platform").await?);
+    create(
+        &env.k.switches,
+        "TerdutDeadmanSwitch",
+        "w",
+        json!({"teamRef": {"name": "platform"}, "name": "w", "matcher": "a=b", "timeout": "15m"}),
+    )
+    .await?;
+    let sw = wait_condition(&env.k.switches, "w", "Synced", "True", None, DEADLINE).await?;
+    let sid = sw.data["status"]["switchID"].as_u64().expect("id");
+    env.k
+        .teams
+        .delete("platform", &DeleteParams::default())
+        .await?;
+    wait_gone(&env.k.teams, "platform").await?;
+    env.k.switches.delete("w", &DeleteParams::default()).await?;
+    wait_gone(&env.k.switches, "w").await?;
+    let (kind, note) = wait_event(
+        &env.ns.client,
+        &env.ns.name,
+        "w",
+        None,
+        "LeftOnServer",
+        DEADLINE,
+    )
+    .await?;
+    assert_eq!(kind, "Warning");
+    assert!(
+        note.contains(&format!("dead man's switch {sid} of team {tid}")),
+        "{note}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_lost_bootstrap_race_leaves_one_admin_and_is_reported() -> Result<()> {
     let env = env("team-race", |s| {
         s.controls.lose_next_bootstrap_race = true;

@@ -28,10 +28,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
-use wasmop_sdk::{HttpMethod, Observation, Plan, ReconcileError, Snapshot};
+use wasmop_sdk::{HttpMethod, HttpRequest, Observation, Plan, ReconcileError, Snapshot};
 
 use crate::api::{
-    API_KEY, Conditions, Endpoint, SecretKey, Settings, body_of, describe, find_secret,
+    API_KEY, Conditions, Endpoint, SecretKey, Settings, body_of, describe, find_secret, newer,
 };
 use crate::server::encode;
 
@@ -53,16 +53,40 @@ struct Parent {
     ep: Endpoint,
 }
 
+/// Why a child has no parent to call through.
+struct NoParent {
+    why: String,
+    /// True when the team exists and may still get there (credentials or
+    /// a team ID to come); false when it is gone or not permitted.
+    transient: bool,
+}
+
+impl NoParent {
+    fn gone(why: String) -> Self {
+        NoParent {
+            why,
+            transient: false,
+        }
+    }
+
+    fn later(why: String) -> Self {
+        NoParent {
+            why,
+            transient: true,
+        }
+    }
+}
+
 /// The parent, or why the child waits.
-fn parent(snapshot: &Snapshot) -> Result<Parent, String> {
+fn parent(snapshot: &Snapshot) -> Result<Parent, NoParent> {
     let team_ref: TeamRef =
         serde_json::from_value(snapshot.primary["spec"]["teamRef"].clone()).unwrap_or_default();
     let namespace = snapshot.primary_namespace().unwrap_or_default();
     let Some(team) = snapshot.related(READ_TEAM).next() else {
-        return Err(format!(
+        return Err(NoParent::gone(format!(
             "TerdutTeam {:?} does not exist in namespace {namespace}",
             team_ref.name
-        ));
+        )));
     };
     let st = &team["status"];
     let reason = st["conditions"]
@@ -71,29 +95,29 @@ fn parent(snapshot: &Snapshot) -> Result<Parent, String> {
         .and_then(|c| c["reason"].as_str())
         .unwrap_or_default();
     if reason == "RefNotPermitted" {
-        return Err(format!(
+        return Err(NoParent::gone(format!(
             "TerdutTeam {} is not permitted on its server",
             team_ref.name
-        ));
+        )));
     }
     let (Some(team_id), Some(url), Some(secret)) = (
         st["teamID"].as_u64(),
         st["apiURL"].as_str(),
         st["credentialsSecretRef"]["name"].as_str(),
     ) else {
-        return Err(format!(
+        return Err(NoParent::later(format!(
             "TerdutTeam {} has no team ID on the server yet",
             team_ref.name
-        ));
+        )));
     };
     if find_secret(snapshot, READ_SECRETS, namespace, secret).is_none() {
-        return Err(format!(
+        return Err(NoParent::later(format!(
             "the credentials Secret {secret} of TerdutTeam {} is not there yet",
             team_ref.name
-        ));
+        )));
     }
     let ep = Endpoint::new(url, Some(SecretKey::new(secret, API_KEY)))
-        .map_err(|e| format!("TerdutTeam {} status.apiURL: {e}", team_ref.name))?
+        .map_err(|e| NoParent::later(format!("TerdutTeam {} status.apiURL: {e}", team_ref.name)))?
         .with_ca(st["caBundle"].as_str());
     Ok(Parent { team_id, ep })
 }
@@ -121,11 +145,53 @@ fn old_status(snapshot: &Snapshot) -> Value {
         .map_or_else(|| json!({}), Value::Object)
 }
 
-/// A child whose parent cannot be resolved: waiting, or (deleting)
-/// released — its server-side rows go with the team.
-fn waiting(snapshot: &Snapshot, why: &str, settings: &Settings) -> Result<Plan, ReconcileError> {
+/// The server-side row a child's status says it applied, for a message;
+/// `None` when it never applied one.
+fn applied_row(snapshot: &Snapshot) -> Option<String> {
+    let st = &snapshot.primary["status"];
+    let team = st["teamID"].as_u64()?;
+    if let Some(id) = st["switchID"].as_u64() {
+        return Some(format!("dead man's switch {id} of team {team}"));
+    }
+    if let Some(id) = st["integrationID"].as_u64() {
+        return Some(format!("integration {id} of team {team}"));
+    }
+    (snapshot.primary["kind"] == "TerdutEscalationRule")
+        .then(|| format!("the escalation policy of team {team}"))
+}
+
+/// A child whose parent cannot be resolved: waiting. Deleting, it never
+/// drops a row silently: with nothing applied it goes; while the team may
+/// still get its credentials or ID it holds the finalizer with
+/// `Degraded=True/WaitingForTeam`; with the team gone or not permitted it
+/// goes with a Warning `LeftOnServer` naming the row left behind (as a
+/// team does, §4.6).
+fn waiting(
+    snapshot: &Snapshot,
+    no_parent: &NoParent,
+    settings: &Settings,
+) -> Result<Plan, ReconcileError> {
+    let why = no_parent.why.as_str();
     if snapshot.deleting {
-        return Ok(Plan::new().cleanup_complete());
+        let Some(row) = applied_row(snapshot) else {
+            return Ok(Plan::new().cleanup_complete());
+        };
+        if !no_parent.transient {
+            return Ok(Plan::new()
+                .warning(
+                    "LeftOnServer",
+                    format!("{why}: {row} was not deleted on the server and is left there (a team deleted on the server takes its rows with it)"),
+                )
+                .cleanup_complete());
+        }
+        let mut conds = Conditions::of(snapshot)?;
+        conds.set(
+            "Degraded",
+            true,
+            "WaitingForTeam",
+            &format!("{why}: the finalizer stays until {row} can be deleted"),
+        );
+        return finish(Plan::new(), old_status(snapshot), &conds, settings.retry);
     }
     let mut conds = Conditions::of(snapshot)?;
     conds.set("Ready", false, "WaitingForTeam", why);
@@ -288,6 +354,32 @@ fn recreate(
     finish(plan, status, conds, settings.retry)
 }
 
+/// The periodic resync of one row the server lists (§5): `GET base` with
+/// id `check.<tid>.<row>`, for every plan of a child that is not being
+/// recreated (the host sends a GET again once its per-primary interval has
+/// passed, so this is the resync). The id names the row, so no answer about an earlier row is
+/// taken for this one. Returns the observation and, when it listed the
+/// team's rows, the row (`None`: gone from the server).
+fn check_row<'a>(
+    snapshot: &'a Snapshot,
+    ep: &Endpoint,
+    base: &str,
+    (tid, row): (u64, u64),
+) -> (HttpRequest, Option<(&'a Observation, Option<Value>)>) {
+    let id = format!("check.{tid}.{row}");
+    let get = ep.get(&id, base);
+    let seen = snapshot.observation(&id).and_then(|o| {
+        let list = body_of(o)?;
+        let found = list
+            .as_array()?
+            .iter()
+            .find(|r| r["id"].as_u64() == Some(row))
+            .cloned();
+        Some((o, found))
+    });
+    (get, seen)
+}
+
 /// Synced and Ready both true with `message`.
 fn synced(conds: &mut Conditions, message: &str) {
     conds.set("Synced", true, "Synced", message);
@@ -369,7 +461,7 @@ pub fn reconcile_escalation(snapshot: &Snapshot) -> Result<Plan, ReconcileError>
     let settings = Settings::of(snapshot);
     let p = match parent(snapshot) {
         Ok(p) => p,
-        Err(why) => return waiting(snapshot, &why, &settings),
+        Err(no) => return waiting(snapshot, &no, &settings),
     };
     let tid = p.team_id;
     let path = format!("/api/teams/{tid}/escalation");
@@ -511,7 +603,7 @@ pub fn reconcile_deadman(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
     let settings = Settings::of(snapshot);
     let p = match parent(snapshot) {
         Ok(p) => p,
-        Err(why) => return waiting(snapshot, &why, &settings),
+        Err(no) => return waiting(snapshot, &no, &settings),
     };
     let tid = p.team_id;
     let base = format!("/api/teams/{tid}/deadman-switches");
@@ -576,7 +668,25 @@ pub fn reconcile_deadman(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         synced(&mut conds, &format!("dead man's switch {sid} was created"));
         return finish(plan, status, &conds, Duration::from_millis(100));
     };
-    let applied = &old["applied"];
+    let (check, seen) = check_row(snapshot, &p.ep, &base, (tid, sid));
+    let deleting_it = snapshot.observation(&format!("delete.{sid}")).is_some();
+    let applied = match seen {
+        Some((_, None)) if !deleting_it => {
+            // Deleted on the server behind our back: create it anew.
+            status["switchID"] = Value::Null;
+            status["applied"] = Value::Null;
+            status["attempt"] = json!(attempt + 1);
+            let m = format!("dead man's switch {sid} is gone from the server; creating it again");
+            conds.set("Synced", false, "Recreating", &m);
+            conds.set("Ready", false, "Recreating", &m);
+            let plan = Plan::new().warning("SwitchMissingOnServer", m);
+            return finish(plan, status, &conds, Duration::from_millis(100));
+        }
+        // As the server has it: a change there is drift like a spec change.
+        Some((_, Some(row))) => switch_spec(&row),
+        _ => old["applied"].clone(),
+    };
+    let applied = &applied;
     let changed: Vec<&str> = SWITCH_FIELDS
         .iter()
         .copied()
@@ -621,13 +731,13 @@ pub fn reconcile_deadman(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
             "Synced",
             &format!("dead man's switch {sid} is active"),
         );
-        return finish(plan, status, &conds, settings.resync);
+        return finish(plan.http(check), status, &conds, settings.resync);
     }
     synced(
         &mut conds,
         &format!("dead man's switch {sid} matches the spec"),
     );
-    finish(plan, status, &conds, settings.resync)
+    finish(plan.http(check), status, &conds, settings.resync)
 }
 
 // ---------------------------------------------------------------------------
@@ -646,7 +756,7 @@ pub fn reconcile_alert_source(snapshot: &Snapshot) -> Result<Plan, ReconcileErro
     let settings = Settings::of(snapshot);
     let p = match parent(snapshot) {
         Ok(p) => p,
-        Err(why) => return waiting(snapshot, &why, &settings),
+        Err(no) => return waiting(snapshot, &no, &settings),
     };
     let tid = p.team_id;
     let name = snapshot.primary_name().to_owned();
@@ -772,7 +882,36 @@ pub fn reconcile_alert_source(snapshot: &Snapshot) -> Result<Plan, ReconcileErro
         synced(&mut conds, &format!("integration {new_id} was created"));
         return finish(plan, status, &conds, Duration::from_millis(100));
     };
-    let applied = &old["applied"];
+    let (check, seen) = check_row(snapshot, &p.ep, &base, (tid, iid));
+    let rename_id = format!("rename.{iid}");
+    let server_newer = seen
+        .as_ref()
+        .is_some_and(|(o, _)| newer(o, snapshot.observation(&rename_id)));
+    let deleting_it = snapshot.observation(&format!("delete.{iid}")).is_some();
+    let mut applied = old["applied"].clone();
+    match seen {
+        Some((_, None)) if !deleting_it => {
+            // Deleted on the server behind our back: only a new integration
+            // has a usable key, so this rotates it (Warning on create).
+            status["integrationID"] = Value::Null;
+            status["applied"] = Value::Null;
+            status["rotating"] = json!(true);
+            status["attempt"] = json!(attempt + 1);
+            let m = format!(
+                "integration {iid} is gone from the server; creating it again (a new webhook key)"
+            );
+            conds.set("Synced", false, "Recreating", &m);
+            conds.set("Ready", false, "Recreating", &m);
+            let plan = Plan::new().warning("IntegrationMissingOnServer", m);
+            return finish(plan, status, &conds, Duration::from_millis(100));
+        }
+        // As the server has it, unless our own rename is newer.
+        Some((_, Some(row))) if server_newer => {
+            applied = json!({"name": row["name"], "kind": row["kind"]});
+        }
+        _ => {}
+    }
+    let applied = &applied;
     if applied["kind"] != want["kind"] {
         return recreate(
             snapshot,
@@ -805,13 +944,14 @@ pub fn reconcile_alert_source(snapshot: &Snapshot) -> Result<Plan, ReconcileErro
     }
     if applied["name"] != want["name"] {
         // A rename keeps the integration and its key: PATCH the name.
-        let rename_id = format!("rename.{iid}");
         let path = format!("{base}/{iid}");
-        let renamed = snapshot
-            .observation(&rename_id)
-            .filter(|o| o.is_success())
-            .and_then(body_of)
-            .is_some_and(|b| b["name"] == want["name"]);
+        // Our PATCH answered, unless the server has said otherwise since.
+        let renamed = !server_newer
+            && snapshot
+                .observation(&rename_id)
+                .filter(|o| o.is_success())
+                .and_then(body_of)
+                .is_some_and(|b| b["name"] == want["name"]);
         if renamed {
             status["applied"]["name"] = want["name"].clone();
             plan = plan.event(
@@ -837,7 +977,7 @@ pub fn reconcile_alert_source(snapshot: &Snapshot) -> Result<Plan, ReconcileErro
             }
             return finish(plan, status, &conds, Duration::from_millis(100));
         }
-        plan = plan.http(p.ep.request(
+        plan = plan.http(check).http(p.ep.request(
             &rename_id,
             HttpMethod::Patch,
             &path,
@@ -880,7 +1020,7 @@ pub fn reconcile_alert_source(snapshot: &Snapshot) -> Result<Plan, ReconcileErro
             &format!("integration {iid} matches the spec"),
         );
     }
-    finish(plan, status, &conds, settings.resync)
+    finish(plan.http(check), status, &conds, settings.resync)
 }
 
 #[cfg(test)]

@@ -404,6 +404,14 @@ pub fn mint(
     if let Some(k) = key_of(created) {
         return Mint::Key(k);
     }
+    if created.error.is_none() && created.status == Some(404) {
+        return Mint::Failed(format!(
+            "POST /api/service-accounts answered 404: this terdut-server has no \
+             service-account endpoint (a proposal of the design, §6.6 and §13), so the \
+             operator cannot create service account {account}; without \
+             spec.bootstrap.adminKeySecretRef it bootstraps an empty install itself"
+        ));
+    }
     if created.status != Some(409) {
         return Mint::Failed(format!(
             "creating service account {account}: {}",
@@ -607,6 +615,10 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
     plan = plan.http(anonymous.get("version", "/api/version"));
     let version = snapshot.observation("version");
     let version_body = version.and_then(body_of);
+    // No version endpoint (it is a proposal, §13): the plain bootstrap
+    // call decides, the way the chart's bootstrap Job does.
+    let version_missing = version.is_some_and(|o| o.error.is_none() && o.status == Some(404));
+
     let capabilities: Vec<String> = version_body
         .as_ref()
         .and_then(|v| serde_json::from_value(v["capabilities"].clone()).ok())
@@ -721,12 +733,11 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
                 .as_ref()
                 .is_some_and(|v| v["bootstrapped"] == true)
         {
-            conds.set(
-                "Bootstrapped",
-                false,
-                "BootstrappedElsewhere",
-                "the install was bootstrapped by someone else (POST /api/bootstrap is single-shot per install); put an admin key in a Secret and name it in spec.bootstrap.adminKeySecretRef so the operator can create its own service account",
-            );
+            let mut message = "the install was bootstrapped by someone else (POST /api/bootstrap is single-shot per install); put an admin key in a Secret and name it in spec.bootstrap.adminKeySecretRef so the operator can create its own service account".to_owned();
+            if version_missing {
+                message.push_str(" (this server has no GET /api/version: it answered 404, so the 403 of POST /api/bootstrap decided)");
+            }
+            conds.set("Bootstrapped", false, "BootstrappedElsewhere", &message);
             false
         } else if let Some(o) = boot {
             conds.set(
@@ -742,9 +753,10 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
                 Some(json!({"username": format!("wasmop.{namespace}.{name}")})),
             ));
             false
-        } else if version_body
-            .as_ref()
-            .is_some_and(|v| v["bootstrapped"] == false)
+        } else if version_missing
+            || version_body
+                .as_ref()
+                .is_some_and(|v| v["bootstrapped"] == false)
         {
             plan = plan.http(anonymous.request(
                 "bootstrap",
@@ -752,12 +764,12 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
                 "/api/bootstrap",
                 Some(json!({"username": format!("wasmop.{namespace}.{name}")})),
             ));
-            conds.set(
-                "Bootstrapped",
-                false,
-                "Bootstrapping",
-                "the install is empty: bootstrapping it",
-            );
+            let message = if version_missing {
+                "GET /api/version answered 404 (this server has no version endpoint, a proposal of the design's §13): trying POST /api/bootstrap; a 403 would mean the install is bootstrapped already"
+            } else {
+                "the install is empty: bootstrapping it"
+            };
+            conds.set("Bootstrapped", false, "Bootstrapping", message);
             false
         } else {
             let why = version.map_or_else(

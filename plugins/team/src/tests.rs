@@ -756,8 +756,123 @@ fn a_deadman_switch_is_recreated_on_a_diff_other_than_name() {
         .build(),
     )
     .unwrap();
-    assert!(plan.http_requests.is_empty());
+    assert_eq!(
+        ids(&plan),
+        [(
+            "check.42.7",
+            HttpMethod::Get,
+            "/api/teams/42/deadman-switches"
+        )],
+        "only the resync's GET"
+    );
     assert_eq!(condition(&plan, "Synced")["reason"], "NameImmutable");
+}
+
+#[test]
+fn the_resync_repairs_a_switch_changed_or_deleted_on_the_server() {
+    let spec = json!({"teamRef": {"name": "platform"}, "name": "w", "matcher": "a=b", "timeout": "15m", "severity": "critical"});
+    let status = json!({"teamID": 42, "switchID": 7, "attempt": 2, "applied": {"name": "w", "matcher": "a=b", "timeout": "15m", "severity": "critical"}});
+    let b = || {
+        child_of(
+            DEADMAN,
+            "TerdutDeadmanSwitch",
+            spec.clone(),
+            status.clone(),
+            Some(42),
+        )
+    };
+    // In sync: the resync GET is in the plan, nothing else.
+    let plan = run::<TeamPlugin>(&b().build()).unwrap();
+    assert_eq!(
+        ids(&plan),
+        [(
+            "check.42.7",
+            HttpMethod::Get,
+            "/api/teams/42/deadman-switches"
+        )]
+    );
+    assert_eq!(condition(&plan, "Synced")["status"], "True");
+    // Changed on the server: delete and recreate, like a spec change.
+    let changed = obs(
+        "check.42.7",
+        Some(200),
+        json!([{"id": 7, "name": "w", "matcher": "a=b", "timeout": "1h", "severity": "critical"}]),
+        0,
+    );
+    let plan = run::<TeamPlugin>(&b().observation(changed).build()).unwrap();
+    assert_eq!(
+        ids(&plan),
+        [(
+            "delete.7",
+            HttpMethod::Delete,
+            "/api/teams/42/deadman-switches/7"
+        )]
+    );
+    // Deleted on the server: created anew (a new attempt), with a Warning.
+    let gone = obs(
+        "check.42.7",
+        Some(200),
+        json!([{"id": 8, "name": "other", "matcher": "x", "timeout": "1m", "severity": ""}]),
+        0,
+    );
+    let plan = run::<TeamPlugin>(&b().observation(gone).build()).unwrap();
+    let st = plan.status.as_ref().unwrap();
+    assert_eq!(
+        (st["switchID"].clone(), st["attempt"].clone()),
+        (json!(null), json!(3))
+    );
+    assert_eq!(plan.events[0].reason, "SwitchMissingOnServer");
+    assert!(plan.http_requests.is_empty());
+    // A failed GET changes nothing.
+    let failed = obs("check.42.7", Some(500), json!({"error": "boom"}), 0);
+    let plan = run::<TeamPlugin>(&b().observation(failed).build()).unwrap();
+    assert_eq!(condition(&plan, "Synced")["status"], "True");
+    assert_eq!(plan.status.as_ref().unwrap()["switchID"], 7);
+}
+
+#[test]
+fn the_resync_repairs_an_alert_source_renamed_or_deleted_on_the_server() {
+    let spec = json!({"teamRef": {"name": "platform"}, "name": "am", "kind": "alertmanager"});
+    let status = json!({"teamID": 42, "integrationID": 3, "applied": {"name": "am", "kind": "alertmanager"}});
+    let b = || {
+        child_of(
+            ALERT_SOURCE,
+            "TerdutAlertSource",
+            spec.clone(),
+            status.clone(),
+            Some(42),
+        )
+    };
+    // Renamed on the server: PATCHed back.
+    let renamed = obs(
+        "check.42.3",
+        Some(200),
+        json!([{"id": 3, "name": "hijacked", "kind": "alertmanager"}]),
+        0,
+    );
+    let plan = run::<TeamPlugin>(&b().observation(renamed.clone()).build()).unwrap();
+    assert!(
+        ids(&plan).contains(&(
+            "rename.3",
+            HttpMethod::Patch,
+            "/api/teams/42/integrations/3"
+        )),
+        "{:?}",
+        ids(&plan)
+    );
+    // An older answer of our own PATCH does not count against a newer list.
+    let old_patch = obs("rename.3", Some(200), json!({"id": 3, "name": "am"}), 50);
+    let plan = run::<TeamPlugin>(&b().observation(renamed).observation(old_patch).build()).unwrap();
+    assert!(ids(&plan).iter().any(|(id, ..)| *id == "rename.3"));
+    // Deleted on the server: created anew, which rotates the key.
+    let gone = obs("check.42.3", Some(200), json!([]), 0);
+    let plan = run::<TeamPlugin>(&b().observation(gone).build()).unwrap();
+    let st = plan.status.as_ref().unwrap();
+    assert_eq!(
+        (st["integrationID"].clone(), st["rotating"].clone()),
+        (json!(null), json!(true))
+    );
+    assert_eq!(plan.events[0].reason, "IntegrationMissingOnServer");
 }
 
 #[test]
@@ -898,4 +1013,167 @@ fn unknown_controller_is_internal() {
         run::<TeamPlugin>(&SnapshotBuilder::new("nope").build()),
         Err(ReconcileError::Internal(_))
     ));
+}
+
+#[test]
+fn without_a_version_endpoint_the_plain_bootstrap_call_decides() {
+    // A server without the proposed GET /api/version: 404.
+    let missing = || obs("version", Some(404), json!({"error": "route not found"}), 5);
+    let plan = run::<TeamPlugin>(&server().observation(missing()).build()).unwrap();
+    assert!(
+        ids(&plan).contains(&("bootstrap", HttpMethod::Post, "/api/bootstrap")),
+        "{:?}",
+        ids(&plan)
+    );
+    let c = condition(&plan, "Bootstrapped");
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("False"), Some("Bootstrapping"))
+    );
+    assert!(
+        c["message"].as_str().unwrap().contains("GET /api/version"),
+        "{c}"
+    );
+
+    // The 403: bootstrapped elsewhere, and the message names the missing endpoint.
+    let lost = obs(
+        "bootstrap",
+        Some(403),
+        json!({"error": "already bootstrapped"}),
+        1,
+    );
+    let plan =
+        run::<TeamPlugin>(&server().observation(missing()).observation(lost).build()).unwrap();
+    let c = condition(&plan, "Bootstrapped");
+    assert_eq!(c["reason"], "BootstrappedElsewhere");
+    assert!(
+        c["message"]
+            .as_str()
+            .unwrap()
+            .contains("no GET /api/version"),
+        "{c}"
+    );
+    assert!(
+        plan.http_requests
+            .iter()
+            .all(|r| r.method == HttpMethod::Get)
+    );
+
+    // The 201: the key goes into the credentials Secret.
+    let won = obs("bootstrap", Some(201), json!({"key": "tdk_x"}), 1);
+    let plan =
+        run::<TeamPlugin>(&server().observation(missing()).observation(won).build()).unwrap();
+    assert_eq!(condition(&plan, "Bootstrapped")["status"], "True");
+    assert!(
+        plan.apply
+            .iter()
+            .any(|o| o.object["metadata"]["name"] == "terdut-operator-credentials")
+    );
+}
+
+#[test]
+fn without_service_account_endpoints_the_condition_names_the_missing_one() {
+    let mut spec = wasmop_sdk::testing::objects_from_yaml(SERVER_YAML).remove(0);
+    spec["spec"]["bootstrap"] = json!({"adminKeySecretRef": {"name": "chart-admin", "key": "key"}});
+    let plan = run::<TeamPlugin>(
+        &SnapshotBuilder::new(SERVER)
+            .primary(spec)
+            .related(server::READ_SECRETS, one(DB_SECRET))
+            .related(
+                server::READ_SECRETS,
+                json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "chart-admin", "namespace": "oncall"}, "data": {"key": "eA=="}}),
+            )
+            .observation(obs("version", Some(404), json!({"error": "route not found"}), 9))
+            .observation(obs(
+                "operator-sa.create",
+                Some(404),
+                json!({"error": "route not found"}),
+                1,
+            ))
+            .build(),
+    )
+    .unwrap();
+    let c = condition(&plan, "Bootstrapped");
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("False"), Some("ServiceAccountFailed"))
+    );
+    assert!(
+        c["message"]
+            .as_str()
+            .unwrap()
+            .contains("POST /api/service-accounts answered 404"),
+        "{c}"
+    );
+    assert!(
+        !plan
+            .http_requests
+            .iter()
+            .any(|r| r.method == HttpMethod::Post),
+        "no retry POST against a missing route"
+    );
+}
+
+#[test]
+fn a_deleted_child_never_drops_its_row_silently() {
+    let spec =
+        json!({"teamRef": {"name": "platform"}, "name": "w", "matcher": "a=b", "timeout": "15m"});
+    let status = json!({"teamID": 42, "switchID": 7, "applied": {"name": "w"}});
+    let orphan_base = |team: Option<serde_json::Value>| {
+        let b = SnapshotBuilder::new(DEADMAN)
+            .primary(
+                json!({"apiVersion": "terdut.ryuvia.com/v1alpha1", "kind": "TerdutDeadmanSwitch",
+                "metadata": {"name": "c", "namespace": "team-a", "uid": "u-c", "generation": 3},
+                "spec": spec, "status": status}),
+            )
+            .deleting(true);
+        match team {
+            Some(t) => b.related(children::READ_TEAM, t),
+            None => b,
+        }
+    };
+    // The team is gone: released, with a Warning naming the row.
+    let plan = run::<TeamPlugin>(&orphan_base(None).build()).unwrap();
+    assert!(plan.cleanup_complete);
+    assert_eq!(plan.events.len(), 1);
+    assert_eq!(plan.events[0].reason, "LeftOnServer");
+    assert!(
+        plan.events[0]
+            .message
+            .contains("dead man's switch 7 of team 42"),
+        "{}",
+        plan.events[0].message
+    );
+    // The team is not permitted on its server: the same.
+    let mut refused = parent_team(Some(42));
+    refused["status"]["conditions"][0] =
+        json!({"type": "Ready", "status": "False", "reason": "RefNotPermitted"});
+    let plan = run::<TeamPlugin>(&orphan_base(Some(refused)).build()).unwrap();
+    assert!(plan.cleanup_complete);
+    assert_eq!(plan.events[0].reason, "LeftOnServer");
+    // The team exists but its credentials are not there (yet): held.
+    let plan = run::<TeamPlugin>(&orphan_base(Some(parent_team(Some(42)))).build()).unwrap();
+    assert!(
+        !plan.cleanup_complete,
+        "held while the row can still be deleted"
+    );
+    let c = condition(&plan, "Degraded");
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("True"), Some("WaitingForTeam"))
+    );
+    // Nothing applied: nothing to report.
+    let plan = run::<TeamPlugin>(
+        &SnapshotBuilder::new(DEADMAN)
+            .primary(
+                json!({"apiVersion": "terdut.ryuvia.com/v1alpha1", "kind": "TerdutDeadmanSwitch",
+                "metadata": {"name": "c", "namespace": "team-a", "uid": "u-c", "generation": 3},
+                "spec": {"teamRef": {"name": "platform"}}}),
+            )
+            .deleting(true)
+            .build(),
+    )
+    .unwrap();
+    assert!(plan.cleanup_complete);
+    assert!(plan.events.is_empty());
 }

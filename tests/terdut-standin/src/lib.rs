@@ -9,9 +9,9 @@
 //! | route | semantics |
 //! | --- | --- |
 //! | `GET /healthz` | `ok`, no auth |
-//! | `GET /api/version` | `{version, capabilities, bootstrapped}`, no auth (§13's version-discovery endpoint) |
+//! | `GET /api/version` | `{version, capabilities, bootstrapped}`, no auth (§13's version-discovery endpoint; absent with [`Controls::without_proposed_routes`]) |
 //! | `POST /api/bootstrap` | first admin user and its key, once per install: 403 once any user exists |
-//! | `POST /api/service-accounts` | `{name, scope}` → `{id, name, scope, team_id, key}`; admin only; 409 on a taken name; scope `team` only with the `team-service-accounts` capability |
+//! | `POST /api/service-accounts` (absent with [`Controls::without_proposed_routes`], as are the two below) | `{name, scope}` → `{id, name, scope, team_id, key}`; admin only; 409 on a taken name; scope `team` only with the `team-service-accounts` capability |
 //! | `GET /api/service-accounts?name=` | accounts (never keys); admin only |
 //! | `POST /api/service-accounts/{id}/keys` | a new key for the account; admin only |
 //! | `GET /api/users` | `[{id, username}]` |
@@ -117,6 +117,10 @@ pub struct Controls {
     pub honour_idempotency_keys: bool,
     /// Version string `/api/version` reports.
     pub version: String,
+    /// Serve only what terdut-server has today: no `GET /api/version` and no
+    /// `/api/service-accounts` routes (both are proposals of the design,
+    /// §6.6 and §13); they answer 404 like any unknown route.
+    pub without_proposed_routes: bool,
 }
 
 impl Default for Controls {
@@ -129,6 +133,7 @@ impl Default for Controls {
             key_prefix: "tdk_".to_owned(),
             honour_idempotency_keys: true,
             version: "0.10.0-standin".to_owned(),
+            without_proposed_routes: false,
         }
     }
 }
@@ -575,6 +580,14 @@ impl State {
         let (path, query) = req.path.split_once('?').unwrap_or((&req.path, ""));
         let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         let method = req.method.as_str();
+        if self.controls.without_proposed_routes
+            && matches!(
+                segments.as_slice(),
+                ["api", "version"] | ["api", "service-accounts", ..]
+            )
+        {
+            return Err(not_found("route"));
+        }
         match (method, segments.as_slice()) {
             ("GET", ["healthz"]) => Ok(Response {
                 status: Some(200),

@@ -43,6 +43,30 @@ fn bootstrap_is_single_shot_per_install() {
 }
 
 #[test]
+fn without_proposed_routes_version_and_service_accounts_are_404() {
+    let mut s = State::new("http://standin");
+    s.controls.without_proposed_routes = true;
+    assert_eq!(call(&mut s, Request::new("GET", "/api/version")).0, 404);
+    let (status, v) = call(&mut s, Request::new("POST", "/api/bootstrap"));
+    assert_eq!(status, 201);
+    let key = v["key"].as_str().unwrap().to_owned();
+    for req in [
+        Request::new("POST", "/api/service-accounts").json(json!({"name": "x"})),
+        Request::new("GET", "/api/service-accounts?name=x"),
+        Request::new("POST", "/api/service-accounts/1/keys"),
+    ] {
+        assert_eq!(call(&mut s, req.bearer(&key)).0, 404);
+    }
+    assert!(s.service_accounts.is_empty());
+    // What terdut-server has today still works.
+    assert_eq!(
+        call(&mut s, Request::new("GET", "/api/teams").bearer(&key)).0,
+        200
+    );
+    assert_eq!(call(&mut s, Request::new("POST", "/api/bootstrap")).0, 403);
+}
+
+#[test]
 fn a_lost_bootstrap_race_answers_403_and_leaves_one_admin() {
     let mut s = State::new("http://standin");
     s.controls.lose_next_bootstrap_race = true;
