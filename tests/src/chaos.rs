@@ -7,11 +7,13 @@
 //! Faults ([`FaultKind`]): SIGKILL of the leader or of the follower replica
 //! (restarted at once), kube-apiserver restarted or frozen, etcd restarted
 //! or its history compacted, kube-controller-manager stopped for 30 s (no
-//! garbage collection meanwhile), a hot swap of the plugin file (`good` ↔
-//! `good-v2`, or the same file written again), and a crash of the leader
+//! garbage collection meanwhile), a hot swap of the plugin (`good` ↔
+//! `good-v2`, or the same plugin written again), a crash of the leader
 //! right before write N of a plan (the host's test-only failpoint,
 //! `host/src/execute/failpoint.rs`), N cycling over every write index of
-//! the plugin's plans. Faults come every `fault_every` (±25 %), drawn from
+//! the plugin's plans, and, when the plugin comes from a local OCI
+//! registry (`oci://`, odd seeds; a hot swap is then a push to its tag),
+//! the registry stopped for 20 s in the background. Faults come every `fault_every` (±25 %), drawn from
 //! a shuffled deck of every kind so each comes up once per deck; a
 //! controller-manager outage runs in the background while other faults
 //! follow. The seed decides the faults, their timing and the load, not the
@@ -34,8 +36,9 @@
 //! - `Ownership`: no two managed ConfigMaps have the same controller, and
 //!   none changes controller.
 //! - `Convergence`: at every quiet point (load paused, every fault over and
-//!   the operator led again) each Widget converges within 5 s of the later
-//!   of the last fault's recovery and the last load operation: its
+//!   the operator led again) every Widget is edited once more, and each
+//!   converges within 5 s of the later of the last fault's recovery and the
+//!   last load operation: its
 //!   ConfigMap holds `spec.value`, controlled by it, and `Reconciled=True`
 //!   for its generation; or, for the `b<i>` Widgets whose ConfigMap is a
 //!   bystander, the documented `Reconciled=False` `PlanRejected` naming
@@ -74,6 +77,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::faults::{Fault, component, readyz, wait_readyz};
 use crate::operator::plugin_path;
+use crate::registry::Registry;
 use crate::widgets::{TempDir, install, widgets};
 use crate::{TestNamespace, apply_test_crds, kubeconfig_path, wait_for};
 
@@ -81,6 +85,10 @@ use crate::{TestNamespace, apply_test_crds, kubeconfig_path, wait_for};
 pub const CONVERGE_BOUND: Duration = Duration::from_secs(5);
 /// How long kube-controller-manager stays stopped.
 pub const GC_OUTAGE: Duration = Duration::from_secs(30);
+/// How long the OCI registry stays stopped.
+pub const REGISTRY_OUTAGE: Duration = Duration::from_secs(20);
+/// The plugin's repository and tag in the soak's registry.
+const OCI_REFERENCE: &str = "wasmop/good:live";
 /// The label every object the host writes carries.
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// Name of the replicas' Lease.
@@ -141,6 +149,33 @@ pub fn seed_from_env() -> Result<Option<u64>> {
     Ok(Some(seed))
 }
 
+/// The fault kinds `$WASMOP_CHAOS_FAULTS` names (comma-separated, as
+/// [`FaultKind`]'s variants are spelt, e.g. `KillLeader,CrashBeforeWrite`),
+/// else every kind.
+///
+/// # Errors
+/// When it names an unknown kind.
+pub fn faults_from_env() -> Result<Vec<FaultKind>> {
+    let Ok(text) = std::env::var("WASMOP_CHAOS_FAULTS") else {
+        return Ok(FaultKind::ALL.to_vec());
+    };
+    text.split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(|t| {
+            FaultKind::ALL
+                .into_iter()
+                .find(|k| format!("{k:?}") == t)
+                .with_context(|| {
+                    format!(
+                        "WASMOP_CHAOS_FAULTS: unknown fault {t:?}; one of {:?}",
+                        FaultKind::ALL
+                    )
+                })
+        })
+        .collect()
+}
+
 /// A seed from the clock and the process id.
 pub fn random_seed() -> u64 {
     let nanos = SystemTime::now()
@@ -171,11 +206,14 @@ pub enum FaultKind {
     HotSwap,
     /// The leader aborts right before write N of its next plan.
     CrashBeforeWrite,
+    /// The OCI registry the plugin comes from stopped for
+    /// [`REGISTRY_OUTAGE`] (soaks that deliver it by `oci://` only).
+    RegistryStopped,
 }
 
 impl FaultKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [FaultKind; 9] = [
+    pub const ALL: [FaultKind; 10] = [
         FaultKind::KillLeader,
         FaultKind::KillFollower,
         FaultKind::ApiServerRestart,
@@ -185,6 +223,7 @@ impl FaultKind {
         FaultKind::GcStopped,
         FaultKind::HotSwap,
         FaultKind::CrashBeforeWrite,
+        FaultKind::RegistryStopped,
     ];
 }
 
@@ -530,6 +569,12 @@ pub struct SoakConfig {
     pub wasmop_bin: PathBuf,
     /// Invariant-breaking actions of the soak itself.
     pub breach: Breach,
+    /// The kinds of fault drawn (default every kind).
+    pub faults: Vec<FaultKind>,
+    /// Deliver the plugin from a local OCI registry (`oci://`, hot swaps
+    /// are pushes to its tag) instead of a directory (hot swaps rewrite
+    /// the file). Default: odd seeds.
+    pub oci: bool,
 }
 
 impl SoakConfig {
@@ -544,6 +589,8 @@ impl SoakConfig {
             blocked: 2,
             wasmop_bin: bin,
             breach: Breach::None,
+            faults: FaultKind::ALL.to_vec(),
+            oci: seed % 2 == 1,
         }
     }
 }
@@ -684,6 +731,8 @@ struct Replica {
 struct Replicas {
     bin: PathBuf,
     plugins: PathBuf,
+    /// `127.0.0.1:PORT` of the registry the plugin comes from, if any.
+    registry: Option<String>,
     work: PathBuf,
     namespace: String,
     slots: Vec<Option<Replica>>,
@@ -736,10 +785,18 @@ impl Replicas {
             self.work
                 .join(format!("replica-{slot}-start-{}.log", self.starts)),
         )?;
-        let child = tokio::process::Command::new(&self.bin)
-            .arg("run")
-            .arg("--plugins")
-            .arg(&self.plugins)
+        let mut cmd = tokio::process::Command::new(&self.bin);
+        cmd.arg("run").arg("--plugins");
+        match &self.registry {
+            Some(host) => cmd
+                .arg(format!("oci://{host}/{OCI_REFERENCE}"))
+                .args(["--insecure-registry", host])
+                .args(["--oci-poll-interval-ms", "500"])
+                .arg("--oci-cache")
+                .arg(self.work.join(format!("oci-cache-{slot}"))),
+            None => cmd.arg(&self.plugins),
+        };
+        let child = cmd
             .arg("--kubeconfig")
             .arg(kubeconfig_path())
             .arg("--namespace")
@@ -863,10 +920,13 @@ struct Injector {
     client: Client,
     rng: Rng,
     replicas: Replicas,
+    kinds: Vec<FaultKind>,
     deck: Vec<FaultKind>,
     active_version: usize,
     next_crash_index: usize,
     gc_outage: Option<tokio::task::JoinHandle<Result<()>>>,
+    registry: Option<Arc<tokio::sync::Mutex<Registry>>>,
+    registry_outage: Option<tokio::task::JoinHandle<Result<()>>>,
     widgets: Api<DynamicObject>,
     started: Instant,
 }
@@ -874,7 +934,7 @@ struct Injector {
 impl Injector {
     fn draw(&mut self) -> FaultKind {
         if self.deck.is_empty() {
-            let mut deck = FaultKind::ALL.to_vec();
+            let mut deck = self.kinds.clone();
             for i in (1..deck.len()).rev() {
                 let j = self.rng.below(i as u64 + 1) as usize;
                 deck.swap(i, j);
@@ -953,27 +1013,73 @@ impl Injector {
                     format!("kube-controller-manager stopped for {GC_OUTAGE:?}")
                 }
             }
+            FaultKind::HotSwap
+                if self
+                    .registry_outage
+                    .as_ref()
+                    .is_some_and(|t| !t.is_finished()) =>
+            {
+                "hot swap skipped: the registry is stopped".to_owned()
+            }
             FaultKind::HotSwap => {
                 let same = self.rng.below(3) == 0;
                 if !same {
                     self.active_version = 1 - self.active_version;
                 }
                 let (file, version) = VERSIONS[self.active_version];
-                install(
-                    &plugin_path(file)?,
-                    &self.replicas.plugins.join("good.wasm"),
-                )?;
+                let what = match &self.registry {
+                    Some(registry) => {
+                        push(&*registry.lock().await, &plugin_path(file)?).await?;
+                        "tag pushed"
+                    }
+                    None => {
+                        install(
+                            &plugin_path(file)?,
+                            &self.replicas.plugins.join("good.wasm"),
+                        )?;
+                        "plugin file rewritten"
+                    }
+                };
                 if same {
-                    format!("plugin file rewritten with the same {file} {version}")
+                    format!("{what} with the same {file} {version}")
                 } else {
-                    format!("plugin file swapped to {file} {version}")
+                    format!("{what}: swapped to {file} {version}")
                 }
             }
+            FaultKind::RegistryStopped => match &self.registry {
+                None => "no registry in this soak (plugin from a directory), skipped".to_owned(),
+                Some(_)
+                    if self
+                        .registry_outage
+                        .as_ref()
+                        .is_some_and(|t| !t.is_finished()) =>
+                {
+                    "registry already stopped".to_owned()
+                }
+                Some(registry) => {
+                    registry.lock().await.stop();
+                    let registry = registry.clone();
+                    self.registry_outage = Some(tokio::spawn(async move {
+                        // The outage itself: no registry this long.
+                        tokio::time::sleep(REGISTRY_OUTAGE).await;
+                        registry.lock().await.restart().await
+                    }));
+                    format!("OCI registry stopped for {REGISTRY_OUTAGE:?}")
+                }
+            },
             FaultKind::CrashBeforeWrite => {
                 let index = self.next_crash_index;
-                self.next_crash_index = (index + 1) % GOOD_WRITES;
-                let Some(slot) = self.replicas.leader(&self.client).await else {
-                    return Ok("crash before a write: no live leader to arm, skipped".into());
+                // Armed on the leader: wait for one after an earlier fault.
+                let mut leader = None;
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while leader.is_none() && Instant::now() < deadline {
+                    leader = self.replicas.leader(&self.client).await;
+                    if leader.is_none() {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+                let Some(slot) = leader else {
+                    return Ok("crash before a write: no live leader within 30 s, skipped".into());
                 };
                 std::fs::write(
                     self.replicas.failpoint_file(slot),
@@ -1016,6 +1122,7 @@ impl Injector {
                 match crashed {
                     Some(status) => {
                         report.crashed_at_writes.insert(index);
+                        self.next_crash_index = (index + 1) % GOOD_WRITES;
                         self.replicas.start(slot).await?;
                         format!(
                             "leader (replica {slot}) crashed before write {index} of a plan ({status}), restarted"
@@ -1040,6 +1147,9 @@ impl Injector {
     /// that moment.
     async fn recovered(&mut self, violations: &mut Vec<Violation>) -> Result<Instant> {
         if let Some(t) = self.gc_outage.take() {
+            t.await??;
+        }
+        if let Some(t) = self.registry_outage.take() {
             t.await??;
         }
         self.restart_exited(violations).await?;
@@ -1079,6 +1189,46 @@ impl Injector {
         }
         Ok(())
     }
+}
+
+/// Gives every Widget a new value; returns how many.
+async fn edit_all(api: &Api<DynamicObject>, rng: &mut Rng) -> Result<usize> {
+    let names: Vec<String> = api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|w| w.metadata.name)
+        .collect();
+    for name in &names {
+        api.patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"value": rng.token()}})),
+        )
+        .await?;
+    }
+    Ok(names.len())
+}
+
+/// `wasmop push FILE oci://<registry>/wasmop/good:live`, through the real
+/// command line.
+async fn push(registry: &Registry, file: &std::path::Path) -> Result<()> {
+    use clap::Parser;
+    let argv = [
+        "wasmop".to_owned(),
+        "push".to_owned(),
+        file.display().to_string(),
+        format!("oci://{}/{OCI_REFERENCE}", registry.host),
+        "--insecure-registry".to_owned(),
+        registry.host.clone(),
+    ];
+    let cli = wasmop::cli::Cli::try_parse_from(&argv)?;
+    let code = tokio::task::spawn_blocking(move || wasmop::cli::execute(cli)).await??;
+    if code != std::process::ExitCode::SUCCESS {
+        bail!("wasmop push {} failed", file.display());
+    }
+    Ok(())
 }
 
 /// Lists the ConfigMaps of `namespaces` as the checks see them.
@@ -1176,6 +1326,13 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
         "chaos soak: seed {} (replay with WASMOP_CHAOS_SEED={}), {:?} of faults every ~{:?}",
         config.seed, config.seed, config.duration, config.fault_every
     );
+    if !config
+        .faults
+        .iter()
+        .any(|k| config.oci || *k != FaultKind::RegistryStopped)
+    {
+        bail!("no fault to draw: {:?} without a registry", config.faults);
+    }
     let mut rng = Rng::new(config.seed);
     let ns = TestNamespace::new("chaos").await?;
     let elsewhere = TestNamespace::new("chaos-elsewhere").await?;
@@ -1219,21 +1376,44 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
     let plugins = work.0.join("plugins");
     std::fs::create_dir_all(&plugins)?;
     install(&plugin_path("good")?, &plugins.join("good.wasm"))?;
+    let registry = if config.oci {
+        let registry = Registry::start().await?;
+        push(&registry, &plugin_path("good")?).await?;
+        Some(registry)
+    } else {
+        None
+    };
+    eprintln!(
+        "chaos soak: the plugin comes from {}",
+        match &registry {
+            Some(r) => format!("oci://{}/{OCI_REFERENCE}", r.host),
+            None => format!("the directory {}", plugins.display()),
+        }
+    );
     let mut injector = Injector {
         client: client.clone(),
         rng: Rng::new(rng.next_u64()),
         replicas: Replicas {
             bin: config.wasmop_bin.clone(),
             plugins,
+            registry: registry.as_ref().map(|r| r.host.clone()),
             work: work.0.clone(),
             namespace: ns.name.clone(),
             slots: vec![None, None],
             starts: 0,
         },
+        kinds: config
+            .faults
+            .iter()
+            .copied()
+            .filter(|k| config.oci || *k != FaultKind::RegistryStopped)
+            .collect(),
         deck: Vec::new(),
         active_version: 0,
         next_crash_index: 0,
         gc_outage: None,
+        registry: registry.map(|r| Arc::new(tokio::sync::Mutex::new(r))),
+        registry_outage: None,
         widgets: widgets(&ns),
         started: begun,
     };
@@ -1294,8 +1474,13 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
     let mut spent = Duration::ZERO;
     let mut breached = false;
     let soak_result: Result<()> = async {
-        while spent < config.duration {
-            let window = config.quiet_every.min(config.duration - spent);
+        let windows = config
+            .duration
+            .as_millis()
+            .div_ceil(config.quiet_every.as_millis().max(1))
+            .max(1);
+        let window = config.duration / u32::try_from(windows).unwrap_or(u32::MAX);
+        for _ in 0..windows {
             let window_start = Instant::now();
             // Load, in a task of its own, until the window ends.
             let load_stop = Arc::new(AtomicBool::new(false));
@@ -1352,6 +1537,12 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
             };
             report.recoveries.push(recovered - fault_over);
             let since = recovered.max(*shared.last_op.lock().unwrap());
+            // Every Widget edited once more after recovery, so each
+            // convergence timed includes a reconcile made after it.
+            if !(config.breach == Breach::Every && report.quiet_points == 0) {
+                let edited = edit_all(&api, &mut rng).await?;
+                shared.ops.lock().unwrap().edited += edited;
+            }
             report.quiet_points += 1;
             let deadline = if config.breach == Breach::Every {
                 Duration::from_secs(8)
@@ -1453,6 +1644,9 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
     injector.replicas.kill(0).await?;
     injector.replicas.kill(1).await?;
     if let Some(t) = injector.gc_outage.take() {
+        t.await??;
+    }
+    if let Some(t) = injector.registry_outage.take() {
         t.await??;
     }
     soak_result?;

@@ -16,6 +16,7 @@ pub struct Registry {
     /// `127.0.0.1:PORT`.
     pub host: String,
     dir: PathBuf,
+    bin: PathBuf,
     child: Option<Child>,
 }
 
@@ -54,22 +55,44 @@ impl Registry {
             dir.join("data").display()
         );
         std::fs::write(dir.join("config.yml"), config)?;
-        let log = std::fs::File::create(dir.join("registry.log"))?;
-        let child = Command::new(&bin)
+        let mut registry = Self {
+            host,
+            dir,
+            bin,
+            child: None,
+        };
+        registry.serve()?;
+        registry.wait_up().await?;
+        Ok(registry)
+    }
+
+    fn serve(&mut self) -> Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("registry.log"))?;
+        let child = Command::new(&self.bin)
             .arg("serve")
-            .arg(dir.join("config.yml"))
+            .arg(self.dir.join("config.yml"))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        let mut registry = Self {
-            host,
-            dir,
-            child: Some(child),
-        };
-        registry.wait_up().await?;
-        Ok(registry)
+            .with_context(|| format!("starting {}", self.bin.display()))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Starts a stopped registry again on the same address with the same
+    /// storage; returns once it answers.
+    ///
+    /// # Errors
+    /// When it does not come up.
+    pub async fn restart(&mut self) -> Result<()> {
+        if self.child.is_none() {
+            self.serve()?;
+        }
+        self.wait_up().await
     }
 
     async fn wait_up(&mut self) -> Result<()> {

@@ -6,7 +6,8 @@
 //! 5 s of recovery at every quiet point.
 //!
 //! Two soaks: a fixed seed and a random one, both printed (replay one with
-//! `WASMOP_CHAOS_SEED=<seed>`, which then runs alone). And a soak that
+//! `WASMOP_CHAOS_SEED=<seed>`, which then runs alone; `WASMOP_CHAOS_FAULTS`
+//! narrows the kinds of fault, e.g. `KillLeader,CrashBeforeWrite`). And a soak that
 //! breaks every invariant itself, to show each check fails when it should.
 //!
 //! The soaks stop and freeze the cluster's components, so they live in a
@@ -19,7 +20,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use wasmop_tests::chaos::{
-    Breach, Invariant, Report, SoakConfig, random_seed, seed_from_env, soak,
+    Breach, Invariant, Report, SoakConfig, faults_from_env, random_seed, seed_from_env, soak,
 };
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -31,13 +32,15 @@ fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_wasmop-under-test"))
 }
 
-/// A short soak: 45 s of faults every ~6 s, a quiet point after 22 s.
-fn short(seed: u64) -> SoakConfig {
-    SoakConfig {
+/// A short soak: 45 s of faults every ~6 s, a quiet point after 22 s;
+/// `WASMOP_CHAOS_FAULTS` may narrow the kinds of fault.
+fn short(seed: u64) -> Result<SoakConfig> {
+    Ok(SoakConfig {
+        faults: faults_from_env()?,
         fault_every: Duration::from_secs(6),
         quiet_every: Duration::from_secs(22),
         ..SoakConfig::new(seed, Duration::from_secs(45), bin())
-    }
+    })
 }
 
 fn assert_clean(report: &Report) {
@@ -67,7 +70,7 @@ async fn short_soak_a_fixed_seed_and_a_random_one() -> Result<()> {
     };
     eprintln!("chaos soak seeds: {seeds:?}");
     for seed in seeds {
-        let report = soak(short(seed)).await?;
+        let report = soak(short(seed)?).await?;
         assert_clean(&report);
     }
     Ok(())

@@ -1,0 +1,81 @@
+//! The long chaos soak (`wasmop_tests::chaos`), one run: `tests/chaos-soak.sh`
+//! builds what it needs, starts the local control plane and runs this.
+//!
+//! usage: chaos-soak [--minutes N] [--seed SEED]
+//!
+//! `--minutes` (default 30) of faults every ~10 s with a quiet point every
+//! minute; the seed defaults to `$WASMOP_CHAOS_SEED`, else a random one
+//! (printed either way); `WASMOP_CHAOS_FAULTS` narrows the kinds of fault.
+//! Prints the figures (faults survived, operations, convergence, anything
+//! lost or touched) and exits 1 when an invariant broke. The replicas run
+//! `wasmop-under-test`, which cargo builds next to this binary.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use wasmop_tests::chaos::{SoakConfig, faults_from_env, random_seed, seed_from_env, soak};
+
+fn parse() -> Result<(u64, Option<u64>)> {
+    let mut minutes = 30;
+    let mut seed = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = || args.next().with_context(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--minutes" => minutes = value()?.parse().context("--minutes")?,
+            "--seed" => seed = Some(value()?.parse().context("--seed")?),
+            other => {
+                bail!("unknown argument {other:?}; usage: chaos-soak [--minutes N] [--seed SEED]")
+            }
+        }
+    }
+    Ok((minutes, seed))
+}
+
+async fn run() -> Result<bool> {
+    let (minutes, seed) = parse()?;
+    let seed = match seed {
+        Some(s) => s,
+        None => seed_from_env()?.unwrap_or_else(random_seed),
+    };
+    let bin = std::env::current_exe()?
+        .parent()
+        .context("the binary's directory")?
+        .join("wasmop-under-test");
+    if !bin.is_file() {
+        bail!(
+            "{} not found: build it with `cargo build -p wasmop-tests --bins`",
+            bin.display()
+        );
+    }
+    let config = SoakConfig {
+        faults: faults_from_env()?,
+        ..SoakConfig::new(seed, Duration::from_secs(minutes * 60), bin)
+    };
+    let report = soak(config).await?;
+    println!("{}", report.summary());
+    Ok(report.violations.is_empty())
+}
+
+fn main() -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("chaos-soak: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run()) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("chaos-soak: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
