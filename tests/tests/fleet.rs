@@ -411,9 +411,10 @@ async fn upstream_samples_are_accepted_except_those_with_qualification() -> Resu
     Ok(())
 }
 
-/// The CRD refuses changes to fixed fields, reserved env names and
-/// reserved or oversized Ingress annotations, and accepts changes to the
-/// mutable tuning.
+/// The CRD refuses changes to fixed fields, reserved env names,
+/// reserved or oversized Ingress annotations and a telemetry collector
+/// CIDR wider than one address, and accepts changes to the mutable tuning
+/// and a /32 or /128 collector.
 #[tokio::test]
 async fn admission_refuses_fixed_fields_and_reserved_env() -> Result<()> {
     fn ingress_annotations(annotations: Value) -> Value {
@@ -422,6 +423,9 @@ async fn admission_refuses_fixed_fields_and_reserved_env() -> Result<()> {
             "ingress": {"className": "nginx", "annotations": annotations},
             "source": {"namespace": "edge", "podLabels": {"app": "gw"}},
         }})
+    }
+    fn collector(cidr: &str) -> Value {
+        json!({"telemetry": {"collectorURL": "http://otel.example:4317", "egress": {"cidr": cidr}}})
     }
     let ns = TestNamespace::new("fleet-admission").await?;
     apply_project_crds(&ns.client).await?;
@@ -461,6 +465,12 @@ async fn admission_refuses_fixed_fields_and_reserved_env() -> Result<()> {
             ingress_annotations(json!({"example.com/big": "x".repeat(4097)})),
             "must not exceed 4096 bytes",
         ),
+        (
+            collector("10.0.0.0/8"),
+            "telemetry.egress.cidr must be one IP address: /32 (IPv4) or /128 (IPv6)",
+        ),
+        (collector("fd00::/64"), "must be one IP address"),
+        (collector("10.1.2.3"), "must be one IP address"),
     ] {
         let err = patch_spec(&ns, "f", patch.clone())
             .await
@@ -479,6 +489,12 @@ async fn admission_refuses_fixed_fields_and_reserved_env() -> Result<()> {
     )
     .await
     .context("mutable tuning is accepted")?;
+    for one in ["10.1.2.3/32", "fd00::7/128"] {
+        let f = patch_spec(&ns, "f", collector(one))
+            .await
+            .with_context(|| format!("collector cidr {one} refused"))?;
+        assert_eq!(f.data["spec"]["telemetry"]["egress"]["cidr"], one);
+    }
     Ok(())
 }
 
@@ -1613,6 +1629,20 @@ fn strict(policy: &DynamicObject) -> bool {
     !policy.data["spec"]["rules"][0]["from"].is_null()
 }
 
+/// The mesh objects of a fleet some of whose members run no proxy: the
+/// peer rule requires no identity and PeerAuthentication makes 8081
+/// PERMISSIVE.
+fn permissive(ap: Option<&DynamicObject>, pa: Option<&DynamicObject>) -> bool {
+    ap.is_some_and(|ap| {
+        !strict(ap) && ap.data["spec"]["rules"][0]["to"][0]["operation"]["ports"] == json!(["8081"])
+    }) && pa.is_some_and(|pa| {
+        pa.data["spec"]["portLevelMtls"] == json!({"8081": {"mode": "PERMISSIVE"}})
+    })
+}
+
+/// A finalizer the mesh test puts on a member Pod to keep it Terminating.
+const HOLD_FINALIZER: &str = "test.wasmop.dev/hold";
+
 /// The fleet NetworkPolicy has istiod egress.
 async fn istiod_egress(ns: &TestNamespace, name: &str) -> Result<bool> {
     let np = ns.api::<NetworkPolicy>().get(name).await?;
@@ -1685,9 +1715,9 @@ fn mesh_monitor(
                 let proxies: Vec<(String, bool)> =
                     members.iter().map(|p| (p.name_any(), proxied(p))).collect();
                 return Ok(Some(format!(
-                    "policy {:?}, peer authentication present: {}, members (name, proxied): {proxies:?}",
+                    "policy {:?}, peer authentication {:?}, members (name, proxied): {proxies:?}",
                     ap.map(|a| a.data["spec"].clone()),
-                    pa.is_some()
+                    pa.map(|p| p.data["spec"].clone())
                 )));
             }
             // Sampling period of a monitor, not synchronisation.
@@ -1705,8 +1735,10 @@ fn mesh_monitor(
 /// keeps PeerAuthentication `F-mesh` (port 8081 PERMISSIVE) and an
 /// identity-free peer rule until every member Pod runs a proxy, then makes
 /// the rule strict and deletes the PeerAuthentication. On departure the
-/// template disables injection, istiod egress and the policy stay while any
-/// proxy runs, and both mesh objects go after the last. A same-named policy
+/// template disables injection; istiod egress, the PeerAuthentication and
+/// the identity-free peer rule are back while any proxy runs (a member held
+/// Terminating by the test keeps one), and both mesh objects go after the
+/// last. A same-named policy
 /// another owner holds is InfrastructureBlocked.
 ///
 /// Istio's CRDs are cluster-wide: this is the only test that installs or
@@ -1836,25 +1868,81 @@ async fn mesh_join_and_departure_follow_the_proxies() -> Result<()> {
     );
     assert!(injector.injected() >= 2, "the injector gave the proxies");
 
-    // Departure: injection off, policy and istiod egress kept while a proxy
-    // runs, both mesh objects gone after the last one.
-    let (stop, monitor) = mesh_monitor(&ns, &uid, |ap, _pa, pods| {
-        ap.is_some() || pods.iter().all(|p| !proxied(p))
+    // Departure: injection off; while any member still runs a proxy, a
+    // member without one talks plaintext peer RPC to it, so 8081 must be
+    // PERMISSIVE and the peer rule identity-free whenever proxied and
+    // unproxied members coexist (the monitor checks every sample); both
+    // mesh objects go after the last proxy. One proxied member is held
+    // Terminating by a finalizer of the test, so that mixed state lasts
+    // until the test has looked at it.
+    let (stop, monitor) = mesh_monitor(&ns, &uid, |ap, pa, pods| {
+        let mixed = pods.iter().any(proxied) && !pods.iter().all(proxied);
+        !mixed || permissive(ap, pa)
     });
-    patch_spec(&ns, "mf", json!({"mesh": null})).await?;
-    wait_for("every member without a proxy", DEADLINE, || {
-        let ns = &ns;
-        let uid = uid.clone();
-        async move {
-            let pods = member_pods(ns, &uid).await?;
-            Ok((!pods.is_empty() && pods.iter().all(|p| !proxied(p))).then_some(()))
-        }
-    })
+    let held = member_pods(&ns, &uid)
+        .await?
+        .into_iter()
+        .find(proxied)
+        .context("a proxied member")?
+        .name_any();
+    let pods = ns.api::<Pod>();
+    pods.patch(
+        &held,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": [HOLD_FINALIZER]}})),
+    )
     .await?;
+    patch_spec(&ns, "mf", json!({"mesh": null})).await?;
+    wait_for(
+        "every running member without a proxy, the held one terminating",
+        DEADLINE,
+        || {
+            let ns = &ns;
+            let uid = uid.clone();
+            let held = held.clone();
+            async move {
+                let pods = member_pods(ns, &uid).await?;
+                let (old, new): (Vec<&Pod>, Vec<&Pod>) =
+                    pods.iter().partition(|p| p.name_any() == held);
+                let done = old
+                    .first()
+                    .is_some_and(|p| p.metadata.deletion_timestamp.is_some())
+                    && new.len() >= 2
+                    && new.iter().all(|p| !proxied(p) && is_ready(p));
+                Ok(done.then_some(()))
+            }
+        },
+    )
+    .await?;
+    // The last proxy is still there: the mesh objects say so. (Read, then
+    // the held Pod let go, then asserted, so a failure leaves no finalizer.)
+    let ap = authorization_policies(&ns).get_opt("mf-mesh").await?;
+    let pa = peer_authentications(&ns).get_opt("mf-mesh").await?;
+    let egress = istiod_egress(&ns, "mf").await?;
+    pods.patch(
+        &held,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await?;
+    assert!(
+        permissive(ap.as_ref(), pa.as_ref()),
+        "a proxy still runs: 8081 PERMISSIVE and the peer rule identity-free; \
+         policy {:?}, peer authentication {:?}",
+        ap.map(|p| p.data["spec"].clone()),
+        pa.map(|p| p.data["spec"].clone())
+    );
+    assert_eq!(
+        ap.as_ref()
+            .map(|ap| &ap.data["spec"]["rules"][1]["to"][0]["operation"]["ports"]),
+        Some(&json!(["8080"])),
+        "8080 keeps the access it had during departure"
+    );
+    assert!(egress, "istiod egress kept while a proxy runs");
     wait_object(&authorization_policies(&ns), "mf-mesh", false, |_| true).await?;
     stop.store(true, Ordering::SeqCst);
     if let Some(broken) = monitor.await?? {
-        bail!("the mesh objects went while a member still had a proxy: {broken}");
+        bail!("peer traffic could be refused while members left the mesh: {broken}");
     }
     assert!(
         peer_authentications(&ns)

@@ -1,8 +1,8 @@
 //! The CelldFleet API as the plugin reads it (`crds/celld.eric.dev_celldfleets.yaml`).
 //!
 //! Only the fields the plugin acts on are typed; the rest of the spec
-//! (capacity, most of previews) is accepted by the CRD and carried
-//! through untouched. The fixed and tuning parts are also read as raw JSON
+//! (most of previews) is accepted by the CRD and carried through
+//! untouched. The fixed and tuning parts are also read as raw JSON
 //! ([`fixed_config`], [`tuning`]) so their hashes do not depend on which
 //! fields this crate happens to type.
 
@@ -102,6 +102,9 @@ pub struct FleetSpec {
     /// Preview pool configuration (raw; set once, immutable).
     #[serde(default)]
     pub previews: Option<Value>,
+    /// Capacity policy (raw): only `External` is served (see `validate`).
+    #[serde(default)]
+    pub capacity: Option<Value>,
 }
 
 /// `spec.mesh`.

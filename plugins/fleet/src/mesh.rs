@@ -7,7 +7,9 @@
 //!   `celld.eric.dev/istio-control-plane`) gets `inject: "false"`.
 //! - NetworkPolicy `F` gains egress to istiod (`app: istiod`) in the
 //!   control-plane namespace on TCP 15012, kept on departure until the last
-//!   proxy exits.
+//!   proxy exits. On departure the PeerAuthentication (8081 PERMISSIVE)
+//!   and the identity-free peer rule are applied again until then too: a
+//!   member already out of the mesh talks plaintext to those still in it.
 //! - AuthorizationPolicy `F-mesh` (ALLOW): 8081 from the fleet's and the
 //!   operator's ServiceAccounts in any trust domain; 8080 from anyone with
 //!   `applicationAccess: AllowAll`. PeerAuthentication `F-mesh` keeps 8081
@@ -68,6 +70,23 @@ pub fn has_proxy(pod: &Value) -> bool {
             cs.iter()
                 .any(|c| named(c) && c["restartPolicy"] == "Always")
         })
+}
+
+/// The mesh settings of a fleet leaving the mesh: the spec no longer has
+/// them, so port 8080 keeps what the fleet's current AuthorizationPolicy
+/// allows (any caller when it has an 8080 rule or there is no policy).
+pub fn departing(policy: Option<&Value>, control_plane: Option<&str>) -> Istio {
+    let allow_all = policy.is_none_or(|p| {
+        p["spec"]["rules"].as_array().is_some_and(|rules| {
+            rules
+                .iter()
+                .any(|r| r["to"][0]["operation"]["ports"] == json!([APPLICATION_PORT.to_string()]))
+        })
+    });
+    Istio {
+        application_access: Some(if allow_all { "AllowAll" } else { "Policies" }.to_owned()),
+        control_plane_namespace: control_plane.map(str::to_owned),
+    }
 }
 
 /// The Pod-template labels and annotations of the mesh.

@@ -412,8 +412,9 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
     }
 
     // The mesh: every member Pod (terminating ones too) must run a proxy
-    // before the peer port goes strict; on departure istiod egress and the
-    // mesh objects stay until the last proxy has exited.
+    // before the peer port goes strict; on departure istiod egress, the
+    // PeerAuthentication and the identity-free peer rule are kept until the
+    // last proxy has exited.
     let istio = fleet.spec.istio().cloned();
     let any_proxy = observed.pods.iter().any(|p| mesh::has_proxy(p));
     let all_proxied = !observed.pods.is_empty() && observed.pods.iter().all(|p| mesh::has_proxy(p));
@@ -473,7 +474,21 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
                 plan = plan.delete_owned(o)?;
             }
         }
-        None => {}
+        None => {
+            // Departure: members without a proxy speak plaintext peer RPC
+            // to members that still run one, so 8081 stays PERMISSIVE and
+            // the peer rule identity-free until the last proxy has exited.
+            // Port 8080 keeps the access the policy had.
+            let departing = mesh::departing(
+                snapshot.owned_named("AuthorizationPolicy", &mesh_name),
+                recorded_plane.as_deref(),
+            );
+            plan = plan
+                .apply(mesh::authorization_policy(
+                    &fleet, &departing, &settings, false,
+                ))
+                .apply(mesh::peer_authentication(&fleet));
+        }
     }
     // Routing: its own condition; never touches the workload or the
     // reservation and never blocks them.

@@ -517,6 +517,64 @@ fn reserved_env_is_refused_and_nothing_changes() {
 }
 
 #[test]
+fn a_capacity_policy_other_than_external_is_refused_not_ignored() {
+    // `capacity: {}` is Shadow by the CRD's default.
+    for (capacity, mode) in [
+        (json!({"mode": "Shadow", "minReplicas": 3}), "Shadow"),
+        (json!({"mode": "ScaleOut"}), "ScaleOut"),
+        (json!({"mode": "Automatic"}), "Automatic"),
+        (json!({}), "Shadow"),
+    ] {
+        let mut primary = bucket_fleet();
+        primary["spec"]["capacity"] = capacity;
+        let plan = World::running(primary, 3).plan();
+        assert!(plan.apply.is_empty(), "{mode}: {:#?}", plan.apply);
+        assert!(plan.delete.is_empty());
+        let b = condition(&plan, "Blocked");
+        assert_eq!(b["reason"], "InvalidConfiguration");
+        let message = b["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("capacity.mode \"{mode}\" is not implemented"))
+                && message.contains("External"),
+            "{message}"
+        );
+    }
+    // External needs nothing from the operator (scaling goes through /scale).
+    let mut primary = bucket_fleet();
+    primary["spec"]["capacity"] = json!({"mode": "External"});
+    let plan = World::running(primary, 3).plan();
+    assert_eq!(condition(&plan, "Blocked")["status"], "False");
+    assert!(workload_of(&plan).is_some());
+}
+
+#[test]
+fn a_collector_cidr_wider_than_one_address_is_refused_past_admission() {
+    let telemetry = |cidr: &str| {
+        let mut primary = bucket_fleet();
+        primary["spec"]["telemetry"] =
+            json!({"collectorURL": "http://otel:4317", "egress": {"cidr": cidr}});
+        World::running(primary, 3).plan()
+    };
+    let plan = telemetry("10.0.0.0/8");
+    assert!(plan.apply.is_empty());
+    let b = condition(&plan, "Blocked");
+    assert_eq!(b["reason"], "InvalidConfiguration");
+    assert!(
+        b["message"]
+            .as_str()
+            .unwrap()
+            .contains("telemetry.egress.cidr \"10.0.0.0/8\" must be one address"),
+        "{b}"
+    );
+    for one in ["10.1.2.3/32", "fd00::7/128"] {
+        let plan = telemetry(one);
+        assert_eq!(condition(&plan, "Blocked")["status"], "False", "{one}");
+        let np = applied_named(&plan, "NetworkPolicy", "f").unwrap();
+        assert!(np.to_string().contains(one), "{one}: {np}");
+    }
+}
+
+#[test]
 fn a_fixed_field_changed_around_admission_is_refused() {
     let primary = bucket_fleet();
     let mut w = World::running(primary.clone(), 3);
@@ -1121,9 +1179,22 @@ fn mesh_departure_waits_for_the_last_proxy() {
     f["metadata"]["annotations"] = json!({"celld.eric.dev/istio-control-plane": "mesh-system"});
     let mut w = World::running(f, 2);
     w.pods[0] = with_proxy(w.pods[0].clone(), true);
+    // The policy as the joined fleet left it: strict, no PeerAuthentication.
+    let strict = {
+        let mut w = World::running(meshed(), 2);
+        w.pods = vec![
+            with_proxy(pod("f-abc-0", true), true),
+            with_proxy(pod("f-abc-1", true), true),
+        ];
+        applied_named(&w.plan(), "AuthorizationPolicy", "f-mesh")
+            .unwrap()
+            .clone()
+    };
+    assert!(strict["spec"]["rules"][0].get("from").is_some());
     let mut ap = routing_owned("AuthorizationPolicy", "security.istio.io/v1");
     ap["metadata"]["name"] = json!("f-mesh");
-    w.owned.push(ap);
+    ap["spec"] = strict["spec"].clone();
+    w.owned.push(ap.clone());
     let plan = w.plan();
     let np = applied_named(&plan, "NetworkPolicy", "f")
         .unwrap()
@@ -1133,15 +1204,49 @@ fn mesh_departure_waits_for_the_last_proxy() {
     let template =
         &applied_named(&plan, "Deployment", "f").unwrap()["spec"]["template"]["metadata"];
     assert_eq!(template["labels"]["sidecar.istio.io/inject"], "false");
+    // A member out of the mesh talks plaintext to one still in it: 8081
+    // PERMISSIVE and the peer rule without identities until the last proxy.
+    let pa = applied_named(&plan, "PeerAuthentication", "f-mesh").expect("peer authentication");
+    assert_eq!(pa["spec"]["portLevelMtls"]["8081"]["mode"], "PERMISSIVE");
+    let departing = applied_named(&plan, "AuthorizationPolicy", "f-mesh").expect("policy");
+    assert_eq!(
+        departing["spec"]["rules"][0],
+        json!({"to": [{"operation": {"ports": ["8081"]}}]})
+    );
+    assert_eq!(
+        departing["spec"]["rules"][1]["to"][0]["operation"]["ports"],
+        json!(["8080"]),
+        "8080 keeps the access it had"
+    );
+
+    // With `applicationAccess: Policies` before departure, 8080 stays closed.
+    let mut closed = ap.clone();
+    closed["spec"]["rules"] = json!([strict["spec"]["rules"][0].clone()]);
+    let mut w2 = World::running(w.primary.clone(), 2);
+    w2.pods[0] = with_proxy(w2.pods[0].clone(), false);
+    w2.owned.push(closed);
+    let plan = w2.plan();
+    let rules = &applied_named(&plan, "AuthorizationPolicy", "f-mesh").unwrap()["spec"]["rules"];
+    assert_eq!(
+        rules,
+        &json!([{"to": [{"operation": {"ports": ["8081"]}}]}])
+    );
+    assert!(applied_named(&plan, "PeerAuthentication", "f-mesh").is_some());
 
     w.pods[0] = pod("f-abc-0", true);
+    let mut pa = routing_owned("PeerAuthentication", "security.istio.io/v1");
+    pa["metadata"]["name"] = json!("f-mesh");
+    w.owned.push(pa);
     let plan = w.plan();
     let np = applied_named(&plan, "NetworkPolicy", "f")
         .unwrap()
         .to_string();
     assert!(!np.contains("15012"), "{np}");
-    assert_eq!(plan.delete.len(), 1);
-    assert_eq!(plan.delete[0].target.kind, "AuthorizationPolicy");
+    assert!(applied_named(&plan, "AuthorizationPolicy", "f-mesh").is_none());
+    assert!(applied_named(&plan, "PeerAuthentication", "f-mesh").is_none());
+    let mut deleted: Vec<_> = plan.delete.iter().map(|d| d.target.kind.clone()).collect();
+    deleted.sort();
+    assert_eq!(deleted, ["AuthorizationPolicy", "PeerAuthentication"]);
 }
 
 #[test]

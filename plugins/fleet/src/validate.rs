@@ -120,6 +120,26 @@ pub fn problems(spec: &FleetSpec) -> Vec<String> {
             }
         }
     }
+    if let Some(capacity) = &spec.capacity {
+        // The CRD defaults the mode to Shadow.
+        let mode = capacity["mode"].as_str().unwrap_or("Shadow");
+        if mode != "External" {
+            out.push(format!(
+                "capacity.mode {mode:?} is not implemented by this operator (only External, \
+                 scaling through /scale); remove spec.capacity or set capacity.mode: External"
+            ));
+        }
+    }
+    if let Some(cidr) = spec
+        .telemetry
+        .as_ref()
+        .and_then(|t| t.egress.cidr.as_deref())
+        && !single_address(cidr)
+    {
+        out.push(format!(
+            "telemetry.egress.cidr {cidr:?} must be one address (/32 or /128)"
+        ));
+    }
     if let Some(export) = &spec.export {
         let kafka = export.sink.as_deref() == Some("Kafka");
         if kafka != export.kafka.is_some() {
@@ -127,6 +147,15 @@ pub fn problems(spec: &FleetSpec) -> Vec<String> {
         }
     }
     out
+}
+
+/// True for a CIDR naming one address: IPv4 `/32` or IPv6 `/128`.
+pub fn single_address(cidr: &str) -> bool {
+    match cidr.split_once('/') {
+        Some((ip, "32")) => ip.parse::<std::net::Ipv4Addr>().is_ok(),
+        Some((ip, "128")) => ip.parse::<std::net::Ipv6Addr>().is_ok(),
+        _ => false,
+    }
 }
 
 #[cfg(test)]
@@ -164,5 +193,24 @@ mod tests {
         assert!(env_name_problem("OTEL_X").is_some());
         assert!(env_name_problem("CELLD_lower").is_some());
         assert!(env_name_problem("CELLD_").is_some());
+    }
+
+    #[test]
+    fn single_addresses() {
+        for ok in ["10.1.2.3/32", "fd00::7/128", "::1/128"] {
+            assert!(single_address(ok), "{ok}");
+        }
+        for bad in [
+            "10.0.0.0/8",
+            "10.1.2.3",
+            "10.1.2.3/31",
+            "fd00::/64",
+            "10.1.2.3/128",
+            "fd00::7/32",
+            "host/32",
+            "",
+        ] {
+            assert!(!single_address(bad), "{bad}");
+        }
     }
 }
