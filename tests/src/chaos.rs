@@ -10,8 +10,8 @@
 //! garbage collection meanwhile), a hot swap of the plugin (`good` ↔
 //! `good-v2`, or the same plugin written again), a crash of the leader
 //! right before write N of a plan (the host's test-only failpoint,
-//! `host/src/execute/failpoint.rs`), N cycling over every write index of
-//! the plugin's plans, and, when the plugin comes from a local OCI
+//! `host/src/execute/failpoint.rs`), at every write index of the plugin's
+//! plans in turn, and, when the plugin comes from a local OCI
 //! registry (`oci://`, odd seeds; a hot swap is then a push to its tag),
 //! the registry stopped for 20 s in the background. Faults come every `fault_every` (±25 %), drawn from
 //! a shuffled deck of every kind so each comes up once per deck; a
@@ -94,7 +94,7 @@ pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// Name of the replicas' Lease.
 const LEASE: &str = "wasmop-chaos";
 /// Writes of a `good` plan: the ConfigMap, the status.
-const GOOD_WRITES: usize = 2;
+pub const GOOD_WRITES: usize = 2;
 
 /// Deterministic random numbers from the seed (splitmix64).
 #[derive(Debug, Clone)]
@@ -204,7 +204,9 @@ pub enum FaultKind {
     GcStopped,
     /// The plugin file rewritten: the other version, or the same bytes.
     HotSwap,
-    /// The leader aborts right before write N of its next plan.
+    /// The leader aborts right before write N of its next plan, for
+    /// every N in turn (each time the replica is started again and the
+    /// next leader armed).
     CrashBeforeWrite,
     /// The OCI registry the plugin comes from stopped for
     /// [`REGISTRY_OUTAGE`] (soaks that deliver it by `oci://` only).
@@ -923,7 +925,6 @@ struct Injector {
     kinds: Vec<FaultKind>,
     deck: Vec<FaultKind>,
     active_version: usize,
-    next_crash_index: usize,
     gc_outage: Option<tokio::task::JoinHandle<Result<()>>>,
     registry: Option<Arc<tokio::sync::Mutex<Registry>>>,
     registry_outage: Option<tokio::task::JoinHandle<Result<()>>>,
@@ -1068,76 +1069,12 @@ impl Injector {
                 }
             },
             FaultKind::CrashBeforeWrite => {
-                let index = self.next_crash_index;
-                // Armed on the leader: wait for one after an earlier fault.
-                let mut leader = None;
-                let deadline = Instant::now() + Duration::from_secs(30);
-                while leader.is_none() && Instant::now() < deadline {
-                    leader = self.replicas.leader(&self.client).await;
-                    if leader.is_none() {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
+                // Every write index of the plan, one crash each.
+                let mut done = Vec::new();
+                for index in 0..GOOD_WRITES {
+                    done.push(self.crash_before_write(index, report).await?);
                 }
-                let Some(slot) = leader else {
-                    return Ok("crash before a write: no live leader within 30 s, skipped".into());
-                };
-                std::fs::write(
-                    self.replicas.failpoint_file(slot),
-                    format!("abort-before-write:{index}"),
-                )?;
-                // A plan with every write: a new value for a Widget.
-                let names: Vec<String> = self
-                    .widgets
-                    .list(&ListParams::default())
-                    .await
-                    .map(|l| l.items)
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter_map(|w| w.metadata.name)
-                    .filter(|n| n.starts_with('w'))
-                    .collect();
-                if let Some(name) = names.get(self.rng.below(names.len() as u64) as usize) {
-                    let _ = self
-                        .widgets
-                        .patch(
-                            name,
-                            &PatchParams::default(),
-                            &Patch::Merge(json!({"spec": {"value": self.rng.token()}})),
-                        )
-                        .await;
-                }
-                let crashed = {
-                    let deadline = Instant::now() + Duration::from_secs(20);
-                    loop {
-                        if let Some(status) = self.replicas.exited_slot(slot) {
-                            break Some(status);
-                        }
-                        if Instant::now() > deadline {
-                            break None;
-                        }
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                };
-                let _ = std::fs::remove_file(self.replicas.failpoint_file(slot));
-                match crashed {
-                    Some(status) => {
-                        report.crashed_at_writes.insert(index);
-                        self.next_crash_index = (index + 1) % GOOD_WRITES;
-                        self.replicas.start(slot).await?;
-                        format!(
-                            "leader (replica {slot}) crashed before write {index} of a plan ({status}), restarted"
-                        )
-                    }
-                    None => {
-                        // The replica may have lost the Lease before any plan.
-                        if self.replicas.slots[slot].is_none() {
-                            self.replicas.start(slot).await?;
-                        }
-                        format!(
-                            "leader (replica {slot}) armed at write {index}: no plan reached it"
-                        )
-                    }
-                }
+                done.join("; ")
             }
         };
         Ok(detail)
@@ -1177,6 +1114,82 @@ impl Injector {
 }
 
 impl Injector {
+    /// Arms the leader's failpoint at write `index`, edits a Widget so a
+    /// plan makes every write, waits for the leader to abort, disarms it
+    /// and starts it again.
+    async fn crash_before_write(&mut self, index: usize, report: &mut Report) -> Result<String> {
+        // Armed on the leader: wait for one after an earlier fault (a
+        // crashed leader's Lease must expire first).
+        let mut leader = None;
+        let deadline = Instant::now() + Duration::from_secs(40);
+        while leader.is_none() && Instant::now() < deadline {
+            leader = self.replicas.leader(&self.client).await;
+            if leader.is_none() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        let Some(slot) = leader else {
+            return Ok(format!(
+                "crash before write {index}: no live leader within 40 s, skipped"
+            ));
+        };
+        std::fs::write(
+            self.replicas.failpoint_file(slot),
+            format!("abort-before-write:{index}"),
+        )?;
+        // A plan with every write: a new value for a Widget.
+        let names: Vec<String> = self
+            .widgets
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|w| w.metadata.name)
+            .filter(|n| n.starts_with('w'))
+            .collect();
+        if let Some(name) = names.get(self.rng.below(names.len() as u64) as usize) {
+            let _ = self
+                .widgets
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"value": self.rng.token()}})),
+                )
+                .await;
+        }
+        let crashed = {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                if let Some(status) = self.replicas.exited_slot(slot) {
+                    break Some(status);
+                }
+                if Instant::now() > deadline {
+                    break None;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        let _ = std::fs::remove_file(self.replicas.failpoint_file(slot));
+        Ok(match crashed {
+            Some(status) => {
+                report.crashed_at_writes.insert(index);
+                self.replicas.start(slot).await?;
+                format!(
+                    "leader (replica {slot}) crashed before write {index} of a plan ({status}), restarted"
+                )
+            }
+            None => {
+                if self.replicas.slots[slot].is_none() {
+                    self.replicas.start(slot).await?;
+                }
+                format!(
+                    "leader (replica {slot}) armed at write {index}: no plan reached it in 20 s"
+                )
+            }
+        })
+    }
+
     /// Starts again every replica that exited without the soak killing
     /// it, each a violation.
     async fn restart_exited(&mut self, violations: &mut Vec<Violation>) -> Result<()> {
@@ -1410,7 +1423,6 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
             .collect(),
         deck: Vec::new(),
         active_version: 0,
-        next_crash_index: 0,
         gc_outage: None,
         registry: registry.map(|r| Arc::new(tokio::sync::Mutex::new(r))),
         registry_outage: None,
