@@ -14,9 +14,11 @@
 #      dependency); scaffolds a plugin outside the workspace with
 #      `wasmop new`, builds it and checks its plan;
 #   5. waits for step 2, then starts the local control plane (tests/cluster/up.sh);
-#   6. runs the README's demo unattended (`deploy/run-local.sh --check`:
-#      the examples' primaries must all become Ready), which cleans up after
-#      itself; checks the deployment files (tests/deploy-check.sh:
+#   6. runs the README's demo unattended, as the operator's ServiceAccount
+#      under deploy/rbac.yaml (`deploy/run-local.sh --check --rbac`: every
+#      shipped plugin's example primaries must converge, no request may be
+#      forbidden, and the audit log's comparison of used and granted verbs
+#      is printed), which cleans up after itself; checks the deployment files (tests/deploy-check.sh:
 #      restricted Pod Security, RBAC drift, the Helm chart);
 #   7. runs `cargo test --workspace` — unit tests, golden plans and the
 #      integration tests against the control plane;
@@ -145,9 +147,9 @@ trap cleanup EXIT
 KUBECONFIG="$(bash tests/cluster/up.sh)"
 export KUBECONFIG
 
-step "the README's run command, unattended (deploy/run-local.sh --check)"
+step "the README's run command, unattended, as the operator's ServiceAccount under deploy/rbac.yaml (deploy/run-local.sh --check --rbac)"
 # On the fresh control plane, so its CRD handling meets CRDs just created.
-bash deploy/run-local.sh --check
+bash deploy/run-local.sh --check --rbac
 
 step "deployment files: Pod Security restricted, generated RBAC, Helm chart"
 bash tests/deploy-check.sh

@@ -146,7 +146,23 @@ start etcd "$ETCD_BIN/etcd" \
 wait_for etcd "etcd /health" 30 curl -fsS "http://127.0.0.1:$ETCD_PORT/health"
 
 # --- kube-apiserver ---------------------------------------------------------
+# Audit: the requests of the operator's ServiceAccount (wasmop/wasmop, what
+# deploy/rbac.yaml binds) at Metadata level, one JSON line each, and nothing
+# else, so the log costs nothing for the tests' admin traffic.
+# `deploy/run-local.sh --rbac` compares what the operator did with what
+# deploy/rbac.yaml grants.
+cat > "$D/audit-policy.yaml" <<'POLICY'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived, ResponseStarted]
+rules:
+- level: Metadata
+  users: ["system:serviceaccount:wasmop:wasmop"]
+- level: None
+POLICY
 start kube-apiserver "$K8S_BIN/kube-apiserver" \
+  --audit-policy-file="$D/audit-policy.yaml" --audit-log-path="$D/logs/audit.log" \
+  --audit-log-format=json --audit-log-maxsize=100 --audit-log-maxbackup=1 \
   --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
   --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$API_PORT" \
   --cert-dir="$pki" --tls-cert-file="$pki/serving.crt" --tls-private-key-file="$pki/serving.key" \
