@@ -944,6 +944,72 @@ async fn drift_on_the_server_is_reverted_by_the_resync() -> Result<()> {
 }
 
 #[tokio::test]
+async fn observed_generation_advances_only_once_the_change_is_applied() -> Result<()> {
+    let env = env("team-observed", |_| {}).await?;
+    env.ready_server("terdut").await?;
+    let synced = env.team("platform", "Platform").await?;
+    let id = team_id(&synced);
+    let observed = |o: &DynamicObject| o.data["status"]["observedGeneration"].as_i64();
+    assert_eq!(observed(&synced), synced.metadata.generation);
+    let first = synced.metadata.generation.expect("generation");
+    env.standin.with(|s| {
+        s.controls.fail.push(terdut_standin::FailRule {
+            method: Some("PUT".into()),
+            path_prefix: format!("/api/teams/{id}"),
+            status: 500,
+            remaining: None,
+        });
+    });
+    patch_spec(
+        &env.k.teams,
+        "platform",
+        json!({"displayName": "Platform 2"}),
+    )
+    .await?;
+    let syncing = wait_condition(
+        &env.k.teams,
+        "platform",
+        "Ready",
+        "False",
+        Some("Syncing"),
+        DEADLINE,
+    )
+    .await?;
+    assert!(syncing.metadata.generation > Some(first));
+    assert_eq!(
+        observed(&syncing),
+        Some(first),
+        "not applied: still the old generation"
+    );
+    // The host's own condition says it reconciled the new generation.
+    let reconciled = condition(&syncing, "Reconciled");
+    assert_eq!(
+        reconciled["observedGeneration"].as_i64(),
+        syncing.metadata.generation
+    );
+
+    env.standin.with(|s| s.controls.fail.clear());
+    wait_for(
+        "observedGeneration at the new generation",
+        DEADLINE,
+        || async {
+            let t = env.k.teams.get("platform").await?;
+            if observed(&t) == t.metadata.generation && t.metadata.generation > Some(first) {
+                Ok(Some(()))
+            } else {
+                bail!("observedGeneration {:?}", observed(&t))
+            }
+        },
+    )
+    .await?;
+    assert!(
+        env.standin
+            .with(|s| s.teams.get(&id).is_some_and(|t| t.name == "Platform 2"))
+    );
+    Ok(())
+}
+
+#[tokio::test]
 async fn an_unreachable_server_holds_the_finalizer_with_degraded() -> Result<()> {
     let env = env("team-unreachable", |_| {}).await?;
     env.ready_server("terdut").await?;

@@ -26,7 +26,9 @@
 //!   its own but the finalizer and the unasked creates before it; its
 //!   retry reads the object and refuses the plan.
 //! - One status write per reconcile, only when the status changed, with
-//!   `observedGeneration` and the host's `Reconciled` condition, whose
+//!   `observedGeneration` (the generation; kept as it was when the plan
+//!   says `holdObservedGeneration`: not applied yet) and the host's
+//!   `Reconciled` condition, whose
 //!   message names the plugin version that reconciled (`reconciled by
 //!   plugin <plugin> <version> <digest>`): a new version costs one status
 //!   write, an unchanged one none.
@@ -525,9 +527,7 @@ async fn writes(
     if !status.is_object() {
         status = json!({});
     }
-    if let Some(g) = primary["metadata"]["generation"].as_i64() {
-        status["observedGeneration"] = json!(g);
-    }
+    observed_generation(&mut status, &primary, plan.hold_observed_generation);
     // A plugin that writes its own conditions list without ours must not
     // reset our condition's lastTransitionTime on every pass.
     conditions::carry_over(&mut status, &primary["status"], RECONCILED_CONDITION);
@@ -664,10 +664,52 @@ fn follow_version(primary: &mut Value, updated: &Value) {
     }
 }
 
+/// Sets `status.observedGeneration` to the primary's generation; with
+/// `hold` (the plan's `holdObservedGeneration`: not applied yet) to what the
+/// primary's status has instead, absent when it has none, whatever the
+/// plugin's status said.
+fn observed_generation(status: &mut Value, primary: &Value, hold: bool) {
+    let Some(g) = primary["metadata"]["generation"].as_i64() else {
+        return;
+    };
+    if !hold {
+        status["observedGeneration"] = json!(g);
+        return;
+    }
+    let Some(status) = status.as_object_mut() else {
+        return;
+    };
+    match primary["status"].get("observedGeneration") {
+        Some(kept) => status.insert("observedGeneration".into(), kept.clone()),
+        None => status.remove("observedGeneration"),
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::Mutex;
+
+    #[test]
+    fn observed_generation_is_held_only_when_the_plan_says_so() {
+        let primary = json!({"metadata": {"generation": 5}, "status": {"observedGeneration": 4}});
+        // Without the field (every plugin before it): the generation.
+        let mut status = json!({"phase": "Syncing"});
+        observed_generation(&mut status, &primary, false);
+        assert_eq!(status, json!({"phase": "Syncing", "observedGeneration": 5}));
+        // Held: what the primary had, whatever the plugin wrote.
+        let mut status = json!({"phase": "Syncing", "observedGeneration": 5});
+        observed_generation(&mut status, &primary, true);
+        assert_eq!(status, json!({"phase": "Syncing", "observedGeneration": 4}));
+        // Held with nothing observed yet: absent.
+        let fresh = json!({"metadata": {"generation": 1}});
+        let mut status = json!({"observedGeneration": 1});
+        observed_generation(&mut status, &fresh, true);
+        assert_eq!(status, json!({}));
+        // A plan read from JSON without the field holds nothing.
+        let plan: Plan = serde_json::from_str(r#"{"status": {}}"#).unwrap();
+        assert!(!plan.hold_observed_generation);
+    }
 
     /// Every report, in order.
     #[derive(Default)]

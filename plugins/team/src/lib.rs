@@ -141,7 +141,27 @@ impl Plugin for TeamPlugin {
                 "unknown controller {other:?}"
             ))),
         }?;
-        Ok(gate_posts(snapshot, plan))
+        Ok(hold_unless_applied(snapshot, gate_posts(snapshot, plan)))
+    }
+}
+
+/// `status.observedGeneration` means "applied" (§7): the host advances it
+/// only for a plan whose status says `Ready=True` and, where there is one,
+/// `Synced=True`; any other plan (syncing, waiting, failed, not permitted)
+/// keeps it where it was.
+pub fn hold_unless_applied(snapshot: &Snapshot, plan: Plan) -> Plan {
+    let status = plan.status.as_ref().unwrap_or(&snapshot.primary["status"]);
+    let cond = |type_: &str| {
+        status["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
+            .map(|c| c["status"] == "True")
+    };
+    let applied = cond("Ready") == Some(true) && cond("Synced") != Some(false);
+    if applied {
+        plan
+    } else {
+        plan.not_yet_applied()
     }
 }
 

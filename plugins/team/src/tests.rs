@@ -48,6 +48,7 @@ fn obs(id: &str, status: Option<u16>, body: serde_json::Value, age_ms: u64) -> O
         },
         observed_at: "2025-01-01T00:00:00Z".into(),
         age_ms,
+        outcome: None,
     }
 }
 
@@ -1176,4 +1177,36 @@ fn a_deleted_child_never_drops_its_row_silently() {
     .unwrap();
     assert!(plan.cleanup_complete);
     assert!(plan.events.is_empty());
+}
+
+#[test]
+fn observed_generation_advances_only_for_an_applied_plan() {
+    // A first pass (nothing bootstrapped): not applied.
+    let plan = run::<TeamPlugin>(&server().build()).unwrap();
+    assert!(plan.hold_observed_generation);
+    // A synced child: applied.
+    let spec = json!({"teamRef": {"name": "platform"}, "name": "w", "matcher": "a=b", "timeout": "15m", "severity": "critical"});
+    let status = json!({"teamID": 42, "switchID": 7, "applied": {"name": "w", "matcher": "a=b", "timeout": "15m", "severity": "critical"}});
+    let plan = run::<TeamPlugin>(
+        &child_of(
+            DEADMAN,
+            "TerdutDeadmanSwitch",
+            spec.clone(),
+            status.clone(),
+            Some(42),
+        )
+        .build(),
+    )
+    .unwrap();
+    assert_eq!(condition(&plan, "Synced")["status"], "True");
+    assert!(!plan.hold_observed_generation);
+    // Ready but not Synced (a rename the server cannot apply): not applied.
+    let mut renamed = spec;
+    renamed["name"] = json!("w2");
+    let plan = run::<TeamPlugin>(
+        &child_of(DEADMAN, "TerdutDeadmanSwitch", renamed, status, Some(42)).build(),
+    )
+    .unwrap();
+    assert_eq!(condition(&plan, "Ready")["status"], "True");
+    assert!(plan.hold_observed_generation);
 }

@@ -57,7 +57,8 @@ impl PrimaryObject for Value {
 ///
 /// JSON: `{"apply":[…],"delete":[…],"status":{…}|null,"primaryPatch":{…}|null,
 /// "events":[…],"requeueAfterMs":n|null,"cleanupComplete":bool,"httpRequests":[…],
-/// "gauges":[…]}` (`gauges` omitted when empty).
+/// "gauges":[…],"holdObservedGeneration":true}` (`gauges` omitted when
+/// empty, `holdObservedGeneration` when false).
 /// When read from JSON, missing fields take their empty values.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -93,6 +94,16 @@ pub struct Plan {
     /// when empty.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub objects: Vec<ObjectPlan>,
+    /// True when this plan has not yet applied the primary's current
+    /// generation (say, a change still being synced with an outside
+    /// system): the host then leaves `status.observedGeneration` as the
+    /// primary has it (absent stays absent; a value the plugin's `status`
+    /// sets is ignored) instead of setting it to `metadata.generation`. False,
+    /// the default and what a plan without the field means, sets it on
+    /// every clean pass, as before. JSON `holdObservedGeneration`, omitted
+    /// when false.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub hold_observed_generation: bool,
 }
 
 /// The plan for one primary inside a kind plan.
@@ -716,6 +727,22 @@ impl Plan {
     /// Declares cleanup complete: the host may remove the finalizer.
     pub fn cleanup_complete(mut self) -> Self {
         self.cleanup_complete = true;
+        self
+    }
+
+    /// Says the primary's current generation is not applied yet: the host
+    /// keeps `status.observedGeneration` where it was (see
+    /// [`Plan::hold_observed_generation`](Plan#structfield.hold_observed_generation)).
+    ///
+    /// ```
+    /// use wasmop_contract::Plan;
+    /// let plan = Plan::new().not_yet_applied();
+    /// assert!(plan.hold_observed_generation);
+    /// assert_eq!(serde_json::to_value(&plan).unwrap()["holdObservedGeneration"], true);
+    /// assert!(!serde_json::from_str::<Plan>("{}").unwrap().hold_observed_generation);
+    /// ```
+    pub fn not_yet_applied(mut self) -> Self {
+        self.hold_observed_generation = true;
         self
     }
 
