@@ -37,19 +37,22 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 step() { printf '\n==> %s\n' "$*"; }
 t0=$(date +%s)
 
-# Two tests need root: host/tests/swap.rs turns a swap file on for a moment
+# Three tests need root: host/tests/swap.rs turns a swap file on for a moment
 # (mkswap, swapon, swapoff: util-linux) to show that a call's memory is
-# reset even when swap took part of it, and host/tests/compaction.rs keeps
+# reset even when swap took part of it, host/tests/compaction.rs keeps
 # the kernel compacting memory (/proc/sys/vm/compact_memory) to show the
-# same while pages move. As root (CI) they run; as any other user they are
+# same while pages move, and tests/tests/image.rs runs the container
+# image's binary from its pulled layer as uid 65532 (chroot --userspec).
+# As root (CI) they run; as any other user they are
 # skipped, named here and in the closing line, and everything else runs.
 root_only=(
   pages_swapped_out_during_a_call_are_reset_too
   the_shipped_reset_holds_while_the_kernel_moves_pages
+  the_image_builds_reproducibly_and_its_binary_runs_as_65532_from_the_pulled_layer
 )
 skip_args=()
 if [[ $(id -u) != 0 ]]; then
-  echo "note: not running as root: skipping the ${#root_only[@]} tests that need it (${root_only[*]}: swapon, /proc/sys/vm/compact_memory); run as root to include them" >&2
+  echo "note: not running as root: skipping the ${#root_only[@]} tests that need it (${root_only[*]}: swapon, /proc/sys/vm/compact_memory, chroot); run as root to include them" >&2
   for t in "${root_only[@]}"; do skip_args+=(--skip "$t"); done
 else
   for tool in mkswap swapon swapoff; do
