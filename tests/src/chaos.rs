@@ -1,8 +1,11 @@
 //! The chaos soak: two real `wasmop run --leader-elect` replicas with the
-//! `good` test plugin (Widget → ConfigMap `<name>-cm`), Widgets created,
-//! edited, deleted and re-created under the same names, while faults drawn
-//! at random from a printed seed hit the replicas and the control plane;
-//! invariants checked all along and at every quiet point.
+//! `good` test plugin (Widget → ConfigMap `<name>-cm`) and the shipped
+//! `backup` plugin (EtcdBackup → Job, cluster-scoped primaries, the soak's
+//! namespace as its target namespace), Widgets created, edited, deleted and
+//! re-created under the same names, EtcdBackups created, deleted and
+//! re-created under the same names (`pvcName` is immutable: no edits),
+//! while faults drawn at random from a printed seed hit the replicas and the
+//! control plane; invariants checked all along and at every quiet point.
 //!
 //! Faults ([`FaultKind`]): SIGKILL of the leader or of the follower replica
 //! (restarted at once), kube-apiserver restarted or frozen, etcd restarted
@@ -21,18 +24,19 @@
 //! same script, not the same interleaving.
 //!
 //! Invariants ([`Invariant`]), each checked by [`Ledger`] from the
-//! ConfigMaps listed every 300 ms and at the end:
+//! ConfigMaps (and the `backup` plugin's Jobs) listed every 300 ms and at
+//! the end:
 //!
 //! - `Bystander`: objects the soak made before the operator started and
 //!   that no plan may touch — an unlabelled ConfigMap `<name>-cm` for each
 //!   Widget name `b<i>` the load creates and deletes, unrelated ConfigMaps
 //!   in the soak's namespace, and look-alikes (`w<i>-cm`) in a namespace
 //!   the operator does not watch — keep their UID and resourceVersion.
-//! - `UnexplainedDeletion`: a ConfigMap labelled
-//!   `app.kubernetes.io/managed-by=wasmop` disappears only when the Widget
+//! - `UnexplainedDeletion`: a ConfigMap or Job labelled
+//!   `app.kubernetes.io/managed-by=wasmop` disappears only when the primary
 //!   that controlled it (by UID) was deleted by the load (the garbage
-//!   collector, or the host collecting what it missed); `good` itself
-//!   never deletes.
+//!   collector, the host collecting what it missed, or the plugin's cleanup
+//!   under its finalizer); neither plugin deletes otherwise here.
 //! - `Ownership`: no two managed ConfigMaps have the same controller, and
 //!   none changes controller.
 //! - `Convergence`: at every quiet point (load paused, every fault over and
@@ -42,7 +46,10 @@
 //!   ConfigMap holds `spec.value`, controlled by it, and `Reconciled=True`
 //!   for its generation; or, for the `b<i>` Widgets whose ConfigMap is a
 //!   bystander, the documented `Reconciled=False` `PlanRejected` naming
-//!   that ConfigMap. Its distribution is reported.
+//!   that ConfigMap; every EtcdBackup `Reconciled=True` for its generation.
+//!   Its distribution is reported. At the end the soak's EtcdBackups are
+//!   deleted and must be gone within 60 s, and no managed object may be
+//!   left whose owner is gone.
 //!
 //! Recovery, the instant convergence is timed from: the API server answers
 //! `/readyz`, kube-controller-manager runs, both replicas run and answer
@@ -66,12 +73,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::Client;
 use kube::api::{
-    Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, Preconditions,
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+    Preconditions,
 };
+use kube::core::GroupVersionKind;
+use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -89,6 +99,11 @@ pub const GC_OUTAGE: Duration = Duration::from_secs(30);
 pub const REGISTRY_OUTAGE: Duration = Duration::from_secs(20);
 /// The plugin's repository and tag in the soak's registry.
 const OCI_REFERENCE: &str = "wasmop/good:live";
+/// The PVC the soak's EtcdBackups name (kwok binds it).
+const BACKUP_PVC: &str = "etcd-backup-pvc";
+/// Label on the soak's cluster-scoped objects (its EtcdBackups), valued
+/// with the soak's namespace.
+const CHAOS_LABEL: &str = "wasmop.dev/chaos";
 /// The label every object the host writes carries.
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// Name of the replicas' Lease.
@@ -263,6 +278,8 @@ impl std::fmt::Display for Violation {
 /// A ConfigMap as the checks see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Seen {
+    /// Kind (`ConfigMap`, `Job`).
+    pub kind: String,
     /// Namespace.
     pub namespace: String,
     /// Name.
@@ -282,8 +299,17 @@ pub struct Seen {
 impl Seen {
     /// The checks' view of `cm`.
     pub fn of(cm: &ConfigMap) -> Self {
-        let m = &cm.metadata;
+        Self::of_meta(
+            "ConfigMap",
+            &cm.metadata,
+            cm.data.as_ref().and_then(|d| d.get("value").cloned()),
+        )
+    }
+
+    /// The checks' view of an object of `kind` with metadata `m`.
+    pub fn of_meta(kind: &str, m: &kube::api::ObjectMeta, value: Option<String>) -> Self {
         Self {
+            kind: kind.to_owned(),
             namespace: m.namespace.clone().unwrap_or_default(),
             name: m.name.clone().unwrap_or_default(),
             uid: m.uid.clone().unwrap_or_default(),
@@ -299,12 +325,16 @@ impl Seen {
                 .as_ref()
                 .and_then(|l| l.get(MANAGED_BY))
                 .is_some_and(|v| v == "wasmop"),
-            value: cm.data.as_ref().and_then(|d| d.get("value").cloned()),
+            value,
         }
     }
 
     fn key(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
+        if self.kind == "ConfigMap" {
+            format!("{}/{}", self.namespace, self.name)
+        } else {
+            format!("{} {}/{}", self.kind, self.namespace, self.name)
+        }
     }
 }
 
@@ -401,7 +431,8 @@ impl Ledger {
                     format!("deleted {}", s.uid),
                     Invariant::UnexplainedDeletion,
                     format!(
-                        "managed ConfigMap {} (uid {}) was deleted while its owner {owner:?} was not",
+                        "managed {} {} (uid {}) was deleted while its owner {owner:?} was not",
+                        s.kind,
                         s.key(),
                         s.uid
                     ),
@@ -426,20 +457,23 @@ impl Ledger {
             }
             self.managed.insert(s.uid.clone(), (*s).clone());
         }
-        let mut by_owner: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        let mut by_owner: BTreeMap<(&str, &str), Vec<String>> = BTreeMap::new();
         for s in now.values() {
             if let Some(owner) = &s.controller {
-                by_owner.entry(owner).or_default().push(s.key());
+                by_owner
+                    .entry((owner, s.kind.as_str()))
+                    .or_default()
+                    .push(s.key());
             }
         }
-        for (owner, mut objs) in by_owner {
+        for ((owner, kind), mut objs) in by_owner {
             if objs.len() > 1 {
                 objs.sort();
                 self.report(
                     format!("duplicate {owner} {objs:?}"),
                     Invariant::Ownership,
                     format!(
-                        "{} managed ConfigMaps controlled by {owner}: {objs:?}",
+                        "{} managed {kind}s controlled by {owner}: {objs:?}",
                         objs.len()
                     ),
                 );
@@ -577,6 +611,10 @@ pub struct SoakConfig {
     /// are pushes to its tag) instead of a directory (hot swaps rewrite
     /// the file). Default: odd seeds.
     pub oci: bool,
+    /// Run the shipped `backup` plugin as well, with EtcdBackups created,
+    /// deleted and re-created under the same names (its Jobs checked like
+    /// the ConfigMaps). Default: true.
+    pub backup: bool,
 }
 
 impl SoakConfig {
@@ -593,6 +631,7 @@ impl SoakConfig {
             breach: Breach::None,
             faults: FaultKind::ALL.to_vec(),
             oci: seed % 2 == 1,
+            backup: true,
         }
     }
 }
@@ -685,7 +724,7 @@ impl Report {
         match Distribution::of(&self.convergence) {
             Some(d) => {
                 out += &format!(
-                    "convergence after recovery ({} Widget·quiet points): min {:.2?} median {:.2?} p90 {:.2?} max (worst) {:.2?}\n",
+                    "convergence after recovery ({} primary·quiet points): min {:.2?} median {:.2?} p90 {:.2?} max (worst) {:.2?}\n",
                     self.convergence.len(),
                     d.min,
                     d.median,
@@ -788,16 +827,19 @@ impl Replicas {
                 .join(format!("replica-{slot}-start-{}.log", self.starts)),
         )?;
         let mut cmd = tokio::process::Command::new(&self.bin);
-        cmd.arg("run").arg("--plugins");
-        match &self.registry {
-            Some(host) => cmd
+        cmd.arg("run").arg("--plugins").arg(&self.plugins);
+        if let Some(host) = &self.registry {
+            cmd.arg("--plugins")
                 .arg(format!("oci://{host}/{OCI_REFERENCE}"))
                 .args(["--insecure-registry", host])
                 .args(["--oci-poll-interval-ms", "500"])
                 .arg("--oci-cache")
-                .arg(self.work.join(format!("oci-cache-{slot}"))),
-            None => cmd.arg(&self.plugins),
-        };
+                .arg(self.work.join(format!("oci-cache-{slot}")));
+        }
+        let config = self.work.join("operator.yaml");
+        if config.is_file() {
+            cmd.arg("--config").arg(config);
+        }
         let child = cmd
             .arg("--kubeconfig")
             .arg(kubeconfig_path())
@@ -812,8 +854,6 @@ impl Replicas {
             .arg(format!("127.0.0.1:{port}"))
             .arg("--poll-interval-ms")
             .arg("500")
-            .arg("--compile-cache")
-            .arg(self.work.join("compiled"))
             .env_remove("POD_NAME")
             .env_remove("POD_NAMESPACE")
             .env(
@@ -1244,6 +1284,28 @@ async fn push(registry: &Registry, file: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
+/// Lists the Jobs of `namespace` as the checks see them.
+async fn list_jobs(client: &Client, namespace: &str) -> Result<Vec<Seen>> {
+    let api: Api<Job> = Api::namespaced(client.clone(), namespace);
+    Ok(api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|j| Seen::of_meta("Job", &j.metadata, None))
+        .collect())
+}
+
+/// Everything the checks look at: the ConfigMaps of `namespaces`, and the
+/// Jobs of the first (the `backup` plugin's target namespace) when `jobs`.
+async fn list_watched(client: &Client, namespaces: &[String], jobs: bool) -> Result<Vec<Seen>> {
+    let mut out = list_configmaps(client, namespaces).await?;
+    if jobs && let Some(ns) = namespaces.first() {
+        out.extend(list_jobs(client, ns).await?);
+    }
+    Ok(out)
+}
+
 /// Lists the ConfigMaps of `namespaces` as the checks see them.
 async fn list_configmaps(client: &Client, namespaces: &[String]) -> Result<Vec<Seen>> {
     let mut out = Vec::new();
@@ -1388,7 +1450,18 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
     let work = TempDir::new(&format!("chaos-{}", config.seed));
     let plugins = work.0.join("plugins");
     std::fs::create_dir_all(&plugins)?;
-    install(&plugin_path("good")?, &plugins.join("good.wasm"))?;
+    if !config.oci {
+        install(&plugin_path("good")?, &plugins.join("good.wasm"))?;
+    }
+    let backup_api = if config.backup {
+        setup_backup(&ns, &work.0, &plugins).await?;
+        Some((
+            etcd_backups(&client),
+            ListParams::default().labels(&format!("{CHAOS_LABEL}={}", ns.name)),
+        ))
+    } else {
+        None
+    };
     let registry = if config.oci {
         let registry = Registry::start().await?;
         push(&registry, &plugin_path("good")?).await?;
@@ -1451,9 +1524,10 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
             stop.clone(),
             watched.clone(),
         );
+        let jobs = backup_api.is_some();
         tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
-                if let Ok(seen) = list_configmaps(&client, &watched).await {
+                if let Ok(seen) = list_watched(&client, &watched, jobs).await {
                     let deleted = shared.deleted_owners.lock().unwrap().clone();
                     let found = shared
                         .ledger
@@ -1514,6 +1588,29 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
                     }
                 })
             };
+            let backup_load = backup_api.as_ref().map(|(api, _)| {
+                let (api, shared, load_stop, label) = (
+                    api.clone(),
+                    shared.clone(),
+                    load_stop.clone(),
+                    ns.name.clone(),
+                );
+                let names: Vec<String> = (0..4).map(|i| format!("{}-e{i}", ns.name)).collect();
+                let mut rng = Rng::new(rng.next_u64());
+                tokio::spawn(async move {
+                    while !load_stop.load(Ordering::SeqCst) {
+                        if backup_step(&api, &mut rng, &names, &label, &shared)
+                            .await
+                            .is_err()
+                        {
+                            shared.ops.lock().unwrap().failed += 1;
+                        }
+                        *shared.last_op.lock().unwrap() = Instant::now();
+                        // The load's pace, not a synchronisation.
+                        tokio::time::sleep(Duration::from_millis(500 + rng.below(1000))).await;
+                    }
+                })
+            });
             // Faults until the window ends.
             let mut next = window_start + injector.rng.jitter(config.fault_every) / 2;
             while next < window_start + window {
@@ -1535,6 +1632,9 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
             // The quiet point: load stopped, faults over, operator led.
             load_stop.store(true, Ordering::SeqCst);
             load.await?;
+            if let Some(l) = backup_load {
+                l.await?;
+            }
             let fault_over = Instant::now();
             let recovered = if config.breach == Breach::Every && !breached {
                 breached = true;
@@ -1561,7 +1661,15 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
             } else {
                 Duration::from_secs(60)
             };
-            let times = measure(&client, &ns, &blocked, since, deadline).await?;
+            let times = measure(
+                &client,
+                &ns,
+                &blocked,
+                backup_api.as_ref(),
+                since,
+                deadline,
+            )
+            .await?;
             for (name, took, state) in times {
                 match took {
                     Some(t) => {
@@ -1599,28 +1707,53 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
                 injector.recovered(&mut report.violations).await?;
             }
         }
-        // The end: whatever the garbage collector owes is collected.
+        // The end: the soak's EtcdBackups deleted while the replicas run
+        // (their finalizer's cleanup), then whatever the garbage collector
+        // owes is collected.
+        if let Some((api, lp)) = &backup_api {
+            for eb in api.list(lp).await?.items {
+                if let Some(uid) = eb.metadata.uid.clone() {
+                    shared.deleted_owners.lock().unwrap().insert(uid);
+                }
+                let _ = api.delete(&eb.name_any(), &DeleteParams::background()).await;
+            }
+            let gone = wait_for("the soak's EtcdBackups to be gone", Duration::from_secs(60), || async {
+                let left: Vec<String> = api.list(lp).await?.items.iter().map(|e| e.name_any()).collect();
+                if left.is_empty() { Ok(Some(())) } else { bail!("left: {left:?}") }
+            })
+            .await;
+            if let Err(e) = gone {
+                report.violations.push(Violation {
+                    invariant: Invariant::Convergence,
+                    detail: format!("{e:#}"),
+                });
+            }
+        }
         let owed = wait_for(
-            "every managed ConfigMap's owner to be alive",
+            "every managed object's owner to be alive",
             Duration::from_secs(60),
             || {
                 let (client, ns) = (client.clone(), ns.name.clone());
                 let api = api.clone();
+                let backups = backup_api.clone();
                 async move {
-                    let live: HashSet<String> = api
+                    let mut live: HashSet<String> = api
                         .list(&ListParams::default())
                         .await?
                         .items
                         .into_iter()
                         .filter_map(|w| w.metadata.uid)
                         .collect();
-                    let orphans: Vec<String> = list_configmaps(&client, &[ns])
+                    if let Some((api, lp)) = &backups {
+                        live.extend(api.list(lp).await?.items.into_iter().filter_map(|e| e.metadata.uid));
+                    }
+                    let orphans: Vec<String> = list_watched(&client, &[ns], backups.is_some())
                         .await?
                         .into_iter()
                         .filter(|s| {
                             s.managed && s.controller.as_ref().is_none_or(|o| !live.contains(o))
                         })
-                        .map(|s| s.name)
+                        .map(|s| s.key())
                         .collect();
                     if orphans.is_empty() {
                         Ok(Some(()))
@@ -1643,7 +1776,7 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
     stop.store(true, Ordering::SeqCst);
     observer.await?;
     // One last complete look.
-    let seen = list_configmaps(&client, &watched).await?;
+    let seen = list_watched(&client, &watched, backup_api.is_some()).await?;
     let deleted = shared.deleted_owners.lock().unwrap().clone();
     let mut ledger = std::mem::take(&mut *shared.ledger.lock().unwrap());
     ledger.observe(&watched, &seen, &deleted);
@@ -1655,6 +1788,21 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
     }
     injector.replicas.kill(0).await?;
     injector.replicas.kill(1).await?;
+    if let Some((api, lp)) = &backup_api {
+        // Cluster-scoped: nothing deletes them with the namespace. With
+        // the replicas gone, their finalizer goes too.
+        for eb in api.list(lp).await?.items {
+            let name = eb.name_any();
+            let _ = api
+                .patch(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                )
+                .await;
+            let _ = api.delete(&name, &DeleteParams::background()).await;
+        }
+    }
     if let Some(t) = injector.gc_outage.take() {
         t.await??;
     }
@@ -1672,6 +1820,41 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
     Ok(report)
 }
 
+/// The `backup` plugin in the replicas' plugin directory, its settings
+/// (target namespace: the soak's), its CRDs, and the PVC its backups name.
+async fn setup_backup(
+    ns: &TestNamespace,
+    work: &std::path::Path,
+    plugins: &std::path::Path,
+) -> Result<()> {
+    let crds = crate::repo_root().join("crds");
+    crate::apply_crd_files(
+        &ns.client,
+        &[
+            crds.join("operator.openshift.io_etcdbackups.yaml"),
+            crds.join("config.openshift.io_backups.yaml"),
+        ],
+    )
+    .await?;
+    install(&plugin_path("backup")?, &plugins.join("backup.wasm"))?;
+    std::fs::write(
+        work.join("operator.yaml"),
+        format!(
+            "plugins:\n  backup:\n    settings:\n      targetNamespace: {}\n      image: registry.invalid/etcd-backup-tools:chaos\n      nodeSelector: {{type: kwok}}\n",
+            ns.name
+        ),
+    )?;
+    let pvc: k8s_openapi::api::core::v1::PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": BACKUP_PVC},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }))?;
+    ns.api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>()
+        .create(&PostParams::default(), &pvc)
+        .await?;
+    Ok(())
+}
+
 /// Keeps a work directory past the soak (its logs explain a failure).
 fn keep(dir: TempDir) -> PathBuf {
     let path = dir.0.clone();
@@ -1685,6 +1868,7 @@ async fn measure(
     client: &Client,
     ns: &TestNamespace,
     blocked: &HashSet<String>,
+    backups: Option<&(Api<DynamicObject>, ListParams)>,
     since: Instant,
     deadline: Duration,
 ) -> Result<Vec<(String, Option<Duration>, String)>> {
@@ -1695,13 +1879,34 @@ async fn measure(
         let listed = async {
             let ws = api.list(&ListParams::default()).await?.items;
             let cms = list_configmaps(client, std::slice::from_ref(&ns.name)).await?;
-            anyhow::Ok((ws, cms))
+            let ebs = match backups {
+                Some((api, lp)) => api.list(lp).await?.items,
+                None => Vec::new(),
+            };
+            anyhow::Ok((ws, cms, ebs))
         }
         .await;
         let at = since.elapsed();
-        if let Ok((ws, cms)) = listed {
+        if let Ok((ws, cms, ebs)) = listed {
             let by_name: HashMap<&str, &Seen> = cms.iter().map(|c| (c.name.as_str(), c)).collect();
             behind.clear();
+            for eb in ebs {
+                let name = format!(
+                    "EtcdBackup/{}",
+                    eb.metadata.name.clone().unwrap_or_default()
+                );
+                if done.contains_key(&name) || eb.metadata.deletion_timestamp.is_some() {
+                    continue;
+                }
+                match reconciled_for_generation(&serde_json::to_value(&eb)?) {
+                    Ok(()) => {
+                        done.insert(name, at);
+                    }
+                    Err(why) => {
+                        behind.insert(name, why);
+                    }
+                }
+            }
             for w in ws {
                 let name = w.metadata.name.clone().unwrap_or_default();
                 if done.contains_key(&name) {
@@ -1733,6 +1938,92 @@ async fn measure(
         .collect();
     out.extend(behind.into_iter().map(|(n, why)| (n, None, why)));
     Ok(out)
+}
+
+/// `Ok` when the host's `Reconciled` condition of `obj` is True for its
+/// generation.
+///
+/// # Errors
+/// Why not.
+pub fn reconciled_for_generation(obj: &Value) -> Result<(), String> {
+    let generation = obj["metadata"]["generation"].as_i64();
+    let c = obj["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Reconciled"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    if c["status"] == "True"
+        && generation.is_some()
+        && c["observedGeneration"].as_i64() == generation
+    {
+        Ok(())
+    } else {
+        Err(format!("Reconciled for generation {generation:?}: {c}"))
+    }
+}
+
+/// The EtcdBackups of the `backup` plugin.
+fn etcd_backups(client: &Client) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("operator.openshift.io", "v1alpha1", "EtcdBackup");
+    Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(&gvk, "etcdbackups"),
+    )
+}
+
+/// The `backup` load: one operation on a random EtcdBackup of this soak
+/// (create; or delete, and sometimes create again at once: `pvcName` is
+/// immutable, so there are no edits).
+async fn backup_step(
+    api: &Api<DynamicObject>,
+    rng: &mut Rng,
+    names: &[String],
+    label: &str,
+    shared: &Shared,
+) -> Result<()> {
+    let name = &names[rng.below(names.len() as u64) as usize];
+    let create = || async {
+        let eb: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "operator.openshift.io/v1alpha1", "kind": "EtcdBackup",
+            "metadata": {"name": name, "labels": {CHAOS_LABEL: label}},
+            "spec": {"pvcName": BACKUP_PVC},
+        }))?;
+        api.create(&PostParams::default(), &eb).await?;
+        shared.ops.lock().unwrap().created += 1;
+        anyhow::Ok(())
+    };
+    match api.get_opt(name).await? {
+        None => create().await,
+        Some(eb) if eb.metadata.deletion_timestamp.is_some() => Ok(()),
+        Some(eb) => {
+            let uid = eb.metadata.uid.clone().unwrap_or_default();
+            shared.deleted_owners.lock().unwrap().insert(uid.clone());
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(uid.clone()),
+                    resource_version: None,
+                }),
+                ..DeleteParams::background()
+            };
+            match api.delete(name, &dp).await {
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    shared.deleted_owners.lock().unwrap().remove(&uid);
+                    Err(kube::Error::Api(e).into())
+                }
+                Err(e) => Err(e.into()),
+                Ok(_) => {
+                    shared.ops.lock().unwrap().deleted += 1;
+                    if rng.below(2) == 0 {
+                        // Gone at once unless the plugin's finalizer holds
+                        // it: then the create is refused and counted so.
+                        create().await?;
+                        shared.ops.lock().unwrap().recreated += 1;
+                    }
+                    Ok(())
+                }
+            }
+        }
+    }
 }
 
 /// The soak breaking every invariant itself (see [`Breach`]).
@@ -1806,6 +2097,7 @@ mod tests {
 
     fn cm(name: &str, uid: &str, rv: &str, owner: Option<&str>, managed: bool) -> Seen {
         Seen {
+            kind: "ConfigMap".into(),
             namespace: "ns".into(),
             name: name.into(),
             uid: uid.into(),
