@@ -823,6 +823,54 @@ async fn a_child_whose_team_is_gone_is_released_with_a_warning_naming_its_row() 
 }
 
 #[tokio::test]
+async fn the_api_server_refuses_a_database_with_both_or_neither_of_dsn_and_cluster_ref()
+-> Result<()> {
+    let ns = TestNamespace::new("team-cel").await?;
+    apply_project_crds(&ns.client).await?;
+    let servers = api(&ns, &ns.name, "TerdutServer", "terdutservers");
+    let secret = json!({"name": "db", "key": "password"});
+    let refused = [
+        (
+            json!({"dsn": "postgres://x@db/t", "passwordSecretRef": secret, "postgresClusterRef": {"name": "pg"}}),
+            "set exactly one of dsn or postgresClusterRef",
+        ),
+        (json!({}), "set exactly one of dsn or postgresClusterRef"),
+        (
+            json!({"dsn": "postgres://x@db/t"}),
+            "dsn needs passwordSecretRef",
+        ),
+    ];
+    for (i, (database, message)) in refused.into_iter().enumerate() {
+        let err = create(
+            &servers,
+            "TerdutServer",
+            &format!("bad-{i}"),
+            json!({"database": database}),
+        )
+        .await
+        .expect_err("the API server must refuse it");
+        assert!(format!("{err:#}").contains(message), "{err:#}");
+        assert!(servers.get_opt(&format!("bad-{i}")).await?.is_none());
+    }
+    for (name, database) in [
+        (
+            "dsn",
+            json!({"dsn": "postgres://x@db/t", "passwordSecretRef": secret}),
+        ),
+        ("zalando", json!({"postgresClusterRef": {"name": "pg"}})),
+    ] {
+        create(
+            &servers,
+            "TerdutServer",
+            name,
+            json!({"database": database}),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_lost_bootstrap_race_leaves_one_admin_and_is_reported() -> Result<()> {
     let env = env("team-race", |s| {
         s.controls.lose_next_bootstrap_race = true;

@@ -86,6 +86,11 @@ pub struct Settings {
     pub resync: Duration,
     /// Retry delay while waiting on the server or a parent.
     pub retry: Duration,
+    /// `serverEnv`: the name to give terdut-server's container instead of
+    /// an assumed env name (a key of [`crate::server::ASSUMED_ENV`]).
+    pub server_env: BTreeMap<String, String>,
+    /// `healthPath`: the readiness probe's path (assumed `/healthz`).
+    pub health_path: String,
 }
 
 impl Default for Settings {
@@ -93,7 +98,83 @@ impl Default for Settings {
         Settings {
             resync: Duration::from_secs(300),
             retry: Duration::from_secs(10),
+            server_env: BTreeMap::new(),
+            health_path: crate::server::ASSUMED_HEALTH_PATH.to_owned(),
         }
+    }
+}
+
+/// An env var name Kubernetes accepts for a container and a shell can use:
+/// a letter or `_`, then letters, digits and `_`, at most 256.
+fn env_name_ok(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && name.len() <= 256
+}
+
+/// `serverEnv` and `healthPath` (see [`Settings`]).
+fn parse_server_names(settings: &Value, out: &mut Settings, problems: &mut Vec<SettingsProblem>) {
+    match &settings["serverEnv"] {
+        Value::Null => {}
+        Value::Object(map) => {
+            for (assumed, actual) in map {
+                if !crate::server::ASSUMED_ENV
+                    .iter()
+                    .any(|(n, _)| *n == assumed.as_str())
+                {
+                    problems.push(SettingsProblem::new(
+                        &format!("serverEnv.{assumed}"),
+                        format!(
+                            "{assumed} is not an env name the plugin gives terdut-server (see the README's table of assumed names)"
+                        ),
+                    ));
+                    continue;
+                }
+                match actual.as_str() {
+                    Some(a) if env_name_ok(a) => {
+                        out.server_env.insert(assumed.clone(), a.to_owned());
+                    }
+                    _ => problems.push(SettingsProblem::new(
+                        &format!("serverEnv.{assumed}"),
+                        format!(
+                            "serverEnv.{assumed} must be an env var name (a letter or _, then letters, digits and _)"
+                        ),
+                    )),
+                }
+            }
+            let mut taken = BTreeMap::new();
+            for (assumed, _) in crate::server::ASSUMED_ENV {
+                let actual = out
+                    .server_env
+                    .get(*assumed)
+                    .map_or(*assumed, String::as_str);
+                if let Some(other) = taken.insert(actual.to_owned(), *assumed) {
+                    problems.push(SettingsProblem::new(
+                        "serverEnv",
+                        format!("{other} and {assumed} would both be named {actual}"),
+                    ));
+                }
+            }
+        }
+        _ => problems.push(SettingsProblem::new(
+            "serverEnv",
+            "serverEnv must be a map from an assumed env name to the name to use",
+        )),
+    }
+    match &settings["healthPath"] {
+        Value::Null => {}
+        Value::String(p)
+            if p.starts_with('/') && p.len() <= 256 && p.chars().all(|c| c.is_ascii_graphic()) =>
+        {
+            out.health_path = p.clone();
+        }
+        _ => problems.push(SettingsProblem::new(
+            "healthPath",
+            "healthPath must be a path starting with / (printable ASCII, no spaces, at most 256)",
+        )),
     }
 }
 
@@ -103,9 +184,13 @@ impl Settings {
     /// # Errors
     /// Every problem found.
     pub fn parse(settings: &Value) -> Result<Settings, Vec<SettingsProblem>> {
-        wasmop_sdk::settings::only_keys(settings, &["resyncSeconds", "retrySeconds"])?;
+        wasmop_sdk::settings::only_keys(
+            settings,
+            &["resyncSeconds", "retrySeconds", "serverEnv", "healthPath"],
+        )?;
         let mut problems = Vec::new();
         let mut out = Settings::default();
+        parse_server_names(settings, &mut out, &mut problems);
         for (key, slot) in [
             ("resyncSeconds", &mut out.resync),
             ("retrySeconds", &mut out.retry),

@@ -81,6 +81,10 @@ struct Image {
 struct Networking {
     #[serde(default)]
     service_port: Option<u16>,
+    #[serde(default)]
+    hostname: String,
+    #[serde(default)]
+    gateway_listener: String,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -254,6 +258,50 @@ fn database(
     }
 }
 
+/// Every env name the plugin gives terdut-server's container, with what
+/// sets it. All are assumed (terdut-server's configuration is not
+/// published; `PGPASSWORD` follows the chart as §8 describes it); the
+/// `serverEnv` setting renames any of them.
+pub const ASSUMED_ENV: &[(&str, &str)] = &[
+    (
+        "TERDUT_DATABASE_DSN",
+        "spec.database.dsn, or the DSN derived from postgresClusterRef",
+    ),
+    ("PGPASSWORD", "the database password Secret (secretKeyRef)"),
+    ("TERDUT_LISTEN", "`:8080`, the container port"),
+    ("TERDUT_SWEEPER_STALE_AFTER", "spec.sweeper.staleAfter"),
+    ("TERDUT_SWEEPER_ARCHIVE_AFTER", "spec.sweeper.archiveAfter"),
+    ("TERDUT_DEADMAN_MATCHERS", "spec.deadman.matchers"),
+    ("TERDUT_DEADMAN_TIMEOUT", "spec.deadman.timeout"),
+    ("TERDUT_DEADMAN_SEVERITY", "spec.deadman.severity"),
+    ("TERDUT_NOTIFY_NTFY_URL", "spec.notify.ntfyURL"),
+    ("TERDUT_NOTIFY_FALLBACK_TOPIC", "spec.notify.fallbackTopic"),
+    ("TERDUT_NOTIFY_REPEAT_EVERY", "spec.notify.repeatEvery"),
+    (
+        "TERDUT_NOTIFY_TOKEN",
+        "spec.notify.tokenSecretRef (secretKeyRef)",
+    ),
+    ("TERDUT_OIDC_ENABLED", "spec.oidc.enabled"),
+    ("TERDUT_OIDC_ISSUER", "spec.oidc.issuer"),
+    ("TERDUT_OIDC_CLIENT_ID", "spec.oidc.clientID"),
+    (
+        "TERDUT_OIDC_CLIENT",
+        "spec.oidc.clientSecretRef (secretKeyRef; the SecretRef suffix dropped, as for the notify token)",
+    ),
+    ("TERDUT_OIDC_NAME", "spec.oidc.name"),
+    ("TERDUT_OIDC_SCOPES", "spec.oidc.scopes"),
+    (
+        "TERDUT_OIDC_ALLOWED_GROUPS",
+        "spec.oidc.allowedGroups (comma-joined)",
+    ),
+    ("TERDUT_OIDC_ADMIN_GROUP", "spec.oidc.adminGroup"),
+    ("TERDUT_OIDC_SESSION_MAX_AGE", "spec.oidc.sessionMaxAge"),
+    ("TERDUT_OIDC_PASSWORD_LOGIN", "spec.oidc.passwordLogin"),
+];
+
+/// The readiness probe's path, assumed (`healthPath` overrides it).
+pub const ASSUMED_HEALTH_PATH: &str = "/healthz";
+
 /// `TERDUT_<SECTION>_<FIELD>` env vars of a config section: scalars as
 /// text, lists comma-joined, `<x>SecretRef` with a name as a secretKeyRef.
 fn section_env(section: &str, config: &Value, env: &mut Vec<Value>) {
@@ -310,7 +358,13 @@ fn labels(name: &str) -> Value {
     json!({"app.kubernetes.io/name": "terdut-server", "app.kubernetes.io/instance": name})
 }
 
-fn deployment(name: &str, namespace: &str, spec: &Spec, db: &DatabaseWiring) -> Value {
+fn deployment(
+    name: &str,
+    namespace: &str,
+    spec: &Spec,
+    db: &DatabaseWiring,
+    settings: &Settings,
+) -> Value {
     let mut env = vec![
         json!({"name": "TERDUT_DATABASE_DSN", "value": db.dsn}),
         json!({"name": "PGPASSWORD", "valueFrom": {"secretKeyRef": {"name": db.password.name, "key": db.password.key}}}),
@@ -320,6 +374,15 @@ fn deployment(name: &str, namespace: &str, spec: &Spec, db: &DatabaseWiring) -> 
     section_env("deadman", &spec.deadman, &mut env);
     section_env("notify", &spec.notify, &mut env);
     section_env("oidc", &spec.oidc, &mut env);
+    for var in &mut env {
+        let renamed = var["name"]
+            .as_str()
+            .and_then(|n| settings.server_env.get(n))
+            .cloned();
+        if let Some(actual) = renamed {
+            var["name"] = json!(actual);
+        }
+    }
     let image = format!(
         "{}:{}",
         if spec.image.repository.is_empty() {
@@ -346,7 +409,7 @@ fn deployment(name: &str, namespace: &str, spec: &Spec, db: &DatabaseWiring) -> 
                     "image": image,
                     "ports": [{"name": "http", "containerPort": CONTAINER_PORT}],
                     "env": env,
-                    "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}},
+                    "readinessProbe": {"httpGet": {"path": settings.health_path, "port": "http"}},
                 }]},
             },
         },
@@ -573,22 +636,89 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
             .as_str()
             .unwrap_or_default();
         let before = snapshot.primary["status"]["databaseCredentialsVersion"].as_str();
-        if spec.database.postgres_cluster_ref.is_some()
+        // The Deployment's `kubectl rollout restart` stamp: a restart after
+        // a rotation picks the new password up (§8, §13: the operator
+        // reports it and does not restart by itself).
+        let restarted_at = snapshot
+            .owned
+            .iter()
+            .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == name.as_str())
+            .and_then(|d| {
+                d["spec"]["template"]["metadata"]["annotations"]
+                    ["kubectl.kubernetes.io/restartedAt"]
+                    .as_str()
+            })
+            .unwrap_or_default()
+            .to_owned();
+        let old_rotation = &snapshot.primary["status"]["databaseCredentialsRotation"];
+        let rotation = if spec.database.postgres_cluster_ref.is_some()
             && before.is_some_and(|b| !b.is_empty() && b != version)
         {
             plan = plan.warning(
                 "DatabaseCredentialsRotated",
                 format!("Secret {} changed; terdut-server picks the new password up on its next restart", db.password.name),
             );
+            Some(json!({"secretVersion": version, "restartedAt": restarted_at}))
+        } else if old_rotation.is_object()
+            && old_rotation["restartedAt"].as_str().unwrap_or_default() == restarted_at
+        {
+            Some(old_rotation.clone())
+        } else {
+            None
+        };
+        if let Some(r) = rotation {
+            conds.set(
+                "DatabaseCredentialsRotated",
+                true,
+                "RestartNeeded",
+                &format!(
+                    "Secret {} changed after terdut-server started; it uses the new password only after a restart (kubectl rollout restart deployment/{name})",
+                    db.password.name
+                ),
+            );
+            status["databaseCredentialsRotation"] = r;
+        } else if spec.database.postgres_cluster_ref.is_some() {
+            conds.set(
+                "DatabaseCredentialsRotated",
+                false,
+                "Current",
+                "terdut-server started with the current password Secret",
+            );
         }
         status["databaseCredentialsVersion"] = json!(version);
+    }
+    // spec.networking.hostname and gatewayListener (the chart's Ingress or
+    // Gateway listener) are not built: said plainly, not ignored.
+    let unexposed: Vec<&str> = [
+        ("hostname", spec.networking.hostname.as_str()),
+        ("gatewayListener", spec.networking.gateway_listener.as_str()),
+    ]
+    .into_iter()
+    .filter(|(_, v)| !v.is_empty())
+    .map(|(k, _)| k)
+    .collect();
+    if unexposed.is_empty() {
+        conds.remove("Exposed");
+    } else {
+        let fields = unexposed
+            .iter()
+            .map(|f| format!("spec.networking.{f}"))
+            .collect::<Vec<_>>()
+            .join(" and ");
+        let message = format!(
+            "{fields} not applied: this operator creates no Ingress, HTTPRoute or Gateway listener; expose Service {name} yourself"
+        );
+        if conds.reason("Exposed") != Some("NotImplemented") {
+            plan = plan.warning("NetworkingNotImplemented", message.clone());
+        }
+        conds.set("Exposed", false, "NotImplemented", &message);
     }
 
     // 2. Workloads.
     let port = spec.networking.service_port.unwrap_or(CONTAINER_PORT);
     if db.ready.is_ok() {
         plan = plan
-            .apply(deployment(&name, &namespace, &spec, &db))
+            .apply(deployment(&name, &namespace, &spec, &db, &settings))
             .apply(service(&name, &namespace, port));
     }
     status["serviceName"] = json!(name);

@@ -1210,3 +1210,199 @@ fn observed_generation_advances_only_for_an_applied_plan() {
     assert_eq!(condition(&plan, "Ready")["status"], "True");
     assert!(plan.hold_observed_generation);
 }
+
+#[test]
+fn every_env_name_given_to_the_server_is_in_the_assumed_table_and_can_be_renamed() {
+    let full = wasmop_sdk::testing::objects_from_yaml(
+        "
+apiVersion: terdut.ryuvia.com/v1alpha1
+kind: TerdutServer
+metadata: {name: terdut, namespace: oncall, uid: u-server, generation: 1}
+spec:
+  networking: {apiURL: 'http://127.0.0.1:4000'}
+  database: {dsn: 'postgres://x@db/terdut', passwordSecretRef: {name: db, key: password}}
+  sweeper: {staleAfter: 6h, archiveAfter: 168h}
+  deadman: {matchers: a=b, timeout: 15m, severity: critical}
+  notify: {ntfyURL: 'http://ntfy', fallbackTopic: t, repeatEvery: 15m, tokenSecretRef: {name: tok, key: token}}
+  oidc: {enabled: true, issuer: i, clientID: c, clientSecretRef: {name: s, key: k}, name: SSO,
+         scopes: openid, allowedGroups: [a], adminGroup: g, sessionMaxAge: 12h, passwordLogin: true}
+",
+    )
+    .remove(0);
+    let render = |settings: serde_json::Value| {
+        let plan = run::<TeamPlugin>(
+            &SnapshotBuilder::new(SERVER)
+                .primary(full.clone())
+                .related(server::READ_SECRETS, one(DB_SECRET))
+                .settings(settings)
+                .build(),
+        )
+        .unwrap();
+        plan.apply[0].object["spec"]["template"]["spec"]["containers"][0].clone()
+    };
+    let container = render(json!({}));
+    let names: Vec<String> = container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap().to_owned())
+        .collect();
+    let mut table: Vec<&str> = server::ASSUMED_ENV.iter().map(|(n, _)| *n).collect();
+    let mut sorted = names.clone();
+    sorted.sort();
+    table.sort();
+    assert_eq!(sorted, table, "the table lists exactly the names given");
+    assert_eq!(
+        container["readinessProbe"]["httpGet"]["path"],
+        server::ASSUMED_HEALTH_PATH
+    );
+
+    // Every name, and the probe's path, can be overridden.
+    let renamed = render(json!({
+        "serverEnv": {"TERDUT_DATABASE_DSN": "DATABASE_URL", "TERDUT_OIDC_CLIENT": "OIDC_SECRET"},
+        "healthPath": "/api/health"}));
+    let env = renamed["env"].as_array().unwrap();
+    assert_eq!(env[0]["name"], "DATABASE_URL");
+    assert_eq!(env[0]["value"], "postgres://x@db/terdut");
+    assert!(env.iter().any(|e| e["name"] == "OIDC_SECRET"
+        && e["valueFrom"]["secretKeyRef"] == json!({"name": "s", "key": "k"})));
+    assert!(!env.iter().any(|e| e["name"] == "TERDUT_DATABASE_DSN"));
+    assert_eq!(renamed["readinessProbe"]["httpGet"]["path"], "/api/health");
+}
+
+#[test]
+fn server_name_settings_are_validated() {
+    let problems = |v: serde_json::Value| {
+        api::Settings::parse(&v)
+            .err()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|p| p.path)
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        problems(json!({"serverEnv": {"PGPASSWORD": "DB_PASSWORD"}, "healthPath": "/ready"}))
+            .is_empty()
+    );
+    assert_eq!(
+        problems(json!({"serverEnv": {"TERDUT_TYPO": "X"}})),
+        ["serverEnv.TERDUT_TYPO"]
+    );
+    assert_eq!(
+        problems(json!({"serverEnv": {"PGPASSWORD": "1bad"}})),
+        ["serverEnv.PGPASSWORD"]
+    );
+    assert_eq!(
+        problems(json!({"serverEnv": {"PGPASSWORD": "has space"}})),
+        ["serverEnv.PGPASSWORD"]
+    );
+    assert_eq!(
+        problems(json!({"serverEnv": {"PGPASSWORD": "TERDUT_LISTEN"}})),
+        ["serverEnv"]
+    );
+    assert_eq!(problems(json!({"serverEnv": ["x"]})), ["serverEnv"]);
+    assert_eq!(problems(json!({"healthPath": "healthz"})), ["healthPath"]);
+    assert_eq!(problems(json!({"healthPath": "/a b"})), ["healthPath"]);
+}
+
+#[test]
+fn a_zalando_password_rotation_is_a_condition_until_the_deployment_restarts() {
+    let mut s = wasmop_sdk::testing::objects_from_yaml(SERVER_YAML).remove(0);
+    s["spec"]["database"] = json!({"postgresClusterRef": {"name": "pg"}});
+    let pg = json!({"apiVersion": "acid.zalan.do/v1", "kind": "postgresql", "metadata": {"name": "pg", "namespace": "oncall"},
+                    "spec": {"users": {"terdut": []}, "databases": {"terdut": "terdut"}}});
+    let creds = |rv: &str| {
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "terdut.pg.credentials.postgresql.acid.zalan.do", "namespace": "oncall", "resourceVersion": rv},
+               "data": {"password": "cA=="}})
+    };
+    let deployment = |restarted: &str| {
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "terdut", "namespace": "oncall", "uid": "u-d"},
+               "spec": {"template": {"metadata": {"annotations": {"kubectl.kubernetes.io/restartedAt": restarted}}}}})
+    };
+    let run_with = |status: serde_json::Value, rv: &str, restarted: &str| {
+        let mut primary = s.clone();
+        primary["status"] = status;
+        run::<TeamPlugin>(
+            &SnapshotBuilder::new(SERVER)
+                .primary(primary)
+                .related(server::READ_POSTGRES, pg.clone())
+                .related(server::READ_SECRETS, creds(rv))
+                .owned(deployment(restarted))
+                .build(),
+        )
+        .unwrap()
+    };
+    // Unchanged: current.
+    let plan = run_with(json!({"databaseCredentialsVersion": "5"}), "5", "");
+    let c = condition(&plan, "DatabaseCredentialsRotated");
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("False"), Some("Current"))
+    );
+    // Rotated: a Warning and the condition, which names the restart.
+    let plan = run_with(json!({"databaseCredentialsVersion": "5"}), "6", "t0");
+    let c = condition(&plan, "DatabaseCredentialsRotated");
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("True"), Some("RestartNeeded"))
+    );
+    assert!(c["message"].as_str().unwrap().contains("rollout restart"));
+    assert!(
+        plan.events
+            .iter()
+            .any(|e| e.reason == "DatabaseCredentialsRotated")
+    );
+    let st = plan.status.clone().unwrap();
+    // The next pass, not restarted yet: still true, no second Warning.
+    let plan = run_with(st.clone(), "6", "t0");
+    assert_eq!(
+        condition(&plan, "DatabaseCredentialsRotated")["status"],
+        "True"
+    );
+    assert!(
+        !plan
+            .events
+            .iter()
+            .any(|e| e.reason == "DatabaseCredentialsRotated")
+    );
+    // Restarted: current again.
+    let plan = run_with(st, "6", "t1");
+    assert_eq!(
+        condition(&plan, "DatabaseCredentialsRotated")["reason"],
+        "Current"
+    );
+    assert!(plan.status.unwrap()["databaseCredentialsRotation"].is_null());
+}
+
+#[test]
+fn hostname_and_gateway_listener_are_refused_plainly() {
+    let mut s = wasmop_sdk::testing::objects_from_yaml(SERVER_YAML).remove(0);
+    s["spec"]["networking"]["hostname"] = json!("terdut.example.com");
+    let plan = run::<TeamPlugin>(
+        &SnapshotBuilder::new(SERVER)
+            .primary(s.clone())
+            .related(server::READ_SECRETS, one(DB_SECRET))
+            .build(),
+    )
+    .unwrap();
+    let c = condition(&plan, "Exposed");
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some("False"), Some("NotImplemented"))
+    );
+    assert!(
+        c["message"]
+            .as_str()
+            .unwrap()
+            .contains("spec.networking.hostname")
+    );
+    assert!(
+        plan.events
+            .iter()
+            .any(|e| e.reason == "NetworkingNotImplemented")
+    );
+    assert!(!plan.apply.iter().any(|a| a.object["kind"] == "Ingress"));
+    // Empty (the upstream sample's gatewayListener: ""): nothing said.
+    let plan = run::<TeamPlugin>(&server().build()).unwrap();
+    assert!(condition(&plan, "Exposed").is_null());
+}
