@@ -555,6 +555,7 @@ fn the_host_and_the_sdk_agree_on_every_field_of_a_snapshot() {
             error: None,
             observed_at: "2025-01-01T00:00:00Z".into(),
             age_ms: 12,
+            outcome: None,
         },
         wasmop::Observation {
             id: "b".into(),
@@ -563,6 +564,7 @@ fn the_host_and_the_sdk_agree_on_every_field_of_a_snapshot() {
             error: Some("timed out".into()),
             observed_at: "2025-01-01T00:00:01Z".into(),
             age_ms: 0,
+            outcome: None,
         },
     ];
     let snapshot = build_snapshot(
@@ -737,6 +739,7 @@ fn a_primary_with_the_most_observations_the_store_keeps_still_reconciles() {
             error: None,
             observed_at: "2025-01-01T00:00:00Z".into(),
             age_ms: 0,
+            outcome: None,
         })
         .collect();
     let plugin = load("good", Limits::default());

@@ -90,6 +90,7 @@ use crate::object;
 use crate::plugin::manifest::{HttpTarget, KindRef};
 use crate::reconcile::snapshot::Observation;
 use crate::reconcile::validate::{CaBundle, HttpMethod, HttpRequest, RequestTarget};
+use wasmop_contract::ObservationOutcome;
 
 mod policy;
 mod resolve;
@@ -288,6 +289,7 @@ impl Observer {
                             error: Some(format!("refused before sending: {refusal}")),
                             observed_at: now_ms(),
                             max_age_ms: request.max_age_ms,
+                            outcome: ObservationOutcome::Failed,
                         };
                         if entry.store(&request.id, stored, &self.config) {
                             outcome.changed += 1;
@@ -397,6 +399,7 @@ impl Observer {
                 error: s.error.clone(),
                 observed_at: s.observed_at.to_string(),
                 age_ms: s.age_ms(now),
+                outcome: Some(s.outcome),
             })
             .collect()
     }

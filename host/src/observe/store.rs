@@ -48,6 +48,8 @@ pub(crate) struct Stored {
     pub(crate) error: Option<String>,
     pub(crate) observed_at: Timestamp,
     pub(crate) max_age_ms: u64,
+    /// The typed outcome the plugin sees (`Observation::outcome`).
+    pub(crate) outcome: ObservationOutcome,
 }
 
 impl Stored {
@@ -73,7 +75,10 @@ impl Stored {
     }
 
     pub(crate) fn same_content(&self, other: &Stored) -> bool {
-        self.status == other.status && self.body == other.body && self.error == other.error
+        self.status == other.status
+            && self.body == other.body
+            && self.error == other.error
+            && self.outcome == other.outcome
     }
 }
 
@@ -138,6 +143,7 @@ impl PrimaryState {
             stored.error = Some(format!(
                 "response of {size} bytes not kept: over the per-primary observation budget of {budget} bytes"
             ));
+            stored.outcome = ObservationOutcome::Oversized;
             if stored.bytes() > budget {
                 stored.error = None;
             }

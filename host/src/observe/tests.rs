@@ -245,6 +245,7 @@ async fn a_get_result_is_stored_and_returned_with_its_age() {
             error: None,
             observed_at: first[0].observed_at.clone(),
             age_ms: 1500,
+            outcome: Some(ObservationOutcome::Complete),
         }]
     );
     assert!(obs.results("another-uid", later).is_empty());
@@ -274,6 +275,7 @@ async fn a_base_url_off_the_allow_list_is_refused_before_any_connection() {
             .as_str()
         )
     );
+    assert_eq!(results[0].outcome, Some(ObservationOutcome::Failed));
     assert_eq!(obs.metrics().refused, 1);
     assert_eq!(obs.metrics().sent, 0);
 }
@@ -470,6 +472,7 @@ async fn a_slow_server_hits_the_deadline() {
         results[0].error.as_deref(),
         Some("deadline of 200 ms exceeded")
     );
+    assert_eq!(results[0].outcome, Some(ObservationOutcome::TimedOut));
     assert_eq!(obs.metrics().failed, 1);
 }
 
@@ -488,6 +491,7 @@ async fn an_oversized_body_is_cut_at_the_cap_with_an_error() {
         results[0].error.as_deref(),
         Some("response body exceeds the cap of 100 bytes and was cut at 100 bytes")
     );
+    assert_eq!(results[0].outcome, Some(ObservationOutcome::Oversized));
     assert_eq!(obs.metrics().cut, 1);
 
     // A body of exactly the cap is whole.
@@ -496,7 +500,9 @@ async fn an_oversized_body_is_cut_at_the_cap_with_an_error() {
     let mut request = probe(&exact, "/exact");
     request.max_response_bytes = 100;
     run(&obs, &[request]).await;
-    assert_eq!(obs.results(UID, Timestamp::now())[0].error, None);
+    let whole = &obs.results(UID, Timestamp::now())[0];
+    assert_eq!(whole.error, None);
+    assert_eq!(whole.outcome, Some(ObservationOutcome::Complete));
 }
 
 #[tokio::test]

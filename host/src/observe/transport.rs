@@ -37,15 +37,16 @@ impl Observer {
             exchange(&primary.uid, request, endpoint, cap, &mut progress),
         )
         .await;
-        let (ending, error) = match exchanged {
-            Ok(Ok(false)) => (Ending::Succeeded, None),
+        let (ending, error, outcome) = match exchanged {
+            Ok(Ok(false)) => (Ending::Succeeded, None, ObservationOutcome::Complete),
             Ok(Ok(true)) => (
                 Ending::Cut,
                 Some(format!(
                     "response body exceeds the cap of {cap} bytes and was cut at {cap} bytes"
                 )),
+                ObservationOutcome::Oversized,
             ),
-            Ok(Err(why)) => (Ending::Failed, Some(why)),
+            Ok(Err(why)) => (Ending::Failed, Some(why), ObservationOutcome::Failed),
             Err(_) => {
                 let when = if progress.status.is_some() {
                     " while reading the body"
@@ -58,6 +59,7 @@ impl Observer {
                         "deadline of {} ms exceeded{when}",
                         deadline.as_millis()
                     )),
+                    ObservationOutcome::TimedOut,
                 )
             }
         };
@@ -98,6 +100,7 @@ impl Observer {
             error,
             observed_at: now_ms(),
             max_age_ms: request.max_age_ms,
+            outcome,
         }
     }
 }

@@ -166,6 +166,16 @@ pub(crate) fn snapshot_to_wit(s: &Snapshot) -> wit::Snapshot {
                 read: r.read.clone(),
                 object: json_text(&r.object),
             })
+            // The observations' typed outcomes: the WIT record has no
+            // field for them (see `ObservationOutcome`).
+            .chain(
+                wasmop_contract::observation::outcomes_object(&s.observations).map(|o| {
+                    wit::RelatedObject {
+                        read: wasmop_contract::OBSERVATION_OUTCOMES_READ.to_owned(),
+                        object: json_text(&o),
+                    }
+                }),
+            )
             .collect(),
         now: s.now.clone(),
         deleting: s.deleting,

@@ -241,6 +241,11 @@ pub fn problems(manifest: &Manifest) -> Vec<ManifestProblem> {
                         read.id
                     ),
                 );
+            } else if read.id == wasmop_contract::OBSERVATION_OUTCOMES_READ {
+                problem(
+                    format!("{path}.id"),
+                    format!("read id {:?} is the host's (observation outcomes)", read.id),
+                );
             } else if !read_ids.insert(read.id.as_str()) {
                 problem(
                     format!("{path}.id"),
@@ -541,6 +546,23 @@ pub(crate) mod tests {
             messages(&m),
             vec![
                 "controllers[0].reads[0].id: read id \"wasmop.dev/absent-kinds\" is the host's (absent optional kinds)"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_observation_outcomes_read_id_is_reserved() {
+        let mut m = manifest();
+        m.controllers[0].reads = vec![Read {
+            id: wasmop_contract::OBSERVATION_OUTCOMES_READ.into(),
+            kind: configmap(),
+            selector: Selector::SameNamespace,
+            optional: false,
+        }];
+        assert_eq!(
+            messages(&m),
+            vec![
+                "controllers[0].reads[0].id: read id \"wasmop.dev/observation-outcomes\" is the host's (observation outcomes)"
             ]
         );
     }

@@ -90,6 +90,7 @@ mod tests {
             error: error.map(str::to_owned),
             observed_at: "2025-01-01T00:00:00Z".into(),
             age_ms: 0,
+            outcome: None,
         }
     }
 

@@ -376,6 +376,7 @@ fn draining_polls_old_pods_and_waits_for_zero_queries() {
         error: None,
         observed_at: "2025-01-01T00:00:00Z".into(),
         age_ms: 0,
+        outcome: None,
     };
     w.observations = vec![
         obs(

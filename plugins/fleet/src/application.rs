@@ -24,7 +24,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use wasmop_sdk::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use wasmop_sdk::{HttpRequest, Observation, Plan, Snapshot};
+use wasmop_sdk::{HttpRequest, Observation, ObservationOutcome, Plan, Snapshot};
 
 use crate::names::{CONTAINER, PEER_PORT};
 
@@ -168,13 +168,14 @@ enum Sample {
 }
 
 fn sample(obs: &Observation, now: &Time) -> Sample {
+    // The host's typed outcome, never the words of its error text. A host
+    // without outcomes (None) makes every failed request Unavailable.
+    if obs.outcome == Some(ObservationOutcome::Oversized) {
+        let why = obs.error.clone().unwrap_or_else(|| "response over the cap".into());
+        return Sample::Unavailable("Oversized", why);
+    }
     if let Some(e) = &obs.error {
-        let reason = if e.contains("larger") || e.contains("bytes") || e.contains("cut") {
-            "Oversized"
-        } else {
-            "Unavailable"
-        };
-        return Sample::Unavailable(reason, e.clone());
+        return Sample::Unavailable("Unavailable", e.clone());
     }
     if !obs.is_success() {
         return Sample::Unavailable(

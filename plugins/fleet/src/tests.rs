@@ -1013,6 +1013,11 @@ fn observed(id: &str, body: &str, error: Option<&str>) -> wasmop_sdk::Observatio
         error: error.map(str::to_owned),
         observed_at: NOW.to_owned(),
         age_ms: 1000,
+        outcome: Some(if error.is_some() {
+            wasmop_sdk::ObservationOutcome::Failed
+        } else {
+            wasmop_sdk::ObservationOutcome::Complete
+        }),
     }
 }
 
@@ -1083,6 +1088,35 @@ fn application_observation_outcomes() {
         assert_eq!(c["status"], "Unknown", "{body}");
         assert_eq!(condition(&plan, "Ready")["status"], "True");
     }
+}
+
+#[test]
+fn oversized_comes_from_the_hosts_typed_outcome_not_its_words() {
+    use wasmop_sdk::ObservationOutcome as O;
+    let reason_of = |error: &str, outcome: Option<O>| {
+        let mut fleet = bucket_fleet();
+        fleet["spec"]["replicas"] = json!(1);
+        let mut w = World::running(fleet, 1);
+        w.settings = json!({});
+        w.pods = vec![member("f-abc-0", "10.0.0.0")];
+        let mut o = observed("state.pod-f-abc-0.0-.10.0.0.0", "", Some(error));
+        o.outcome = outcome;
+        w.observations.push(o);
+        let plan = w.plan();
+        assert_eq!(
+            condition(&plan, "ApplicationConverged")["status"],
+            "Unknown"
+        );
+        plan.status.as_ref().unwrap()["application"]["nodes"][0]["reason"].clone()
+    };
+    // Typed Oversized, whatever the text says.
+    assert_eq!(reason_of("too much", Some(O::Oversized)), "Oversized");
+    // Words that used to mean "oversized" do not, without the outcome.
+    let wordy = "connection reset after 12 bytes; cut short, larger than expected";
+    assert_eq!(reason_of(wordy, Some(O::Failed)), "Unavailable");
+    assert_eq!(reason_of(wordy, Some(O::TimedOut)), "Unavailable");
+    // A host before typed outcomes: Unavailable.
+    assert_eq!(reason_of(wordy, None), "Unavailable");
 }
 
 #[test]

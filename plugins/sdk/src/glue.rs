@@ -99,7 +99,8 @@ pub(crate) fn observation_to_wit(o: Observation) -> wit::Observation {
 }
 
 /// An observation from the snapshot: bytes that are not UTF-8 are replaced,
-/// not dropped.
+/// not dropped. Its outcome comes from the snapshot's
+/// [`wasmop_contract::OBSERVATION_OUTCOMES_READ`] object, if any.
 pub(crate) fn observation_from_wit(o: wit::Observation) -> Observation {
     Observation {
         id: o.id,
@@ -111,6 +112,7 @@ pub(crate) fn observation_from_wit(o: wit::Observation) -> Observation {
         error: o.error,
         observed_at: o.observed_at,
         age_ms: o.age_ms,
+        outcome: None,
     }
 }
 
@@ -127,6 +129,15 @@ impl From<Snapshot> for wit::Snapshot {
                     object: json_text(&r.object),
                     read: r.read,
                 })
+                // As the host sends the observations' outcomes.
+                .chain(
+                    wasmop_contract::observation::outcomes_object(&s.observations).map(|o| {
+                        wit::RelatedObject {
+                            read: wasmop_contract::OBSERVATION_OUTCOMES_READ.to_owned(),
+                            object: json_text(&o),
+                        }
+                    }),
+                )
                 .collect(),
             now: s.now,
             deleting: s.deleting,
@@ -149,7 +160,7 @@ impl TryFrom<wit::Snapshot> for Snapshot {
             .enumerate()
             .map(|(i, o)| parse(|| format!("snapshot owned[{i}]"), &o))
             .collect::<Result<_, _>>()?;
-        let related = s
+        let mut related: Vec<RelatedObject> = s
             .related
             .into_iter()
             .enumerate()
@@ -160,6 +171,20 @@ impl TryFrom<wit::Snapshot> for Snapshot {
                 })
             })
             .collect::<Result<_, ReconcileError>>()?;
+        let mut observations: Vec<Observation> = s
+            .observations
+            .into_iter()
+            .map(observation_from_wit)
+            .collect();
+        // The observations' typed outcomes cross as a related object; they
+        // go onto the observations and out of `related`.
+        related.retain(|r| {
+            let outcomes = r.read == wasmop_contract::OBSERVATION_OUTCOMES_READ;
+            if outcomes {
+                wasmop_contract::observation::apply_outcomes(&mut observations, &r.object);
+            }
+            !outcomes
+        });
         Ok(Snapshot {
             controller: s.controller,
             primary: parse(|| "snapshot primary".to_owned(), &s.primary)?,
@@ -168,11 +193,7 @@ impl TryFrom<wit::Snapshot> for Snapshot {
             now: s.now,
             deleting: s.deleting,
             settings: parse(|| "snapshot settings".to_owned(), &s.settings)?,
-            observations: s
-                .observations
-                .into_iter()
-                .map(observation_from_wit)
-                .collect(),
+            observations,
         })
     }
 }
@@ -255,7 +276,24 @@ mod tests {
         .unwrap();
         let mut wit_snapshot: wit::Snapshot = snapshot.clone().into();
         assert_eq!(wit_snapshot.related[0].read, "r");
+        assert_eq!(
+            wit_snapshot.related.len(),
+            1,
+            "no outcomes, no outcome object"
+        );
         assert_eq!(Snapshot::try_from(wit_snapshot.clone()).unwrap(), snapshot);
+
+        // With an outcome: one more related object across the boundary,
+        // back on the observation and out of `related` on the other side.
+        let mut with_outcome = snapshot.clone();
+        with_outcome.observations[0].outcome = Some(crate::contract::ObservationOutcome::TimedOut);
+        let crossed: wit::Snapshot = with_outcome.clone().into();
+        assert_eq!(crossed.related.len(), 2);
+        assert_eq!(
+            crossed.related[1].read,
+            crate::contract::OBSERVATION_OUTCOMES_READ
+        );
+        assert_eq!(Snapshot::try_from(crossed).unwrap(), with_outcome);
 
         wit_snapshot.owned[0] = "[".into();
         assert!(matches!(

@@ -116,7 +116,7 @@ pub use plan::{
     ObjectRef, Plan, Precondition, RequestTarget, SecretHeader,
 };
 pub use settings::SettingsProblem;
-pub use snapshot::{Observation, RelatedObject, Snapshot};
+pub use snapshot::{Observation, ObservationOutcome, RelatedObject, Snapshot};
 /// The contract's JSON types (re-exported `wasmop-contract`).
 pub use wasmop_contract as contract;
 

@@ -81,7 +81,7 @@ pub struct RelatedObject {
     pub object: Value,
 }
 
-pub use wasmop_contract::Observation;
+pub use wasmop_contract::{Observation, ObservationOutcome};
 
 impl wasmop_contract::plan::PrimaryObject for Snapshot {
     fn primary_object(&self) -> &Value {

@@ -743,6 +743,7 @@ mod tests {
             error: None,
             observed_at: "2025-01-01T00:00:00Z".into(),
             age_ms: 0,
+            outcome: None,
         };
         assert_eq!(describe(&o), "HTTP 201");
         let o = Observation {

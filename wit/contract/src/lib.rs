@@ -47,7 +47,7 @@ pub use manifest::{
     Controller, FieldRef, HttpTarget, KindRef, Manifest, OwnedKind, Ownership, Read,
     SETTING_PREFIX, Scope, Selector, split_api_version,
 };
-pub use observation::Observation;
+pub use observation::{Observation, ObservationOutcome};
 pub use plan::{
     ApplyOp, CaBundle, DeleteOp, Event, EventType, Gauge, HttpMethod, HttpRequest, ObjectPlan,
     ObjectRef, Plan, Precondition, RequestTarget, SecretHeader,
@@ -72,6 +72,10 @@ pub const OWNER_UID_LABEL: &str = "wasmop.dev/owner-uid";
 /// `{"apiVersion":"wasmop.dev/v1","kind":"AbsentKind","metadata":{"name":
 /// "<plural>.<group>"},"spec":{"group","version","kind","plural"}}` each.
 pub const ABSENT_KIND_READ: &str = "wasmop.dev/absent-kinds";
+/// The read id under which a snapshot carries the typed outcomes of its
+/// observations across the WIT boundary (see
+/// [`observation::ObservationOutcome`]); reserved like [`ABSENT_KIND_READ`].
+pub const OBSERVATION_OUTCOMES_READ: &str = "wasmop.dev/observation-outcomes";
 
 /// `apiVersion` of the primary a kind-scoped controller's snapshot holds
 /// (see [`Scope::Kind`]).

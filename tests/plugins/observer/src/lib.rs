@@ -157,6 +157,7 @@ mod tests {
             error: error.map(Into::into),
             observed_at: "2025-01-01T00:00:00Z".into(),
             age_ms: 250,
+            outcome: None,
         }
     }
 
