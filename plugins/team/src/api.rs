@@ -126,7 +126,7 @@ fn parse_server_names(settings: &Value, out: &mut Settings, problems: &mut Vec<S
                     .any(|(n, _)| *n == assumed.as_str())
                 {
                     problems.push(SettingsProblem::new(
-                        &format!("serverEnv.{assumed}"),
+                        format!("serverEnv.{assumed}"),
                         format!(
                             "{assumed} is not an env name the plugin gives terdut-server (see the README's table of assumed names)"
                         ),
@@ -138,7 +138,7 @@ fn parse_server_names(settings: &Value, out: &mut Settings, problems: &mut Vec<S
                         out.server_env.insert(assumed.clone(), a.to_owned());
                     }
                     _ => problems.push(SettingsProblem::new(
-                        &format!("serverEnv.{assumed}"),
+                        format!("serverEnv.{assumed}"),
                         format!(
                             "serverEnv.{assumed} must be an env var name (a letter or _, then letters, digits and _)"
                         ),
