@@ -171,7 +171,10 @@ fn sample(obs: &Observation, now: &Time) -> Sample {
     // The host's typed outcome, never the words of its error text. A host
     // without outcomes (None) makes every failed request Unavailable.
     if obs.outcome == Some(ObservationOutcome::Oversized) {
-        let why = obs.error.clone().unwrap_or_else(|| "response over the cap".into());
+        let why = obs
+            .error
+            .clone()
+            .unwrap_or_else(|| "response over the cap".into());
         return Sample::Unavailable("Oversized", why);
     }
     if let Some(e) = &obs.error {

@@ -1511,3 +1511,262 @@ fn a_same_named_route_of_another_owner_is_a_route_conflict_and_left_alone() {
         assert!(workload_of(&plan).is_some(), "the runtime is not held");
     }
 }
+
+// ---- paths without a test before ---------------------------------------------------
+
+fn env_value<'w>(workload: &'w Value, name: &str) -> &'w Value {
+    &env_of(workload, name)["value"]
+}
+
+#[test]
+fn a_preview_fleet_with_a_custom_endpoint_and_scratch_size() {
+    let mut child = child_fleet("pr-1");
+    child["spec"]["storage"]["endpoint"] = json!({
+        "url": "http://minio.storage.svc:9000",
+        "credentialsSecretName": "minio-creds",
+        "egress": {"podLabels": {"app": "minio"}, "namespace": "storage"},
+    });
+    child["spec"]["storage"]["scratch"] = json!({"request": "2Gi", "limit": "3Gi"});
+    let mut w = World::running(child, 2);
+    w.reservations.push(pool_reservation(POOL_UID));
+    let plan = w.plan();
+    assert_eq!(condition(&plan, "Blocked")["status"], "False");
+    let d = workload_of(&plan).expect("workload");
+    assert_eq!(env_value(d, "S3_ENDPOINT"), "http://minio.storage.svc:9000");
+    assert_eq!(env_value(d, "AWS_ALLOW_HTTP"), "true");
+    // Credentials are references, never values.
+    assert_eq!(
+        env_of(d, "AWS_ACCESS_KEY_ID")["valueFrom"]["secretKeyRef"],
+        json!({"name": "minio-creds", "key": "accessKeyId"})
+    );
+    assert_eq!(
+        env_of(d, "AWS_SECRET_ACCESS_KEY")["valueFrom"]["secretKeyRef"],
+        json!({"name": "minio-creds", "key": "secretAccessKey"})
+    );
+    // Scratch: the request and limit of ephemeral storage, the emptyDir's size.
+    let pod = &d["spec"]["template"]["spec"];
+    let resources = &pod["containers"][0]["resources"];
+    assert_eq!(resources["requests"]["ephemeral-storage"], "2Gi");
+    assert_eq!(resources["limits"]["ephemeral-storage"], "3Gi");
+    let data = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "data")
+        .unwrap();
+    assert_eq!(data["emptyDir"]["sizeLimit"], "3Gi");
+    // One scoped egress rule to the endpoint's Pods on its port.
+    let np = applied_named(&plan, "NetworkPolicy", "f").unwrap();
+    let rule = np["spec"]["egress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["ports"] == json!([{"protocol": "TCP", "port": 9000}]))
+        .expect("endpoint egress rule");
+    assert_eq!(rule["to"][0]["podSelector"]["matchLabels"]["app"], "minio");
+    assert_eq!(
+        rule["to"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "storage"
+    );
+    // The prefix reservation records the endpoint.
+    let mut first = World::new(w.primary.clone());
+    first.reservations.push(pool_reservation(POOL_UID));
+    let plan = first.plan();
+    let own = crate::names::reservation_name("shared-previews/pr-1");
+    let r = applied_named(&plan, "CelldStorageReservation", &own).unwrap();
+    assert_eq!(r["spec"]["endpoint"], "http://minio.storage.svc:9000");
+
+    // Without scratch, a Bucket member's scratch is sizeGiB (10 by default).
+    let plan = World::running(bucket_fleet(), 1).plan();
+    let d = workload_of(&plan).unwrap();
+    let resources = &d["spec"]["template"]["spec"]["containers"][0]["resources"];
+    assert_eq!(resources["requests"]["ephemeral-storage"], "10Gi");
+    assert!(!env_names(d).contains(&"S3_ENDPOINT".to_owned()));
+}
+
+#[test]
+fn ingress_tls_names_the_secret_for_every_hostname() {
+    let mut routing = ingress_routing();
+    routing["hostnames"] = json!(["a.example.com", "b.example.com"]);
+    routing["ingress"]["tlsSecretName"] = json!("app-tls");
+    let plan = World::running(with_routing(routing), 3).plan();
+    let ingress = applied_named(&plan, "Ingress", "f-routing").expect("ingress");
+    assert_eq!(
+        ingress["spec"]["tls"],
+        json!([{"hosts": ["a.example.com", "b.example.com"], "secretName": "app-tls"}])
+    );
+    // Without it, no tls section.
+    let plan = World::running(with_routing(ingress_routing()), 3).plan();
+    let ingress = applied_named(&plan, "Ingress", "f-routing").unwrap();
+    assert!(ingress["spec"].get("tls").is_none(), "{ingress}");
+}
+
+#[test]
+fn invalid_routing_stored_past_admission_is_routing_ready_false_and_runtime_goes_on() {
+    let mut bad = ingress_routing();
+    bad["ingress"]["annotations"] = json!({"celld.eric.dev/x": "y"});
+    let mut w = World::running(with_routing(bad), 3);
+    // The route an earlier, valid spec made.
+    let mut existing = routing_owned("Ingress", "networking.k8s.io/v1");
+    existing["spec"] = json!({"ingressClassName": "nginx"});
+    w.owned.push(existing);
+    let plan = w.plan();
+    let c = condition(&plan, "RoutingReady");
+    assert_eq!(c["status"], "False");
+    assert_eq!(c["reason"], "InvalidConfiguration");
+    let message = c["message"].as_str().unwrap();
+    assert!(
+        message.contains("celld.eric.dev/x is reserved") && message.contains("kept"),
+        "{message}"
+    );
+    assert!(applied_named(&plan, "Ingress", "f-routing").is_none());
+    assert!(plan.delete.is_empty(), "the existing route is kept");
+    // Runtime operations are not blocked.
+    assert_eq!(condition(&plan, "Blocked")["status"], "False");
+    assert_eq!(condition(&plan, "Ready")["status"], "True");
+    assert!(workload_of(&plan).is_some());
+
+    // Neither gateway nor ingress, no hostnames.
+    let plan = World::running(
+        with_routing(
+            json!({"hostnames": [], "source": {"namespace": "edge", "podLabels": {"app": "gw"}}}),
+        ),
+        3,
+    )
+    .plan();
+    let message = condition(&plan, "RoutingReady")["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        message.contains("at least one host")
+            && message.contains("exactly one of gateway or ingress"),
+        "{message}"
+    );
+}
+
+#[test]
+fn routing_and_mesh_policies_close_when_deletion_starts() {
+    let mut primary = with_routing(ingress_routing());
+    primary["spec"]["mesh"] = json!({"istio": {}});
+    let mut w = World::running(primary, 2);
+    w.owned
+        .push(routing_owned("Ingress", "networking.k8s.io/v1"));
+    let mut policy = routing_owned("NetworkPolicy", "networking.k8s.io/v1");
+    policy["metadata"]["uid"] = json!("routing-np-uid");
+    w.owned.push(policy);
+    let mut ap = routing_owned("AuthorizationPolicy", "security.istio.io/v1");
+    ap["metadata"]["name"] = json!("f-mesh");
+    w.owned.push(ap);
+    w.deleting = true;
+    let plan = w.plan();
+    let deleted: Vec<(String, String)> = plan
+        .delete
+        .iter()
+        .map(|d| (d.target.kind.clone(), d.target.name.clone()))
+        .collect();
+    for (kind, name) in [
+        ("Deployment", "f"),
+        ("Ingress", "f-routing"),
+        ("NetworkPolicy", "f-routing"),
+        ("AuthorizationPolicy", "f-mesh"),
+    ] {
+        assert!(
+            deleted.contains(&(kind.to_owned(), name.to_owned())),
+            "{kind} {name} not in the first deletion plan: {deleted:?}"
+        );
+    }
+    // Runtime shutdown is not delayed: the workload goes in the same plan.
+    assert!(!plan.cleanup_complete);
+    assert!(
+        plan.apply.is_empty(),
+        "nothing is applied once deletion starts"
+    );
+}
+
+#[test]
+fn application_access_policies_leaves_8080_to_the_users_policies() {
+    let mut primary = meshed();
+    primary["spec"]["mesh"]["istio"] = json!({"applicationAccess": "Policies"});
+    let plan = World::running(primary, 2).plan();
+    let ap = applied_named(&plan, "AuthorizationPolicy", "f-mesh").unwrap();
+    let rules = ap["spec"]["rules"].as_array().unwrap();
+    assert_eq!(rules.len(), 1, "only the peer rule: {ap}");
+    assert_eq!(rules[0]["to"][0]["operation"]["ports"], json!(["8081"]));
+    // AllowAll (the default) adds 8080 from anyone.
+    let plan = World::running(meshed(), 2).plan();
+    let ap = applied_named(&plan, "AuthorizationPolicy", "f-mesh").unwrap();
+    assert_eq!(
+        ap["spec"]["rules"][1],
+        json!({"to": [{"operation": {"ports": ["8080"]}}]})
+    );
+}
+
+#[test]
+fn the_eks_pod_identity_agent_bypasses_the_proxy_and_is_reachable() {
+    let plan = World::running(meshed(), 2).plan();
+    let d = workload_of(&plan).unwrap();
+    assert_eq!(
+        d["spec"]["template"]["metadata"]["annotations"]["traffic.sidecar.istio.io/excludeOutboundIPRanges"],
+        "169.254.170.23/32"
+    );
+    let np = applied_named(&plan, "NetworkPolicy", "f").unwrap();
+    assert!(
+        np["spec"]["egress"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"to": [{"ipBlock": {"cidr": "169.254.170.23/32"}}],
+                    "ports": [{"protocol": "TCP", "port": 80}]})),
+        "{np}"
+    );
+    // Without the mesh there is no proxy to bypass.
+    let plan = World::running(bucket_fleet(), 2).plan();
+    let d = workload_of(&plan).unwrap();
+    assert!(
+        d["spec"]["template"]["metadata"]["annotations"]
+            .get("traffic.sidecar.istio.io/excludeOutboundIPRanges")
+            .is_none()
+    );
+}
+
+#[test]
+fn persistent_fleet_and_runtime_image_changes_roll_one_member_at_a_time() {
+    let image = "ghcr.io/ewhauser/celld@sha256:1111111111111111111111111111111111111111111111111111111111111111";
+    for primary in [bucket_fleet(), persistent_fleet()] {
+        let stateful = typed(&primary).spec.stateful();
+        let mut w = World::running(primary.clone(), 3);
+        if stateful {
+            w.claims = (0..3)
+                .map(|i| claim(&format!("data-f-{i}"), "Bound"))
+                .collect();
+        }
+        let mut changed = primary.clone();
+        changed["metadata"]["generation"] = json!(2);
+        changed["spec"]["runtimeImage"] = json!(image);
+        w.primary = changed;
+        let plan = w.plan();
+        let d = workload_of(&plan).unwrap();
+        assert_eq!(
+            d["spec"]["template"]["spec"]["containers"][0]["image"],
+            image
+        );
+        if stateful {
+            assert_eq!(d["kind"], "StatefulSet");
+            assert_eq!(d["spec"]["updateStrategy"]["type"], "RollingUpdate");
+            assert_eq!(d["spec"]["updateStrategy"]["rollingUpdate"]["partition"], 0);
+            assert_eq!(d["spec"]["podManagementPolicy"], "Parallel");
+        } else {
+            assert_eq!(d["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"], 1);
+            assert_eq!(d["spec"]["strategy"]["rollingUpdate"]["maxSurge"], 0);
+        }
+        assert_eq!(d["spec"]["replicas"], 3, "a roll does not change replicas");
+        assert_eq!(condition(&plan, "Progressing")["reason"], "RollingUpdate");
+        assert_eq!(condition(&plan, "Provisioned")["status"], "False");
+        // The image is not a fixed field: no blocker, the reservation holds.
+        assert_eq!(condition(&plan, "Blocked")["status"], "False");
+        assert!(applied(&plan, "CelldStorageReservation").len() <= 1);
+        // The PodDisruptionBudget keeps one member down at most.
+        let pdb = applied_named(&plan, "PodDisruptionBudget", "f").unwrap();
+        assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    }
+}
