@@ -578,6 +578,47 @@ async fn bucket_scales_two_three_two_with_at_most_one_member_unavailable() -> Re
     Ok(())
 }
 
+/// A capacity policy the operator does not implement is refused with a
+/// clear message, never silently ignored: a fleet created with
+/// `capacity.mode: Shadow` is Blocked/InvalidConfiguration and gets no
+/// workload; a running fleet that adds one keeps its workload untouched;
+/// `External` (scaling through `/scale`) runs.
+#[tokio::test]
+async fn a_capacity_policy_other_than_external_is_refused_not_ignored() -> Result<()> {
+    let ns = TestNamespace::new("fleet-capacity").await?;
+    let _op = start(&ns, json!({})).await?;
+    let mut s = spec(&ns, "Bucket", 1, "shadow");
+    s["capacity"] = json!({"mode": "Shadow", "minReplicas": 1, "maxReplicas": 3});
+    create_fleet(&ns, "shadow", s).await?;
+    wait_blocked(
+        &ns,
+        "shadow",
+        "InvalidConfiguration",
+        "capacity.mode \"Shadow\" is not implemented by this operator",
+    )
+    .await?;
+    assert!(
+        ns.api::<Deployment>().get_opt("shadow").await?.is_none(),
+        "a refused fleet gets no workload"
+    );
+
+    let mut s = spec(&ns, "Bucket", 1, "external");
+    s["capacity"] = json!({"mode": "External", "minReplicas": 1});
+    create_fleet(&ns, "external", s).await?;
+    wait_provisioned(&ns, "external").await?;
+    let before = ns.api::<Deployment>().get("external").await?;
+    // The CRD defaults the mode of an empty capacity to Shadow.
+    patch_spec(&ns, "external", json!({"capacity": {"mode": null}})).await?;
+    wait_blocked(&ns, "external", "InvalidConfiguration", "capacity.mode").await?;
+    let after = ns.api::<Deployment>().get("external").await?;
+    assert_eq!(
+        before.metadata.generation, after.metadata.generation,
+        "the workload is untouched while refused"
+    );
+    delete_fleet(&ns, "shadow").await?;
+    delete_fleet(&ns, "external").await
+}
+
 /// Ordered Bucket (a StatefulSet) contracts by removing the highest ordinal.
 #[tokio::test]
 async fn ordered_bucket_removes_the_highest_ordinal() -> Result<()> {
