@@ -213,10 +213,17 @@ op_args=()
 if [[ $rbac == 1 ]]; then
   # The ServiceAccount as deploy/wasmop.yaml makes it, the RBAC of
   # deploy/rbac.yaml, and a kubeconfig with a token of the account.
-  python3 -c '
-import sys, yaml
-docs = [d for d in yaml.safe_load_all(open("deploy/wasmop.yaml")) if d and d["kind"] in ("Namespace", "ServiceAccount")]
-yaml.safe_dump_all(docs, sys.stdout)' | "$KUBECTL" apply --server-side -f - >/dev/null
+  "$KUBECTL" create --dry-run=client -o json -f deploy/wasmop.yaml | python3 -c '
+import json, sys
+text, decoder, pos, items = sys.stdin.read(), json.JSONDecoder(), 0, []
+while text[pos:].strip():
+    while text[pos].isspace():
+        pos += 1
+    item, pos = decoder.raw_decode(text, pos)
+    items.append(item)
+json.dump({"apiVersion": "v1", "kind": "List",
+           "items": [i for i in items if i["kind"] in ("Namespace", "ServiceAccount")]}, sys.stdout)' |
+    "$KUBECTL" apply --server-side -f - >/dev/null
   "$KUBECTL" apply --server-side -f deploy/rbac.yaml >/dev/null
   audit_log="$WASMOP_CLUSTER_DIR/logs/audit.log"
   [[ -f $audit_log ]] || die "no API server audit log at $audit_log: the control plane was started by an older tests/cluster/up.sh; stop it (tests/cluster/down.sh) and run again"
@@ -334,7 +341,9 @@ if [[ $check == 1 ]]; then
     fi
     # Stopped first: a watch is in the audit log once it ended.
     kill "$op_pid"; wait "$op_pid" || true; op_pid=""
-    python3 tests/rbac-audit.py "$audit_log" "$audit_offset" deploy/rbac.yaml tests/rbac-reasons.txt \
+    rbac_json="$WASMOP_CLUSTER_DIR/rbac.json"
+    "$KUBECTL" create --dry-run=client -o json -f deploy/rbac.yaml >"$rbac_json"
+    python3 tests/rbac-audit.py "$audit_log" "$audit_offset" "$rbac_json" tests/rbac-reasons.txt \
       system:serviceaccount:wasmop:wasmop || exit 1
     echo "RBAC check passed: the operator ran as its ServiceAccount with deploy/rbac.yaml; no request was forbidden"
   fi

@@ -2,11 +2,13 @@
 """Compares what the operator's ServiceAccount did (the API server's audit
 log, tests/cluster/up.sh) with what deploy/rbac.yaml grants it.
 
-    rbac-audit.py AUDIT_LOG OFFSET RBAC_YAML REASONS USER
+    rbac-audit.py AUDIT_LOG OFFSET RBAC_JSON REASONS USER
 
 Reads the audit events from byte OFFSET of AUDIT_LOG that USER made, and
-prints one line per grant (API group, resource, verb) of RBAC_YAML's Roles
-and ClusterRoles: `used` with the number of requests, or `unused` with the
+prints one line per grant (API group, resource, verb) of the Roles and
+ClusterRoles in RBAC_JSON (deploy/rbac.yaml as `kubectl create
+--dry-run=client -o json` prints it, one JSON object after the other:
+Python's standard library reads no YAML): `used` with the number of requests, or `unused` with the
 reason REASONS gives for keeping it. Then the requests the API server
 refused by authorization (audit annotation authorization.k8s.io/decision
 forbid), and the requests no grant covers. Exits 1 when a request
@@ -21,20 +23,32 @@ import json
 import sys
 from collections import Counter
 
-import yaml
+def json_stream(text):
+    """The JSON values of TEXT, one after the other (kubectl prints one per
+    object)."""
+    decoder = json.JSONDecoder()
+    pos = 0
+    while True:
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        if pos == len(text):
+            return
+        value, pos = decoder.raw_decode(text, pos)
+        yield value
 
 
 def grants(path):
     out = set()
     with open(path) as f:
-        for doc in yaml.safe_load_all(f):
-            if not doc or doc.get("kind") not in ("Role", "ClusterRole"):
-                continue
-            for rule in doc.get("rules") or []:
-                for g in rule.get("apiGroups") or []:
-                    for r in rule.get("resources") or []:
-                        for v in rule.get("verbs") or []:
-                            out.add((g or "core", r, v))
+        text = f.read()
+    for doc in json_stream(text):
+        if doc.get("kind") not in ("Role", "ClusterRole"):
+            continue
+        for rule in doc.get("rules") or []:
+            for g in rule.get("apiGroups") or []:
+                for r in rule.get("resources") or []:
+                    for v in rule.get("verbs") or []:
+                        out.add((g or "core", r, v))
     return out
 
 
@@ -87,7 +101,7 @@ def main():
     granted = grants(rbac)
     rs = reasons(reasons_file)
     failed = False
-    print(f"RBAC grants of {rbac} against the audit log ({sum(used.values())} requests of {user}):")
+    print(f"RBAC grants of deploy/rbac.yaml against the audit log ({sum(used.values())} requests of {user}):")
     print(f"  {'GROUP':<26} {'RESOURCE':<34} {'VERB':<7} USE")
     for g, r, v in sorted(granted):
         n = sum(c for (ug, ur, uv), c in used.items()
@@ -105,7 +119,7 @@ def main():
         (g == k[0] or g == "*") and (r == k[1] or r == "*") and (v == k[2] or v == "*")
         for g, r, v in granted)]
     for k in sorted(ungranted):
-        print(f"  not in {rbac} but allowed (another binding?): {k} x{used[k]}")
+        print(f"  not in deploy/rbac.yaml but allowed (another binding?): {k} x{used[k]}")
     if forbidden:
         failed = True
         print("FORBIDDEN requests (denied by RBAC):")
