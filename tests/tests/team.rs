@@ -18,6 +18,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 use terdut_standin::StandIn;
+use wasmop_tests::admission::{Admission, AdmissionOptions, delete_configuration};
 use wasmop_tests::operator::{RunningOperator, load_plugin, test_config};
 use wasmop_tests::status::{condition, wait_condition, wait_event};
 use wasmop_tests::{
@@ -868,6 +869,96 @@ async fn the_api_server_refuses_a_database_with_both_or_neither_of_dsn_and_clust
         .await?;
     }
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_escalation_rule_for_a_team_is_refused_at_admission() -> Result<()> {
+    let env = env("team-admit", |_| {}).await?;
+    let ops = TestNamespace::new("team-admit-ops").await?;
+    let configuration = format!("wasmop-admission-{}", env.ns.name);
+    let op = env.op.as_ref().expect("operator");
+    let run = async {
+        let _admission = Admission::start(
+            env.ns.client.clone(),
+            &op.operator,
+            op.operator.leader_flag(),
+            AdmissionOptions {
+                operator_namespace: ops.name.clone(),
+                watched: vec![env.ns.name.clone()],
+                configuration: configuration.clone(),
+                url: None,
+                cert_validity: Duration::from_secs(3600),
+            },
+        )
+        .await?;
+        let spec = |team: &str| json!({"teamRef": {"name": team}, "levels": [{"timeout": "5m", "targets": [{"kind": "oncall"}]}]});
+        create(
+            &env.k.rules,
+            "TerdutEscalationRule",
+            "first",
+            spec("platform"),
+        )
+        .await?;
+        let refused = wait_for("the second rule refused", DEADLINE, || async {
+            match create(
+                &env.k.rules,
+                "TerdutEscalationRule",
+                "second",
+                spec("platform"),
+            )
+            .await
+            {
+                Err(e) => {
+                    let text = format!("{e:#}");
+                    if text.contains("one-escalation-rule-per-team") {
+                        Ok(Some(text))
+                    } else {
+                        bail!("refused otherwise: {text}")
+                    }
+                }
+                Ok(()) => {
+                    // Admitted before the webhook was registered: try again.
+                    env.k
+                        .rules
+                        .delete("second", &DeleteParams::default())
+                        .await?;
+                    wait_gone(&env.k.rules, "second").await?;
+                    bail!("admitted: the webhook is not in use yet")
+                }
+            }
+        })
+        .await?;
+        assert!(
+            refused.contains("TerdutTeam \"platform\" already has TerdutEscalationRule \"first\""),
+            "{refused}"
+        );
+        assert!(env.k.rules.get_opt("second").await?.is_none());
+        // Another team's rule is admitted; re-pointing it at platform is not.
+        create(
+            &env.k.rules,
+            "TerdutEscalationRule",
+            "second",
+            spec("other"),
+        )
+        .await?;
+        let err = patch_spec(
+            &env.k.rules,
+            "second",
+            json!({"teamRef": {"name": "platform"}}),
+        )
+        .await
+        .expect_err("re-pointing at a team with a rule must be refused");
+        assert!(
+            format!("{err:#}").contains("already has TerdutEscalationRule"),
+            "{err:#}"
+        );
+        // The one rule itself may still change.
+        patch_spec(&env.k.rules, "first", json!({"repeatCount": 3})).await?;
+        anyhow::Ok(())
+    };
+    let result = run.await;
+    delete_configuration(&env.ns.client, &configuration).await?;
+    result
 }
 
 #[tokio::test]

@@ -15,14 +15,17 @@
 //! server's API URL (`TerdutServer.status.apiURL`: `spec.networking.apiURL`,
 //! else the Service's cluster DNS name), which must be on the operator's
 //! `--allow-url` list. The logic is plain functions over the snapshot; the
-//! WebAssembly glue is the one `export_plugin!` at the bottom.
+//! WebAssembly glue is the one `export_admitting_plugin!` at the bottom:
+//! the plugin also admits ([`admission`]: one escalation rule per team).
 
+pub mod admission;
 pub mod api;
 pub mod children;
 pub mod server;
 pub mod team;
 
 use serde_json::Value;
+use wasmop_sdk::admission::{AdmissionRequest, AdmissionResponse, Admit};
 use wasmop_sdk::k8s_openapi::api::apps::v1::Deployment;
 use wasmop_sdk::k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use wasmop_sdk::{
@@ -118,12 +121,14 @@ impl Plugin for TeamPlugin {
             ))
             .reads(secrets_here(team::READ_SECRETS))
             .finalizer(SYNC_FINALIZER);
-        Manifest::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"))
-            .controller(server)
-            .controller(team)
-            .controller(child(ESCALATION, escalation_kind()))
-            .controller(child(DEADMAN, deadman_kind()))
-            .controller(child(ALERT_SOURCE, alert_source_kind()).owns(KindRef::of::<Secret>()))
+        admission::rules(
+            Manifest::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"))
+                .controller(server)
+                .controller(team)
+                .controller(child(ESCALATION, escalation_kind()))
+                .controller(child(DEADMAN, deadman_kind()))
+                .controller(child(ALERT_SOURCE, alert_source_kind()).owns(KindRef::of::<Secret>())),
+        )
     }
 
     fn validate_settings(settings: &Value) -> Result<(), Vec<SettingsProblem>> {
@@ -207,8 +212,14 @@ pub fn gate_posts(snapshot: &Snapshot, mut plan: Plan) -> Plan {
     plan.status(status)
 }
 
+impl Admit for TeamPlugin {
+    fn admit(request: &AdmissionRequest) -> AdmissionResponse {
+        admission::admit(request)
+    }
+}
+
 #[cfg(target_arch = "wasm32")]
-wasmop_sdk::export_plugin!(TeamPlugin);
+wasmop_sdk_admitting::export_admitting_plugin!(TeamPlugin);
 
 #[cfg(test)]
 mod tests;
