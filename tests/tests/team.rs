@@ -618,7 +618,17 @@ async fn a_server_without_the_proposed_endpoints_is_bootstrapped_with_the_plain_
             .iter()
             .any(|l| l.method == "GET" && l.path == "/api/version" && l.status == 404)
     );
-    assert_eq!(env.standin.with(|s| s.count("POST", "/api/bootstrap")), 1);
+    // Single-shot: one admin, one POST executed (a repeat of the same
+    // request is answered from the Idempotency-Key, not executed again).
+    let posts: Vec<_> = env
+        .standin
+        .log()
+        .into_iter()
+        .filter(|l| l.method == "POST" && l.path == "/api/bootstrap")
+        .collect();
+    assert_eq!(posts.iter().filter(|l| !l.replayed).count(), 1, "{posts:?}");
+    assert!(posts.iter().all(|l| l.status == 201), "{posts:?}");
+    assert_eq!(env.standin.with(|s| s.users.len()), 1);
     let id = team_id(&env.team("platform", "Platform").await?);
     assert!(env.standin.with(|s| s.teams.contains_key(&id)));
 

@@ -858,6 +858,22 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
                     }
                 }
             }
+        } else if snapshot.primary["status"]["operatorCredentialsSecretRef"]["name"]
+            == creds_name.as_str()
+        {
+            // Our own bootstrap succeeded (the status says so, written with
+            // the Secret): a snapshot that does not show the Secret yet must
+            // not send the single-shot POST again, whose 403 would read as
+            // someone else's bootstrap.
+            conds.set(
+                "Bootstrapped",
+                false,
+                "CredentialsSecretMissing",
+                &format!(
+                    "the operator's key was written to Secret {creds_name}, which is not there (yet); POST /api/bootstrap is single-shot, so if it was deleted, name an admin key in spec.bootstrap.adminKeySecretRef"
+                ),
+            );
+            false
         } else if boot.is_some_and(|o| o.status == Some(403))
             || version_body
                 .as_ref()
@@ -916,11 +932,14 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
     {
         plan = plan.warning("BootstrappedElsewhere", "terdut-server answered that it is bootstrapped already; the operator needs spec.bootstrap.adminKeySecretRef");
     }
-    status["operatorCredentialsSecretRef"] = if bootstrapped {
-        json!({"name": creds_name})
-    } else {
-        Value::Null
-    };
+    // Kept while the Secret is missing after our own bootstrap: it is what
+    // keeps the single-shot POST from being sent again.
+    status["operatorCredentialsSecretRef"] =
+        if bootstrapped || conds.reason("Bootstrapped") == Some("CredentialsSecretMissing") {
+            json!({"name": creds_name})
+        } else {
+            Value::Null
+        };
 
     // 5. Team credentials.
     let team_scoped = capabilities.iter().any(|c| c == TEAM_SCOPED_CAPABILITY);

@@ -1406,3 +1406,39 @@ fn hostname_and_gateway_listener_are_refused_plainly() {
     let plan = run::<TeamPlugin>(&server().build()).unwrap();
     assert!(condition(&plan, "Exposed").is_null());
 }
+
+#[test]
+fn after_its_own_bootstrap_the_server_never_posts_again() {
+    // The status says the key went to the credentials Secret, but this
+    // snapshot does not show the Secret (yet): no second POST.
+    let mut s = wasmop_sdk::testing::objects_from_yaml(SERVER_YAML).remove(0);
+    s["status"] = json!({"operatorCredentialsSecretRef": {"name": "terdut-operator-credentials"}});
+    for version in [
+        obs("version", Some(404), json!({"error": "route not found"}), 5),
+        obs("version", Some(200), json!({"bootstrapped": false}), 5),
+    ] {
+        let plan = run::<TeamPlugin>(
+            &SnapshotBuilder::new(SERVER)
+                .primary(s.clone())
+                .related(server::READ_SECRETS, one(DB_SECRET))
+                .observation(version)
+                .build(),
+        )
+        .unwrap();
+        assert!(
+            !ids(&plan).iter().any(|(id, ..)| *id == "bootstrap"),
+            "{:?}",
+            ids(&plan)
+        );
+        assert_eq!(
+            condition(&plan, "Bootstrapped")["reason"],
+            "CredentialsSecretMissing"
+        );
+        assert!(plan.events.is_empty(), "no BootstrappedElsewhere Warning");
+        assert_eq!(
+            plan.status.as_ref().unwrap()["operatorCredentialsSecretRef"]["name"],
+            "terdut-operator-credentials",
+            "kept, so the next pass does not POST either"
+        );
+    }
+}
