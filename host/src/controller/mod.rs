@@ -938,15 +938,19 @@ impl Operator {
         }
     }
 
-    /// Routes a cache change to the primaries it concerns.
-    fn route(&self, change: &Change) {
-        let actives: Vec<Arc<Active>> = self
-            .controllers
+    /// Every running controller, as of now.
+    fn actives(&self) -> Vec<Arc<Active>> {
+        self.controllers
             .read()
             .expect("controllers lock")
             .values()
             .cloned()
-            .collect();
+            .collect()
+    }
+
+    /// Routes a cache change to the primaries it concerns.
+    fn route(&self, change: &Change) {
+        let actives = self.actives();
         if change.is_listed() {
             self.kind_listed(&change.kind, &actives);
             return;

@@ -271,13 +271,9 @@ enum Outcome {
 impl Operator {
     /// Running controllers of `plugin`.
     fn plugin_controllers(&self, plugin: &str) -> Vec<std::sync::Arc<Active>> {
-        self.controllers
-            .read()
-            .expect("controllers lock")
-            .values()
-            .filter(|a| a.plugin.name() == plugin)
-            .cloned()
-            .collect()
+        let mut actives = self.actives();
+        actives.retain(|a| a.plugin.name() == plugin);
+        actives
     }
 
     /// True when the API server still has the owner `claim` names (also
@@ -510,13 +506,7 @@ impl Operator {
             return (0, 0);
         }
         let started = Instant::now();
-        let actives: Vec<std::sync::Arc<Active>> = self
-            .controllers
-            .read()
-            .expect("controllers lock")
-            .values()
-            .cloned()
-            .collect();
+        let actives = self.actives();
         let (mut seen, mut collected) = (0usize, 0usize);
         let mut swept: HashSet<(String, String)> = HashSet::new();
         for a in &actives {
