@@ -18,7 +18,8 @@
 //!   nothing).
 //!
 //! The writes of a plan are counted in the order [`super::execute`] makes
-//! them, each at its leadership check right before it is sent: the
+//! them, each right before it is sent, once its leadership check passed (a
+//! replica that may not write never reaches the failpoint): the
 //! finalizer, the unasked creates, the primary patch, the applies, the
 //! deletes, the status, the Events, the finalizer release. Writes skipped
 //! because they would change nothing are not counted; nor are the writes
