@@ -1814,7 +1814,9 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
     report.explained_deletions = ledger.explained_deletions;
     report.ops = shared.ops.lock().unwrap().clone();
     report.took = begun.elapsed();
-    if !report.violations.is_empty() {
+    // Kept when they explain a failure; a soak that breaks the invariants
+    // on purpose needs none.
+    if !report.violations.is_empty() && config.breach == Breach::None {
         eprintln!("chaos soak: replica logs: {} (kept)", keep(work).display());
     }
     Ok(report)
