@@ -215,6 +215,12 @@ async fn deploy_manifests_are_accepted_by_the_api_server() -> Result<()> {
         // Namespace is dry-run created, so it does not exist).
         if obj.metadata.namespace.is_some() {
             obj.metadata.namespace = Some(ns.name.clone());
+        } else if let Some(name) = &obj.metadata.name {
+            // Cluster-scoped objects get a name of this test's own: the
+            // objects themselves may exist already (run-local.sh --rbac
+            // installs them), and a dry-run create of an existing name is
+            // refused before it is validated.
+            obj.metadata.name = Some(format!("{name}-{}", ns.name));
         }
         let types = obj.types.clone().expect("apiVersion and kind");
         let (group, version) = match types.api_version.split_once('/') {
