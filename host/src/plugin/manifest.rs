@@ -534,37 +534,28 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn the_absent_kinds_read_id_is_reserved() {
-        let mut m = manifest();
-        m.controllers[0].reads = vec![Read {
-            id: wasmop_contract::ABSENT_KIND_READ.into(),
-            kind: configmap(),
-            selector: Selector::SameNamespace,
-            optional: false,
-        }];
-        assert_eq!(
-            messages(&m),
-            vec![
-                "controllers[0].reads[0].id: read id \"wasmop.dev/absent-kinds\" is the host's (absent optional kinds)"
-            ]
-        );
-    }
-
-    #[test]
-    fn the_observation_outcomes_read_id_is_reserved() {
-        let mut m = manifest();
-        m.controllers[0].reads = vec![Read {
-            id: wasmop_contract::OBSERVATION_OUTCOMES_READ.into(),
-            kind: configmap(),
-            selector: Selector::SameNamespace,
-            optional: false,
-        }];
-        assert_eq!(
-            messages(&m),
-            vec![
-                "controllers[0].reads[0].id: read id \"wasmop.dev/observation-outcomes\" is the host's (observation outcomes)"
-            ]
-        );
+    fn the_hosts_read_ids_are_reserved() {
+        for (id, what) in [
+            (wasmop_contract::ABSENT_KIND_READ, "absent optional kinds"),
+            (
+                wasmop_contract::OBSERVATION_OUTCOMES_READ,
+                "observation outcomes",
+            ),
+        ] {
+            let mut m = manifest();
+            m.controllers[0].reads = vec![Read {
+                id: id.into(),
+                kind: configmap(),
+                selector: Selector::SameNamespace,
+                optional: false,
+            }];
+            assert_eq!(
+                messages(&m),
+                vec![format!(
+                    "controllers[0].reads[0].id: read id \"{id}\" is the host's ({what})"
+                )]
+            );
+        }
     }
 
     #[test]
