@@ -49,6 +49,8 @@
 //!   that lists them (and within the budget): the host never retries them
 //!   on its own. While one is in flight, a plan listing the same id again
 //!   does not send it a second time.
+//! - A plan's GETs are sent after its mutating calls have answered, so a
+//!   GET listed with a write observes it and its result is the newer one.
 //! - Secret header values are sent, never logged, and print as `Sensitive`
 //!   in `Debug` output.
 //!
@@ -248,7 +250,9 @@ impl Observer {
     /// - What is kept stays within the per-primary and total byte budgets
     ///   (oldest results dropped first).
     /// - Requests run concurrently, at most `max_concurrent` in flight over
-    ///   all primaries, each under its own deadline and body cap.
+    ///   all primaries, each under its own deadline and body cap; the
+    ///   plan's GETs are sent only after its mutating calls have answered,
+    ///   so a GET observes the writes listed with it.
     /// - Each result replaces the one stored under its id for this primary.
     ///   A result arriving after [`Observer::forget`] is dropped.
     pub async fn run(
@@ -352,19 +356,29 @@ impl Observer {
                 .map(|(r, _)| r.id.clone())
                 .collect(),
         };
-        let results = futures::future::join_all(
-            to_send
-                .iter()
-                .map(|(request, endpoint)| self.perform(primary, request, endpoint)),
-        )
-        .await;
+        // Mutating calls first, then the GETs: a GET listed with a write
+        // observes it (sent together, a GET answered from before the write
+        // could arrive after it and look newer).
+        let (writes, reads): (Vec<_>, Vec<_>) = to_send
+            .iter()
+            .partition(|(request, _)| request.method != HttpMethod::Get);
+        let mut answered: Vec<(&HttpRequest, Stored)> = Vec::with_capacity(to_send.len());
+        for phase in [writes, reads] {
+            let stored = futures::future::join_all(
+                phase
+                    .iter()
+                    .map(|(request, endpoint)| self.perform(primary, request, endpoint)),
+            )
+            .await;
+            answered.extend(phase.iter().map(|(request, _)| request).zip(stored));
+        }
 
         let mut state = self.lock();
         if let Some(entry) = state.get_mut(&primary.uid)
             && entry.epoch == epoch
         {
             let mut stored_ids = Vec::new();
-            for ((request, _), stored) in to_send.iter().zip(results) {
+            for (request, stored) in answered {
                 if entry.store(&request.id, stored, &self.config) {
                     outcome.changed += 1;
                 }

@@ -615,6 +615,29 @@ async fn a_mutating_call_in_flight_is_not_sent_again_by_a_later_plan() {
 }
 
 #[tokio::test]
+async fn a_plans_gets_are_sent_after_its_mutating_calls_answered() {
+    // Slow answers: sent together, the GET would be on the wire while the
+    // PATCH is still unanswered.
+    let server = TestServer::start(Reply::ok("{}").slow(Duration::from_millis(200))).await;
+    let obs = observer(allowing(&server));
+    let list = probe_id(&server, "list");
+    let mut patch = probe(&server, "/v1/things/7");
+    patch.id = "rename".into();
+    patch.method = HttpMethod::Patch;
+    patch.body = r#"{"name":"b"}"#.into();
+    // The GET is listed first; the write still goes first.
+    let outcome = run(&obs, &[list, patch]).await;
+    assert_eq!(outcome.sent, 2);
+    let seen = server.requests();
+    assert!(seen[0].starts_with("patch /v1/things/7 "), "{seen:?}");
+    assert!(seen[1].starts_with("get "), "{seen:?}");
+    assert_eq!(server.max_in_flight.load(Ordering::SeqCst), 1);
+    let kept = obs.results(UID, Timestamp::now());
+    let age = |id: &str| kept.iter().find(|o| o.id == id).expect(id).age_ms;
+    assert!(age("list") < age("rename"), "the GET's result is the newer");
+}
+
+#[tokio::test]
 async fn results_older_than_max_age_are_dropped() {
     let server = TestServer::start(Reply::ok("fresh")).await;
     let obs = observer(allowing(&server));

@@ -977,7 +977,9 @@ pub fn reconcile_alert_source(snapshot: &Snapshot) -> Result<Plan, ReconcileErro
             }
             return finish(plan, status, &conds, Duration::from_millis(100));
         }
-        plan = plan.http(check).http(p.ep.request(
+        // Not with the list GET: sent together, the GET may be answered
+        // from before the PATCH yet arrive after it, and look newer.
+        plan = plan.http(p.ep.request(
             &rename_id,
             HttpMethod::Patch,
             &path,
