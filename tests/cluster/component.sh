@@ -52,6 +52,15 @@ ready() { # component -> 0 when it answers its health check
   esac
 }
 
+exited() { # pid -> 0 when reaped, or when each of its threads is a zombie
+  local pid="$1" t
+  [[ -d /proc/$pid ]] || return 0
+  for t in /proc/"$pid"/task/*; do
+    [[ -e $t/status ]] || continue
+    grep -q '^State:.*Z' "$t/status" 2>/dev/null || return 1
+  done
+  return 0
+}
 do_kill() {
   local c="$1" pid
   if ! pid="$(pid_of "$c")"; then
@@ -59,10 +68,13 @@ do_kill() {
     return 0
   fi
   kill -KILL "$pid"
-  # Gone means reaped or a zombie: no longer listening either way.
-  for _ in $(seq 1 100); do
-    [[ -d /proc/$pid ]] && ! grep -q '^State:.*Z' "/proc/$pid/status" 2>/dev/null || break
-    sleep 0.1
+  # Gone means reaped, or a zombie whose every thread has exited too: the
+  # first thread of a multi-threaded process (all of these are Go programs)
+  # may turn zombie while others still hold its sockets, and a start in
+  # that moment fails to bind its port.
+  for _ in $(seq 1 200); do
+    exited "$pid" && break
+    sleep 0.05
   done
   rm -f "$D/pids/$c.pid"
   log "killed $c (pid $pid)"
@@ -74,13 +86,27 @@ do_start() {
     die "$c is already running"
   fi
   mapfile -d '' -t argv < "$D/cmd/$c"
-  setsid "${argv[@]}" >>"$D/logs/$c.log" 2>&1 < /dev/null &
-  echo $! > "$D/pids/$c.pid"
-  local deadline=$(( $(date +%s) + READY_TIMEOUT ))
-  until ready "$c" >/dev/null 2>&1; do
-    pid_of "$c" >/dev/null || { tail -n 40 "$D/logs/$c.log" >&2; die "$c exited during start-up"; }
-    (( $(date +%s) < deadline )) || die "$c not ready after ${READY_TIMEOUT}s"
-    sleep 0.1
+  local deadline=$(( $(date +%s) + READY_TIMEOUT )) attempt=1 log_at
+  while :; do
+    log_at=$(stat -c %s "$D/logs/$c.log" 2>/dev/null || echo 0)
+    setsid "${argv[@]}" >>"$D/logs/$c.log" 2>&1 < /dev/null &
+    echo $! > "$D/pids/$c.pid"
+    until ready "$c" >/dev/null 2>&1; do
+      pid_of "$c" >/dev/null || break
+      (( $(date +%s) < deadline )) || die "$c not ready after ${READY_TIMEOUT}s"
+      sleep 0.1
+    done
+    pid_of "$c" >/dev/null && break
+    # Its port still held by the process it replaces (another one's
+    # would not free up): tried again, five times at most.
+    if (( attempt < 5 )) && tail -c +"$((log_at + 1))" "$D/logs/$c.log" | grep -q 'address already in use'; then
+      log "$c could not bind its port yet (attempt $attempt); starting it again"
+      attempt=$((attempt + 1))
+      sleep 1
+      continue
+    fi
+    tail -n 40 "$D/logs/$c.log" >&2
+    die "$c exited during start-up"
   done
   log "started $c (pid $(cat "$D/pids/$c.pid")) and it is ready"
 }

@@ -1,11 +1,16 @@
 //! The chaos soak: two real `wasmop run --leader-elect` replicas with the
-//! `good` test plugin (Widget → ConfigMap `<name>-cm`) and the shipped
-//! `backup` plugin (EtcdBackup → Job, cluster-scoped primaries, the soak's
-//! namespace as its target namespace), Widgets created, edited, deleted and
-//! re-created under the same names, EtcdBackups created, deleted and
-//! re-created under the same names (`pvcName` is immutable: no edits),
-//! while faults drawn at random from a printed seed hit the replicas and the
-//! control plane; invariants checked all along and at every quiet point.
+//! `good` test plugin (Widget → ConfigMap `<name>-cm`) and every shipped
+//! plugin: `backup` (EtcdBackup → Job, cluster-scoped primaries, the soak's
+//! namespace as its target namespace) and the zoo ([`zoo`]: the primaries
+//! of `deploy/examples/`, after the upstream samples — FireboltInstance,
+//! FireboltEngineClass and FireboltEngine, EtcdBackup and Backup,
+//! CelldFleet, TerdutServer and TerdutTeam against an in-process stand-in
+//! terdut-server). Widgets are created, edited, deleted and re-created
+//! under the same names, EtcdBackups created, deleted and re-created under
+//! the same names (`pvcName` is immutable: no edits), the zoo's primaries
+//! deleted and re-created, while faults drawn at random from a printed
+//! seed hit the replicas and the control plane; invariants checked all
+//! along and at every quiet point.
 //!
 //! Faults ([`FaultKind`]): SIGKILL of the leader or of the follower replica
 //! (restarted at once), kube-apiserver restarted or frozen, etcd restarted
@@ -13,8 +18,9 @@
 //! garbage collection meanwhile), a hot swap of the plugin (`good` ↔
 //! `good-v2`, or the same plugin written again), a crash of the leader
 //! right before write N of a plan (the host's test-only failpoint,
-//! `host/src/execute/failpoint.rs`), at every write index of the plugin's
-//! plans in turn, and, when the plugin comes from a local OCI
+//! `host/src/execute/failpoint.rs`), at both write indices of `good`'s
+//! plans and at one index from [`ZOO_WRITE_MIN`] to [`ZOO_WRITE_MAX`] in
+//! the longer plan of a zoo primary created anew, and, when the plugin comes from a local OCI
 //! registry (`oci://`, odd seeds; a hot swap is then a push to its tag),
 //! the registry stopped for 20 s in the background. Faults come every `fault_every` (±25 %), drawn from
 //! a shuffled deck of every kind so each comes up once per deck; a
@@ -46,10 +52,18 @@
 //!   ConfigMap holds `spec.value`, controlled by it, and `Reconciled=True`
 //!   for its generation; or, for the `b<i>` Widgets whose ConfigMap is a
 //!   bystander, the documented `Reconciled=False` `PlanRejected` naming
-//!   that ConfigMap; every EtcdBackup `Reconciled=True` for its generation.
-//!   Its distribution is reported. At the end the soak's EtcdBackups are
-//!   deleted and must be gone within 60 s, and no managed object may be
-//!   left whose owner is gone.
+//!   that ConfigMap; every EtcdBackup `Reconciled=True` for its generation;
+//!   every zoo primary (re-created first if the load left it deleted) at
+//!   its done condition and `Reconciled` for its generation within
+//!   [`ZOO_BOUND`]. The distributions are reported. At the end the zoo is
+//!   deleted and must be gone within 120 s with every object its plugins
+//!   wrote for it, the soak's EtcdBackups are deleted and must be gone
+//!   within 60 s, and no managed object may be left whose owner is gone.
+//!
+//! The soak's own API calls at quiet points and at the end retry errors a
+//! fault explains ([`transient`]) for up to a minute and count them; a
+//! soak that still cannot go on returns that first error, with the faults
+//! so far, after putting the cluster right as far as it can.
 //!
 //! Recovery, the instant convergence is timed from: the API server answers
 //! `/readyz`, kube-controller-manager runs, both replicas run and answer
@@ -110,6 +124,18 @@ pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 const LEASE: &str = "wasmop-chaos";
 /// Writes of a `good` plan: the ConfigMap, the status.
 pub const GOOD_WRITES: usize = 2;
+/// The crash-before-write fault also aborts at one index from here up to
+/// [`ZOO_WRITE_MAX`], in the longer plans of the zoo's plugins.
+pub const ZOO_WRITE_MIN: usize = GOOD_WRITES;
+/// See [`ZOO_WRITE_MIN`].
+pub const ZOO_WRITE_MAX: usize = 5;
+/// How long a zoo primary may take to its done condition after a quiet
+/// point's recovery before it is a violation (its plugins wait on Pods,
+/// Jobs and HTTP calls, so it is longer than [`CONVERGE_BOUND`]).
+pub const ZOO_BOUND: Duration = Duration::from_secs(60);
+
+mod zoo;
+use zoo::Zoo;
 
 /// Deterministic random numbers from the seed (splitmix64).
 #[derive(Debug, Clone)]
@@ -615,6 +641,9 @@ pub struct SoakConfig {
     /// deleted and re-created under the same names (its Jobs checked like
     /// the ConfigMaps). Default: true.
     pub backup: bool,
+    /// Run every shipped plugin on the primaries of `deploy/examples/`
+    /// ([`Zoo`]), churned; needs `backup`. Default: true.
+    pub zoo: bool,
 }
 
 impl SoakConfig {
@@ -632,6 +661,7 @@ impl SoakConfig {
             faults: FaultKind::ALL.to_vec(),
             oci: seed % 2 == 1,
             backup: true,
+            zoo: true,
         }
     }
 }
@@ -649,6 +679,8 @@ pub struct Ops {
     pub recreated: usize,
     /// Operations the API server did not complete (a fault was on).
     pub failed: usize,
+    /// The soak's own calls retried after a transient error.
+    pub retried: usize,
 }
 
 impl Ops {
@@ -673,6 +705,10 @@ pub struct Report {
     pub ops: Ops,
     /// Convergence time of each Widget at each quiet point.
     pub convergence: Vec<Duration>,
+    /// Time of each zoo primary to its done condition at each quiet point.
+    pub zoo_convergence: Vec<Duration>,
+    /// The zoo's primaries (`Kind/name`), empty without a zoo.
+    pub zoo: Vec<String>,
     /// Quiet points.
     pub quiet_points: usize,
     /// Recovery times (end of the last fault to recovered) at quiet points.
@@ -707,13 +743,14 @@ impl Report {
             self.crashed_at_writes
         );
         out += &format!(
-            "operations: {} ({} created, {} edited, {} deleted, {} deleted and re-created; {} not completed during faults)\n",
+            "operations: {} ({} created, {} edited, {} deleted, {} deleted and re-created; {} not completed during faults; {} of the soak's own calls retried after a transient error)\n",
             self.ops.total(),
             self.ops.created,
             self.ops.edited,
             self.ops.deleted,
             self.ops.recreated,
-            self.ops.failed
+            self.ops.failed,
+            self.ops.retried
         );
         if let Some(r) = Distribution::of(&self.recoveries) {
             out += &format!(
@@ -733,6 +770,17 @@ impl Report {
                 )
             }
             None => out += "convergence: none measured\n",
+        }
+        if let Some(d) = Distribution::of(&self.zoo_convergence) {
+            out += &format!(
+                "zoo ({}): done after recovery ({} primary·quiet points): min {:.2?} median {:.2?} p90 {:.2?} max (worst) {:.2?}\n",
+                self.zoo.join(", "),
+                self.zoo_convergence.len(),
+                d.min,
+                d.median,
+                d.p90,
+                d.max
+            );
         }
         out += &format!(
             "managed objects deleted, each explained by its owner's deletion: {}\n",
@@ -776,8 +824,42 @@ struct Replicas {
     registry: Option<String>,
     work: PathBuf,
     namespace: String,
+    /// More arguments of `wasmop run` (the zoo's namespace, its allowed
+    /// URL).
+    extra: Vec<String>,
     slots: Vec<Option<Replica>>,
     starts: usize,
+}
+
+/// An error a fault explains: the API server unreachable, restarting,
+/// overloaded or timing out. The soak retries its own calls on these.
+pub fn transient(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => s.code >= 500 || s.code == 429,
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
+    }
+}
+
+/// Runs the soak's own API call `call` until it succeeds, retrying what
+/// [`transient`] accepts for up to a minute (each retry counted).
+async fn retrying<T, F, Fut>(what: &str, shared: &Shared, mut call: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match call().await {
+            Ok(v) => return Ok(v),
+            Err(e) if transient(&e) && Instant::now() < deadline => {
+                shared.ops.lock().unwrap().retried += 1;
+                // A retry's pace while the API server comes back, bounded.
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(e) => return Err(anyhow::Error::new(e).context(what.to_owned())),
+        }
+    }
 }
 
 fn free_port() -> Result<u16> {
@@ -854,6 +936,7 @@ impl Replicas {
             .arg(format!("127.0.0.1:{port}"))
             .arg("--poll-interval-ms")
             .arg("500")
+            .args(&self.extra)
             .env_remove("POD_NAME")
             .env_remove("POD_NAMESPACE")
             .env(
@@ -969,6 +1052,8 @@ struct Injector {
     registry: Option<Arc<tokio::sync::Mutex<Registry>>>,
     registry_outage: Option<tokio::task::JoinHandle<Result<()>>>,
     widgets: Api<DynamicObject>,
+    zoo: Option<Arc<Zoo>>,
+    shared: Arc<Shared>,
     started: Instant,
 }
 
@@ -1114,6 +1199,12 @@ impl Injector {
                 for index in 0..GOOD_WRITES {
                     done.push(self.crash_before_write(index, report).await?);
                 }
+                if self.zoo.is_some() {
+                    // One later index, in a zoo plugin's longer plan.
+                    let span = (ZOO_WRITE_MAX - ZOO_WRITE_MIN + 1) as u64;
+                    let index = ZOO_WRITE_MIN + self.rng.below(span) as usize;
+                    done.push(self.crash_before_write(index, report).await?);
+                }
                 done.join("; ")
             }
         };
@@ -1177,7 +1268,14 @@ impl Injector {
             self.replicas.failpoint_file(slot),
             format!("abort-before-write:{index}"),
         )?;
-        // A plan with every write: a new value for a Widget.
+        // A plan with every write: a zoo primary created anew for the
+        // later indices, else a new value for a Widget.
+        if index >= ZOO_WRITE_MIN
+            && let Some(zoo) = &self.zoo
+        {
+            let made = zoo.recreate_one(self.rng.next_u64(), &self.shared).await;
+            return self.await_crash(slot, index, made, report).await;
+        }
         let names: Vec<String> = self
             .widgets
             .list(&ListParams::default())
@@ -1198,6 +1296,22 @@ impl Injector {
                 )
                 .await;
         }
+        self.await_crash(slot, index, None, report).await
+    }
+
+    /// Waits for the leader in `slot`, armed at write `index`, to abort;
+    /// disarms it and starts it again. `made` names the zoo primary made
+    /// to reach the index.
+    async fn await_crash(
+        &mut self,
+        slot: usize,
+        index: usize,
+        made: Option<String>,
+        report: &mut Report,
+    ) -> Result<String> {
+        let by = made
+            .map(|m| format!(" ({m} created anew)"))
+            .unwrap_or_default();
         let crashed = {
             let deadline = Instant::now() + Duration::from_secs(20);
             loop {
@@ -1216,7 +1330,7 @@ impl Injector {
                 report.crashed_at_writes.insert(index);
                 self.replicas.start(slot).await?;
                 format!(
-                    "leader (replica {slot}) crashed before write {index} of a plan ({status}), restarted"
+                    "leader (replica {slot}) crashed before write {index} of a plan{by} ({status}), restarted"
                 )
             }
             None => {
@@ -1224,7 +1338,7 @@ impl Injector {
                     self.replicas.start(slot).await?;
                 }
                 format!(
-                    "leader (replica {slot}) armed at write {index}: no plan reached it in 20 s"
+                    "leader (replica {slot}) armed at write {index}{by}: no plan reached it in 20 s"
                 )
             }
         })
@@ -1245,20 +1359,22 @@ impl Injector {
 }
 
 /// Gives every Widget a new value; returns how many.
-async fn edit_all(api: &Api<DynamicObject>, rng: &mut Rng) -> Result<usize> {
-    let names: Vec<String> = api
-        .list(&ListParams::default())
+async fn edit_all(api: &Api<DynamicObject>, rng: &mut Rng, shared: &Shared) -> Result<usize> {
+    let lp = ListParams::default();
+    let names: Vec<String> = retrying("listing the Widgets", shared, || api.list(&lp))
         .await?
         .items
         .into_iter()
         .filter_map(|w| w.metadata.name)
         .collect();
     for name in &names {
-        api.patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"value": rng.token()}})),
-        )
+        let (patch, pp) = (
+            Patch::Merge(json!({"spec": {"value": rng.token()}})),
+            PatchParams::default(),
+        );
+        retrying(&format!("editing Widget {name}"), shared, || {
+            api.patch(name, &pp, &patch)
+        })
         .await?;
     }
     Ok(names.len())
@@ -1462,6 +1578,32 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
     } else {
         None
     };
+    let zoo = if config.zoo {
+        if !config.backup {
+            bail!("the zoo needs the backup plugin's setup (SoakConfig::backup)");
+        }
+        crate::apply_project_crds(&client).await?;
+        for plugin in ["instance", "engine", "fleet", "team"] {
+            install(
+                &plugin_path(plugin)?,
+                &plugins.join(format!("{plugin}.wasm")),
+            )?;
+        }
+        // The fleet's members are kwok Pods with no /state to observe.
+        let config_file = work.0.join("operator.yaml");
+        let mut text = std::fs::read_to_string(&config_file)?;
+        text += "  fleet:\n    settings: {observeApplications: false}\n";
+        std::fs::write(&config_file, text)?;
+        let zoo = Zoo::setup(&client, &ns.name).await?;
+        eprintln!(
+            "chaos soak: the zoo, in namespace {}: {}",
+            zoo.namespace.name,
+            zoo.primaries().join(", ")
+        );
+        Some(Arc::new(zoo))
+    } else {
+        None
+    };
     let registry = if config.oci {
         let registry = Registry::start().await?;
         push(&registry, &plugin_path("good")?).await?;
@@ -1485,6 +1627,14 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
             registry: registry.as_ref().map(|r| r.host.clone()),
             work: work.0.clone(),
             namespace: ns.name.clone(),
+            extra: zoo.as_ref().map_or_else(Vec::new, |z| {
+                vec![
+                    "--namespace".to_owned(),
+                    z.namespace.name.clone(),
+                    "--allow-url".to_owned(),
+                    z.standin.url().to_owned(),
+                ]
+            }),
             slots: vec![None, None],
             starts: 0,
         },
@@ -1500,6 +1650,8 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
         registry: registry.map(|r| Arc::new(tokio::sync::Mutex::new(r))),
         registry_outage: None,
         widgets: widgets(&ns),
+        zoo: zoo.clone(),
+        shared: shared.clone(),
         started: begun,
     };
     injector.replicas.start(0).await?;
@@ -1514,6 +1666,9 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
         .recovered(&mut early)
         .await
         .context("the replicas never led")?;
+    if let Some(zoo) = &zoo {
+        zoo.create_missing(&shared, Duration::from_secs(60)).await?;
+    }
 
     // The checks, every 300 ms.
     let stop = Arc::new(AtomicBool::new(false));
@@ -1550,6 +1705,8 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
         crashed_at_writes: BTreeSet::new(),
         ops: Ops::default(),
         convergence: Vec::new(),
+        zoo_convergence: Vec::new(),
+        zoo: zoo.as_ref().map(|z| z.primaries()).unwrap_or_default(),
         quiet_points: 0,
         recoveries: Vec::new(),
         explained_deletions: 0,
@@ -1611,6 +1768,24 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
                     }
                 })
             });
+            let zoo_load = zoo.as_ref().map(|zoo| {
+                let (zoo, shared, load_stop) = (zoo.clone(), shared.clone(), load_stop.clone());
+                let mut rng = Rng::new(rng.next_u64());
+                tokio::spawn(async move {
+                    while !load_stop.load(Ordering::SeqCst) {
+                        if zoo
+                            .step(rng.next_u64(), rng.next_u64(), &shared)
+                            .await
+                            .is_err()
+                        {
+                            shared.ops.lock().unwrap().failed += 1;
+                        }
+                        *shared.last_op.lock().unwrap() = Instant::now();
+                        // The load's pace, not a synchronisation.
+                        tokio::time::sleep(Duration::from_millis(1000 + rng.below(2000))).await;
+                    }
+                })
+            });
             // Faults until the window ends.
             let mut next = window_start + injector.rng.jitter(config.fault_every) / 2;
             while next < window_start + window {
@@ -1635,6 +1810,9 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
             if let Some(l) = backup_load {
                 l.await?;
             }
+            if let Some(l) = zoo_load {
+                l.await?;
+            }
             let fault_over = Instant::now();
             let recovered = if config.breach == Breach::Every && !breached {
                 breached = true;
@@ -1652,7 +1830,7 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
             // Every Widget edited once more after recovery, so each
             // convergence timed includes a reconcile made after it.
             if !(config.breach == Breach::Every && report.quiet_points == 0) {
-                let edited = edit_all(&api, &mut rng).await?;
+                let edited = edit_all(&api, &mut rng, &shared).await?;
                 shared.ops.lock().unwrap().edited += edited;
             }
             report.quiet_points += 1;
@@ -1693,6 +1871,26 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
                     }),
                 }
             }
+            if let Some(zoo) = &zoo
+                && config.breach == Breach::None
+            {
+                // Every zoo primary there again, then each to its done
+                // condition.
+                let created = zoo.create_missing(&shared, Duration::from_secs(60)).await?;
+                let since = Instant::now().max(recovered);
+                for (name, took, state) in zoo.measure(since, ZOO_BOUND).await {
+                    match took {
+                        Some(t) => report.zoo_convergence.push(t),
+                        None => report.violations.push(Violation {
+                            invariant: Invariant::Convergence,
+                            detail: format!(
+                                "quiet point {}: zoo primary {name} not done within {ZOO_BOUND:?} of recovery ({created} re-created first): {state}",
+                                report.quiet_points
+                            ),
+                        }),
+                    }
+                }
+            }
             eprintln!(
                 "chaos soak: quiet point {} after {spent:.0?} of faults: recovered {:.2?} after the last fault",
                 report.quiet_points,
@@ -1707,9 +1905,24 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
                 injector.recovered(&mut report.violations).await?;
             }
         }
-        // The end: the soak's EtcdBackups deleted while the replicas run
-        // (their finalizer's cleanup), then whatever the garbage collector
-        // owes is collected.
+        // The end: the zoo deleted while the replicas run, and everything
+        // its plugins wrote for it gone after it.
+        if let Some(zoo) = &zoo {
+            let left = zoo
+                .delete_all(&client, &ns.name, &shared, Duration::from_secs(120))
+                .await?;
+            if !left.is_empty() {
+                report.violations.push(Violation {
+                    invariant: Invariant::Convergence,
+                    detail: format!(
+                        "the zoo deleted, 120 s later still there: {left:?}"
+                    ),
+                });
+            }
+        }
+        // The soak's EtcdBackups deleted while the replicas run (their
+        // finalizer's cleanup), then whatever the garbage collector owes
+        // is collected.
         if let Some((api, lp)) = &backup_api {
             for eb in api.list(lp).await?.items {
                 if let Some(uid) = eb.metadata.uid.clone() {
@@ -1775,7 +1988,33 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
     .await;
     stop.store(true, Ordering::SeqCst);
     observer.await?;
+    if let Err(e) = soak_result {
+        // The soak could not go on: what it leaves is put right as far as
+        // it can be, and this error, not a later one, is what it returns.
+        let _ = injector.replicas.kill(0).await;
+        let _ = injector.replicas.kill(1).await;
+        if let Some(zoo) = &zoo {
+            zoo.forget_cluster_scoped().await;
+        }
+        if let Some(t) = injector.gc_outage.take() {
+            let _ = t.await;
+        }
+        if let Some(t) = injector.registry_outage.take() {
+            let _ = t.await;
+        }
+        eprintln!("chaos soak: replica logs: {} (kept)", keep(work).display());
+        return Err(e.context(format!(
+            "the soak stopped after {:.0?} (faults so far: {:?})",
+            begun.elapsed(),
+            report.fault_log
+        )));
+    }
     // One last complete look.
+    let (lp, cms) = (
+        ListParams::default(),
+        Api::<ConfigMap>::namespaced(client.clone(), &ns.name),
+    );
+    retrying("the API server after the soak", &shared, || cms.list(&lp)).await?;
     let seen = list_watched(&client, &watched, backup_api.is_some()).await?;
     let deleted = shared.deleted_owners.lock().unwrap().clone();
     let mut ledger = std::mem::take(&mut *shared.ledger.lock().unwrap());
@@ -1788,6 +2027,9 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
     }
     injector.replicas.kill(0).await?;
     injector.replicas.kill(1).await?;
+    if let Some(zoo) = &zoo {
+        zoo.forget_cluster_scoped().await;
+    }
     if let Some((api, lp)) = &backup_api {
         // Cluster-scoped: nothing deletes them with the namespace. With
         // the replicas gone, their finalizer goes too.
@@ -1809,7 +2051,6 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
     if let Some(t) = injector.registry_outage.take() {
         t.await??;
     }
-    soak_result?;
     report.violations.extend(ledger.violations);
     report.explained_deletions = ledger.explained_deletions;
     report.ops = shared.ops.lock().unwrap().clone();

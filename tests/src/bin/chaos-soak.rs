@@ -74,7 +74,8 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("chaos-soak: {e:#}");
+            // Debug: the chain, and where it came from with RUST_BACKTRACE=1.
+            eprintln!("chaos-soak: {e:?}");
             ExitCode::from(2)
         }
     }

@@ -1,0 +1,550 @@
+//! The soak's zoo: the primaries of every shipped plugin, as
+//! `deploy/examples/` gives them (each after its upstream sample), in a
+//! namespace of their own, deleted and re-created under the same names
+//! while the faults come.
+//!
+//! The examples are applied as they are, but for what a soak needs to run
+//! beside others on one cluster: Namespace objects are dropped and every
+//! namespaced object goes to the zoo's namespace (the `etcd-backup.yaml`
+//! ones to the `backup` plugin's target namespace, where its Jobs run);
+//! the cluster-scoped EtcdBackup and Backup get the zoo's name as a prefix
+//! and the soak's label; the team example calls the soak's in-process
+//! stand-in terdut-server; the fleet's bucket is named after the zoo, so
+//! its storage reservation is the soak's own (and each re-created fleet
+//! gets a bucket of its own: a reservation binds a bucket to one fleet for
+//! good).
+//!
+//! A FireboltEngineClass and a TerdutServer are what other zoo primaries
+//! refer to; they stay. Every other zoo primary is churned: deleted, and
+//! created again under its name at once or by a later step.
+//!
+//! At each quiet point every zoo primary is created if it is missing, then
+//! must reach its done condition (`Ready`; `BackupCompleted` for an
+//! EtcdBackup, `Scheduled` for a Backup, as `deploy/run-local.sh --check`
+//! waits) with the host's `Reconciled` True for its generation. At the end
+//! every zoo primary is deleted with the replicas running and must be
+//! gone, and then so must every object the plugins wrote for them.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+    Preconditions,
+};
+use kube::core::GroupVersionKind;
+use kube::discovery::{Scope, pinned_kind};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+
+use super::{CHAOS_LABEL, MANAGED_BY, Shared, reconciled_for_generation, transient};
+use crate::{TestNamespace, repo_root};
+
+/// The example files of the shipped plugins (`widgets.yaml` is the
+/// `good` test plugin's, which the soak's own load covers).
+const EXAMPLES: [&str; 5] = [
+    "firebolt-instance.yaml",
+    "firebolt-engine.yaml",
+    "etcd-backup.yaml",
+    "celld-fleet.yaml",
+    "terdut-team.yaml",
+];
+/// The address the team example names for its server.
+const TERDUT_PLACEHOLDER: &str = "http://127.0.0.1:18091";
+/// The bucket the fleet example names.
+const EXAMPLE_BUCKET: &str = "wasmop-demo-celld";
+/// Kinds other zoo primaries refer to: never churned.
+const KEPT: [&str; 2] = ["FireboltEngineClass", "TerdutServer"];
+/// Kinds of objects the shipped plugins write, listed at the end to find
+/// what a gone primary left behind: (group, version, kind, plural).
+const WRITTEN: [(&str, &str, &str, &str); 11] = [
+    ("", "v1", "ConfigMap", "configmaps"),
+    ("", "v1", "Secret", "secrets"),
+    ("", "v1", "Service", "services"),
+    ("", "v1", "ServiceAccount", "serviceaccounts"),
+    ("", "v1", "Pod", "pods"),
+    ("apps", "v1", "Deployment", "deployments"),
+    ("apps", "v1", "StatefulSet", "statefulsets"),
+    ("batch", "v1", "Job", "jobs"),
+    ("batch", "v1", "CronJob", "cronjobs"),
+    (
+        "policy",
+        "v1",
+        "PodDisruptionBudget",
+        "poddisruptionbudgets",
+    ),
+    ("cert-manager.io", "v1", "Certificate", "certificates"),
+];
+
+/// One zoo primary: its API and the object the example makes.
+struct Item {
+    api: Api<DynamicObject>,
+    kind: String,
+    name: String,
+    template: Value,
+    done: &'static str,
+    churn: bool,
+    /// Times it was created (a CelldFleet's bucket is named after it).
+    incarnation: AtomicUsize,
+}
+
+impl Item {
+    fn key(&self) -> String {
+        format!("{}/{}", self.kind, self.name)
+    }
+
+    async fn create(&self) -> Result<()> {
+        let mut obj = self.template.clone();
+        let n = self.incarnation.fetch_add(1, Ordering::Relaxed);
+        if self.kind == "CelldFleet" {
+            // A storage reservation binds its bucket to one fleet (by UID)
+            // for good: a fleet created again under its name needs a
+            // bucket of its own, as a user's would.
+            let bucket = format!(
+                "{}-{n}",
+                obj["spec"]["storage"]["bucket"]
+                    .as_str()
+                    .unwrap_or_default()
+            );
+            obj["spec"]["storage"]["bucket"] = json!(bucket);
+        }
+        let obj: DynamicObject = serde_json::from_value(obj)?;
+        self.api.create(&PostParams::default(), &obj).await?;
+        Ok(())
+    }
+}
+
+/// The zoo of a soak.
+pub(super) struct Zoo {
+    /// Its namespace (watched by the replicas).
+    pub(super) namespace: TestNamespace,
+    /// The stand-in terdut-server the team example calls.
+    pub(super) standin: terdut_standin::StandIn,
+    items: Vec<Item>,
+    bucket: String,
+}
+
+/// The condition `deploy/run-local.sh --check` waits for on `kind`.
+fn done_condition(kind: &str) -> &'static str {
+    match kind {
+        "EtcdBackup" => "BackupCompleted",
+        "Backup" => "Scheduled",
+        _ => "Ready",
+    }
+}
+
+impl Zoo {
+    /// Creates the zoo's namespace, starts the stand-in, and applies the
+    /// examples' supporting objects (ServiceAccounts, the db Secret). The
+    /// primaries are created by [`Zoo::create_missing`].
+    ///
+    /// # Errors
+    /// When an example cannot be read or an object cannot be created.
+    pub(super) async fn setup(client: &Client, target_namespace: &str) -> Result<Zoo> {
+        let namespace = TestNamespace::new("chaos-zoo").await?;
+        let standin = terdut_standin::StandIn::start().await?;
+        let bucket = namespace.name.clone();
+        // The fleet example places its member in zone us-east-1a.
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+        for node in nodes
+            .list(&ListParams::default().labels("type=kwok"))
+            .await?
+            .items
+        {
+            nodes
+                .patch(
+                    &node.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(
+                        json!({"metadata": {"labels": {"topology.kubernetes.io/zone": "us-east-1a"}}}),
+                    ),
+                )
+                .await?;
+        }
+        let mut items = Vec::new();
+        for file in EXAMPLES {
+            let path = repo_root().join("deploy/examples").join(file);
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?
+                .replace(TERDUT_PLACEHOLDER, standin.url())
+                .replace(EXAMPLE_BUCKET, &bucket);
+            for doc in serde_yaml::Deserializer::from_str(&text) {
+                let mut obj: Value = serde::Deserialize::deserialize(doc)?;
+                if obj.is_null() || obj["kind"] == "Namespace" {
+                    continue;
+                }
+                let kind = obj["kind"].as_str().unwrap_or_default().to_owned();
+                let api_version = obj["apiVersion"].as_str().unwrap_or_default().to_owned();
+                let (group, version) = api_version
+                    .split_once('/')
+                    .unwrap_or(("", api_version.as_str()));
+                let gvk = GroupVersionKind::gvk(group, version, &kind);
+                let (resource, caps) = pinned_kind(client, &gvk)
+                    .await
+                    .with_context(|| format!("{api_version} {kind} of {file}"))?;
+                let name = obj["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                let api = if caps.scope == Scope::Namespaced {
+                    let ns = if file == "etcd-backup.yaml" {
+                        target_namespace
+                    } else {
+                        namespace.name.as_str()
+                    };
+                    obj["metadata"]["namespace"] = json!(ns);
+                    Api::namespaced_with(client.clone(), ns, &resource)
+                } else {
+                    obj["metadata"]["name"] = json!(format!("{}-{name}", namespace.name));
+                    obj["metadata"]["labels"][CHAOS_LABEL] = json!(namespace.name);
+                    Api::all_with(client.clone(), &resource)
+                };
+                if resource.group.is_empty() {
+                    // Supporting objects: made once (the PVC may exist).
+                    let made: DynamicObject = serde_json::from_value(obj)?;
+                    match api.create(&PostParams::default(), &made).await {
+                        Err(kube::Error::Api(e)) if e.code == 409 => {}
+                        r => {
+                            r.with_context(|| format!("creating {kind} {name} of {file}"))?;
+                        }
+                    }
+                    continue;
+                }
+                let name = obj["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                items.push(Item {
+                    api,
+                    churn: !KEPT.contains(&kind.as_str()),
+                    done: done_condition(&kind),
+                    kind,
+                    name,
+                    template: obj,
+                    incarnation: AtomicUsize::new(0),
+                });
+            }
+        }
+        Ok(Zoo {
+            namespace,
+            standin,
+            items,
+            bucket,
+        })
+    }
+
+    /// The zoo's primaries as `Kind/name`.
+    pub(super) fn primaries(&self) -> Vec<String> {
+        self.items.iter().map(Item::key).collect()
+    }
+
+    /// Creates every zoo primary that does not exist (one being deleted is
+    /// waited for, up to `deadline`); returns how many it created.
+    ///
+    /// # Errors
+    /// When one cannot be created within `deadline`.
+    pub(super) async fn create_missing(
+        &self,
+        shared: &Shared,
+        deadline: Duration,
+    ) -> Result<usize> {
+        let until = Instant::now() + deadline;
+        let mut created = 0;
+        for item in &self.items {
+            loop {
+                let found = match item.api.get_opt(&item.name).await {
+                    Ok(found) => found,
+                    Err(e) if transient(&e) && Instant::now() < until => {
+                        shared.ops.lock().unwrap().retried += 1;
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        continue;
+                    }
+                    Err(e) => return Err(e).context(format!("reading {}", item.key())),
+                };
+                match found {
+                    Some(o) if o.metadata.deletion_timestamp.is_none() => break,
+                    Some(_) => {}
+                    None => match item.create().await {
+                        Ok(()) => {
+                            created += 1;
+                            shared.ops.lock().unwrap().created += 1;
+                            break;
+                        }
+                        Err(e) if Instant::now() >= until => {
+                            return Err(e).context(format!("creating {}", item.key()));
+                        }
+                        Err(_) => {}
+                    },
+                }
+                if Instant::now() >= until {
+                    bail!("{} is still being deleted after {deadline:?}", item.key());
+                }
+                // Until its finalizer is done: a poll, bounded by `until`.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        Ok(created)
+    }
+
+    /// One load operation on a random churned primary: created when
+    /// missing; else deleted (with a UID precondition), and in half the
+    /// cases created again at once (refused while a finalizer holds the
+    /// old one: a later step creates it). Returns what it did.
+    ///
+    /// # Errors
+    /// When the API server refused or could not be reached.
+    pub(super) async fn step(&self, pick: u64, roll: u64, shared: &Shared) -> Result<String> {
+        let churned: Vec<&Item> = self.items.iter().filter(|i| i.churn).collect();
+        let item = churned[usize::try_from(pick).unwrap_or(0) % churned.len()];
+        match item.api.get_opt(&item.name).await? {
+            None => {
+                item.create().await?;
+                shared.ops.lock().unwrap().created += 1;
+                Ok(format!("created {}", item.key()))
+            }
+            Some(o) if o.metadata.deletion_timestamp.is_some() => {
+                Ok(format!("{} is being deleted", item.key()))
+            }
+            Some(o) => {
+                let uid = o.metadata.uid.clone().unwrap_or_default();
+                // Recorded before the delete is sent: the checks may see
+                // what it owned go before this call returns.
+                shared.deleted_owners.lock().unwrap().insert(uid.clone());
+                let dp = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: Some(uid.clone()),
+                        resource_version: None,
+                    }),
+                    ..DeleteParams::background()
+                };
+                if let Err(e) = item.api.delete(&item.name, &dp).await {
+                    if matches!(&e, kube::Error::Api(s) if s.code == 409) {
+                        shared.deleted_owners.lock().unwrap().remove(&uid);
+                    }
+                    return Err(e.into());
+                }
+                shared.ops.lock().unwrap().deleted += 1;
+                if roll.is_multiple_of(2) && item.create().await.is_ok() {
+                    shared.ops.lock().unwrap().recreated += 1;
+                    return Ok(format!("deleted and re-created {}", item.key()));
+                }
+                Ok(format!("deleted {}", item.key()))
+            }
+        }
+    }
+
+    /// Each zoo primary's time from `since` to its done condition and
+    /// `Reconciled` for its generation (None: not within `deadline`), with
+    /// its last state.
+    pub(super) async fn measure(
+        &self,
+        since: Instant,
+        deadline: Duration,
+    ) -> Vec<(String, Option<Duration>, String)> {
+        let mut done: BTreeMap<String, Duration> = BTreeMap::new();
+        let mut behind: BTreeMap<String, String> = BTreeMap::new();
+        loop {
+            let at = since.elapsed();
+            for item in &self.items {
+                let key = item.key();
+                if done.contains_key(&key) {
+                    continue;
+                }
+                let state = match item.api.get_opt(&item.name).await {
+                    Ok(Some(o)) => {
+                        let value = serde_json::to_value(&o).unwrap_or_default();
+                        match (
+                            condition(&value, item.done),
+                            reconciled_for_generation(&value),
+                        ) {
+                            (Some(c), Ok(())) if c["status"] == "True" => None,
+                            (c, r) => Some(format!(
+                                "{}={}; {}",
+                                item.done,
+                                c.map_or_else(|| "absent".to_owned(), |c| c.to_string()),
+                                r.err().unwrap_or_default()
+                            )),
+                        }
+                    }
+                    Ok(None) => Some("missing".to_owned()),
+                    Err(e) => Some(format!("unreadable: {e}")),
+                };
+                match state {
+                    None => {
+                        behind.remove(&key);
+                        done.insert(key, at);
+                    }
+                    Some(why) => {
+                        behind.insert(key, why);
+                    }
+                }
+            }
+            if behind.is_empty() || at > deadline {
+                break;
+            }
+            // A poll of the API server, bounded by `deadline`.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let mut out: Vec<(String, Option<Duration>, String)> = done
+            .into_iter()
+            .map(|(n, t)| (n, Some(t), String::new()))
+            .collect();
+        out.extend(behind.into_iter().map(|(n, why)| (n, None, why)));
+        out
+    }
+
+    /// A churned zoo primary deleted and created again, so that its next
+    /// plan makes all its writes (the crash-before-write fault at indices
+    /// past the `good` plugin's two). Returns which.
+    pub(super) async fn recreate_one(&self, pick: u64, shared: &Shared) -> Option<String> {
+        // The longest plans: several objects each.
+        let churned: Vec<&Item> = self
+            .items
+            .iter()
+            .filter(|i| {
+                ["FireboltInstance", "FireboltEngine", "CelldFleet"].contains(&i.kind.as_str())
+            })
+            .collect();
+        let item = churned[usize::try_from(pick).unwrap_or(0) % churned.len()];
+        if let Ok(Some(o)) = item.api.get_opt(&item.name).await
+            && o.metadata.deletion_timestamp.is_none()
+        {
+            let uid = o.metadata.uid.clone().unwrap_or_default();
+            shared.deleted_owners.lock().unwrap().insert(uid);
+            let _ = item
+                .api
+                .delete(&item.name, &DeleteParams::background())
+                .await;
+        }
+        // Created again once its finalizer (if any) let it go: a poll,
+        // bounded.
+        let until = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < until {
+            if item.create().await.is_ok() {
+                shared.ops.lock().unwrap().recreated += 1;
+                return Some(item.key());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        None
+    }
+
+    /// The end: every zoo primary deleted with the replicas running; each
+    /// must be gone within `deadline`, and then every object labelled
+    /// `managed-by: wasmop` in the zoo's namespaces controlled by one of
+    /// them. Returns what was left.
+    ///
+    /// # Errors
+    /// When the API server cannot be reached.
+    pub(super) async fn delete_all(
+        &self,
+        client: &Client,
+        target_namespace: &str,
+        shared: &Shared,
+        deadline: Duration,
+    ) -> Result<Vec<String>> {
+        let mut uids = HashSet::new();
+        for item in self.items.iter().rev() {
+            if let Some(o) = item.api.get_opt(&item.name).await? {
+                if let Some(uid) = o.metadata.uid.clone() {
+                    shared.deleted_owners.lock().unwrap().insert(uid.clone());
+                    uids.insert(uid);
+                }
+                let _ = item
+                    .api
+                    .delete(&item.name, &DeleteParams::background())
+                    .await;
+            }
+        }
+        let until = Instant::now() + deadline;
+        let mut left = Vec::new();
+        while Instant::now() < until {
+            left.clear();
+            for item in &self.items {
+                if item.api.get_opt(&item.name).await?.is_some() {
+                    left.push(format!("{} (not deleted)", item.key()));
+                }
+            }
+            for ns in [self.namespace.name.as_str(), target_namespace] {
+                for (group, version, kind, plural) in WRITTEN {
+                    let gvk = GroupVersionKind::gvk(group, version, kind);
+                    let api: Api<DynamicObject> = Api::namespaced_with(
+                        client.clone(),
+                        ns,
+                        &ApiResource::from_gvk_with_plural(&gvk, plural),
+                    );
+                    let lp = ListParams::default().labels(&format!("{MANAGED_BY}=wasmop"));
+                    for o in api.list(&lp).await?.items {
+                        let owned = o
+                            .metadata
+                            .owner_references
+                            .iter()
+                            .flatten()
+                            .any(|r| uids.contains(&r.uid));
+                        if owned {
+                            left.push(format!("{kind} {ns}/{}", o.name_any()));
+                        }
+                    }
+                }
+            }
+            if left.is_empty() {
+                break;
+            }
+            // A poll until the garbage collector and finalizers are done.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        // The fleet's reservation outlives its fleet by design: the soak's
+        // own is deleted (by its bucket, which names the zoo).
+        let gvk = GroupVersionKind::gvk("celld.eric.dev", "v1alpha1", "CelldStorageReservation");
+        let reservations: Api<DynamicObject> = Api::all_with(
+            client.clone(),
+            &ApiResource::from_gvk_with_plural(&gvk, "celldstoragereservations"),
+        );
+        if let Ok(list) = reservations.list(&ListParams::default()).await {
+            for r in list.items {
+                if r.data["spec"]["bucket"]
+                    .as_str()
+                    .is_some_and(|b| b.starts_with(&format!("{}-", self.bucket)))
+                {
+                    let _ = reservations
+                        .delete(&r.name_any(), &DeleteParams::background())
+                        .await;
+                }
+            }
+        }
+        Ok(left)
+    }
+
+    /// Removes the finalizers of what is left of the zoo's cluster-scoped
+    /// primaries (after the replicas are gone) and deletes them: nothing
+    /// deletes them with the namespace.
+    pub(super) async fn forget_cluster_scoped(&self) {
+        for item in &self.items {
+            if item.template["metadata"]["namespace"].is_null() {
+                let _ = item
+                    .api
+                    .patch(
+                        &item.name,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                    )
+                    .await;
+                let _ = item
+                    .api
+                    .delete(&item.name, &DeleteParams::background())
+                    .await;
+            }
+        }
+    }
+}
+
+/// The condition `kind` of `obj`, if set.
+fn condition(obj: &Value, kind: &str) -> Option<Value> {
+    obj["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)
+        .cloned()
+}
