@@ -52,15 +52,6 @@ ready() { # component -> 0 when it answers its health check
   esac
 }
 
-exited() { # pid -> 0 when reaped, or when each of its threads is a zombie
-  local pid="$1" t
-  [[ -d /proc/$pid ]] || return 0
-  for t in /proc/"$pid"/task/*; do
-    [[ -e $t/status ]] || continue
-    grep -q '^State:.*Z' "$t/status" 2>/dev/null || return 1
-  done
-  return 0
-}
 do_kill() {
   local c="$1" pid
   if ! pid="$(pid_of "$c")"; then

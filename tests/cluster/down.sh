@@ -21,10 +21,13 @@ for c in kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
   # Only signal the process we started: the PID must still run our binary.
   if [[ -d /proc/$pid ]] && grep -q "$c" "/proc/$pid/cmdline" 2>/dev/null; then
     kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 1 100); do [[ -d /proc/$pid ]] || break; sleep 0.1; done
-    if [[ -d /proc/$pid ]]; then
+    for _ in $(seq 1 100); do exited "$pid" && break; sleep 0.1; done
+    if ! exited "$pid"; then
       log "$c (pid $pid) did not stop within 10s; killing it"
       kill -KILL "$pid" 2>/dev/null || true
+      # Until every thread is gone: a zombie's last threads may still hold
+      # its ports, and an up.sh right after would fail to bind them.
+      for _ in $(seq 1 100); do exited "$pid" && break; sleep 0.1; done
     fi
     log "stopped $c (pid $pid)"
   fi

@@ -22,3 +22,16 @@ WASMOP_CLUSTER_DIR="${WASMOP_CLUSTER_DIR:-${TMPDIR:-/tmp}/wasmop-cluster}"
 
 log() { printf '[cluster] %s\n' "$*" >&2; }
 die() { printf '[cluster] error: %s\n' "$*" >&2; exit 1; }
+
+# pid -> 0 when the process is reaped, or when each of its threads is a
+# zombie: the first thread of a multi-threaded process (all the components
+# are Go programs) may turn zombie while others still hold its sockets.
+exited() {
+  local pid="$1" t
+  [[ -d /proc/$pid ]] || return 0
+  for t in /proc/"$pid"/task/*; do
+    [[ -e $t/status ]] || continue
+    grep -q '^State:.*Z' "$t/status" 2>/dev/null || return 1
+  done
+  return 0
+}

@@ -226,7 +226,12 @@ wait_for kwok "Node $NODE_NAME Ready" "$READY_TIMEOUT" \
   "$KUBECTL" wait --for=condition=Ready "node/$NODE_NAME" --timeout=2s
 wait_for kube-controller-manager "the default ServiceAccount" "$READY_TIMEOUT" \
   "$KUBECTL" get serviceaccount default -n default
-for c in kube-controller-manager kube-scheduler; do
+# kwok marks the Node Ready before it binds its own server, and exits when
+# that fails (its port still held by an earlier kwok): the Node would then
+# go NotReady 40 s later and no Pod would ever run.
+wait_for kwok "its server on 127.0.0.1:$KWOK_PORT" "$READY_TIMEOUT" \
+  curl -fsS "http://127.0.0.1:$KWOK_PORT/healthz"
+for c in kube-controller-manager kube-scheduler kwok; do
   alive "$c" || fail "$c" "$c exited during start-up"
 done
 

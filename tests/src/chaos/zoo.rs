@@ -116,6 +116,20 @@ impl Item {
     }
 }
 
+/// One zoo primary's times at a quiet point.
+#[derive(Debug, Clone, Default)]
+pub(super) struct ZooTimes {
+    /// `Kind/name`.
+    pub(super) primary: String,
+    /// To `Reconciled` True for its generation (the host applied a plan
+    /// for it).
+    pub(super) reconciled: Option<Duration>,
+    /// To its done condition too (its workloads ran: Pods, Jobs, calls).
+    pub(super) done: Option<Duration>,
+    /// Its last state while not done.
+    pub(super) state: String,
+}
+
 /// The zoo of a soak.
 pub(super) struct Zoo {
     /// Its namespace (watched by the replicas).
@@ -279,7 +293,18 @@ impl Zoo {
                     },
                 }
                 if Instant::now() >= until {
-                    bail!("{} is still being deleted after {deadline:?}", item.key());
+                    let conditions = item
+                        .api
+                        .get_opt(&item.name)
+                        .await
+                        .ok()
+                        .flatten()
+                        .map(|o| o.data["status"]["conditions"].to_string())
+                        .unwrap_or_default();
+                    bail!(
+                        "{} is still being deleted after {deadline:?}; its conditions: {conditions}",
+                        item.key()
+                    );
                 }
                 // Until its finalizer is done: a poll, bounded by `until`.
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -289,9 +314,11 @@ impl Zoo {
     }
 
     /// One load operation on a random churned primary: created when
-    /// missing; else deleted (with a UID precondition), and in half the
-    /// cases created again at once (refused while a finalizer holds the
-    /// old one: a later step creates it). Returns what it did.
+    /// missing; else, for two rolls in five, its spec edited (when its
+    /// kind has an edit, [`edit_patch`]); else deleted (with a UID
+    /// precondition), and in half the cases created again at once (refused
+    /// while a finalizer holds the old one: a later step creates it).
+    /// Returns what it did.
     ///
     /// # Errors
     /// When the API server refused or could not be reached.
@@ -306,6 +333,17 @@ impl Zoo {
             }
             Some(o) if o.metadata.deletion_timestamp.is_some() => {
                 Ok(format!("{} is being deleted", item.key()))
+            }
+            Some(_)
+                if roll % 5 < 2
+                    && let Some(patch) =
+                        edit_patch(&item.kind, roll % 10 < 2, &format!("{roll:x}")) =>
+            {
+                item.api
+                    .patch(&item.name, &PatchParams::default(), &Patch::Merge(patch))
+                    .await?;
+                shared.ops.lock().unwrap().edited += 1;
+                Ok(format!("edited {}", item.key()))
             }
             Some(o) => {
                 let uid = o.metadata.uid.clone().unwrap_or_default();
@@ -326,7 +364,7 @@ impl Zoo {
                     return Err(e.into());
                 }
                 shared.ops.lock().unwrap().deleted += 1;
-                if roll.is_multiple_of(2) && item.create().await.is_ok() {
+                if (roll / 5).is_multiple_of(2) && item.create().await.is_ok() {
                     shared.ops.lock().unwrap().recreated += 1;
                     return Ok(format!("deleted and re-created {}", item.key()));
                 }
@@ -335,64 +373,106 @@ impl Zoo {
         }
     }
 
-    /// Each zoo primary's time from `since` to its done condition and
-    /// `Reconciled` for its generation (None: not within `deadline`), with
-    /// its last state.
-    pub(super) async fn measure(
-        &self,
-        since: Instant,
-        deadline: Duration,
-    ) -> Vec<(String, Option<Duration>, String)> {
-        let mut done: BTreeMap<String, Duration> = BTreeMap::new();
-        let mut behind: BTreeMap<String, String> = BTreeMap::new();
+    /// Edits every zoo primary whose kind has an edit ([`edit_patch`]), so
+    /// that each time measured after it includes a reconcile made after
+    /// it; returns how many.
+    ///
+    /// # Errors
+    /// When an edit fails past the retries of transient errors.
+    pub(super) async fn edit_all(&self, pick: u64, shared: &Shared) -> Result<usize> {
+        let mut edited = 0;
+        for (i, item) in self.items.iter().enumerate() {
+            let Some(patch) = edit_patch(
+                &item.kind,
+                (pick >> (i % 64)) & 1 == 1,
+                &format!("{pick:x}"),
+            ) else {
+                continue;
+            };
+            let until = Instant::now() + Duration::from_secs(60);
+            loop {
+                match item
+                    .api
+                    .patch(
+                        &item.name,
+                        &PatchParams::default(),
+                        &Patch::Merge(patch.clone()),
+                    )
+                    .await
+                {
+                    Ok(_) => {
+                        edited += 1;
+                        break;
+                    }
+                    Err(e) if transient(&e) && Instant::now() < until => {
+                        shared.ops.lock().unwrap().retried += 1;
+                        // A retry's pace while the API server comes back.
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                    }
+                    Err(e) => return Err(e).context(format!("editing {}", item.key())),
+                }
+            }
+        }
+        shared.ops.lock().unwrap().edited += edited;
+        Ok(edited)
+    }
+
+    /// Each zoo primary's times from `since`: to the host's `Reconciled`
+    /// for its generation, and to its done condition as well (None: not
+    /// within `deadline`), with its last state.
+    pub(super) async fn measure(&self, since: Instant, deadline: Duration) -> Vec<ZooTimes> {
+        let mut out: BTreeMap<String, ZooTimes> = self
+            .items
+            .iter()
+            .map(|i| {
+                (
+                    i.key(),
+                    ZooTimes {
+                        primary: i.key(),
+                        ..ZooTimes::default()
+                    },
+                )
+            })
+            .collect();
         loop {
             let at = since.elapsed();
             for item in &self.items {
-                let key = item.key();
-                if done.contains_key(&key) {
+                let times = out.get_mut(&item.key()).expect("every item");
+                if times.done.is_some() {
                     continue;
                 }
-                let state = match item.api.get_opt(&item.name).await {
+                match item.api.get_opt(&item.name).await {
                     Ok(Some(o)) => {
                         let value = serde_json::to_value(&o).unwrap_or_default();
-                        match (
-                            condition(&value, item.done),
-                            reconciled_for_generation(&value),
-                        ) {
-                            (Some(c), Ok(())) if c["status"] == "True" => None,
-                            (c, r) => Some(format!(
+                        let reconciled = reconciled_for_generation(&value);
+                        if reconciled.is_ok() && times.reconciled.is_none() {
+                            times.reconciled = Some(at);
+                        }
+                        let done = condition(&value, item.done);
+                        if reconciled.is_ok()
+                            && done.as_ref().is_some_and(|c| c["status"] == "True")
+                        {
+                            times.done = Some(at);
+                        } else {
+                            times.state = format!(
                                 "{}={}; {}",
                                 item.done,
-                                c.map_or_else(|| "absent".to_owned(), |c| c.to_string()),
-                                r.err().unwrap_or_default()
-                            )),
+                                done.map_or_else(|| "absent".to_owned(), |c| c.to_string()),
+                                reconciled.err().unwrap_or_default()
+                            );
                         }
                     }
-                    Ok(None) => Some("missing".to_owned()),
-                    Err(e) => Some(format!("unreadable: {e}")),
-                };
-                match state {
-                    None => {
-                        behind.remove(&key);
-                        done.insert(key, at);
-                    }
-                    Some(why) => {
-                        behind.insert(key, why);
-                    }
+                    Ok(None) => times.state = "missing".to_owned(),
+                    Err(e) => times.state = format!("unreadable: {e}"),
                 }
             }
-            if behind.is_empty() || at > deadline {
+            if out.values().all(|t| t.done.is_some()) || at > deadline {
                 break;
             }
             // A poll of the API server, bounded by `deadline`.
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let mut out: Vec<(String, Option<Duration>, String)> = done
-            .into_iter()
-            .map(|(n, t)| (n, Some(t), String::new()))
-            .collect();
-        out.extend(behind.into_iter().map(|(n, why)| (n, None, why)));
-        out
+        out.into_values().collect()
     }
 
     /// A churned zoo primary deleted and created again, so that its next
@@ -538,6 +618,24 @@ impl Zoo {
             }
         }
     }
+}
+
+/// A spec edit of a zoo primary of `kind` (`flip` picks one of two
+/// values), None for a kind whose spec the soak does not edit (an
+/// EtcdBackup's `pvcName` is immutable).
+fn edit_patch(kind: &str, flip: bool, token: &str) -> Option<Value> {
+    Some(match kind {
+        "FireboltInstance" => json!({"spec": {"gateway": {"replicas": if flip { 3 } else { 2 }}}}),
+        "FireboltEngine" => json!({"spec": {"replicas": if flip { 2 } else { 1 }}}),
+        "CelldFleet" => {
+            json!({"spec": {"execution": {"cpuRequest": if flip { "20m" } else { "10m" }}}})
+        }
+        "TerdutTeam" => json!({"spec": {"displayName": format!("Platform {token}")}}),
+        "Backup" => {
+            json!({"spec": {"etcd": {"schedule": if flip { "0 3 * * *" } else { "0 2 * * *" }}}})
+        }
+        _ => return None,
+    })
 }
 
 /// The condition `kind` of `obj`, if set.
