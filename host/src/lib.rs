@@ -22,7 +22,8 @@
 //! ```
 //!
 //! Small shared helpers: [`object`] (JSON object accessors), [`names`]
-//! (Kubernetes name rules), [`conditions`], [`metrics`], [`health`].
+//! (Kubernetes name rules), [`key`] (a primary's key, a kind's API
+//! coordinates), [`conditions`], [`metrics`], [`health`].
 //!
 //! The contract's JSON types (manifest, plan, observation) are the
 //! `wasmop-contract` crate's, shared with the plugin SDK.
@@ -33,6 +34,7 @@ pub mod conditions;
 pub mod controller;
 pub mod execute;
 pub mod health;
+pub mod key;
 pub mod logging;
 pub mod metrics;
 pub mod names;
@@ -46,6 +48,7 @@ pub mod selfevent;
 pub mod shadow;
 pub mod watch;
 
+pub use execute::prepare::prepare_apply;
 pub use plugin::manifest::{Controller, KindRef, Manifest, ManifestProblem};
 pub use plugin::{CallError, CompileCache, LoadError, LoadOptions, LoadedPlugin};
 pub use reconcile::decide::{Decision, decide};
@@ -54,8 +57,7 @@ pub use reconcile::snapshot::{
     referenced_names,
 };
 pub use reconcile::validate::{
-    ExistingLookup, ExistingObject, Plan, PlanLimits, Rule, Violation, check_counts, prepare_apply,
-    validate,
+    ExistingLookup, ExistingObject, Plan, PlanLimits, Rule, Violation, check_counts, validate,
 };
 pub use sandbox::{Limits, Sandbox, SandboxConfig};
 pub use watch::selector::{LabelSelector, selector_matches};

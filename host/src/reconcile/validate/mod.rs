@@ -47,7 +47,6 @@ pub use wasmop_contract::plan::{
 };
 pub use wasmop_contract::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, OWNER_UID_LABEL, PLUGIN_LABEL};
 
-pub use crate::execute::prepare::prepare_apply;
 pub use crate::reconcile::existing::{BeforeCreate, ExistingLookup, ExistingObject};
 
 pub mod counts;

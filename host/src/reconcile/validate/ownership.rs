@@ -13,9 +13,7 @@ use super::{
 use crate::object;
 use crate::plugin::manifest::{Controller, Ownership, split_api_version};
 
-/// The label a person sets (`true`) on an object no plan may delete. Plugins
-/// may not set it: protection is a person's decision, not the plugin's.
-pub const PROTECTED_LABEL: &str = "wasmop.dev/protected";
+pub use crate::reconcile::existing::PROTECTED_LABEL;
 
 /// True when `target` names the primary object (apiVersion, kind, namespace
 /// and name; the namespace only for a namespaced primary).

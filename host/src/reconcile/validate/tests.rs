@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use serde_json::json;
 
 use super::*;
+use crate::execute::prepare::prepare_apply;
 use crate::plugin::manifest::tests::controller;
 use crate::plugin::manifest::{HttpTarget, KindRef, OwnedKind};
 
