@@ -1,6 +1,6 @@
 //! The operator configuration file (`--config`) of `wasmop run`: its shape
 //! ([`OperatorFile`]), how it is read ([`read_config`]) and how one plugin's
-//! entry becomes its load options ([`load_options`]); with [`RunError`], why
+//! entry becomes its load options (`load_options`); with [`RunError`], why
 //! `wasmop run` could not start. `run`, the configuration watch, the
 //! admission webhook and `wasmop rbac` all read it, so it sits below them.
 

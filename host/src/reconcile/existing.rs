@@ -83,7 +83,7 @@ pub enum BeforeCreate {
     Unasked,
 }
 
-/// Answers "does this object exist, and who controls it" for [`validate`].
+/// Answers "does this object exist, and who controls it" for [`validate`](crate::reconcile::validate::validate).
 ///
 /// Implemented for every [`crate::ObjectSource`], so the offline CLI's
 /// `MemorySource` and the live watch cache both answer it.
