@@ -15,9 +15,15 @@
 //!   admission webhooks this process serves must keep their endpoints.
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::metrics;
 
 /// A readiness check: `Err` holds what is not ready yet.
 pub type ReadyCheck = Box<dyn Fn() -> Result<(), String> + Send + Sync>;
@@ -197,6 +203,55 @@ pub fn global() -> &'static Health {
     HEALTH.get_or_init(Health::default)
 }
 
+/// Serves the [`metrics::global`] metrics at `http://addr/metrics`, this
+/// module's checks at `/healthz` (also `/livez`) and `/readyz`, and the
+/// [`crate::shadow`] report at `/shadow`, until the task is dropped. It
+/// lives here, above the metrics registry, so that the registry imports
+/// neither the checks nor the shadow report.
+///
+/// # Errors
+/// When the address cannot be bound.
+pub async fn serve(addr: SocketAddr) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    let listener = TcpListener::bind(addr).await?;
+    // The bound address: with port 0 the one the OS chose.
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, "serving metrics at /metrics");
+    Ok(tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let mut buf = [0u8; 2048];
+                let n = sock.read(&mut buf).await.unwrap_or(0);
+                let request = String::from_utf8_lossy(&buf[..n]);
+                let path = request
+                    .strip_prefix("GET ")
+                    .and_then(|r| r.split([' ', '?']).next())
+                    .unwrap_or("");
+                let (code, body) = match path {
+                    "/metrics" => (200, metrics::global().render()),
+                    "/healthz" | "/livez" => global().healthz(std::time::Instant::now()),
+                    "/readyz" => global().readyz(),
+                    "/shadow" => (200, crate::shadow::report()),
+                    _ => (404, "not found\n".to_string()),
+                };
+                let status = match code {
+                    200 => "200 OK",
+                    404 => "404 Not Found",
+                    503 => "503 Service Unavailable",
+                    _ => "500 Internal Server Error",
+                };
+                let response = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = sock.write_all(response.as_bytes()).await;
+            });
+        }
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,5 +297,23 @@ mod tests {
         assert!(body.contains("[+] caches ok"), "{body}");
         flag.store(true, Ordering::SeqCst);
         assert_eq!(h.readyz().0, 200);
+    }
+
+    #[tokio::test]
+    async fn serves_metrics_over_http_on_loopback() {
+        metrics::global().inc("wasmop_test_served_total", &[]);
+        let probe = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = probe.local_addr().unwrap();
+        drop(probe);
+        let task = serve(addr).await.unwrap();
+        let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+        sock.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = String::new();
+        sock.read_to_string(&mut out).await.unwrap();
+        assert!(out.starts_with("HTTP/1.1 200 OK"));
+        assert!(out.contains("wasmop_test_served_total 1"));
+        task.abort();
     }
 }

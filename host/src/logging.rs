@@ -20,7 +20,7 @@ use tracing_subscriber::fmt::format::{JsonFields, Writer};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::controller::PrimaryKey;
+use crate::key::PrimaryKey;
 
 /// The log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]

@@ -49,10 +49,8 @@ use crate::reconcile::decide::Decision;
 use crate::reconcile::diff::{kind_outcome_of, outcome_of};
 use crate::reconcile::kind::KindDecided;
 use crate::reconcile::offline::INPUT_API_VERSION;
+pub use crate::reconcile::offline::RECORDED_KIND;
 use crate::reconcile::snapshot::Snapshot;
-
-/// The kind of the document holding what a recording decided.
-pub const RECORDED_KIND: &str = "Recorded";
 
 /// Secret values shorter than this are redacted inside Secrets only, not
 /// scrubbed from other strings (where they would match too much).

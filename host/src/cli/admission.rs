@@ -7,7 +7,7 @@ use clap::Args;
 use crate::admission::rules::Endpoint;
 use crate::admission::tls::CertSource;
 use crate::admission::{AdmissionConfig, server};
-use crate::cli::run::RunError;
+use crate::cli::config::RunError;
 
 /// Admission webhook options. Admission is off unless `--admission-port`
 /// is given.

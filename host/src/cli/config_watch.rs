@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use crate::cli::run::{OperatorFile, load_options, read_config};
+use crate::cli::config::{OperatorFile, load_options, read_config};
 use crate::metrics;
 use crate::plugin::CompileCache;
 use crate::plugin::hotswap::{OptionsFor, Stat, stat};

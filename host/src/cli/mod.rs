@@ -5,6 +5,7 @@
 //! [`execute`]. Errors are [`CliError`]s that display as one line.
 
 pub mod admission;
+pub mod config;
 pub mod config_watch;
 pub mod new;
 pub mod oci;

@@ -29,7 +29,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 
 use crate::cli::CliError;
-use crate::cli::run::{OperatorFile, load_options, read_config};
+use crate::cli::config::{OperatorFile, load_options, read_config};
 use crate::plugin::LoadedPlugin;
 use crate::plugin::manifest::Manifest;
 use crate::plugin::rbac::{self, Grants};

@@ -162,26 +162,7 @@ pub(crate) fn whole_kind_key(controller: &Arc<str>) -> PrimaryKey {
     }
 }
 
-/// Identity of one primary for one controller.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PrimaryKey {
-    /// `plugin/controller`.
-    pub controller: Arc<str>,
-    /// Namespace, empty for cluster-scoped primaries.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-}
-
-impl std::fmt::Display for PrimaryKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.namespace.is_empty() {
-            write!(f, "{} {}", self.controller, self.name)
-        } else {
-            write!(f, "{} {}/{}", self.controller, self.namespace, self.name)
-        }
-    }
-}
+pub use crate::key::PrimaryKey;
 
 /// One controller of one loaded plugin, as the operator runs it.
 struct Active {

@@ -89,16 +89,7 @@ pub const RECONCILED_CONDITION: &str = "Reconciled";
 /// by older hosts may still carry it.
 pub const RECONCILED_BY_ANNOTATION: &str = "wasmop.dev/reconciled-by";
 
-/// Kubernetes API coordinates of a manifest kind.
-pub fn api_resource(kind: &KindRef) -> ApiResource {
-    ApiResource {
-        group: kind.group.clone(),
-        version: kind.version.clone(),
-        api_version: kind.api_version(),
-        kind: kind.kind.clone(),
-        plural: kind.plural.clone(),
-    }
-}
+pub use crate::key::api_resource;
 
 /// `<plugin> <version> <digest prefix>`: which plugin version reconciled a
 /// primary (in the `Reconciled` condition's message).
@@ -583,7 +574,7 @@ async fn apply_one(
             message: "not of a kind the controller owns".into(),
         }));
     };
-    let mut obj = plan::prepare_apply(&op.object, primary, t.plugin.name(), owned);
+    let mut obj = prepare::prepare_apply(&op.object, primary, t.plugin.name(), owned);
     economy::stamp(&mut obj);
     if already_holds(t, &owned.kind, op, judged, &obj) {
         return Ok(None);

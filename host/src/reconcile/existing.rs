@@ -2,12 +2,20 @@
 //! (UID, controller, owner label, resourceVersion) and the [`ExistingLookup`]
 //! seam that answers for them — the snapshot's source offline, the cache
 //! backed by API reads live (`controller::truth`).
+//!
+//! It sits below both [`crate::reconcile::snapshot`] (whose every
+//! [`ObjectSource`](crate::reconcile::snapshot::ObjectSource) is a lookup)
+//! and [`crate::reconcile::validate`] (which asks it), and imports neither.
 
 use serde_json::Value;
 
 use crate::object;
 use crate::plugin::manifest::{KindRef, Ownership};
-use crate::reconcile::validate::{OWNER_UID_LABEL, PROTECTED_LABEL};
+use wasmop_contract::OWNER_UID_LABEL;
+
+/// The label a person sets (`true`) on an object no plan may delete. Plugins
+/// may not set it: protection is a person's decision, not the plugin's.
+pub const PROTECTED_LABEL: &str = "wasmop.dev/protected";
 
 /// What the validator needs to know about an object that already exists.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,7 +83,7 @@ pub enum BeforeCreate {
     Unasked,
 }
 
-/// Answers "does this object exist, and who controls it" for [`validate`].
+/// Answers "does this object exist, and who controls it" for [`validate`](crate::reconcile::validate::validate).
 ///
 /// Implemented for every [`crate::ObjectSource`], so the offline CLI's
 /// `MemorySource` and the live watch cache both answer it.
@@ -104,17 +112,5 @@ pub trait ExistingLookup {
             Some(found) => BeforeCreate::Exists(found),
             None => BeforeCreate::Absent,
         }
-    }
-}
-
-impl<S: crate::reconcile::snapshot::ObjectSource + ?Sized> ExistingLookup for S {
-    fn existing(
-        &self,
-        kind: &KindRef,
-        namespace: Option<&str>,
-        name: &str,
-    ) -> Option<ExistingObject> {
-        let found = self.get(kind, namespace, name)?;
-        Some(ExistingObject::of(&found))
     }
 }

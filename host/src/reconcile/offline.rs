@@ -56,6 +56,11 @@ pub const PRIMARY_UID: &str = "00000000-0000-0000-0000-000000000001";
 /// The `apiVersion` of wasmop's own input documents.
 pub const INPUT_API_VERSION: &str = "wasmop.dev/v1";
 
+/// The kind of the input document holding what a recording decided
+/// ([`crate::record`] writes it; this module reads it, and imports nothing
+/// of `record`).
+pub const RECORDED_KIND: &str = "Recorded";
+
 /// Options a fixture can carry (`kind: PlanOptions`).
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -316,7 +321,7 @@ fn push_document(
             input.options =
                 serde_json::from_value(doc).map_err(|e| bad("PlanOptions", e.to_string()))?;
         }
-        (INPUT_API_VERSION, crate::record::RECORDED_KIND) => {
+        (INPUT_API_VERSION, RECORDED_KIND) => {
             input.recorded = Some(doc);
         }
         _ => push_object(input, doc, origin, index)?,

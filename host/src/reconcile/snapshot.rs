@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::object;
 use crate::plugin::manifest::{Controller, KindRef, Read, Selector, split_api_version};
-use crate::reconcile::validate::ExistingObject;
+use crate::reconcile::existing::{ExistingLookup, ExistingObject};
 use crate::watch::selector::LabelSelector;
 
 /// Where snapshot objects come from.
@@ -404,6 +404,19 @@ impl ObjectSource for MemorySource {
             String::new(),
             format!("{}.{}", kind.plural, kind.group),
         ))
+    }
+}
+
+/// Every source of objects answers for what exists.
+impl<S: ObjectSource + ?Sized> ExistingLookup for S {
+    fn existing(
+        &self,
+        kind: &KindRef,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Option<ExistingObject> {
+        let found = self.get(kind, namespace, name)?;
+        Some(ExistingObject::of(&found))
     }
 }
 

@@ -82,7 +82,7 @@ impl SecretReads {
         let api: Api<DynamicObject> = Api::namespaced_with(
             self.client.clone(),
             namespace,
-            &crate::execute::api_resource(&KindRef::namespaced("", "v1", "Secret", "secrets")),
+            &crate::key::api_resource(&KindRef::namespaced("", "v1", "Secret", "secrets")),
         );
         let found = api.get_opt(name).await?;
         Ok(found.map(|o| {

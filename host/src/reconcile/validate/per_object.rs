@@ -1,0 +1,304 @@
+//! Per-object checks: each target's kind is owned, its namespace allowed
+//! and suited to the kind's scope, its name DNS-1123, and it is targeted
+//! once; an applied object is well formed and sets neither ownerReferences
+//! nor the host's labels; `primaryPatch` touches only `primary-fields`;
+//! HTTP requests name declared targets and ports with unique ids.
+
+use std::collections::BTreeSet;
+
+use serde_json::Value;
+
+use super::{
+    HttpRequest, MANAGED_BY_LABEL, OWNER_UID_LABEL, PLUGIN_LABEL, PROTECTED_LABEL, RequestTarget,
+    Rule, Validator,
+};
+use crate::names;
+use crate::object;
+use crate::plugin::manifest::{Controller, OwnedKind, Ownership, split_api_version};
+
+impl<'a> Validator<'a> {
+    /// Checks kind, namespace, name and uniqueness shared by applies and
+    /// deletes; returns the owned kind when the target is acceptable so far.
+    pub(super) fn target(
+        &mut self,
+        api_version: &str,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        what: &str,
+    ) -> Option<&'a OwnedKind> {
+        let desc = object::describe_parts(kind, namespace, name);
+        let controller: &'a Controller = self.controller;
+        let Some(owned) = controller.owned_kind(api_version, kind) else {
+            self.push(
+                Rule::KindNotOwned,
+                desc,
+                format!(
+                    "kind {kind} ({api_version}) is not owned by controller {}",
+                    controller.name
+                ),
+            );
+            return None;
+        };
+        let mut ok = true;
+        if let Err(why) = names::dns1123_subdomain(name) {
+            self.push(
+                Rule::InvalidName,
+                desc.clone(),
+                format!("name {name:?} {why}"),
+            );
+            ok = false;
+        }
+        match (owned.kind.namespaced, namespace) {
+            (true, None) => {
+                self.push(
+                    Rule::NamespaceNotAllowed,
+                    desc.clone(),
+                    format!("{kind} is namespaced but the {what} names no namespace"),
+                );
+                ok = false;
+            }
+            (true, Some(ns)) => {
+                if let Err(why) = names::dns1123_label(ns) {
+                    self.push(
+                        Rule::InvalidName,
+                        desc.clone(),
+                        format!("namespace {ns:?} {why}"),
+                    );
+                    ok = false;
+                } else if !controller.may_write_namespace(self.primary_namespace, ns) {
+                    let message = match self.primary_namespace {
+                        Some(own) => format!(
+                            "namespace {ns} is not the primary's ({own}) nor in write-namespaces of controller {}",
+                            controller.name
+                        ),
+                        None => format!(
+                            "the primary is cluster-scoped and namespace {ns} is not in write-namespaces of controller {}",
+                            controller.name
+                        ),
+                    };
+                    self.push(Rule::NamespaceNotAllowed, desc.clone(), message);
+                    ok = false;
+                } else if owned.ownership == Ownership::OwnerReference
+                    && self.primary_namespace.is_some_and(|own| own != ns)
+                {
+                    self.push(
+                        Rule::NamespaceNotAllowed,
+                        desc.clone(),
+                        format!(
+                            "an ownerReference cannot cross from namespace {} to {ns}; \
+                             controller {} must own {kind} by label (owner-label) to write it there",
+                            self.primary_namespace.unwrap_or_default(),
+                            controller.name
+                        ),
+                    );
+                    ok = false;
+                }
+            }
+            (false, Some(ns)) => {
+                self.push(
+                    Rule::NamespaceNotAllowed,
+                    desc.clone(),
+                    format!("{kind} is cluster-scoped but the {what} names namespace {ns}"),
+                );
+                ok = false;
+            }
+            (false, None) => {}
+        }
+        let (group, _) = split_api_version(api_version);
+        let key = (
+            group.to_owned(),
+            kind.to_owned(),
+            namespace.unwrap_or_default().to_owned(),
+            name.to_owned(),
+        );
+        if !self.seen.insert(key) {
+            self.push(
+                Rule::DuplicateTarget,
+                desc,
+                "the plan targets this object more than once".to_owned(),
+            );
+            ok = false;
+        }
+        ok.then_some(owned)
+    }
+
+    /// Checks what an applied object carries on its own: apiVersion, kind
+    /// and name, no ownerReferences, none of the host's labels. False when it
+    /// is malformed, and nothing more can be judged about it.
+    pub(super) fn apply_fields(&mut self, obj: &Value) -> bool {
+        let desc = object::describe(obj);
+        if !obj.is_object()
+            || object::api_version(obj).is_empty()
+            || object::kind(obj).is_empty()
+            || object::name(obj).is_empty()
+        {
+            self.push(
+                Rule::Malformed,
+                desc,
+                "an applied object needs apiVersion, kind and metadata.name".to_owned(),
+            );
+            return false;
+        }
+        if object::value_at(obj, "metadata.ownerReferences").is_some_and(|v| !v.is_null()) {
+            self.push(
+                Rule::OwnerReferencesForged,
+                desc.clone(),
+                "the plugin may not set metadata.ownerReferences; the host sets them".to_owned(),
+            );
+        }
+        let (api_version, kind) = (object::api_version(obj), object::kind(obj));
+        let labels = object::labels(obj);
+        let extra = self
+            .controller
+            .owned_kind(api_version, kind)
+            .and_then(OwnedKind::extra_label_key);
+        for label in [MANAGED_BY_LABEL, PLUGIN_LABEL, OWNER_UID_LABEL]
+            .into_iter()
+            .chain(extra)
+        {
+            if labels.contains_key(label) {
+                self.push(
+                    Rule::HostLabelForged,
+                    desc.clone(),
+                    format!("the plugin may not set label {label}; the host sets it"),
+                );
+            }
+        }
+        if labels.contains_key(PROTECTED_LABEL) {
+            // A forced apply could otherwise take the label off a
+            // protected object and delete it on the next reconcile.
+            self.push(
+                Rule::HostLabelForged,
+                desc.clone(),
+                format!("the plugin may not set label {PROTECTED_LABEL}; people set it"),
+            );
+        }
+        true
+    }
+
+    pub(super) fn primary_patch(&mut self, patch: &Value) {
+        if !patch.is_object() {
+            self.push(
+                Rule::PrimaryFieldNotAllowed,
+                "primary".to_owned(),
+                "primaryPatch must be a JSON object".to_owned(),
+            );
+            return;
+        }
+        let mut leaves = Vec::new();
+        leaf_paths(patch, Vec::new(), &mut leaves);
+        let declared: Vec<Vec<String>> = self
+            .controller
+            .primary_fields
+            .iter()
+            .map(|f| field_segments(f))
+            .collect();
+        for path in leaves {
+            // Whole segments only: `metadata.labels.app` does not allow the
+            // label `app.kubernetes.io/name`.
+            if !declared.iter().any(|d| path.starts_with(d)) {
+                self.push(
+                    Rule::PrimaryFieldNotAllowed,
+                    "primary".to_owned(),
+                    format!(
+                        "primaryPatch sets {}, which is not in primary-fields of controller {}",
+                        path.join("."),
+                        self.controller.name
+                    ),
+                );
+            }
+        }
+    }
+
+    pub(super) fn http_requests(&mut self, requests: &[HttpRequest]) {
+        let mut ids = BTreeSet::new();
+        for (i, req) in requests.iter().enumerate() {
+            let desc = format!("httpRequests[{i}] ({})", req.id);
+            if req.id.is_empty() || !ids.insert(req.id.as_str()) {
+                self.push(
+                    Rule::HttpTargetNotAllowed,
+                    desc.clone(),
+                    "request ids must be non-empty and unique".to_owned(),
+                );
+            }
+            if !req.path.starts_with('/') {
+                self.push(
+                    Rule::HttpTargetNotAllowed,
+                    desc.clone(),
+                    format!("path {:?} must start with /", req.path),
+                );
+            }
+            // Allow-listed base URLs are checked against the operator's
+            // allow-list when requests are performed.
+            let (target_id, target_object) = match &req.target {
+                RequestTarget::AllowList { .. } => continue,
+                RequestTarget::Declared { id, object } => (id, object),
+            };
+            match self
+                .controller
+                .http_targets
+                .iter()
+                .find(|t| t.id == *target_id)
+            {
+                None => self.push(
+                    Rule::HttpTargetNotAllowed,
+                    desc,
+                    format!(
+                        "target {target_id:?} is not an http-target of controller {}",
+                        self.controller.name
+                    ),
+                ),
+                Some(target) if !target.ports.contains(&req.port) => self.push(
+                    Rule::HttpTargetNotAllowed,
+                    desc,
+                    format!("port {} is not a port of target {:?}", req.port, target.id),
+                ),
+                Some(_) => {
+                    if let Err(why) = names::dns1123_subdomain(target_object) {
+                        self.push(
+                            Rule::InvalidName,
+                            desc,
+                            format!("object name {target_object:?} {why}"),
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The paths (as key segments) of the leaves of a JSON object. Anything
+/// that is not a non-empty object is a leaf — an empty object too, since a
+/// merge patch writes it.
+fn leaf_paths(value: &Value, prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
+    match value {
+        Value::Object(map) if !map.is_empty() => {
+            for (k, v) in map {
+                let mut path = prefix.clone();
+                path.push(k.clone());
+                leaf_paths(v, path, out);
+            }
+        }
+        _ => out.push(prefix),
+    }
+}
+
+/// The key segments of a declared primary field: a label or annotation key
+/// is one segment whatever dots it holds (`metadata.labels.app.kubernetes.io/name`
+/// is `metadata`, `labels`, `app.kubernetes.io/name`); anything else splits
+/// at dots.
+fn field_segments(field: &str) -> Vec<String> {
+    for map in ["metadata.labels.", "metadata.annotations."] {
+        if let Some(key) = field.strip_prefix(map) {
+            let mut out: Vec<String> = map
+                .trim_end_matches('.')
+                .split('.')
+                .map(str::to_owned)
+                .collect();
+            out.push(key.to_owned());
+            return out;
+        }
+    }
+    field.split('.').map(str::to_owned).collect()
+}
