@@ -404,3 +404,78 @@ async fn the_sweep_collects_label_owned_objects_whose_owner_is_gone() -> Result<
     op.stop().await;
     Ok(())
 }
+
+/// Collections count against the plugin's per-minute deletion budget: a
+/// leak of three objects, with `maxDeletesPerMinute: 2`, is collected two
+/// now and the third deferred (counted, not deleted); the plugin's plans go
+/// on (that a collection never marks the budget exceeded is the unit test
+/// of `execute/budget.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collections_wait_for_room_in_the_plugins_deletion_budget() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let ns = TestNamespace::new("orphans-budget").await?;
+    apply_test_crds(&ns.client).await?;
+    let cms: Api<ConfigMap> = ns.api();
+    let gc = Fault::kill("kube-controller-manager").await?;
+    let ours = json!({"app.kubernetes.io/managed-by": "wasmop", "wasmop.dev/plugin": "good"});
+    for i in 1..=3 {
+        cms.create(
+            &PostParams::default(),
+            &bystander(
+                &format!("gone{i}-cm"),
+                ours.clone(),
+                &format!("gone{i}"),
+                &format!("00000000-0000-0000-0000-00000000000{i}"),
+            ),
+        )
+        .await?;
+    }
+    let mut options = wasmop::plugin::LoadOptions {
+        settings: json!({}),
+        ..wasmop::plugin::LoadOptions::default()
+    };
+    options.limits.plan.max_deletes_per_minute = 2;
+    let path = wasmop_tests::operator::plugin_path("good")?;
+    let plugin =
+        wasmop::plugin::LoadedPlugin::load(&wasmop_tests::operator::sandbox(), &path, &options)?;
+    let op = RunningOperator::start(
+        ns.client.clone(),
+        vec![ns.name.clone()],
+        vec![std::sync::Arc::new(plugin)],
+    )
+    .await?;
+    let deferred = || {
+        metric(
+            "wasmop_orphans_deferred_total",
+            &[("controller", "good/widget")],
+        )
+    };
+    let deferred_before = deferred();
+    let (looked, swept) = op.operator.sweep_orphans().await;
+    assert_eq!((looked, swept), (3, 2), "two collected, the third waits");
+    assert_eq!(deferred() - deferred_before, 1.0);
+    let mut left = Vec::new();
+    for i in 1..=3 {
+        if cms.get_opt(&format!("gone{i}-cm")).await?.is_some() {
+            left.push(i);
+        }
+    }
+    assert_eq!(left.len(), 1, "exactly one left: {left:?}");
+    // Within the same minute a second sweep still waits.
+    assert_eq!(op.operator.sweep_orphans().await.1, 0);
+    assert_eq!(deferred() - deferred_before, 2.0);
+    // The plugin's own plans go on: a Widget converges.
+    create_widget(&ns, "fresh").await?;
+    wait_condition(
+        &widgets(&ns),
+        "fresh",
+        "Reconciled",
+        "True",
+        None,
+        DEFAULT_DEADLINE,
+    )
+    .await?;
+    gc.start().await?;
+    op.stop().await;
+    Ok(())
+}

@@ -44,7 +44,13 @@
 //!   owner the cache lacks;
 //! - this replica may write (leader), and the delete carries the UID and
 //!   resourceVersion the object was judged at, so a changed or re-created
-//!   object is not deleted.
+//!   object is not deleted;
+//! - the plugin's per-minute deletion budget (`maxDeletesPerMinute`) has
+//!   room for one more delete: collections count against it like the
+//!   plugin's own deletes, so a mass leak is collected at the budget's pace,
+//!   never faster. One that does not fit is deferred to a later sweep or
+//!   refusal (counted in `wasmop_orphans_deferred_total{controller}`,
+//!   logged) and does not mark the budget exceeded.
 //!
 //! A user's object (no labels), an object another plugin made, one whose
 //! owner exists (also while it is being deleted), and one whose owner is of
@@ -266,6 +272,8 @@ struct LiveUids(HashMap<String, Option<HashSet<String>>>);
 enum Outcome {
     Collected,
     Left,
+    /// Its owner is gone, but the plugin's deletion budget has no room.
+    Deferred,
 }
 
 impl Operator {
@@ -404,6 +412,16 @@ impl Operator {
         else {
             return Ok((Outcome::Left, String::new()));
         };
+        let budget = a.plugin.limits().plan.max_deletes_per_minute;
+        let Some(mut reservation) = self
+            .deletion_budgets
+            .reserve_collection(a.plugin.name(), budget)
+        else {
+            metrics::global().inc("wasmop_orphans_deferred_total", &[("controller", &a.id)]);
+            tracing::warn!(controller = %a.id, object = %what, owner = %claim.describe(), budget,
+                "an object whose owner is gone waits: the plugin's per-minute deletion budget has no room");
+            return Ok((Outcome::Deferred, String::new()));
+        };
         a.writer
             .delete(
                 &api_resource(&kind),
@@ -414,6 +432,7 @@ impl Operator {
             )
             .await
             .map_err(|e| format!("{what} could not be collected: {e}"))?;
+        reservation.used();
         self.collected.remember(object::uid(obj));
         metrics::global().inc(
             "wasmop_orphans_collected_total",
@@ -486,7 +505,7 @@ impl Operator {
                         .event(primary, false, "CollectedOrphan", &message)
                         .await;
                 }
-                Ok((Outcome::Left, _)) => all = false,
+                Ok((Outcome::Left | Outcome::Deferred, _)) => all = false,
                 Err(why) => {
                     tracing::debug!(controller = %a.id, %why, "refused object not collected");
                     all = false;

@@ -22,6 +22,12 @@
 //!   same plugin running at once cannot together go over the budget; the
 //!   deletes that were not made (a failed or skipped write) are given back
 //!   when the plan ends. What counts is deletes actually executed.
+//! - The host's own collection of objects whose owner is gone
+//!   (`controller/orphans.rs`) counts against the same budget, one delete
+//!   at a time ([`DeletionBudgets::reserve_collection`]): a collection that
+//!   would go over it is deferred to a later sweep or refusal, and never
+//!   marks the plugin's budget exceeded (no plan of the plugin asked for
+//!   it). While the budget is exceeded, nothing is collected either.
 //! - The history lives in the operator process: a restart starts with an
 //!   empty minute and no exceeded budget.
 
@@ -109,6 +115,21 @@ impl Window {
         Ok(self.next_id)
     }
 
+    /// Reserves one delete at `now` for the host's collection of an
+    /// object whose owner is gone, when it fits in `budget` and the budget
+    /// is not exceeded; never marks it exceeded.
+    pub fn reserve_one_quietly(&mut self, budget: usize, now: Instant) -> Option<u64> {
+        if self.exceeded.is_some_and(|e| budget <= e.budget) {
+            return None;
+        }
+        if self.recent(now).saturating_add(1) > budget {
+            return None;
+        }
+        self.next_id += 1;
+        self.deletes.push_back((self.next_id, now, 1));
+        Some(self.next_id)
+    }
+
     /// Gives back `unused` deletes of reservation `id`.
     pub fn release(&mut self, id: u64, unused: usize) {
         if let Some(i) = self.deletes.iter().position(|(x, _, _)| *x == id) {
@@ -156,6 +177,25 @@ impl DeletionBudgets {
             plugin: plugin.to_owned(),
             id,
             reserved: wanted,
+            used: 0,
+        })
+    }
+
+    /// Reserves one delete of `plugin` for the host's collection of an
+    /// object whose owner is gone; None when it would take the plugin over
+    /// its per-minute `budget` or the budget is exceeded (the collection
+    /// waits; the budget is not marked exceeded).
+    pub fn reserve_collection(&self, plugin: &str, budget: usize) -> Option<Reservation<'_>> {
+        let mut windows = self.windows.lock().unwrap_or_else(|e| e.into_inner());
+        let id = windows
+            .entry(plugin.to_owned())
+            .or_default()
+            .reserve_one_quietly(budget, Instant::now())?;
+        Some(Reservation {
+            budgets: self,
+            plugin: plugin.to_owned(),
+            id,
+            reserved: 1,
             used: 0,
         })
     }
@@ -261,6 +301,39 @@ mod tests {
         let mut w = Window::default();
         let err = w.reserve("p", 50, 10, Instant::now()).expect_err("50 > 10");
         assert!(err.contains("deletes 50 objects"), "{err}");
+    }
+
+    #[test]
+    fn collections_count_against_the_budget_and_never_mark_it_exceeded() {
+        let budgets = DeletionBudgets::default();
+        let mut one = budgets.reserve_collection("p", 2).expect("room for one");
+        one.used();
+        let mut two = budgets.reserve_collection("p", 2).expect("room for two");
+        two.used();
+        assert!(
+            budgets.reserve_collection("p", 2).is_none(),
+            "a third in the minute waits"
+        );
+        assert_eq!(budgets.recent("p"), 2);
+        // Not exceeded: a plan without deletes, or once the minute passed,
+        // is not held; a plan's delete now is over the budget as counted.
+        assert!(budgets.reserve("p", 0, 2).is_ok());
+        let refused = budgets.reserve("p", 1, 2).expect_err("over the budget");
+        assert_eq!(refused.rule, Rule::DeletionBudgetExceeded);
+        // A plan that tripped the budget: no collection while it stays
+        // exceeded, also after the minute; raised, collections go on.
+        let mut w = Window::default();
+        let t0 = Instant::now();
+        assert!(w.reserve("p", 3, 2, t0).is_err());
+        assert!(w.reserve_one_quietly(2, t0).is_none());
+        assert!(
+            w.reserve_one_quietly(2, t0 + WINDOW).is_none(),
+            "exceeded holds after the minute too"
+        );
+        assert!(w.reserve_one_quietly(3, t0 + WINDOW).is_some(), "raised");
+        // A reservation not used is given back.
+        drop(budgets.reserve_collection("q", 1).expect("room"));
+        assert_eq!(budgets.recent("q"), 0);
     }
 
     #[test]
