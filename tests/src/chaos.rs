@@ -675,9 +675,9 @@ pub struct Ops {
     pub created: usize,
     /// Widgets edited.
     pub edited: usize,
-    /// Widgets deleted.
+    /// Primaries deleted.
     pub deleted: usize,
-    /// Widgets deleted and created again at once under the same name.
+    /// Of those, created again at once under the same name.
     pub recreated: usize,
     /// Operations the API server did not complete (a fault was on).
     pub failed: usize,
@@ -686,7 +686,7 @@ pub struct Ops {
 }
 
 impl Ops {
-    /// Operations completed.
+    /// Operations completed (a deletion and its re-creation count as two).
     pub fn total(&self) -> usize {
         self.created + self.edited + self.deleted + self.recreated
     }
@@ -748,7 +748,7 @@ impl Report {
             self.crashed_at_writes
         );
         out += &format!(
-            "operations: {} ({} created, {} edited, {} deleted, {} deleted and re-created; {} not completed during faults; {} of the soak's own calls retried after a transient error)\n",
+            "operations: {} ({} created, {} edited, {} deleted, {} of them re-created at once under the same name; {} not completed during faults; {} of the soak's own calls retried after a transient error)\n",
             self.ops.total(),
             self.ops.created,
             self.ops.edited,
@@ -872,6 +872,35 @@ where
             Err(e) => return Err(anyhow::Error::new(e).context(what.to_owned())),
         }
     }
+}
+
+/// Deletes the load's primary `name` of UID `uid` (a UID precondition,
+/// so a re-created one is not deleted), and counts it. The UID is recorded
+/// among the deleted owners before the delete is sent (the checks may see
+/// what it owned go before this call returns) and forgotten again when the
+/// precondition failed.
+async fn delete_owner(
+    api: &Api<DynamicObject>,
+    name: &str,
+    uid: &str,
+    shared: &Shared,
+) -> Result<()> {
+    shared.deleted_owners.lock().unwrap().insert(uid.to_owned());
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_owned()),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    if let Err(e) = api.delete(name, &dp).await {
+        if matches!(&e, kube::Error::Api(s) if s.code == 409) {
+            shared.deleted_owners.lock().unwrap().remove(uid);
+        }
+        return Err(e.into());
+    }
+    shared.ops.lock().unwrap().deleted += 1;
+    Ok(())
 }
 
 fn free_port() -> Result<u16> {
@@ -1487,27 +1516,10 @@ async fn load_step(
             .map_err(Into::into),
         Some(w) => {
             let uid = w.metadata.uid.clone().unwrap_or_default();
-            // Recorded before the delete is sent: the checks may see its
-            // ConfigMap go before this call returns.
-            shared.deleted_owners.lock().unwrap().insert(uid.clone());
-            let dp = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: Some(uid.clone()),
-                    resource_version: None,
-                }),
-                ..DeleteParams::background()
-            };
-            match api.delete(name, &dp).await {
-                Err(kube::Error::Api(e)) if e.code == 409 => {
-                    shared.deleted_owners.lock().unwrap().remove(&uid);
-                    Err(kube::Error::Api(e).into())
-                }
-                Err(e) => Err(e.into()),
-                Ok(_) if roll < 80 => {
-                    shared.ops.lock().unwrap().deleted += 1;
-                    Ok(())
-                }
-                Ok(_) => create(value)
+            match delete_owner(api, name, &uid, shared).await {
+                Err(e) => Err(e),
+                Ok(()) if roll < 80 => Ok(()),
+                Ok(()) => create(value)
                     .await
                     .map(|()| shared.ops.lock().unwrap().recreated += 1),
             }
@@ -2275,31 +2287,14 @@ async fn backup_step(
         Some(eb) if eb.metadata.deletion_timestamp.is_some() => Ok(()),
         Some(eb) => {
             let uid = eb.metadata.uid.clone().unwrap_or_default();
-            shared.deleted_owners.lock().unwrap().insert(uid.clone());
-            let dp = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: Some(uid.clone()),
-                    resource_version: None,
-                }),
-                ..DeleteParams::background()
-            };
-            match api.delete(name, &dp).await {
-                Err(kube::Error::Api(e)) if e.code == 409 => {
-                    shared.deleted_owners.lock().unwrap().remove(&uid);
-                    Err(kube::Error::Api(e).into())
-                }
-                Err(e) => Err(e.into()),
-                Ok(_) => {
-                    shared.ops.lock().unwrap().deleted += 1;
-                    if rng.below(2) == 0 {
-                        // Gone at once unless the plugin's finalizer holds
-                        // it: then the create is refused and counted so.
-                        create().await?;
-                        shared.ops.lock().unwrap().recreated += 1;
-                    }
-                    Ok(())
-                }
+            delete_owner(api, name, &uid, shared).await?;
+            if rng.below(2) == 0 {
+                // Gone at once unless the plugin's finalizer holds it: then
+                // the create is refused and counted so.
+                create().await?;
+                shared.ops.lock().unwrap().recreated += 1;
             }
+            Ok(())
         }
     }
 }

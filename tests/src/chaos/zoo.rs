@@ -32,14 +32,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
-    Preconditions,
 };
 use kube::core::GroupVersionKind;
 use kube::discovery::{Scope, pinned_kind};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
-use super::{CHAOS_LABEL, MANAGED_BY, Shared, reconciled_for_generation, transient};
+use super::{CHAOS_LABEL, MANAGED_BY, Shared, delete_owner, reconciled_for_generation, transient};
 use crate::{TestNamespace, repo_root};
 
 /// The example files of the shipped plugins (`widgets.yaml` is the
@@ -347,23 +346,7 @@ impl Zoo {
             }
             Some(o) => {
                 let uid = o.metadata.uid.clone().unwrap_or_default();
-                // Recorded before the delete is sent: the checks may see
-                // what it owned go before this call returns.
-                shared.deleted_owners.lock().unwrap().insert(uid.clone());
-                let dp = DeleteParams {
-                    preconditions: Some(Preconditions {
-                        uid: Some(uid.clone()),
-                        resource_version: None,
-                    }),
-                    ..DeleteParams::background()
-                };
-                if let Err(e) = item.api.delete(&item.name, &dp).await {
-                    if matches!(&e, kube::Error::Api(s) if s.code == 409) {
-                        shared.deleted_owners.lock().unwrap().remove(&uid);
-                    }
-                    return Err(e.into());
-                }
-                shared.ops.lock().unwrap().deleted += 1;
+                delete_owner(&item.api, &item.name, &uid, shared).await?;
                 if (roll / 5).is_multiple_of(2) && item.create().await.is_ok() {
                     shared.ops.lock().unwrap().recreated += 1;
                     return Ok(format!("deleted and re-created {}", item.key()));
