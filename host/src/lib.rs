@@ -41,6 +41,7 @@ pub mod observe;
 pub mod plugin;
 pub mod reconcile;
 pub mod record;
+pub mod rollout;
 pub mod sandbox;
 pub mod selfevent;
 pub mod shadow;
