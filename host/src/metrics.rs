@@ -337,7 +337,7 @@ pub async fn serve(addr: SocketAddr) -> std::io::Result<tokio::task::JoinHandle<
                     .and_then(|r| r.split([' ', '?']).next())
                     .unwrap_or("");
                 let (code, body) = match path {
-                    "/metrics" => (200, global().render()),
+                    "/metrics" => (200, global().render() + &crate::plugin::budget::render()),
                     "/healthz" | "/livez" => {
                         crate::health::global().healthz(std::time::Instant::now())
                     }

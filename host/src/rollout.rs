@@ -34,11 +34,12 @@
 //!   pay one read of an empty map.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::plugin::budget::{BudgetCounts, CallBudget};
 use crate::reconcile::diff::Difference;
 use crate::watch::selector::LabelSelector;
 
@@ -167,6 +168,11 @@ pub struct Thresholds {
     /// p99 of the call time (snapshot, call, validation), seconds:
     /// default 1.
     pub p99_call_seconds: f64,
+    /// p99 of a call's peak memory, bytes (from the budget histogram, so
+    /// to its bucket's bound): default 16 MiB.
+    pub p99_memory_bytes: f64,
+    /// CPU seconds per call: default 0.5.
+    pub cpu_seconds_per_call: f64,
 }
 
 impl Default for Thresholds {
@@ -180,6 +186,8 @@ impl Default for Thresholds {
             deletes_per_minute: 0.0,
             reconciles_per_minute: 10.0,
             p99_call_seconds: 1.0,
+            p99_memory_bytes: f64::from(16u32 << 20),
+            cpu_seconds_per_call: 0.5,
         }
     }
 }
@@ -328,6 +336,11 @@ pub struct Counts {
     pub shadow_differences: u64,
     /// p99 of the call time, seconds.
     pub p99_call_seconds: f64,
+    /// p99 of the calls' peak memory, bytes (every call of the version,
+    /// shadow calls included; see [`crate::plugin::budget`]).
+    pub p99_memory_bytes: f64,
+    /// CPU seconds per call (as `p99MemoryBytes`).
+    pub cpu_seconds_per_call: f64,
 }
 
 /// The analysis found the candidate worse than allowed.
@@ -382,7 +395,7 @@ pub fn analyze(
             threshold: t.shadow_differences as f64,
         });
     }
-    let checks: [(&'static str, f64, f64, f64); 7] = [
+    let checks: [(&'static str, f64, f64, f64); 9] = [
         (
             "timeouts",
             ratio(candidate.timeouts, candidate.reconciles),
@@ -424,6 +437,18 @@ pub fn analyze(
             candidate.p99_call_seconds,
             current.p99_call_seconds,
             t.p99_call_seconds,
+        ),
+        (
+            "p99MemoryBytes",
+            candidate.p99_memory_bytes,
+            current.p99_memory_bytes,
+            t.p99_memory_bytes,
+        ),
+        (
+            "cpuSecondsPerCall",
+            candidate.cpu_seconds_per_call,
+            current.cpu_seconds_per_call,
+            t.cpu_seconds_per_call,
         ),
     ];
     checks
@@ -523,6 +548,20 @@ struct Side {
     counts: Counts,
     primaries: HashSet<String>,
     durations: Vec<f64>,
+    /// The version's budget and what it held when the window opened.
+    budget: Option<(Arc<CallBudget>, BudgetCounts)>,
+}
+
+impl Side {
+    fn with_budget(budget: Option<Arc<CallBudget>>) -> Self {
+        Side {
+            budget: budget.map(|b| {
+                let at = b.counts();
+                (b, at)
+            }),
+            ..Side::default()
+        }
+    }
 }
 
 /// Call times kept per side and window (the p99 is of these).
@@ -533,6 +572,11 @@ impl Side {
         let mut c = self.counts.clone();
         c.primaries = self.primaries.len() as u64;
         c.p99_call_seconds = p99(&self.durations);
+        if let Some((b, at)) = &self.budget {
+            let delta = b.counts().since(at);
+            c.p99_memory_bytes = delta.p99_memory_bytes();
+            c.cpu_seconds_per_call = delta.cpu_seconds_per_call();
+        }
         c
     }
 }
@@ -569,6 +613,15 @@ pub struct WindowCounts {
     pub elapsed: Duration,
     /// Whether this call opened the window.
     pub opened: bool,
+}
+
+/// The budgets of the two versions an analysis window compares.
+#[derive(Clone, Debug, Default)]
+pub struct Budgets {
+    /// The current version's.
+    pub current: Option<Arc<CallBudget>>,
+    /// The candidate's.
+    pub candidate: Option<Arc<CallBudget>>,
 }
 
 /// Routing and counting of every rollout on this replica.
@@ -619,28 +672,25 @@ impl Rollouts {
         step: u32,
         candidate_digest: &str,
         spec: &RolloutSpec,
+        budgets: Budgets,
     ) -> WindowCounts {
         let mut windows = self.windows.lock().expect("rollout windows lock");
-        let mut opened = !windows.contains_key(name);
-        let w = windows.entry(name.to_owned()).or_insert_with(|| Window {
+        let fresh = |budgets: Budgets| Window {
             step,
             candidate_digest: candidate_digest.to_owned(),
             started: Instant::now(),
-            current: Side::default(),
-            candidate: Side::default(),
+            current: Side::with_budget(budgets.current),
+            candidate: Side::with_budget(budgets.candidate),
             spec: spec.clone(),
-        });
-        if w.step != step || w.candidate_digest != candidate_digest {
-            opened = true;
-            *w = Window {
-                step,
-                candidate_digest: candidate_digest.to_owned(),
-                started: Instant::now(),
-                current: Side::default(),
-                candidate: Side::default(),
-                spec: spec.clone(),
-            };
+        };
+        let opened = match windows.get(name) {
+            Some(w) => w.step != step || w.candidate_digest != candidate_digest,
+            None => true,
+        };
+        if opened {
+            windows.insert(name.to_owned(), fresh(budgets));
         }
+        let w = windows.get_mut(name).expect("the window just made");
         w.spec = spec.clone();
         WindowCounts {
             current: w.current.snapshot(),
@@ -910,6 +960,23 @@ mod tests {
             analyze(&t, true, &current, &slow, 0.1).map(|b| b.metric),
             Some("p99CallSeconds")
         );
+        let hungry = Counts {
+            p99_memory_bytes: f64::from(64u32 << 20),
+            ..same.clone()
+        };
+        let b = analyze(&t, true, &current, &hungry, 0.1).expect("a breach");
+        assert_eq!(
+            (b.metric, b.threshold),
+            ("p99MemoryBytes", f64::from(16u32 << 20))
+        );
+        let busy_cpu = Counts {
+            cpu_seconds_per_call: 0.9,
+            ..same.clone()
+        };
+        assert_eq!(
+            analyze(&t, true, &current, &busy_cpu, 0.1).map(|b| b.metric),
+            Some("cpuSecondsPerCall")
+        );
         // Churn under a minute counts as a minute: 3 reconciles of one
         // primary in 2 s is not churn.
         let busy = Counts {
@@ -963,9 +1030,9 @@ mod tests {
             Outcome::Decided { deletes: 1 },
             Duration::ZERO,
         );
-        let first = r.window("p", 1, "cand", &s);
+        let first = r.window("p", 1, "cand", &s, Budgets::default());
         assert_eq!((first.candidate.reconciles, first.opened), (0, true));
-        assert!(!r.window("p", 1, "cand", &s).opened);
+        assert!(!r.window("p", 1, "cand", &s, Budgets::default()).opened);
         r.record(
             "p",
             "cand",
@@ -1003,7 +1070,7 @@ mod tests {
         r.record_shadow("p", "cand", std::slice::from_ref(&label), None);
         r.record_shadow("p", "cand", &[label, delete], None);
         r.record_shadow("p", "other", &[], Some("PluginTimedOut"));
-        let w = r.window("p", 1, "cand", &s);
+        let w = r.window("p", 1, "cand", &s, Budgets::default());
         assert_eq!((w.candidate.reconciles, w.candidate.deletes), (2, 1));
         assert_eq!(w.candidate.primaries, 1);
         assert_eq!(
@@ -1016,7 +1083,12 @@ mod tests {
         );
         assert_eq!((w.current.reconciles, w.current.plan_rejected), (1, 1));
         // A new step starts a new window.
-        assert_eq!(r.window("p", 2, "cand", &s).candidate.reconciles, 0);
+        assert_eq!(
+            r.window("p", 2, "cand", &s, Budgets::default())
+                .candidate
+                .reconciles,
+            0
+        );
     }
 
     #[test]

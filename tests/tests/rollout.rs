@@ -380,6 +380,26 @@ async fn good_is_rolled_out_to_good_v2_through_shadow_and_canary_steps_to_promot
         fx.deleted_widgets()
     );
 
+    // The budgets of both versions are metrics, per plugin and version.
+    let budgets = wasmop::plugin::budget::render();
+    for version in ["0.1.0", "0.2.0"] {
+        let labels = format!("{{plugin=\"good\",version=\"{version}\"}}");
+        for name in [
+            "wasmop_plugin_calls_total",
+            "wasmop_plugin_call_peak_memory_bytes_count",
+            "wasmop_plugin_call_epoch_ticks_count",
+            "wasmop_plugin_call_input_bytes_total",
+            "wasmop_plugin_call_output_bytes_total",
+        ] {
+            let value = budgets
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{name}{labels} ")))
+                .and_then(|v| v.parse::<f64>().ok())
+                .with_context(|| format!("{name}{labels} in {budgets}"))?;
+            ensure!(value > 0.0, "{name}{labels} is {value}");
+        }
+    }
+
     // One-command undo: spec.rollback sends every primary back to 0.1.0.
     rollouts(&fx.ns)
         .patch(

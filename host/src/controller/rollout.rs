@@ -104,6 +104,17 @@ impl Operator {
         })
     }
 
+    /// The budgets of `plugin`'s current version and its shadow.
+    fn budgets(&self, plugin: &str) -> rollout::Budgets {
+        let current = self
+            .loaded_plugins()
+            .into_iter()
+            .find(|p| p.name() == plugin)
+            .and_then(|p| p.budget().cloned());
+        let candidate = self.shadow(plugin).and_then(|p| p.budget().cloned());
+        rollout::Budgets { current, candidate }
+    }
+
     /// Sets the routing of `plugin`; when it changed, queues every primary
     /// of the plugin again (in the background, like a hot swap).
     fn apply_routing(&self, plugin: &str, routing: Option<rollout::Routing>) {
@@ -336,9 +347,13 @@ impl Operator {
         st.share_percent = spec
             .routing(st.step)
             .map_or(0.0, |(bp, _)| f64::from(bp) / 100.0);
-        let w = self
-            .rollouts
-            .window(&spec.plugin, st.step, &st.candidate_digest, spec);
+        let w = self.rollouts.window(
+            &spec.plugin,
+            st.step,
+            &st.candidate_digest,
+            spec,
+            self.budgets(&spec.plugin),
+        );
         if w.opened {
             // A window opened by a new leader, or the shadow step's first:
             // every primary is reconciled (and compared) once in it, not
@@ -376,8 +391,13 @@ impl Operator {
                 st.step_started_at = now.clone();
                 // The next step's window opens now, before its routing
                 // re-queues the primaries: their reconciles count in it.
-                self.rollouts
-                    .window(&spec.plugin, st.step, &st.candidate_digest, spec);
+                self.rollouts.window(
+                    &spec.plugin,
+                    st.step,
+                    &st.candidate_digest,
+                    spec,
+                    self.budgets(&spec.plugin),
+                );
                 st.current = rollout::Counts::default();
                 st.candidate = rollout::Counts::default();
                 if st.step as usize > spec.steps.len() {
