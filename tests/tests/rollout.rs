@@ -28,7 +28,8 @@ use wasmop_tests::operator::{LeaderLoop, RunningOperator, plugin_path, sandbox, 
 use wasmop_tests::status::wait_event;
 use wasmop_tests::widgets::{TempDir, create_widget, install, settle, widgets};
 use wasmop_tests::{
-    DEFAULT_DEADLINE, TestNamespace, apply_crd_files, apply_test_crds, repo_root, wait_for,
+    DEFAULT_DEADLINE, TestNamespace, apply_crd_files, apply_test_crds, kubeconfig_path, repo_root,
+    wait_for, wasmop_bin,
 };
 
 /// The label that ties a test's PluginRollouts to its operators.
@@ -400,14 +401,20 @@ async fn good_is_rolled_out_to_good_v2_through_shadow_and_canary_steps_to_promot
         }
     }
 
-    // One-command undo: spec.rollback sends every primary back to 0.1.0.
-    rollouts(&fx.ns)
-        .patch(
-            &name,
-            &Default::default(),
-            &kube::api::Patch::Merge(json!({"spec": {"rollback": true}})),
-        )
+    // One-command undo: `wasmop rollout undo` sends every primary back to
+    // 0.1.0.
+    let out = tokio::process::Command::new(wasmop_bin()?)
+        .args(["rollout", "undo", &name, "--kubeconfig"])
+        .arg(kubeconfig_path())
+        .output()
         .await?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success() && stdout.contains("back to 0.1.0"),
+        "{:?} {stdout} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
     let st = wait_phase(&fx.ns, &name, "RolledBack").await?;
     ensure!(st["conditions"][0]["reason"] == "RollbackRequested", "{st}");
     wait_for("every ConfigMap back at v1", DEFAULT_DEADLINE, || {
@@ -667,5 +674,101 @@ async fn a_rollout_goes_on_across_a_leader_change() -> Result<()> {
     let _ = rollouts(&fx.ns)
         .delete(&name, &DeleteParams::default())
         .await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_rollout_that_cannot_be_followed_says_why_and_routes_nothing() -> Result<()> {
+    let mut fx = Fixture::new("rollout-refused").await?;
+    let (op, mut plugins) = fx.operator(false).await?;
+    fx.widgets().await?;
+    install(&plugin_path("good-v2")?, &fx.dir.0.join("good.shadow.wasm"))?;
+    settle(&mut plugins).await;
+    ensure!(op.operator.shadow("good").is_some());
+    // Steps that narrow, and a selector that does not parse.
+    let bad = format!("{}-bad", fx.ns.name);
+    create_rollout(
+        &fx.ns,
+        &bad,
+        json!({"plugin": "good", "steps": [{"percent": 50}, {"percent": 10, "selector": "a in (b"}]}),
+    )
+    .await?;
+    let st = wait_phase(&fx.ns, &bad, "Invalid").await?;
+    let message = st["message"].as_str().unwrap_or_default();
+    ensure!(
+        message.contains("narrows the previous step") && message.contains("steps[1].selector"),
+        "{st}"
+    );
+    // A pinned candidate that is not the loaded shadow waits.
+    let pinned = format!("{}-pinned", fx.ns.name);
+    create_rollout(
+        &fx.ns,
+        &pinned,
+        json!({"plugin": "good", "candidate": {"version": "9.9.9"},
+               "steps": [{"percent": 100}], "holdSeconds": 0}),
+    )
+    .await?;
+    let st = wait_phase(&fx.ns, &pinned, "Waiting").await?;
+    ensure!(
+        st["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("good.shadow.wasm")),
+        "{st}"
+    );
+    // A second rollout of the same plugin (after `-bad` and `-pinned` by
+    // name) is refused.
+    let second = format!("{}-second", fx.ns.name);
+    create_rollout(
+        &fx.ns,
+        &second,
+        json!({"plugin": "good", "steps": [{"percent": 100}], "holdSeconds": 0}),
+    )
+    .await?;
+    let st = wait_phase(&fx.ns, &second, "Invalid").await?;
+    ensure!(
+        st["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("another PluginRollout")),
+        "{st}"
+    );
+    // None of them routes a primary to the candidate: no routing is set,
+    // and every ConfigMap is still v1.
+    let cms: Api<ConfigMap> = fx.ns.api();
+    let labels = cm_labels(&cms).await?;
+    ensure!(
+        labels.len() == WIDGETS && labels.values().all(|v| v == "v1"),
+        "{labels:?}"
+    );
+    ensure!(
+        op.operator.rollouts().routing("good").is_none(),
+        "nothing routed"
+    );
+    // `wasmop rollout status` shows why, and undo of a rollout that does
+    // not exist is an error naming it.
+    let status = tokio::process::Command::new(wasmop_bin()?)
+        .args(["rollout", "status", &bad, "--kubeconfig"])
+        .arg(kubeconfig_path())
+        .output()
+        .await?;
+    let stdout = String::from_utf8_lossy(&status.stdout);
+    ensure!(
+        status.status.success() && stdout.contains("phase=Invalid") && stdout.contains("narrows"),
+        "{stdout}"
+    );
+    let missing = tokio::process::Command::new(wasmop_bin()?)
+        .args(["rollout", "undo", "no-such-rollout", "--kubeconfig"])
+        .arg(kubeconfig_path())
+        .output()
+        .await?;
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    ensure!(
+        !missing.status.success() && stderr.contains("PluginRollout no-such-rollout"),
+        "{stderr}"
+    );
+    for name in [&bad, &pinned, &second] {
+        let _ = rollouts(&fx.ns)
+            .delete(name, &DeleteParams::default())
+            .await;
+    }
     Ok(())
 }

@@ -385,6 +385,14 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
         tracing::info!(dir = %dir.display(), max_mib = args.record_max_mib, "recording every reconcile");
         config.recorder = Some(Arc::new(recorder));
     }
+    if let Some(selector) = &config.rollout_selector
+        && let Err(e) = crate::watch::selector::LabelSelector::parse(selector)
+    {
+        return Err(RunError::Config {
+            path: PathBuf::from("--rollout-selector"),
+            reason: e.to_string(),
+        });
+    }
     let problems = config.observe.allow_list_problems();
     if !problems.is_empty() {
         return Err(RunError::Config {
@@ -624,7 +632,7 @@ pub(crate) fn load_options(
     }
 }
 
-async fn client(kubeconfig: Option<&Path>) -> Result<Client, RunError> {
+pub(crate) async fn client(kubeconfig: Option<&Path>) -> Result<Client, RunError> {
     let config = match kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path)

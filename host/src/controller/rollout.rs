@@ -197,7 +197,10 @@ impl Operator {
                         continue;
                     }
                 };
-                if !driven.insert(spec.plugin.clone()) {
+                // A rollout that can be followed and has not rolled back
+                // claims its plugin; the first by name wins.
+                let claims = spec.problems().is_empty() && status.phase != phase::ROLLED_BACK;
+                if claims && !driven.insert(spec.plugin.clone()) {
                     if leads {
                         let mut st = status.clone();
                         st.phase = phase::INVALID.into();
@@ -212,7 +215,9 @@ impl Operator {
                 if leads {
                     status = self.drive(&api, &name, &value, &spec, status).await;
                 }
-                self.apply_routing(&spec.plugin, status.routing(&name, &spec));
+                if claims {
+                    self.apply_routing(&spec.plugin, status.routing(&name, &spec));
+                }
             }
             for plugin in self.rollouts.routed_plugins() {
                 if !driven.contains(&plugin) {
@@ -263,9 +268,15 @@ impl Operator {
             self.write_status(api, name, &old, &st).await;
             return st;
         }
-        if st.phase == phase::ROLLED_BACK || st.phase == phase::INVALID {
+        if st.phase == phase::ROLLED_BACK {
             self.rollouts.close_window(&spec.plugin);
             return st;
+        }
+        if st.phase == phase::INVALID {
+            // Followable now (its spec was fixed, or the rollout it
+            // collided with is gone): it starts from the beginning.
+            st.phase.clear();
+            st.candidate_digest.clear();
         }
         let Some((_, current_version, _)) = self
             .plugins()
