@@ -29,9 +29,10 @@
 //!   after every restart; a wider step keeps every primary of the narrower.
 //! - Only a loaded shadow whose digest is the one the rollout recorded is
 //!   routed to; otherwise the primary is reconciled by the current version.
-//! - Counts are kept only for plugins with a rollout this replica drives,
-//!   under one short lock per reconcile of those plugins; other plugins
-//!   pay one read of an empty map.
+//! - Counts are kept only for plugins with a rollout this replica drives
+//!   (the leader). A reconcile takes one short lock of the window map,
+//!   empty when nothing is rolled out; the costs of calls (memory, CPU)
+//!   come from the lock-free [`crate::plugin::budget`].
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};

@@ -4,8 +4,10 @@
 //! bucket of their UID) to promotion; a candidate that deletes what it
 //! should not (`good-pruner`) is rolled back by itself, by its shadow
 //! differences or, with shadow analysis off, by its deletes at the first
-//! canary step; a rollout goes on across a leader change. Windows are short
-//! (a step holds about a second); nothing sleeps to synchronise.
+//! canary step; a rollout goes on across a leader change; a rollout that
+//! cannot be followed says why and routes nothing. The undo and the status
+//! go through the `wasmop rollout` command. Windows are short (a step holds
+//! about a second); nothing sleeps to synchronise.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -671,9 +673,23 @@ async fn a_rollout_goes_on_across_a_leader_change() -> Result<()> {
         }
     })
     .await?;
-    let _ = rollouts(&fx.ns)
+    // Deleting the rollout sends every primary back to the current
+    // version.
+    rollouts(&fx.ns)
         .delete(&name, &DeleteParams::default())
-        .await;
+        .await?;
+    wait_for("every ConfigMap back at v1", DEFAULT_DEADLINE, || {
+        let cms = cms.clone();
+        async move {
+            let labels = cm_labels(&cms).await?;
+            if labels.values().filter(|v| *v == "v1").count() == WIDGETS {
+                Ok(Some(()))
+            } else {
+                bail!("{labels:?}")
+            }
+        }
+    })
+    .await?;
     Ok(())
 }
 

@@ -125,6 +125,7 @@ impl Operator {
         let snapshot = snapshot.clone();
         let controller = a.id.to_string();
         let active_version = a.plugin.version().to_owned();
+        let rollouts = Arc::clone(&self.rollouts);
         tokio::task::spawn_blocking(move || {
             let _slot = slot;
             let pairs = crate::shadow::kind_pairs(active, shadow.reconcile(&snapshot));
@@ -136,6 +137,12 @@ impl Operator {
                     (&active_version, shadow.version()),
                     active,
                     outcome,
+                );
+                rollouts.record_shadow(
+                    shadow.name(),
+                    shadow.digest(),
+                    &differences,
+                    outcome.pointer("/failed/reason").and_then(Value::as_str),
                 );
                 differing += usize::from(!differences.is_empty());
             }
