@@ -162,7 +162,7 @@ impl Operator {
         }
         loop {
             tick.tick().await;
-            let leads = crate::controller::leader::may_write(&self.leader, &self.lease_until);
+            let leads = self.leads();
             if !leads {
                 self.rollouts.close_all();
             }
@@ -228,8 +228,21 @@ impl Operator {
         }
     }
 
+    /// Whether this replica may write now (it leads, its lease is valid).
+    fn leads(&self) -> bool {
+        crate::controller::leader::may_write(&self.leader, &self.lease_until)
+    }
+
+    /// Records an Event on a rollout, while this replica leads.
+    async fn rollout_event(&self, obj: &Value, warning: bool, reason: &str, message: &str) {
+        if self.leads() {
+            self.reporter.event(obj, warning, reason, message).await;
+        }
+    }
+
     /// Writes `new` as the status of rollout `name` when it differs from
-    /// `old`; a failure is logged (the next tick tries again).
+    /// `old` and this replica still leads; a failure is logged (the next
+    /// tick tries again).
     async fn write_status(
         &self,
         api: &Api<DynamicObject>,
@@ -237,7 +250,7 @@ impl Operator {
         old: &RolloutStatus,
         new: &RolloutStatus,
     ) {
-        if old == new {
+        if old == new || !self.leads() {
             return;
         }
         let patch = json!({"status": new});
@@ -421,8 +434,7 @@ impl Operator {
                         "candidate {} reconciles every primary; undo: set spec.rollback",
                         st.candidate_version
                     );
-                    self.reporter
-                        .event(obj, false, "RolloutPromoted", &st.message)
+                    self.rollout_event(obj, false, "RolloutPromoted", &st.message)
                         .await;
                 } else {
                     st.phase = phase::CANARY.into();
@@ -430,17 +442,16 @@ impl Operator {
                         .routing(st.step)
                         .map_or(0.0, |(bp, _)| f64::from(bp) / 100.0);
                     st.message = format!("step {done} passed; step {} begins", st.step);
-                    self.reporter
-                        .event(
-                            obj,
-                            false,
-                            "RolloutStepPassed",
-                            &format!(
-                                "step {done} passed its analysis; {}% of the primaries go to {}",
-                                st.share_percent, st.candidate_version
-                            ),
-                        )
-                        .await;
+                    self.rollout_event(
+                        obj,
+                        false,
+                        "RolloutStepPassed",
+                        &format!(
+                            "step {done} passed its analysis; {}% of the primaries go to {}",
+                            st.share_percent, st.candidate_version
+                        ),
+                    )
+                    .await;
                 }
             }
         }
@@ -472,7 +483,7 @@ impl Operator {
         st.conditions = vec![healthy(false, reason, &message, &now)];
         tracing::warn!(rollout = name, plugin = %spec.plugin, reason, %message, "rollout rolled back");
         self.write_status(api, name, old, &st).await;
-        self.reporter.event(obj, true, reason, &message).await;
+        self.rollout_event(obj, true, reason, &message).await;
         st
     }
 }
