@@ -800,3 +800,114 @@ async fn a_rollout_that_cannot_be_followed_says_why_and_routes_nothing() -> Resu
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn a_candidate_pulled_by_oci_digest_is_rolled_out() -> Result<()> {
+    use clap::Parser;
+    use wasmop::plugin::oci::{OciMirror, PluginSource, RegistryOptions, SyncOutcome};
+    use wasmop_tests::registry::Registry;
+
+    let mut fx = Fixture::new("rollout-oci").await?;
+    // good-v2 published; the candidate is named by its digest.
+    let registry = Registry::start().await?;
+    let argv: Vec<String> = vec![
+        "wasmop".into(),
+        "push".into(),
+        plugin_path("good-v2")?.display().to_string(),
+        format!("oci://{}/wasmop/good:v2", registry.host),
+        "--insecure-registry".into(),
+        registry.host.clone(),
+    ];
+    let cli = wasmop::cli::Cli::try_parse_from(&argv)?;
+    let code = tokio::task::spawn_blocking(move || wasmop::cli::execute(cli)).await??;
+    ensure!(code == std::process::ExitCode::SUCCESS, "push failed");
+    let options = RegistryOptions {
+        insecure: vec![registry.host.clone()],
+        ..RegistryOptions::default()
+    };
+    let tagged = match format!("oci://{}/wasmop/good:v2", registry.host).parse::<PluginSource>() {
+        Ok(PluginSource::Oci(s)) => s,
+        other => bail!("not an oci source: {other:?}"),
+    };
+    let digest = options
+        .client()
+        .fetch_manifest_digest(&tagged.reference, &options.auth(&tagged.reference))
+        .await?;
+    let source = match format!("good.shadow=oci://{}/wasmop/good@{digest}", registry.host)
+        .parse::<PluginSource>()
+    {
+        Ok(PluginSource::Oci(s)) => s,
+        other => bail!("not an oci source: {other:?}"),
+    };
+    let cache = TempDir::new("wasmop-rollout-oci");
+    let mut mirror = OciMirror::new(
+        cache.0.clone(),
+        vec![source],
+        options,
+        wasmop::plugin::oci::DEFAULT_MAX_BYTES,
+    )?;
+    let synced = mirror.sync().await;
+    ensure!(
+        matches!(&synced[..], [SyncOutcome::Installed(name, d)] if name == "good.shadow" && *d == digest),
+        "{synced:?}"
+    );
+    // The operator reads the plugin directory and the mirror's.
+    let op = RunningOperator::start_with(
+        fx.client.clone(),
+        vec![fx.ns.name.clone()],
+        vec![],
+        config(&fx.ns),
+    )
+    .await?;
+    let options: OptionsFor = Arc::new(|_stem: &str| LoadOptions::default());
+    let mut plugins = PluginDir::with_dirs(
+        vec![fx.dir.0.clone(), mirror.active_dir().to_owned()],
+        sandbox(),
+        op.operator.clone(),
+        options,
+    );
+    let report = plugins.scan(false).await;
+    ensure!(report.rejected.is_empty(), "{report:?}");
+    let shadow = op
+        .operator
+        .shadow("good")
+        .context("the pulled candidate runs as the shadow")?;
+    ensure!(shadow.version() == "0.2.0", "{}", shadow.version());
+    // The rollout pins the candidate by the wasm's digest (the layer's).
+    let file_digest = shadow.digest().to_owned();
+    fx.widgets().await?;
+    let name = format!("{}-oci", fx.ns.name);
+    create_rollout(
+        &fx.ns,
+        &name,
+        json!({
+            "plugin": "good",
+            "candidate": {"digest": file_digest},
+            "steps": [{"percent": fx.percent_for(3)}, {"percent": 100}],
+            "holdSeconds": 1,
+            "analysis": {"errors": 1, "p99CallSeconds": 30, "cpuSecondsPerCall": 5},
+            "allowDifferences": [{"op": "apply", "path": ".metadata.labels"}],
+        }),
+    )
+    .await?;
+    let st = wait_phase(&fx.ns, &name, "Promoted").await?;
+    ensure!(st["candidateDigest"] == file_digest.as_str(), "{st}");
+    let cms: Api<ConfigMap> = fx.ns.api();
+    wait_for("every ConfigMap at v2", DEFAULT_DEADLINE, || {
+        let cms = cms.clone();
+        async move {
+            let labels = cm_labels(&cms).await?;
+            if labels.values().filter(|v| *v == "v2").count() == WIDGETS {
+                Ok(Some(()))
+            } else {
+                bail!("{labels:?}")
+            }
+        }
+    })
+    .await?;
+    let _ = rollouts(&fx.ns)
+        .delete(&name, &DeleteParams::default())
+        .await;
+    drop(op);
+    Ok(())
+}
