@@ -244,6 +244,10 @@ pub struct RolloutSpec {
     /// current version.
     #[serde(default)]
     pub rollback: bool,
+    /// Set to hold the current step: it does not end, while its analysis
+    /// (and an automatic rollback) goes on.
+    #[serde(default)]
+    pub paused: bool,
 }
 
 /// Default hold of a step.

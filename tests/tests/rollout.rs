@@ -911,3 +911,89 @@ async fn a_candidate_pulled_by_oci_digest_is_rolled_out() -> Result<()> {
     drop(op);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_paused_rollout_holds_its_step_until_it_is_resumed() -> Result<()> {
+    let mut fx = Fixture::new("rollout-paused").await?;
+    let (op, mut plugins) = fx.operator(false).await?;
+    fx.widgets().await?;
+    install(&plugin_path("good-v2")?, &fx.dir.0.join("good.shadow.wasm"))?;
+    settle(&mut plugins).await;
+    let name = format!("{}-paused", fx.ns.name);
+    create_rollout(
+        &fx.ns,
+        &name,
+        json!({
+            "plugin": "good",
+            "steps": [{"percent": fx.percent_for(2)}, {"percent": 100}],
+            "holdSeconds": 0,
+            "paused": true,
+            "analysis": {"errors": 1, "p99CallSeconds": 30, "cpuSecondsPerCall": 5},
+            "allowDifferences": [{"op": "apply", "path": ".metadata.labels"}],
+        }),
+    )
+    .await?;
+    // Step 1 is done (no hold, its reconciles made) yet holds, and says so.
+    let st = wait_for("step 1 to hold, paused", DEFAULT_DEADLINE, || async {
+        let st = status_of(&fx.ns, &name).await?;
+        let paused = st["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("paused"));
+        if paused && st["candidate"]["reconciles"].as_u64().unwrap_or(0) >= 1 {
+            Ok(Some(st))
+        } else {
+            bail!("{st}")
+        }
+    })
+    .await?;
+    ensure!(st["step"] == 1 && st["phase"] == "Canary", "{st}");
+    // The canary share (two widgets) runs the candidate, the rest does not.
+    let cms: Api<ConfigMap> = fx.ns.api();
+    let canary = fx.within(fx.buckets[1].0 + 1);
+    wait_for(
+        "the canary share at v2, the rest at v1",
+        DEFAULT_DEADLINE,
+        || {
+            let (cms, canary) = (cms.clone(), canary.clone());
+            async move {
+                let labels = cm_labels(&cms).await?;
+                for (widget, label) in &labels {
+                    if !canary.contains(widget) && label != "v1" {
+                        // Never right again: the wait runs out with this.
+                        bail!("{widget}, outside the share, is {label}");
+                    }
+                }
+                let moved = labels.iter().filter(|(_, l)| *l == "v2").count();
+                if moved == canary.len() {
+                    Ok(Some(()))
+                } else {
+                    bail!("{labels:?}")
+                }
+            }
+        },
+    )
+    .await?;
+    // Still held at step 1.
+    let st = status_of(&fx.ns, &name).await?;
+    ensure!(
+        st["step"] == 1
+            && st["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("paused")),
+        "{st}"
+    );
+    // Resumed, it goes on to promotion.
+    rollouts(&fx.ns)
+        .patch(
+            &name,
+            &Default::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"paused": false}})),
+        )
+        .await?;
+    wait_phase(&fx.ns, &name, "Promoted").await?;
+    let _ = rollouts(&fx.ns)
+        .delete(&name, &DeleteParams::default())
+        .await;
+    drop(op);
+    Ok(())
+}

@@ -409,6 +409,12 @@ impl Operator {
         }
         match step_done(spec, st.step, &w.candidate, w.elapsed) {
             Some(waits) => st.message = waits,
+            None if spec.paused => {
+                st.message = format!(
+                    "paused (spec.paused): step {} holds; its analysis goes on",
+                    st.step
+                );
+            }
             None => {
                 let done = st.step;
                 st.step += 1;
