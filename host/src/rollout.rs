@@ -26,7 +26,8 @@
 //!   (FNV-1a 64 of the UID, mod 10000: [`bucket`]) is below the step's
 //!   share in basis points and, if the step names a selector, its labels
 //!   match it. The same UID lands in the same bucket on every replica and
-//!   after every restart; a wider step keeps every primary of the narrower.
+//!   after every restart; a wider step (with the same selector or none)
+//!   keeps every primary of the narrower.
 //! - Only a loaded shadow whose digest is the one the rollout recorded is
 //!   routed to; otherwise the primary is reconciled by the current version.
 //! - Counts are kept only for plugins with a rollout this replica drives
