@@ -4,7 +4,8 @@
 //! bucket of their UID) to promotion; a candidate that deletes what it
 //! should not (`good-pruner`) is rolled back by itself, by its shadow
 //! differences or, with shadow analysis off, by its deletes at the first
-//! canary step; a rollout goes on across a leader change; a rollout that
+//! canary step; a rollout goes on across a leader change and an operator
+//! restart; a candidate comes by OCI digest; a paused step holds; a rollout that
 //! cannot be followed says why and routes nothing. The undo and the status
 //! go through the `wasmop rollout` command. Windows are short (a step holds
 //! about a second); nothing sleeps to synchronise.
@@ -995,5 +996,65 @@ async fn a_paused_rollout_holds_its_step_until_it_is_resumed() -> Result<()> {
         .delete(&name, &DeleteParams::default())
         .await;
     drop(op);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_rollout_survives_an_operator_restart() -> Result<()> {
+    let mut fx = Fixture::new("rollout-restart").await?;
+    install(&plugin_path("good-v2")?, &fx.dir.0.join("good.shadow.wasm"))?;
+    let (first, _plugins) = fx.operator(false).await?;
+    fx.widgets().await?;
+    let name = format!("{}-restart", fx.ns.name);
+    let buckets: BTreeMap<String, u32> = fx.buckets.iter().map(|(b, n)| (n.clone(), *b)).collect();
+    let watcher = Watcher::start(&fx.ns, &name, buckets);
+    create_rollout(
+        &fx.ns,
+        &name,
+        json!({
+            "plugin": "good",
+            "steps": [{"percent": fx.percent_for(2), "holdSeconds": 2}, {"percent": 100}],
+            "holdSeconds": 1,
+            "analysis": {"errors": 1, "p99CallSeconds": 30, "cpuSecondsPerCall": 5},
+            "allowDifferences": [{"op": "apply", "path": ".metadata.labels"}],
+        }),
+    )
+    .await?;
+    wait_for("the rollout at step 1", DEFAULT_DEADLINE, || async {
+        let st = status_of(&fx.ns, &name).await?;
+        if st["step"] == 1 && st["phase"] == "Canary" {
+            Ok(Some(()))
+        } else {
+            bail!("{st}")
+        }
+    })
+    .await?;
+    let digest = status_of(&fx.ns, &name).await?["candidateDigest"].clone();
+    // The operator goes away mid-step; a new one (nothing in memory)
+    // continues from the status.
+    first.stop().await;
+    let (second, _plugins) = fx.operator(false).await?;
+    let st = wait_phase(&fx.ns, &name, "Promoted").await?;
+    ensure!(st["candidateDigest"] == digest, "the same candidate: {st}");
+    let (violations, seen) = watcher.finish().await?;
+    ensure!(violations.is_empty(), "outside the share: {violations:#?}");
+    ensure!(seen == [1, 2], "steps seen {seen:?}");
+    let cms: Api<ConfigMap> = fx.ns.api();
+    wait_for("every ConfigMap at v2", DEFAULT_DEADLINE, || {
+        let cms = cms.clone();
+        async move {
+            let labels = cm_labels(&cms).await?;
+            if labels.values().filter(|v| *v == "v2").count() == WIDGETS {
+                Ok(Some(()))
+            } else {
+                bail!("{labels:?}")
+            }
+        }
+    })
+    .await?;
+    let _ = rollouts(&fx.ns)
+        .delete(&name, &DeleteParams::default())
+        .await;
+    drop(second);
     Ok(())
 }
