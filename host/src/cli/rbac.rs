@@ -176,14 +176,14 @@ fn generate(args: &RbacArgs, plugins: &[PluginRbac]) -> Generated {
         "(regenerate instead of editing; CI fails when this drifts):".to_owned(),
     ];
     let mut cluster = Grants::new();
-    // Plugin rollouts (cluster-scoped PluginRollout objects): read by every
-    // replica, status written by the leader.
+    // Plugin rollouts (cluster-scoped PluginRollout objects): listed by
+    // every replica, status written by the leader.
     rbac::grant(
         &mut cluster,
         crate::rollout::GROUP,
         crate::rollout::PLURAL.into(),
         false,
-        &["get", "list"],
+        &["list"],
     );
     rbac::grant(
         &mut cluster,
@@ -452,7 +452,7 @@ mod tests {
         assert!(!text.contains("NOTE"), "{text}");
         // Plugin rollouts: read by every replica, status by the leader.
         assert!(
-            text.contains("- pluginrollouts\n  verbs:\n  - get\n  - list\n"),
+            text.contains("- pluginrollouts\n  verbs:\n  - list\n"),
             "{text}"
         );
         assert!(
