@@ -230,7 +230,10 @@ pub async fn serve(addr: SocketAddr) -> std::io::Result<tokio::task::JoinHandle<
                     .and_then(|r| r.split([' ', '?']).next())
                     .unwrap_or("");
                 let (code, body) = match path {
-                    "/metrics" => (200, metrics::global().render()),
+                    "/metrics" => (
+                        200,
+                        metrics::global().render() + &crate::plugin::budget::render(),
+                    ),
                     "/healthz" | "/livez" => global().healthz(std::time::Instant::now()),
                     "/readyz" => global().readyz(),
                     "/shadow" => (200, crate::shadow::report()),

@@ -51,10 +51,12 @@
 //!   metrics registry below imports neither health nor shadow.
 //! - `execute`, `controller/leader` — the fenced writes of a plan, and the
 //!   Lease whose deadline every one of those writes checks.
-//! - `reconcile`, `admission/offline`, `admission/review` — deciding: the
-//!   one path from snapshot to judged plan (`decide`, `kind`), the same
-//!   offline (`offline`, `golden`, `diff`, which compares them), and the
-//!   admission answers built the same way.
+//! - `reconcile`, `rollout`, `admission/offline`, `admission/review` —
+//!   deciding: the one path from snapshot to judged plan (`decide`,
+//!   `kind`), the same offline (`offline`, `golden`, `diff`, which compares
+//!   them), which version of a plugin decides for a primary (`rollout`:
+//!   the steps, shares and analysis of a staged rollout, pure data), and
+//!   the admission answers built the same way.
 //! - `plugin` — loading and calling a component: compile cache, the
 //!   conversions at the WIT boundary, RBAC of a manifest.
 //! - `sandbox` — the wasmtime engine and its bounded stores.
@@ -94,6 +96,7 @@ pub mod observe;
 pub mod plugin;
 pub mod reconcile;
 pub mod record;
+pub mod rollout;
 pub mod sandbox;
 pub mod selfevent;
 pub mod shadow;

@@ -20,6 +20,9 @@
 //! | `wasmop_watch_errors_total` | kind, reason | watch and list failures: `expired` (410), `unavailable` (unreachable, 429, 5xx), `rejected` (other 4xx), `stalled` (an attempt unanswered while recovering, abandoned) |
 //! | `wasmop_watch_recovery_seconds` | kind | how long the kind's last watch failure lasted, from the first error to objects flowing again |
 //!
+//! The per-plugin budgets (`wasmop_plugin_call_*`, per plugin and version)
+//! are kept in atomics by [`crate::plugin::budget`] and appended at scrape.
+//!
 //! Plugins add gauges of their own through a plan's `gauges`
 //! ([`Metrics::set_primary_gauges`]), labelled `controller`, `namespace`,
 //! `name` of the primary; each executed plan replaces the primary's set and

@@ -625,7 +625,9 @@ fn count_checks(store: &mut Store<StoreState>, checks: Arc<Mutex<HashMap<CheckPl
 }
 
 /// Epoch ticks that cover `deadline`, plus one for the tick in progress.
-fn deadline_ticks(deadline: Duration, tick: Duration) -> u64 {
+/// A deadline in epoch ticks of `tick` (rounded up, plus the tick under
+/// way when the call starts).
+pub fn deadline_ticks(deadline: Duration, tick: Duration) -> u64 {
     let tick = tick.as_nanos().max(1);
     let ticks = deadline.as_nanos().div_ceil(tick);
     u64::try_from(ticks).unwrap_or(u64::MAX).saturating_add(1)

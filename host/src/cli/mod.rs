@@ -11,6 +11,7 @@ pub mod new;
 pub mod oci;
 pub mod rbac;
 pub mod replay;
+pub mod rollout;
 pub mod run;
 
 use std::path::{Path, PathBuf};
@@ -65,6 +66,9 @@ pub enum Command {
     /// Publish a plugin to an OCI registry (a wasm artifact, as the CNCF
     /// wasm working group lays it out); prints its digest reference.
     Push(crate::cli::oci::PushArgs),
+    /// Show the staged plugin rollouts (PluginRollout objects), or undo
+    /// one: every primary back to the current version.
+    Rollout(crate::cli::rollout::RolloutArgs),
 }
 
 /// Output formats.
@@ -197,6 +201,9 @@ pub enum CliError {
     /// The operator could not start.
     #[error(transparent)]
     Run(#[from] crate::cli::run::RunError),
+    /// `wasmop rollout` failed.
+    #[error(transparent)]
+    Rollout(#[from] crate::cli::rollout::RolloutError),
     /// A file could not be written.
     #[error("cannot write {path}")]
     Write {
@@ -280,6 +287,7 @@ pub fn execute(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Run(args) => Ok(crate::cli::run::run(*args)?),
         Command::Push(args) => crate::cli::oci::push_command(args),
         Command::Replay(args) => crate::cli::replay::replay_command(args),
+        Command::Rollout(args) => Ok(crate::cli::rollout::rollout_command(args)?),
     }
 }
 

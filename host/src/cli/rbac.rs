@@ -176,6 +176,22 @@ fn generate(args: &RbacArgs, plugins: &[PluginRbac]) -> Generated {
         "(regenerate instead of editing; CI fails when this drifts):".to_owned(),
     ];
     let mut cluster = Grants::new();
+    // Plugin rollouts (cluster-scoped PluginRollout objects): listed by
+    // every replica, status written by the leader.
+    rbac::grant(
+        &mut cluster,
+        crate::rollout::GROUP,
+        crate::rollout::PLURAL.into(),
+        false,
+        &["list"],
+    );
+    rbac::grant(
+        &mut cluster,
+        crate::rollout::GROUP,
+        format!("{}/status", crate::rollout::PLURAL),
+        false,
+        &["patch"],
+    );
     // Plugins that admit: the leader keeps the webhook configuration.
     let admission = plugins.iter().any(|p| !p.manifest.admission.is_empty());
     if admission {
@@ -190,6 +206,19 @@ fn generate(args: &RbacArgs, plugins: &[PluginRbac]) -> Generated {
     // Namespace -> grants of a Role there.
     let mut roles: BTreeMap<String, Grants> = BTreeMap::new();
     let watched: BTreeSet<&str> = args.namespaces.iter().map(String::as_str).collect();
+    // Events about a cluster-scoped object (a PluginRollout) live in
+    // `default`; watching every namespace, the plugins' grants cover it.
+    if !watched.is_empty() {
+        for group in ["", "events.k8s.io"] {
+            rbac::grant(
+                roles.entry("default".to_owned()).or_default(),
+                group,
+                "events".into(),
+                true,
+                &["create", "patch"],
+            );
+        }
+    }
     for p in plugins {
         notes.push(format!(
             "  {} {}: controllers {}",
@@ -421,6 +450,15 @@ mod tests {
         assert!(text.contains("widgets/status"), "{text}");
         assert!(text.contains("leases"), "{text}");
         assert!(!text.contains("NOTE"), "{text}");
+        // Plugin rollouts: read by every replica, status by the leader.
+        assert!(
+            text.contains("- pluginrollouts\n  verbs:\n  - list\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("- pluginrollouts/status\n  verbs:\n  - patch\n"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -429,6 +467,8 @@ mod tests {
         assert_eq!(
             kinds(&g),
             [
+                "ClusterRole /wasmop",
+                "ClusterRoleBinding /wasmop",
                 "Role ops/wasmop-operator",
                 "RoleBinding ops/wasmop-operator",
                 "Role a/wasmop",
@@ -437,6 +477,9 @@ mod tests {
                 "RoleBinding audit/wasmop",
                 "Role b/wasmop",
                 "RoleBinding b/wasmop",
+                // Events about PluginRollouts (cluster-scoped) live there.
+                "Role default/wasmop",
+                "RoleBinding default/wasmop",
             ]
         );
         let text = render(&g).unwrap();

@@ -89,6 +89,14 @@ pub struct RunArgs {
     /// collected).
     #[arg(long, value_name = "SECS", default_value_t = crate::controller::DEFAULT_ORPHAN_SWEEP_INTERVAL.as_secs())]
     pub orphan_sweep_interval_secs: u64,
+    /// How often the `PluginRollout` objects are read and, on the leader,
+    /// driven (staged plugin rollouts); 0 turns rollouts off.
+    #[arg(long, value_name = "MS", default_value_t = 2000)]
+    pub rollout_interval_ms: u64,
+    /// Follow only the PluginRollouts whose labels match (kubectl selector
+    /// syntax), when several operator Deployments share a cluster.
+    #[arg(long, value_name = "SELECTOR")]
+    pub rollout_selector: Option<String>,
     /// Base URL (`http://host:port` or `https://host:port`) that plans may call with target
     /// `allow-list`; repeat for several.
     #[arg(long = "allow-url", value_name = "URL")]
@@ -238,6 +246,9 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
         secret_poll_interval: Duration::from_millis(args.secret_poll_interval_ms.max(100)),
         orphan_sweep_interval: (args.orphan_sweep_interval_secs > 0)
             .then(|| Duration::from_secs(args.orphan_sweep_interval_secs)),
+        rollout_interval: (args.rollout_interval_ms > 0)
+            .then(|| Duration::from_millis(args.rollout_interval_ms.max(100))),
+        rollout_selector: args.rollout_selector.clone(),
         ..OperatorConfig::default()
     };
     config.observe.allow_list = args.allow_urls.clone();
@@ -250,6 +261,14 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
                 })?;
         tracing::info!(dir = %dir.display(), max_mib = args.record_max_mib, "recording every reconcile");
         config.recorder = Some(Arc::new(recorder));
+    }
+    if let Some(selector) = &config.rollout_selector
+        && let Err(e) = crate::watch::selector::LabelSelector::parse(selector)
+    {
+        return Err(RunError::Config {
+            path: PathBuf::from("--rollout-selector"),
+            reason: e.to_string(),
+        });
     }
     let problems = config.observe.allow_list_problems();
     if !problems.is_empty() {
@@ -441,7 +460,7 @@ fn leader_config(args: &RunArgs) -> Result<Option<LeaderConfig>, RunError> {
     }))
 }
 
-async fn client(kubeconfig: Option<&Path>) -> Result<Client, RunError> {
+pub(crate) async fn client(kubeconfig: Option<&Path>) -> Result<Client, RunError> {
     let config = match kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path)

@@ -25,6 +25,7 @@ mod echo;
 pub mod leader;
 pub mod orphans;
 pub mod queue;
+pub mod rollout;
 pub(crate) mod route;
 mod truth;
 mod worker;
@@ -83,6 +84,13 @@ pub struct OperatorConfig {
     /// How often the leader sweeps for objects of its plugins whose owner
     /// is gone (see [`orphans`]); `None`: never.
     pub orphan_sweep_interval: Option<Duration>,
+    /// How often the `PluginRollout` objects are read (and, on the
+    /// leader, driven; see [`crate::rollout`]); `None`: rollouts are not
+    /// followed.
+    pub rollout_interval: Option<Duration>,
+    /// Only `PluginRollout` objects whose labels match this selector are
+    /// followed (several operator Deployments in one cluster); `None`: all.
+    pub rollout_selector: Option<String>,
 }
 
 impl Default for OperatorConfig {
@@ -97,6 +105,8 @@ impl Default for OperatorConfig {
             secret_poll_interval: Duration::from_secs(30),
             recorder: None,
             orphan_sweep_interval: Some(DEFAULT_ORPHAN_SWEEP_INTERVAL),
+            rollout_interval: None,
+            rollout_selector: None,
         }
     }
 }
@@ -216,6 +226,8 @@ pub struct Operator {
     /// UIDs of objects recently collected because their owner was gone
     /// (see [`orphans`]).
     collected: Arc<orphans::Collected>,
+    /// Routing and counts of the plugin rollouts (see [`crate::rollout`]).
+    rollouts: Arc<crate::rollout::Rollouts>,
 }
 
 impl std::fmt::Debug for Operator {
@@ -256,6 +268,7 @@ impl Operator {
             read_before_create: Mutex::new(HashSet::new()),
             echoes: echo::Echoes::default(),
             collected: Arc::default(),
+            rollouts: Arc::default(),
         });
         (op, changes)
     }
@@ -335,6 +348,10 @@ impl Operator {
                 }
             })
         };
+        let rollouts = self
+            .config
+            .rollout_interval
+            .map(|every| tokio::spawn(self.clone().run_rollouts(every)));
         let workers: Vec<_> = (0..self.config.workers.max(1))
             .map(|_| {
                 let op = self.clone();
@@ -362,6 +379,7 @@ impl Operator {
             tasks.push(router.abort_handle());
             tasks.push(secret_poller.abort_handle());
             tasks.push(sweeper.abort_handle());
+            tasks.extend(rollouts.iter().map(|r| r.abort_handle()));
             tasks.extend(workers.iter().map(|w| w.abort_handle()));
         }
         shutdown.await;
@@ -372,6 +390,9 @@ impl Operator {
         router.abort();
         secret_poller.abort();
         sweeper.abort();
+        if let Some(r) = rollouts {
+            r.abort();
+        }
     }
 
     /// `Ok` when the cache of every kind an active controller reads has

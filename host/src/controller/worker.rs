@@ -78,6 +78,7 @@ impl Operator {
         let controller = a.id.to_string();
         let primary = crate::shadow::primary_key(&key.namespace, &key.name);
         let active_version = a.plugin.version().to_owned();
+        let rollouts = Arc::clone(&self.rollouts);
         tokio::task::spawn_blocking(move || {
             let _slot = slot;
             let outcome = match shadow.reconcile(&snapshot) {
@@ -90,6 +91,12 @@ impl Operator {
                 (&active_version, shadow.version()),
                 &active,
                 &outcome,
+            );
+            rollouts.record_shadow(
+                shadow.name(),
+                shadow.digest(),
+                &differences,
+                outcome.pointer("/failed/reason").and_then(Value::as_str),
             );
             if !differences.is_empty() {
                 tracing::info!(controller = %controller, primary = %primary, shadow_version = shadow.version(),
@@ -118,6 +125,7 @@ impl Operator {
         let snapshot = snapshot.clone();
         let controller = a.id.to_string();
         let active_version = a.plugin.version().to_owned();
+        let rollouts = Arc::clone(&self.rollouts);
         tokio::task::spawn_blocking(move || {
             let _slot = slot;
             let pairs = crate::shadow::kind_pairs(active, shadow.reconcile(&snapshot));
@@ -129,6 +137,12 @@ impl Operator {
                     (&active_version, shadow.version()),
                     active,
                     outcome,
+                );
+                rollouts.record_shadow(
+                    shadow.name(),
+                    shadow.digest(),
+                    &differences,
+                    outcome.pointer("/failed/reason").and_then(Value::as_str),
                 );
                 differing += usize::from(!differences.is_empty());
             }
@@ -174,6 +188,9 @@ impl Operator {
                 .remove(key);
             return;
         };
+        // A rollout may route this primary to the candidate (see
+        // `rollout.rs`): chosen once, for the whole reconcile.
+        let a = self.routed(&a, &primary);
         let now = jiff::Timestamp::now();
         let now_text = format_now(now);
         let observations = self.observer.results(object::uid(&primary), now);
@@ -226,6 +243,21 @@ impl Operator {
             &[("plugin", a.plugin.name()), ("controller", &a.id)],
             elapsed.as_secs_f64(),
         );
+        if let Ok(d) = &decided
+            && !matches!(d.decision, Decision::Skipped(_))
+        {
+            let deletes = match &d.decision {
+                Decision::Planned { plan, .. } => plan.delete.len(),
+                _ => 0,
+            };
+            self.rollouts.record(
+                a.plugin.name(),
+                a.plugin.digest(),
+                &crate::shadow::primary_key(&key.namespace, &key.name),
+                crate::rollout::Outcome::Decided { deletes },
+                elapsed,
+            );
+        }
         let decided = match decided {
             Ok(decided) => decided,
             Err(join) => {
@@ -241,7 +273,9 @@ impl Operator {
             let recorder = Arc::clone(recorder);
             tokio::task::spawn_blocking(move || recorder.write(rendered));
         }
-        if let (Some(shadow), Some(snapshot)) = (self.shadow(a.plugin.name()), &decided.snapshot) {
+        if let (Some(shadow), Some(snapshot)) = (self.shadow(a.plugin.name()), &decided.snapshot)
+            && shadow.digest() != a.plugin.digest()
+        {
             self.run_shadow(&a, key, shadow, snapshot, &decided.decision);
         }
         self.act(
@@ -640,6 +674,8 @@ impl Operator {
             &[("controller", &a.id), ("result", reason)],
         );
         metrics::reconcile_error(&a.id, reason);
+        self.rollouts
+            .record_failure(a.plugin.name(), a.plugin.digest(), reason);
         let delay = self.backoff.fail(key);
         tracing::warn!(primary = %key, plugin_version = %a.plugin.version(), reason,
             message = %report::cap(message, report::MAX_CONDITION_MESSAGE), retry_in = ?delay,

@@ -154,6 +154,14 @@ fn json_text(v: &Value) -> String {
     serde_json::to_string(v).unwrap_or_else(|_| "null".to_owned())
 }
 
+/// Bytes of JSON text a WIT snapshot hands over: its objects and settings.
+pub(crate) fn wit_snapshot_bytes(s: &wit::Snapshot) -> usize {
+    s.primary.len()
+        + s.owned.iter().map(String::len).sum::<usize>()
+        + s.related.iter().map(|r| r.object.len()).sum::<usize>()
+        + s.settings.len()
+}
+
 pub(crate) fn snapshot_to_wit(s: &Snapshot) -> wit::Snapshot {
     wit::Snapshot {
         controller: s.controller.clone(),

@@ -23,6 +23,7 @@
 
 mod admit;
 pub(crate) mod bindings;
+pub mod budget;
 mod cache;
 mod convert;
 pub mod hotswap;
@@ -271,6 +272,8 @@ pub struct LoadedPlugin {
     pre: PluginPre<StoreState>,
     /// Set when the component also fits the `admitting-plugin` world.
     admit_pre: Option<bindings::admitting::AdmittingPluginPre<StoreState>>,
+    /// What its calls cost, once loaded (see [`budget`]).
+    budget: Option<Arc<budget::CallBudget>>,
 }
 
 impl std::fmt::Debug for LoadedPlugin {
@@ -390,6 +393,7 @@ impl LoadedPlugin {
             sandbox: Arc::clone(sandbox),
             pre,
             admit_pre,
+            budget: None,
         };
 
         let call_error = |export| {
@@ -446,6 +450,11 @@ impl LoadedPlugin {
             })?;
         plugin.name = manifest.name.clone();
         plugin.version = manifest.version.clone();
+        plugin.budget = Some(budget::budget_for(
+            &plugin.name,
+            &plugin.version,
+            crate::sandbox::deadline_ticks(options.limits.deadline, sandbox.config().epoch_tick),
+        ));
         plugin.manifest = manifest;
         plugin.effective = effective;
         Ok(plugin)
@@ -526,6 +535,10 @@ impl LoadedPlugin {
         let input = convert::snapshot_to_wit(snapshot);
         let now = parse_now(&snapshot.now);
         let answer = self.call(now, |p, store| p.call_reconcile(store, &input))?;
+        if let Some(b) = &self.budget {
+            let output = answer.as_ref().map_or(0, String::len);
+            b.record_bytes(convert::wit_snapshot_bytes(&input), output);
+        }
         match answer {
             Ok(plan) => convert::plan_from_json(&plan).map_err(CallError::MalformedOutput),
             Err(e) => {
@@ -585,21 +598,39 @@ impl LoadedPlugin {
         now: SystemTime,
         f: impl FnOnce(&Plugin, &mut Store<StoreState>) -> wasmtime::Result<R>,
     ) -> Result<R, CallError> {
+        // The budget's measures: thread CPU time and wall time around the
+        // whole call, the store's memory at its end (it never shrinks).
+        let started = self
+            .budget
+            .as_ref()
+            .map(|_| (budget::thread_cpu_time(), std::time::Instant::now()));
         let mut store = self.sandbox.store(&self.limits, now);
-        let plugin = match self.pre.instantiate(&mut store) {
-            Ok(plugin) => plugin,
-            Err(e) => {
-                return Err(match classify(&e, store.data(), self.limits) {
-                    Some(err) => err,
-                    None => CallError::Instantiate(e.into()),
-                });
-            }
+        let result = match self.pre.instantiate(&mut store) {
+            Ok(plugin) => f(&plugin, &mut store).map_err(|e| {
+                classify(&e, store.data(), self.limits).unwrap_or_else(|| CallError::Trap {
+                    message: trap_message(&e, &store.data().stderr()),
+                })
+            }),
+            Err(e) => Err(match classify(&e, store.data(), self.limits) {
+                Some(err) => err,
+                None => CallError::Instantiate(e.into()),
+            }),
         };
-        f(&plugin, &mut store).map_err(|e| {
-            classify(&e, store.data(), self.limits).unwrap_or_else(|| CallError::Trap {
-                message: trap_message(&e, &store.data().stderr()),
-            })
-        })
+        if let (Some(b), Some((cpu, wall))) = (&self.budget, started) {
+            let tick = self.sandbox.config().epoch_tick.as_nanos().max(1);
+            let ticks = u64::try_from(wall.elapsed().as_nanos().div_ceil(tick)).unwrap_or(u64::MAX);
+            b.record_call(
+                budget::thread_cpu_time().saturating_sub(cpu),
+                store.data().memory_used(),
+                ticks,
+            );
+        }
+        result
+    }
+
+    /// What this plugin version's calls cost (see [`budget`]).
+    pub fn budget(&self) -> Option<&Arc<budget::CallBudget>> {
+        self.budget.as_ref()
     }
 }
 

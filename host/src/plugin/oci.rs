@@ -119,15 +119,17 @@ impl FromStr for PluginSource {
                 .unwrap_or_default()
                 .to_owned(),
         };
-        let valid = !name.is_empty()
-            && name.len() <= 63
-            && name
+        // `NAME.shadow` pulls a shadow candidate (see `crate::shadow`).
+        let plain = name.strip_suffix(crate::shadow::SUFFIX).unwrap_or(&name);
+        let valid = !plain.is_empty()
+            && plain.len() <= 63
+            && plain
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-            && !name.starts_with(['-', '_']);
+            && !plain.starts_with(['-', '_']);
         if !valid {
             return Err(format!(
-                "{s}: plugin name {name:?} must be 1-63 of [A-Za-z0-9_-], starting with a letter or digit"
+                "{s}: plugin name {name:?} must be 1-63 of [A-Za-z0-9_-], starting with a letter or digit (and may end in .shadow)"
             ));
         }
         Ok(PluginSource::Oci(OciSource {
@@ -757,6 +759,14 @@ mod tests {
         };
         assert_eq!(s.name, "inst");
         assert_eq!(s.reference.digest(), Some(d.as_str()));
+        // A shadow candidate (what a PluginRollout rolls out) by digest.
+        let PluginSource::Oci(s) = format!("good.shadow=oci://ghcr.io/x/good@{d}")
+            .parse::<PluginSource>()
+            .unwrap()
+        else {
+            panic!("not oci")
+        };
+        assert_eq!(s.name, "good.shadow");
         // A directory whose name holds '=' stays a directory.
         assert_eq!(
             "a=b".parse::<PluginSource>().unwrap(),
@@ -772,6 +782,8 @@ mod tests {
             ("oci://UPPER/x:1", "registry host"),
             ("oci://org/plugin:1", "registry host"),
             ("bad name=oci://ghcr.io/x/y:1", "plugin name"),
+            ("a.b=oci://ghcr.io/x/y:1", "plugin name"),
+            (".shadow=oci://ghcr.io/x/y:1", "plugin name"),
             ("", "empty"),
         ] {
             let err = text.parse::<PluginSource>().unwrap_err();

@@ -1,0 +1,1127 @@
+//! Staged plugin rollouts: a candidate version of a plugin is shadowed,
+//! then given a growing share of the primaries, each step held until its
+//! analysis against the current version passes, and rolled back by itself
+//! when a threshold is crossed.
+//!
+//! A rollout is a cluster-scoped `PluginRollout` object
+//! (`wasmop.dev/v1alpha1`, CRD in `crds/`). It lives in the API server, not
+//! in the operator configuration, because its state must survive an
+//! operator restart and a leader change, and because a person reads where
+//! it stands (`kubectl get pluginrollouts`) and stops it with one patch.
+//!
+//! The candidate is the plugin's shadow, `NAME.shadow.wasm` beside
+//! `NAME.wasm` (a file, or an OCI digest the mirror writes there): it is
+//! loaded, compiled and checked by the hot swap path before anything is
+//! routed to it (see [`crate::shadow`]). `spec.candidate.version` or
+//! `.digest` pin which shadow the rollout means; another shadow is not
+//! routed to.
+//!
+//! This module holds the parts every replica shares and that need no API
+//! server: the object's types, the stable bucket of a primary, the routing
+//! table, the per-step counts and the pure [`analyze`] and [`step_done`].
+//! The leader's driver lives in `controller/rollout.rs`.
+//!
+//! # Guarantees
+//! - A primary is in the canary share when its UID's bucket
+//!   (FNV-1a 64 of the UID, mod 10000: [`bucket`]) is below the step's
+//!   share in basis points and, if the step names a selector, its labels
+//!   match it. The same UID lands in the same bucket on every replica and
+//!   after every restart; a wider step (with the same selector or none)
+//!   keeps every primary of the narrower.
+//! - Only a loaded shadow whose digest is the one the rollout recorded is
+//!   routed to; otherwise the primary is reconciled by the current version.
+//! - Counts are kept only for plugins with a rollout this replica drives
+//!   (the leader). A reconcile takes one short lock of the window map,
+//!   empty when nothing is rolled out; the costs of calls (memory, CPU)
+//!   come from the lock-free [`crate::plugin::budget`].
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::plugin::budget::{BudgetCounts, CallBudget};
+use crate::reconcile::diff::Difference;
+use crate::watch::selector::LabelSelector;
+
+/// API group of `PluginRollout`.
+pub const GROUP: &str = "wasmop.dev";
+/// API version of `PluginRollout`.
+pub const VERSION: &str = "v1alpha1";
+/// Kind.
+pub const KIND: &str = "PluginRollout";
+/// Resource (plural).
+pub const PLURAL: &str = "pluginrollouts";
+
+/// How many buckets the UIDs are spread over (a share is in basis points).
+pub const BUCKETS: u32 = 10_000;
+
+/// Phases a rollout goes through.
+pub mod phase {
+    /// The candidate is not loaded as a shadow (yet).
+    pub const WAITING: &str = "Waiting";
+    /// The candidate runs as a shadow only.
+    pub const SHADOW: &str = "Shadow";
+    /// The candidate reconciles a share of the primaries.
+    pub const CANARY: &str = "Canary";
+    /// The candidate reconciles every primary.
+    pub const PROMOTED: &str = "Promoted";
+    /// Every primary is back on the current version.
+    pub const ROLLED_BACK: &str = "RolledBack";
+    /// The spec cannot be followed.
+    pub const INVALID: &str = "Invalid";
+}
+
+/// The stable bucket of a primary's UID, `0..BUCKETS` (FNV-1a 64).
+pub fn bucket(uid: &str) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in uid.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (h % u64::from(BUCKETS)) as u32
+}
+
+/// A share in percent as basis points, clamped to `0..=10000`.
+pub fn basis_points(percent: f64) -> u32 {
+    if percent.is_nan() {
+        return 0;
+    }
+    (percent * 100.0).round().clamp(0.0, f64::from(BUCKETS)) as u32
+}
+
+/// Which candidate a rollout means; empty: the shadow loaded now.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CandidateRef {
+    /// The candidate's manifest version.
+    #[serde(default)]
+    pub version: Option<String>,
+    /// The candidate's digest (`sha256:...`, as `wasmop_plugin_info` shows).
+    #[serde(default)]
+    pub digest: Option<String>,
+}
+
+/// The shadow step.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ShadowStep {
+    /// Done after this many shadow comparisons...
+    #[serde(default)]
+    pub reconciles: Option<u64>,
+    /// ...or after this many seconds, whichever comes first.
+    #[serde(default)]
+    pub seconds: Option<f64>,
+    /// Whether shadow differences outside the allow-list fail the
+    /// rollout (default true), in this step and the canary steps.
+    #[serde(default = "yes")]
+    pub analyze: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// One canary step.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CanaryStep {
+    /// Share of the primaries, in percent (two decimals count).
+    #[serde(default = "hundred")]
+    pub percent: f64,
+    /// Only primaries whose labels match (kubectl syntax).
+    #[serde(default)]
+    pub selector: Option<String>,
+    /// Held at least this long (default: `spec.holdSeconds`).
+    #[serde(default)]
+    pub hold_seconds: Option<f64>,
+    /// Held until the candidate reconciled this often (default:
+    /// `spec.minReconciles`).
+    #[serde(default)]
+    pub min_reconciles: Option<u64>,
+}
+
+fn hundred() -> f64 {
+    100.0
+}
+
+/// How far the candidate may be worse than the current version in the
+/// same window before it is rolled back. Each is "the candidate's value
+/// minus the current version's"; `shadowDifferences` is a plain count.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Thresholds {
+    /// Failed reconciles per reconcile (trap, plugin error, malformed
+    /// output, write errors): default 0.05.
+    pub errors: f64,
+    /// Timed-out calls per reconcile: default 0.
+    pub timeouts: f64,
+    /// Rejected plans per reconcile: default 0.
+    pub plan_rejected: f64,
+    /// Plans the API server's dry run refused, per reconcile: default 0.
+    pub dry_run_refused: f64,
+    /// Shadow plans differing outside the allow-list: default 0.
+    pub shadow_differences: u64,
+    /// Deletes per primary per minute: default 0.
+    pub deletes_per_minute: f64,
+    /// Reconciles per primary per minute (requeue churn): default 10.
+    pub reconciles_per_minute: f64,
+    /// p99 of the call time (snapshot, call, validation), seconds:
+    /// default 1.
+    pub p99_call_seconds: f64,
+    /// p99 of a call's peak memory, bytes (from the budget histogram, so
+    /// to its bucket's bound): default 16 MiB.
+    pub p99_memory_bytes: f64,
+    /// CPU seconds per call: default 0.5.
+    pub cpu_seconds_per_call: f64,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Self {
+            errors: 0.05,
+            timeouts: 0.0,
+            plan_rejected: 0.0,
+            dry_run_refused: 0.0,
+            shadow_differences: 0,
+            deletes_per_minute: 0.0,
+            reconciles_per_minute: 10.0,
+            p99_call_seconds: 1.0,
+            p99_memory_bytes: f64::from(16u32 << 20),
+            cpu_seconds_per_call: 0.5,
+        }
+    }
+}
+
+/// A shadow difference that does not count: its `op` (any when absent)
+/// and a prefix of its `path` (any when absent).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AllowedDifference {
+    /// `apply`, `delete`, `status`, ... (see `wasmop replay`).
+    #[serde(default)]
+    pub op: Option<String>,
+    /// A prefix of the difference's path, e.g. `.metadata.labels`.
+    #[serde(default)]
+    pub path: Option<String>,
+}
+
+impl AllowedDifference {
+    fn allows(&self, d: &Difference) -> bool {
+        self.op.as_ref().is_none_or(|op| *op == d.op)
+            && self.path.as_ref().is_none_or(|p| d.path.starts_with(p))
+    }
+}
+
+/// `spec` of a `PluginRollout`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RolloutSpec {
+    /// The plugin (manifest name) rolled out.
+    pub plugin: String,
+    /// Which shadow is the candidate.
+    #[serde(default)]
+    pub candidate: CandidateRef,
+    /// The shadow step; none: the rollout starts at the first canary step.
+    #[serde(default)]
+    pub shadow: Option<ShadowStep>,
+    /// The canary steps; the last should be 100.
+    #[serde(default)]
+    pub steps: Vec<CanaryStep>,
+    /// Default hold of a step, seconds (default 60).
+    #[serde(default)]
+    pub hold_seconds: Option<f64>,
+    /// Default candidate reconciles a step waits for (default 1).
+    #[serde(default)]
+    pub min_reconciles: Option<u64>,
+    /// Thresholds of the analysis.
+    #[serde(default)]
+    pub analysis: Thresholds,
+    /// Shadow differences that do not count.
+    #[serde(default)]
+    pub allow_differences: Vec<AllowedDifference>,
+    /// Set to roll back (also after promotion): every primary back to the
+    /// current version.
+    #[serde(default)]
+    pub rollback: bool,
+    /// Set to hold the current step: it does not end, while its analysis
+    /// (and an automatic rollback) goes on.
+    #[serde(default)]
+    pub paused: bool,
+}
+
+/// Default hold of a step.
+pub const DEFAULT_HOLD_SECONDS: f64 = 60.0;
+
+impl RolloutSpec {
+    /// Problems that make the spec impossible to follow.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.plugin.is_empty() {
+            out.push("spec.plugin is empty".to_owned());
+        }
+        if self.steps.is_empty() {
+            out.push("spec.steps is empty: a rollout needs at least one canary step".to_owned());
+        }
+        let mut last = 0;
+        for (i, s) in self.steps.iter().enumerate() {
+            if !(s.percent > 0.0 && s.percent <= 100.0) {
+                out.push(format!(
+                    "spec.steps[{i}].percent {} is not in (0, 100]",
+                    s.percent
+                ));
+            }
+            let bp = basis_points(s.percent);
+            if bp < last {
+                out.push(format!(
+                    "spec.steps[{i}].percent {} narrows the previous step",
+                    s.percent
+                ));
+            }
+            last = bp;
+            if let Some(sel) = &s.selector
+                && let Err(e) = LabelSelector::parse(sel)
+            {
+                out.push(format!("spec.steps[{i}].selector: {e}"));
+            }
+        }
+        out
+    }
+
+    /// The first step: 0 (shadow) when there is a shadow step, else 1.
+    pub fn first_step(&self) -> u32 {
+        if self.shadow.is_some() { 0 } else { 1 }
+    }
+
+    /// Whether shadow differences are analysed.
+    pub fn shadow_analysis(&self) -> bool {
+        self.shadow.as_ref().is_none_or(|s| s.analyze)
+    }
+
+    /// The differences of `ds` the allow-list does not allow.
+    pub fn counted_differences(&self, ds: &[Difference]) -> usize {
+        ds.iter()
+            .filter(|d| !self.allow_differences.iter().any(|a| a.allows(d)))
+            .count()
+    }
+
+    /// The routing of canary step `step` (1-based).
+    pub fn routing(&self, step: u32) -> Option<(u32, Option<LabelSelector>)> {
+        let s = self.steps.get((step as usize).checked_sub(1)?)?;
+        let selector = s
+            .selector
+            .as_deref()
+            .and_then(|t| LabelSelector::parse(t).ok());
+        Some((basis_points(s.percent), selector))
+    }
+}
+
+/// What one version did in a step's window, as the status shows it.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Counts {
+    /// Reconciles decided (shadow comparisons for the candidate in the
+    /// shadow step are counted in `shadowCompared`).
+    pub reconciles: u64,
+    /// Distinct primaries reconciled.
+    pub primaries: u64,
+    /// Failures other than the ones below.
+    pub errors: u64,
+    /// Timed-out calls.
+    pub timeouts: u64,
+    /// Rejected plans.
+    pub plan_rejected: u64,
+    /// Plans the dry run refused.
+    pub dry_run_refused: u64,
+    /// Deletes in decided plans.
+    pub deletes: u64,
+    /// Shadow comparisons (candidate only).
+    pub shadow_compared: u64,
+    /// Shadow comparisons that differed outside the allow-list.
+    pub shadow_differences: u64,
+    /// p99 of the call time, seconds.
+    pub p99_call_seconds: f64,
+    /// p99 of the calls' peak memory, bytes (every call of the version,
+    /// shadow calls included; see [`crate::plugin::budget`]).
+    pub p99_memory_bytes: f64,
+    /// CPU seconds per call (as `p99MemoryBytes`).
+    pub cpu_seconds_per_call: f64,
+}
+
+/// The analysis found the candidate worse than allowed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Breach {
+    /// The metric, as the thresholds name it.
+    pub metric: &'static str,
+    /// The candidate's value.
+    pub value: f64,
+    /// The current version's value (0 for shadow differences).
+    pub current: f64,
+    /// The threshold crossed.
+    pub threshold: f64,
+}
+
+impl std::fmt::Display for Breach {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} is {:.3} for the candidate against {:.3} for the current version, \
+             more than the threshold {} allows",
+            self.metric, self.value, self.current, self.threshold
+        )
+    }
+}
+
+fn ratio(n: u64, of: u64) -> f64 {
+    if of == 0 { 0.0 } else { n as f64 / of as f64 }
+}
+
+/// Per primary per minute; a window shorter than a minute counts as one.
+fn per_primary_minute(n: u64, primaries: u64, minutes: f64) -> f64 {
+    n as f64 / primaries.max(1) as f64 / minutes.max(1.0)
+}
+
+/// The first threshold the candidate crosses against the current version
+/// in a window of `minutes`, if any. Ratios are per reconcile; rates per
+/// primary per minute (a window under a minute counts as one minute, so a
+/// few reconciles of a short step are not churn).
+pub fn analyze(
+    t: &Thresholds,
+    shadow_analysis: bool,
+    current: &Counts,
+    candidate: &Counts,
+    minutes: f64,
+) -> Option<Breach> {
+    if shadow_analysis && candidate.shadow_differences > t.shadow_differences {
+        return Some(Breach {
+            metric: "shadowDifferences",
+            value: candidate.shadow_differences as f64,
+            current: 0.0,
+            threshold: t.shadow_differences as f64,
+        });
+    }
+    let checks: [(&'static str, f64, f64, f64); 9] = [
+        (
+            "timeouts",
+            ratio(candidate.timeouts, candidate.reconciles),
+            ratio(current.timeouts, current.reconciles),
+            t.timeouts,
+        ),
+        (
+            "planRejected",
+            ratio(candidate.plan_rejected, candidate.reconciles),
+            ratio(current.plan_rejected, current.reconciles),
+            t.plan_rejected,
+        ),
+        (
+            "dryRunRefused",
+            ratio(candidate.dry_run_refused, candidate.reconciles),
+            ratio(current.dry_run_refused, current.reconciles),
+            t.dry_run_refused,
+        ),
+        (
+            "errors",
+            ratio(candidate.errors, candidate.reconciles),
+            ratio(current.errors, current.reconciles),
+            t.errors,
+        ),
+        (
+            "deletesPerMinute",
+            per_primary_minute(candidate.deletes, candidate.primaries, minutes),
+            per_primary_minute(current.deletes, current.primaries, minutes),
+            t.deletes_per_minute,
+        ),
+        (
+            "reconcilesPerMinute",
+            per_primary_minute(candidate.reconciles, candidate.primaries, minutes),
+            per_primary_minute(current.reconciles, current.primaries, minutes),
+            t.reconciles_per_minute,
+        ),
+        (
+            "p99CallSeconds",
+            candidate.p99_call_seconds,
+            current.p99_call_seconds,
+            t.p99_call_seconds,
+        ),
+        (
+            "p99MemoryBytes",
+            candidate.p99_memory_bytes,
+            current.p99_memory_bytes,
+            t.p99_memory_bytes,
+        ),
+        (
+            "cpuSecondsPerCall",
+            candidate.cpu_seconds_per_call,
+            current.cpu_seconds_per_call,
+            t.cpu_seconds_per_call,
+        ),
+    ];
+    checks
+        .into_iter()
+        .find(|(_, value, current, threshold)| value - current > *threshold)
+        .map(|(metric, value, current, threshold)| Breach {
+            metric,
+            value,
+            current,
+            threshold,
+        })
+}
+
+/// Whether step `step` may end: the shadow step after its comparisons or
+/// its seconds, whichever first (with neither given: like a canary step);
+/// a canary step after its hold and its candidate reconciles. `None` when
+/// it may; otherwise what it waits for (the status's message).
+pub fn step_done(
+    spec: &RolloutSpec,
+    step: u32,
+    candidate: &Counts,
+    elapsed: Duration,
+) -> Option<String> {
+    let secs = elapsed.as_secs_f64();
+    let hold = spec.hold_seconds.unwrap_or(DEFAULT_HOLD_SECONDS);
+    let min = spec.min_reconciles.unwrap_or(1);
+    if step == 0 {
+        let shadow = spec.shadow.clone().unwrap_or_default();
+        if shadow.reconciles.is_some() || shadow.seconds.is_some() {
+            let by_count = shadow
+                .reconciles
+                .is_some_and(|n| candidate.shadow_compared >= n);
+            let by_time = shadow.seconds.is_some_and(|s| secs >= s);
+            return (!(by_count || by_time)).then(|| {
+                format!(
+                    "shadow step: {} of {} comparisons, {:.0} of {} s",
+                    candidate.shadow_compared,
+                    shadow.reconciles.map_or("-".to_owned(), |n| n.to_string()),
+                    secs,
+                    shadow.seconds.map_or("-".to_owned(), |s| s.to_string()),
+                )
+            });
+        }
+        return (!(secs >= hold && candidate.shadow_compared >= min)).then(|| {
+            format!(
+                "shadow step: {} of {min} comparisons, {secs:.0} of {hold} s",
+                candidate.shadow_compared
+            )
+        });
+    }
+    let s = spec.steps.get(step as usize - 1)?;
+    let hold = s.hold_seconds.unwrap_or(hold);
+    let min = s.min_reconciles.unwrap_or(min);
+    (!(secs >= hold && candidate.reconciles >= min)).then(|| {
+        format!(
+            "step {step} ({}%): {} of {min} candidate reconciles, {secs:.0} of {hold} s",
+            s.percent, candidate.reconciles
+        )
+    })
+}
+
+/// Where the primaries of one plugin go.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Routing {
+    /// The rollout's name.
+    pub rollout: String,
+    /// The candidate's digest: only a shadow with it is routed to.
+    pub candidate_digest: String,
+    /// Share in basis points.
+    pub share_bp: u32,
+    /// Only primaries matching it.
+    pub selector: Option<LabelSelector>,
+}
+
+impl Routing {
+    /// Whether the primary with `uid` and `labels` goes to the candidate.
+    pub fn to_candidate(&self, uid: &str, labels: &BTreeMap<String, String>) -> bool {
+        !uid.is_empty()
+            && bucket(uid) < self.share_bp
+            && self.selector.as_ref().is_none_or(|s| s.matches(labels))
+    }
+}
+
+/// How a reconcile ended, for the counts.
+#[derive(Clone, Copy, Debug)]
+pub enum Outcome {
+    /// Decided (planned, rejected or failed; failures are counted again by
+    /// [`Rollouts::record_failure`]) with this many deletes planned.
+    Decided {
+        /// Deletes in the plan.
+        deletes: usize,
+    },
+}
+
+#[derive(Debug, Default)]
+struct Side {
+    counts: Counts,
+    primaries: HashSet<String>,
+    durations: Vec<f64>,
+    /// The version's budget and what it held when the window opened.
+    budget: Option<(Arc<CallBudget>, BudgetCounts)>,
+}
+
+impl Side {
+    fn with_budget(budget: Option<Arc<CallBudget>>) -> Self {
+        Side {
+            budget: budget.map(|b| {
+                let at = b.counts();
+                (b, at)
+            }),
+            ..Side::default()
+        }
+    }
+}
+
+/// Call times kept per side and window (the p99 is of these).
+const MAX_DURATIONS: usize = 4096;
+
+impl Side {
+    fn snapshot(&self) -> Counts {
+        let mut c = self.counts.clone();
+        c.primaries = self.primaries.len() as u64;
+        c.p99_call_seconds = p99(&self.durations);
+        if let Some((b, at)) = &self.budget {
+            let delta = b.counts().since(at);
+            c.p99_memory_bytes = delta.p99_memory_bytes();
+            c.cpu_seconds_per_call = delta.cpu_seconds_per_call();
+        }
+        c
+    }
+}
+
+fn p99(samples: &[f64]) -> f64 {
+    if samples.is_empty() {
+        return 0.0;
+    }
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    let i = ((s.len() as f64) * 0.99).ceil() as usize;
+    s[i.clamp(1, s.len()) - 1]
+}
+
+/// One step's window of counts, on the replica that drives the rollout.
+#[derive(Debug)]
+struct Window {
+    step: u32,
+    candidate_digest: String,
+    started: Instant,
+    current: Side,
+    candidate: Side,
+    spec: RolloutSpec,
+}
+
+/// The counts of a window, for the driver.
+#[derive(Clone, Debug)]
+pub struct WindowCounts {
+    /// The current version.
+    pub current: Counts,
+    /// The candidate.
+    pub candidate: Counts,
+    /// Since the window started.
+    pub elapsed: Duration,
+    /// Whether this call opened the window.
+    pub opened: bool,
+}
+
+/// The budgets of the two versions an analysis window compares.
+#[derive(Clone, Debug, Default)]
+pub struct Budgets {
+    /// The current version's.
+    pub current: Option<Arc<CallBudget>>,
+    /// The candidate's.
+    pub candidate: Option<Arc<CallBudget>>,
+}
+
+/// Routing and counting of every rollout on this replica.
+#[derive(Debug, Default)]
+pub struct Rollouts {
+    routes: RwLock<HashMap<String, Routing>>,
+    windows: Mutex<HashMap<String, Window>>,
+}
+
+impl Rollouts {
+    /// The routing of plugin `name`, if a rollout routes any of it.
+    pub fn routing(&self, name: &str) -> Option<Routing> {
+        let routes = self.routes.read().expect("rollout routes lock");
+        if routes.is_empty() {
+            return None;
+        }
+        routes.get(name).cloned()
+    }
+
+    /// Sets the routing of plugin `name` (`None`: all to the current
+    /// version); returns whether it changed.
+    pub fn set_routing(&self, name: &str, routing: Option<Routing>) -> bool {
+        let mut routes = self.routes.write().expect("rollout routes lock");
+        let changed = routes.get(name) != routing.as_ref();
+        match routing {
+            Some(r) => routes.insert(name.to_owned(), r),
+            None => routes.remove(name),
+        };
+        changed
+    }
+
+    /// Plugins with a routing.
+    pub fn routed_plugins(&self) -> Vec<String> {
+        self.routes
+            .read()
+            .expect("rollout routes lock")
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// Starts counting step `step` of plugin `name` afresh, unless a
+    /// window of that step and candidate is open; returns the counts (and
+    /// whether this call opened the window).
+    pub fn window(
+        &self,
+        name: &str,
+        step: u32,
+        candidate_digest: &str,
+        spec: &RolloutSpec,
+        budgets: Budgets,
+    ) -> WindowCounts {
+        let mut windows = self.windows.lock().expect("rollout windows lock");
+        let fresh = |budgets: Budgets| Window {
+            step,
+            candidate_digest: candidate_digest.to_owned(),
+            started: Instant::now(),
+            current: Side::with_budget(budgets.current),
+            candidate: Side::with_budget(budgets.candidate),
+            spec: spec.clone(),
+        };
+        let opened = match windows.get(name) {
+            Some(w) => w.step != step || w.candidate_digest != candidate_digest,
+            None => true,
+        };
+        if opened {
+            windows.insert(name.to_owned(), fresh(budgets));
+        }
+        let w = windows.get_mut(name).expect("the window just made");
+        w.spec = spec.clone();
+        WindowCounts {
+            current: w.current.snapshot(),
+            candidate: w.candidate.snapshot(),
+            elapsed: w.started.elapsed(),
+            opened,
+        }
+    }
+
+    /// Stops counting for plugin `name`.
+    pub fn close_window(&self, name: &str) {
+        self.windows
+            .lock()
+            .expect("rollout windows lock")
+            .remove(name);
+    }
+
+    /// Stops counting everything (this replica no longer leads).
+    pub fn close_all(&self) {
+        self.windows.lock().expect("rollout windows lock").clear();
+    }
+
+    fn with_side(&self, name: &str, digest: &str, f: impl FnOnce(&mut Side, &RolloutSpec)) {
+        let mut windows = self.windows.lock().expect("rollout windows lock");
+        if windows.is_empty() {
+            return;
+        }
+        let Some(w) = windows.get_mut(name) else {
+            return;
+        };
+        let spec = w.spec.clone();
+        let side = if w.candidate_digest == digest {
+            &mut w.candidate
+        } else {
+            &mut w.current
+        };
+        f(side, &spec);
+    }
+
+    /// Counts one reconcile of `primary` by the version of plugin `name`
+    /// with `digest`.
+    pub fn record(
+        &self,
+        name: &str,
+        digest: &str,
+        primary: &str,
+        outcome: Outcome,
+        elapsed: Duration,
+    ) {
+        self.with_side(name, digest, |side, _| {
+            let Outcome::Decided { deletes } = outcome;
+            side.counts.reconciles += 1;
+            side.counts.deletes += deletes as u64;
+            if !side.primaries.contains(primary) {
+                side.primaries.insert(primary.to_owned());
+            }
+            if side.durations.len() < MAX_DURATIONS {
+                side.durations.push(elapsed.as_secs_f64());
+            }
+        });
+    }
+
+    /// Counts a failed reconcile (its `reason`, as the `Reconciled`
+    /// condition names it) of the version with `digest`.
+    pub fn record_failure(&self, name: &str, digest: &str, reason: &str) {
+        self.with_side(name, digest, |side, _| match reason {
+            "PluginTimedOut" => side.counts.timeouts += 1,
+            "PlanRejected" => side.counts.plan_rejected += 1,
+            "DryRunRefused" => side.counts.dry_run_refused += 1,
+            _ => side.counts.errors += 1,
+        });
+    }
+
+    /// Counts one shadow comparison of the candidate with `digest`: its
+    /// differences (those outside the allow-list count) and its failure
+    /// reason, if its call failed.
+    pub fn record_shadow(
+        &self,
+        name: &str,
+        digest: &str,
+        differences: &[Difference],
+        failed: Option<&str>,
+    ) {
+        let mut windows = self.windows.lock().expect("rollout windows lock");
+        let Some(w) = windows.get_mut(name) else {
+            return;
+        };
+        if w.candidate_digest != digest {
+            return;
+        }
+        let counted = w.spec.counted_differences(differences);
+        let side = &mut w.candidate;
+        side.counts.shadow_compared += 1;
+        if counted > 0 {
+            side.counts.shadow_differences += 1;
+        }
+        match failed {
+            Some("PluginTimedOut") => side.counts.timeouts += 1,
+            Some(_) => side.counts.errors += 1,
+            None => {}
+        }
+    }
+}
+
+/// `status` of a `PluginRollout`, as the leader writes it.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct RolloutStatus {
+    /// See [`phase`].
+    pub phase: String,
+    /// 0: the shadow step; 1..: the canary steps.
+    pub step: u32,
+    /// The share routed to the candidate, percent.
+    pub share_percent: f64,
+    /// The candidate's version.
+    pub candidate_version: String,
+    /// The candidate's digest; only this shadow is routed to.
+    pub candidate_digest: String,
+    /// The current version.
+    pub current_version: String,
+    /// When the step began (RFC 3339).
+    pub step_started_at: String,
+    /// What the step waits for, or why the rollout stopped.
+    pub message: String,
+    /// Counts of the current version in this step's window.
+    pub current: Counts,
+    /// Counts of the candidate in this step's window.
+    pub candidate: Counts,
+    /// `Healthy`: False once rolled back, naming metric, value and
+    /// threshold.
+    pub conditions: Vec<serde_json::Value>,
+}
+
+impl RolloutStatus {
+    /// The routing this status asks for, if any.
+    pub fn routing(&self, name: &str, spec: &RolloutSpec) -> Option<Routing> {
+        if self.candidate_digest.is_empty() {
+            return None;
+        }
+        let (share_bp, selector) = match self.phase.as_str() {
+            phase::CANARY => spec.routing(self.step)?,
+            phase::PROMOTED => (BUCKETS, None),
+            _ => return None,
+        };
+        Some(Routing {
+            rollout: name.to_owned(),
+            candidate_digest: self.candidate_digest.clone(),
+            share_bp,
+            selector,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(v: serde_json::Value) -> RolloutSpec {
+        serde_json::from_value(v).expect("a spec")
+    }
+
+    #[test]
+    fn the_bucket_is_stable_and_spread_and_a_wider_share_keeps_the_narrower() {
+        assert_eq!(bucket("0d6e0c1a-1111-4222-8333-444455556666"), {
+            bucket("0d6e0c1a-1111-4222-8333-444455556666")
+        });
+        let uids: Vec<String> = (0..2000).map(|i| format!("uid-{i}")).collect();
+        let under = |bp: u32| uids.iter().filter(|u| bucket(u) < bp).count();
+        let tenth = under(1000);
+        assert!((120..=280).contains(&tenth), "10% of 2000 is {tenth}");
+        for u in &uids {
+            if bucket(u) < 100 {
+                assert!(bucket(u) < 1000);
+            }
+        }
+        let r = Routing {
+            rollout: "r".into(),
+            candidate_digest: "d".into(),
+            share_bp: BUCKETS,
+            selector: None,
+        };
+        assert!(r.to_candidate("x", &BTreeMap::new()));
+        assert!(!r.to_candidate("", &BTreeMap::new()), "no UID, no move");
+        let sel = Routing {
+            selector: Some(LabelSelector::parse("canary=yes").expect("a selector")),
+            ..r
+        };
+        assert!(!sel.to_candidate("x", &BTreeMap::new()));
+        assert!(sel.to_candidate("x", &[("canary".into(), "yes".into())].into()));
+    }
+
+    #[test]
+    fn a_spec_that_cannot_be_followed_says_why() {
+        let s = spec(
+            json!({"plugin": "", "steps": [{"percent": 50}, {"percent": 10},
+            {"percent": 0}, {"percent": 100, "selector": "a in (b"}]}),
+        );
+        let p = s.problems().join("; ");
+        for needle in [
+            "spec.plugin",
+            "narrows",
+            "not in (0, 100]",
+            "steps[3].selector",
+        ] {
+            assert!(p.contains(needle), "{p}");
+        }
+        assert!(
+            serde_json::from_value::<RolloutSpec>(json!({"plugin": "x", "stepz": []})).is_err()
+        );
+        assert!(
+            spec(json!({"plugin": "x", "steps": [{"percent": 1}]}))
+                .problems()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn each_threshold_compares_the_candidate_with_the_current_version() {
+        let t = Thresholds::default();
+        let current = Counts {
+            reconciles: 10,
+            primaries: 5,
+            ..Counts::default()
+        };
+        let same = Counts {
+            reconciles: 10,
+            primaries: 5,
+            ..Counts::default()
+        };
+        assert_eq!(analyze(&t, true, &current, &same, 0.1), None);
+        let deleting = Counts {
+            deletes: 1,
+            ..same.clone()
+        };
+        let b = analyze(&t, true, &current, &deleting, 0.1).expect("a breach");
+        assert_eq!(b.metric, "deletesPerMinute");
+        assert!(b.to_string().contains("deletesPerMinute is 0.200"), "{b}");
+        // The current version deleting as much is no breach.
+        let current_deleting = Counts {
+            deletes: 1,
+            ..current.clone()
+        };
+        assert_eq!(analyze(&t, true, &current_deleting, &deleting, 0.1), None);
+        let differing = Counts {
+            shadow_differences: 1,
+            ..same.clone()
+        };
+        assert_eq!(
+            analyze(&t, true, &current, &differing, 0.1).map(|b| b.metric),
+            Some("shadowDifferences")
+        );
+        assert_eq!(analyze(&t, false, &current, &differing, 0.1), None);
+        let rejected = Counts {
+            plan_rejected: 1,
+            ..same.clone()
+        };
+        assert_eq!(
+            analyze(&t, true, &current, &rejected, 0.1).map(|b| b.metric),
+            Some("planRejected")
+        );
+        let slow = Counts {
+            p99_call_seconds: 2.5,
+            ..same.clone()
+        };
+        assert_eq!(
+            analyze(&t, true, &current, &slow, 0.1).map(|b| b.metric),
+            Some("p99CallSeconds")
+        );
+        let hungry = Counts {
+            p99_memory_bytes: f64::from(64u32 << 20),
+            ..same.clone()
+        };
+        let b = analyze(&t, true, &current, &hungry, 0.1).expect("a breach");
+        assert_eq!(
+            (b.metric, b.threshold),
+            ("p99MemoryBytes", f64::from(16u32 << 20))
+        );
+        let busy_cpu = Counts {
+            cpu_seconds_per_call: 0.9,
+            ..same.clone()
+        };
+        assert_eq!(
+            analyze(&t, true, &current, &busy_cpu, 0.1).map(|b| b.metric),
+            Some("cpuSecondsPerCall")
+        );
+        // Churn under a minute counts as a minute: 3 reconciles of one
+        // primary in 2 s is not churn.
+        let busy = Counts {
+            reconciles: 3,
+            primaries: 1,
+            ..Counts::default()
+        };
+        assert_eq!(analyze(&t, true, &Counts::default(), &busy, 0.03), None);
+        let churning = Counts {
+            reconciles: 30,
+            primaries: 1,
+            ..Counts::default()
+        };
+        assert_eq!(
+            analyze(&t, true, &Counts::default(), &churning, 1.0).map(|b| b.metric),
+            Some("reconcilesPerMinute")
+        );
+    }
+
+    #[test]
+    fn a_step_is_held_until_its_hold_and_its_reconciles() {
+        let s = spec(
+            json!({"plugin": "x", "shadow": {"reconciles": 3, "seconds": 30},
+            "steps": [{"percent": 10, "holdSeconds": 2, "minReconciles": 2}]}),
+        );
+        let c = |n: u64, compared: u64| Counts {
+            reconciles: n,
+            shadow_compared: compared,
+            ..Counts::default()
+        };
+        let secs = Duration::from_secs;
+        assert!(step_done(&s, 0, &c(0, 2), secs(1)).is_some());
+        assert!(step_done(&s, 0, &c(0, 3), secs(1)).is_none(), "by count");
+        assert!(step_done(&s, 0, &c(0, 0), secs(30)).is_none(), "by time");
+        let waiting = step_done(&s, 1, &c(1, 0), secs(5)).expect("waits");
+        assert!(waiting.contains("1 of 2 candidate reconciles"), "{waiting}");
+        assert!(step_done(&s, 1, &c(2, 0), secs(1)).is_some());
+        assert!(step_done(&s, 1, &c(2, 0), secs(2)).is_none());
+    }
+
+    #[test]
+    fn counts_go_to_the_side_of_the_digest_and_allowed_differences_do_not_count() {
+        let r = Rollouts::default();
+        let s = spec(json!({"plugin": "p", "steps": [{"percent": 100}],
+            "allowDifferences": [{"op": "apply", "path": ".metadata.labels"}]}));
+        // No window: nothing counted.
+        r.record(
+            "p",
+            "cand",
+            "ns/a",
+            Outcome::Decided { deletes: 1 },
+            Duration::ZERO,
+        );
+        let first = r.window("p", 1, "cand", &s, Budgets::default());
+        assert_eq!((first.candidate.reconciles, first.opened), (0, true));
+        assert!(!r.window("p", 1, "cand", &s, Budgets::default()).opened);
+        r.record(
+            "p",
+            "cand",
+            "ns/a",
+            Outcome::Decided { deletes: 1 },
+            Duration::ZERO,
+        );
+        r.record(
+            "p",
+            "cand",
+            "ns/a",
+            Outcome::Decided { deletes: 0 },
+            Duration::ZERO,
+        );
+        r.record(
+            "p",
+            "cur",
+            "ns/b",
+            Outcome::Decided { deletes: 0 },
+            Duration::ZERO,
+        );
+        r.record_failure("p", "cur", "PlanRejected");
+        let label = Difference {
+            op: "apply".into(),
+            object: "ConfigMap ns/a-cm".into(),
+            path: ".metadata.labels[\"v\"]".into(),
+            before: None,
+            after: None,
+        };
+        let delete = Difference {
+            op: "delete".into(),
+            path: String::new(),
+            ..label.clone()
+        };
+        r.record_shadow("p", "cand", std::slice::from_ref(&label), None);
+        r.record_shadow("p", "cand", &[label, delete], None);
+        r.record_shadow("p", "other", &[], Some("PluginTimedOut"));
+        let w = r.window("p", 1, "cand", &s, Budgets::default());
+        assert_eq!((w.candidate.reconciles, w.candidate.deletes), (2, 1));
+        assert_eq!(w.candidate.primaries, 1);
+        assert_eq!(
+            (w.candidate.shadow_compared, w.candidate.shadow_differences),
+            (2, 1)
+        );
+        assert_eq!(
+            w.candidate.timeouts, 0,
+            "another shadow is not the candidate"
+        );
+        assert_eq!((w.current.reconciles, w.current.plan_rejected), (1, 1));
+        // A new step starts a new window.
+        assert_eq!(
+            r.window("p", 2, "cand", &s, Budgets::default())
+                .candidate
+                .reconciles,
+            0
+        );
+    }
+
+    #[test]
+    fn the_status_routes_only_in_canary_and_promoted() {
+        let s = spec(
+            json!({"plugin": "p", "steps": [{"percent": 1}, {"percent": 50, "selector": "a=b"}]}),
+        );
+        let st = |phase: &str, step: u32| RolloutStatus {
+            phase: phase.into(),
+            step,
+            candidate_digest: "d".into(),
+            ..RolloutStatus::default()
+        };
+        assert_eq!(st(phase::SHADOW, 0).routing("r", &s), None);
+        assert_eq!(st(phase::ROLLED_BACK, 1).routing("r", &s), None);
+        assert_eq!(
+            st(phase::CANARY, 1).routing("r", &s).map(|r| r.share_bp),
+            Some(100)
+        );
+        let second = st(phase::CANARY, 2).routing("r", &s).expect("routed");
+        assert_eq!((second.share_bp, second.selector.is_some()), (5000, true));
+        assert_eq!(
+            st(phase::PROMOTED, 2).routing("r", &s).map(|r| r.share_bp),
+            Some(BUCKETS)
+        );
+        let mut no_digest = st(phase::PROMOTED, 2);
+        no_digest.candidate_digest.clear();
+        assert_eq!(no_digest.routing("r", &s), None);
+    }
+}
