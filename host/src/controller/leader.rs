@@ -276,6 +276,9 @@ struct Elector<F> {
     flag: Arc<AtomicBool>,
     until: LeaseDeadline,
     on_elected: F,
+    /// Called after each true→false transition of the flag that is not a
+    /// shutdown (the term ended).
+    on_lost: Box<dyn Fn() + Send + Sync>,
     /// When the last successful write of this replica's term was sent.
     renewed_at: Option<Instant>,
     /// The holder last logged as followed.
@@ -350,6 +353,7 @@ impl<F: Fn()> Elector<F> {
         if self.flag.swap(false, Ordering::SeqCst) {
             crate::metrics::global().set("wasmop_leader", &[], 0.0);
             tracing::warn!(lease = %self.lease_ref(), identity = %self.config.identity, why, "lost leadership");
+            (self.on_lost)();
         }
     }
 
@@ -462,6 +466,33 @@ pub async fn run<F>(
 ) where
     F: Fn(),
 {
+    run_with_loss(
+        client,
+        config,
+        flag,
+        until,
+        on_elected,
+        Box::new(|| {}),
+        shutdown,
+    )
+    .await;
+}
+
+/// [`run`], calling `on_lost` each time the term ends other than by
+/// `shutdown` (the flag dropped: another holder, or no renewal within the
+/// lease duration). A shard uses it to stop (see
+/// [`shard`](crate::controller::shard)).
+pub async fn run_with_loss<F>(
+    client: Client,
+    config: LeaderConfig,
+    flag: Arc<AtomicBool>,
+    until: LeaseDeadline,
+    on_elected: F,
+    on_lost: Box<dyn Fn() + Send + Sync>,
+    shutdown: impl Future<Output = ()>,
+) where
+    F: Fn(),
+{
     let mut config = config;
     if config.renew_every.is_zero() || config.renew_every >= config.lease_duration {
         let fixed = config.lease_duration / 3;
@@ -475,6 +506,7 @@ pub async fn run<F>(
         flag,
         until,
         on_elected,
+        on_lost,
         renewed_at: None,
         following: None,
     };

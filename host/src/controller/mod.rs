@@ -26,6 +26,7 @@ pub mod leader;
 pub mod orphans;
 pub mod queue;
 pub(crate) mod route;
+pub mod shard;
 mod truth;
 mod worker;
 
@@ -235,6 +236,8 @@ pub struct Operator {
     /// UIDs of objects recently collected because their owner was gone
     /// (see [`orphans`]).
     collected: Arc<orphans::Collected>,
+    /// This replica as a shard (`wasmop run --sharding`; see [`shard`]).
+    sharding: std::sync::OnceLock<Arc<shard::Sharding>>,
 }
 
 impl std::fmt::Debug for Operator {
@@ -275,6 +278,7 @@ impl Operator {
             read_before_create: Mutex::new(HashSet::new()),
             echoes: echo::Echoes::default(),
             collected: Arc::default(),
+            sharding: std::sync::OnceLock::new(),
         });
         (op, changes)
     }
@@ -470,6 +474,7 @@ impl Operator {
                 resource: api_resource(&c.primary),
                 namespaced: c.primary.namespaced,
                 managed_only: false,
+                selector: self.primary_selector(c, &manifest.controllers),
             }));
             let required = c.required_kinds();
             // Secrets named by a field are read by name, not watched.
@@ -478,6 +483,7 @@ impl Operator {
                     resource: api_resource(&r.kind),
                     namespaced: r.kind.namespaced,
                     managed_only: false,
+                    selector: None,
                 });
                 if required.iter().any(|k| k.same_type(&r.kind)) {
                     caches.push(cache);
@@ -493,6 +499,7 @@ impl Operator {
                     resource: api_resource(&o.kind),
                     namespaced: o.kind.namespaced,
                     managed_only: !read_elsewhere,
+                    selector: None,
                 });
                 if required.iter().any(|k| k.same_type(&o.kind)) {
                     caches.push(cache);
