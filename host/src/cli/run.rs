@@ -471,6 +471,7 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
                     "shard Lease term ended: its primaries may have been given away and its caches may be stale; exiting");
                 std::process::exit(crate::controller::shard::LOST_TERM_EXIT_CODE);
             }),
+            "wasmop_shard_lease",
             async {
                 let _ = stopped.await;
             },

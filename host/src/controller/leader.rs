@@ -279,6 +279,8 @@ struct Elector<F> {
     /// Called after each true→false transition of the flag that is not a
     /// shutdown (the term ended).
     on_lost: Box<dyn Fn() + Send + Sync>,
+    /// The gauge that is 1 while the term runs.
+    gauge: &'static str,
     /// When the last successful write of this replica's term was sent.
     renewed_at: Option<Instant>,
     /// The holder last logged as followed.
@@ -351,7 +353,7 @@ impl<F: Fn()> Elector<F> {
 
     fn step_down(&self, why: &str) {
         if self.flag.swap(false, Ordering::SeqCst) {
-            crate::metrics::global().set("wasmop_leader", &[], 0.0);
+            crate::metrics::global().set(self.gauge, &[], 0.0);
             tracing::warn!(lease = %self.lease_ref(), identity = %self.config.identity, why, "lost leadership");
             (self.on_lost)();
         }
@@ -369,7 +371,7 @@ impl<F: Fn()> Elector<F> {
                 if may_lead(Some(at.elapsed()), self.config.lease_duration)
                     && !self.flag.swap(true, Ordering::SeqCst)
                 {
-                    crate::metrics::global().set("wasmop_leader", &[], 1.0);
+                    crate::metrics::global().set(self.gauge, &[], 1.0);
                     tracing::info!(lease = %self.lease_ref(), identity = %self.config.identity, "became leader");
                     (self.on_elected)();
                 }
@@ -473,6 +475,7 @@ pub async fn run<F>(
         until,
         on_elected,
         Box::new(|| {}),
+        "wasmop_leader",
         shutdown,
     )
     .await;
@@ -480,8 +483,9 @@ pub async fn run<F>(
 
 /// [`run`], calling `on_lost` each time the term ends other than by
 /// `shutdown` (the flag dropped: another holder, or no renewal within the
-/// lease duration). A shard uses it to stop (see
-/// [`shard`](crate::controller::shard)).
+/// lease duration), and keeping the gauge `gauge` (instead of
+/// `wasmop_leader`) at 1 while the term runs. A shard uses it for its own
+/// Lease (see [`shard`](crate::controller::shard)).
 pub async fn run_with_loss<F>(
     client: Client,
     config: LeaderConfig,
@@ -489,6 +493,7 @@ pub async fn run_with_loss<F>(
     until: LeaseDeadline,
     on_elected: F,
     on_lost: Box<dyn Fn() + Send + Sync>,
+    gauge: &'static str,
     shutdown: impl Future<Output = ()>,
 ) where
     F: Fn(),
@@ -507,6 +512,7 @@ pub async fn run_with_loss<F>(
         until,
         on_elected,
         on_lost,
+        gauge,
         renewed_at: None,
         following: None,
     };
@@ -552,7 +558,7 @@ pub async fn run_with_loss<F>(
         elector.check_deadline();
     }
     if elector.flag.swap(false, Ordering::SeqCst) {
-        crate::metrics::global().set("wasmop_leader", &[], 0.0);
+        crate::metrics::global().set(elector.gauge, &[], 0.0);
         tracing::info!(lease = %elector.lease_ref(), identity = %elector.config.identity, "stepped down: shutting down");
     }
     let bound = elector.config.lease_duration;
