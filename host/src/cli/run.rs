@@ -466,12 +466,14 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
             sharding.flag.clone(),
             sharding.until.clone(),
             move || op.requeue_all(),
-            Box::new(move || {
-                tracing::error!(shard = %identity,
-                    "shard Lease term ended: its primaries may have been given away and its caches may be stale; exiting");
-                std::process::exit(crate::controller::shard::LOST_TERM_EXIT_CODE);
-            }),
-            "wasmop_shard_lease",
+            leader::TermHooks {
+                on_lost: Box::new(move || {
+                    tracing::error!(shard = %identity,
+                        "shard Lease term ended: its primaries may have been given away and its caches may be stale; exiting");
+                    std::process::exit(crate::controller::shard::LOST_TERM_EXIT_CODE);
+                }),
+                gauge: "wasmop_shard_lease",
+            },
             async {
                 let _ = stopped.await;
             },

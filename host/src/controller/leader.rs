@@ -474,11 +474,29 @@ pub async fn run<F>(
         flag,
         until,
         on_elected,
-        Box::new(|| {}),
-        "wasmop_leader",
+        TermHooks {
+            on_lost: Box::new(|| {}),
+            gauge: "wasmop_leader",
+        },
         shutdown,
     )
     .await;
+}
+
+/// What [`run_with_loss`] does beyond [`run`].
+pub struct TermHooks {
+    /// Called each time the term ends other than by shutdown.
+    pub on_lost: Box<dyn Fn() + Send + Sync>,
+    /// The gauge kept at 1 while the term runs.
+    pub gauge: &'static str,
+}
+
+impl std::fmt::Debug for TermHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TermHooks")
+            .field("gauge", &self.gauge)
+            .finish()
+    }
 }
 
 /// [`run`], calling `on_lost` each time the term ends other than by
@@ -492,8 +510,7 @@ pub async fn run_with_loss<F>(
     flag: Arc<AtomicBool>,
     until: LeaseDeadline,
     on_elected: F,
-    on_lost: Box<dyn Fn() + Send + Sync>,
-    gauge: &'static str,
+    hooks: TermHooks,
     shutdown: impl Future<Output = ()>,
 ) where
     F: Fn(),
@@ -511,8 +528,8 @@ pub async fn run_with_loss<F>(
         flag,
         until,
         on_elected,
-        on_lost,
-        gauge,
+        on_lost: hooks.on_lost,
+        gauge: hooks.gauge,
         renewed_at: None,
         following: None,
     };
