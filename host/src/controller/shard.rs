@@ -49,7 +49,10 @@
 //!   whole by every shard (owned kinds already only as the objects the
 //!   host manages).
 //! - The sharder lists the metadata of every primary once per round
-//!   (every third of the shard lease duration).
+//!   (every third of the shard lease duration), and a new primary waits
+//!   for the next round to be reconciled.
+//! - HTTP requests a plan started before its primary was drained run to
+//!   their end; their results stay with the old shard.
 //! - Deletion budgets (`maxDeletesPerMinute`) are kept per shard: each
 //!   shard enforces the plugin's budget divided by the number of live
 //!   shards it last saw (rounded up, at least 1), so the cluster-wide sum
@@ -60,6 +63,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
@@ -84,6 +88,9 @@ pub const SHARD_MANAGER: &str = "wasmop-shard";
 
 /// Virtual nodes per shard on the ring.
 pub const VIRTUAL_NODES: usize = 128;
+
+/// Label writes the sharder has in flight at once.
+pub const MOVE_WRITES: usize = 16;
 
 /// Exit code of a shard whose Lease term ended without a shutdown.
 pub const LOST_TERM_EXIT_CODE: i32 = 3;
@@ -551,6 +558,7 @@ impl super::Operator {
                             break;
                         }
                     };
+                    let mut moves = Vec::new();
                     for p in &page.items {
                         round.primaries += 1;
                         let m = &p.metadata;
@@ -578,37 +586,52 @@ impl super::Operator {
                             }
                             None => Api::all_with(self.client.clone(), &a.primary_resource),
                         };
-                        // Only while this replica is the acting leader.
-                        if !leader::may_write(&self.leader, &self.lease_until) {
-                            return Ok(round);
+                        moves.push((target, name.clone(), rv.clone(), mv));
+                    }
+                    // A page's moves are written MOVE_WRITES at a time, each
+                    // only while this replica is the acting leader.
+                    let written: Vec<(Move, Result<(), kube::Error>)> =
+                        futures::stream::iter(moves)
+                            .map(|(target, name, rv, mv)| async move {
+                                if !leader::may_write(&self.leader, &self.lease_until) {
+                                    return (mv, Ok(()));
+                                }
+                                let r = write_move(&target, &name, &rv, &mv).await;
+                                if let Err(e) = &r {
+                                    tracing::debug!(primary = %name, error = %e,
+                                        "sharder move failed; next round");
+                                }
+                                (mv, r)
+                            })
+                            .buffer_unordered(MOVE_WRITES)
+                            .collect()
+                            .await;
+                    if !leader::may_write(&self.leader, &self.lease_until) {
+                        return Ok(round);
+                    }
+                    for (mv, r) in written {
+                        if r.is_err() {
+                            round.failed += 1;
+                            continue;
                         }
-                        match write_move(&target, name, rv, &mv).await {
-                            Ok(()) => {
-                                let what = match &mv {
-                                    Move::Assign(_) => {
-                                        round.assigned += 1;
-                                        "assign"
-                                    }
-                                    Move::Drain => {
-                                        round.drained += 1;
-                                        "drain"
-                                    }
-                                    _ => {
-                                        round.undrained += 1;
-                                        "undrain"
-                                    }
-                                };
-                                crate::metrics::global().inc(
-                                    "wasmop_shard_moves_total",
-                                    &[("controller", &a.id), ("move", what)],
-                                );
-                                tracing::debug!(controller = %a.id, primary = %name, ?mv, "sharder move");
+                        let what = match &mv {
+                            Move::Assign(_) => {
+                                round.assigned += 1;
+                                "assign"
                             }
-                            Err(e) => {
-                                round.failed += 1;
-                                tracing::debug!(controller = %a.id, primary = %name, error = %e, "sharder move failed; next round");
+                            Move::Drain => {
+                                round.drained += 1;
+                                "drain"
                             }
-                        }
+                            _ => {
+                                round.undrained += 1;
+                                "undrain"
+                            }
+                        };
+                        crate::metrics::global().inc(
+                            "wasmop_shard_moves_total",
+                            &[("controller", &a.id), ("move", what)],
+                        );
                     }
                     match page.metadata.continue_.filter(|c| !c.is_empty()) {
                         Some(c) => lp = lp.continue_token(&c),

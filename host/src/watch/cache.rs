@@ -1004,6 +1004,33 @@ mod tests {
         assert_eq!(d.by_owner.get("q").map(Vec::len), Some(1));
     }
 
+    #[test]
+    fn a_filtered_watch_never_serves_a_less_filtered_need() {
+        let ar = ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk("", "v1", "ConfigMap"));
+        let spec = |managed_only: bool, selector: Option<&str>| WatchSpec {
+            resource: ar.clone(),
+            namespaced: true,
+            managed_only,
+            selector: selector.map(str::to_owned),
+        };
+        let whole = spec(false, None);
+        let shard = spec(false, Some("s=a"));
+        let other = spec(false, Some("s=b"));
+        let managed = spec(true, None);
+        assert!(whole.covers(&shard) && whole.covers(&managed));
+        assert!(shard.covers(&shard));
+        assert!(!shard.covers(&whole), "a shard's watch lacks the others'");
+        assert!(!shard.covers(&other));
+        assert!(!managed.covers(&whole));
+        let u = shard.union(&other);
+        assert!(
+            u.selector.is_none() && !u.managed_only,
+            "two shards need it whole"
+        );
+        let u = managed.union(&shard);
+        assert!(u.covers(&managed) && u.covers(&shard));
+    }
+
     /// An empty cache of namespaced ConfigMaps.
     fn cm_cache(ar: &ApiResource) -> KindCache {
         KindCache::new(
