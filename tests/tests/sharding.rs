@@ -589,3 +589,46 @@ async fn a_primary_moving_while_its_plan_runs_is_given_up_before_its_new_owner_w
     drop(a);
     Ok(())
 }
+
+#[tokio::test]
+async fn labels_a_user_wrote_are_corrected_and_a_bad_identity_is_refused() -> Result<()> {
+    let (ns, work) = setup("shard-labels", "good").await?;
+    // An identity that cannot name a Lease or a label: a clear error,
+    // before anything is written.
+    let mut bad = Shard::start(&ns, &work, "Bad_Name").await?;
+    assert_ne!(bad.exited(DEADLINE).await?, Some(0), "refused");
+    let text = std::fs::read_to_string(&bad.log)?;
+    assert!(
+        text.contains("--sharding: shard identity") && text.contains("Bad_Name"),
+        "{text}"
+    );
+    let leases = Api::<Lease>::namespaced(ns.client.clone(), &ns.name)
+        .list(&ListParams::default())
+        .await?;
+    assert!(
+        leases.items.is_empty(),
+        "no Lease written: {:?}",
+        leases.items
+    );
+    // Widgets created with a shard label naming no live shard, with a
+    // drain mark, and with an empty label: each ends up on the ring's
+    // shard, reconciled.
+    let a = Shard::start(&ns, &work, "shard-a").await?;
+    for (name, labels) in [
+        ("forged", json!({SHARD_LABEL: "nobody"})),
+        (
+            "drained",
+            json!({SHARD_LABEL: "shard-a", DRAIN_LABEL: "true"}),
+        ),
+        ("empty", json!({SHARD_LABEL: ""})),
+    ] {
+        let w: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
+            "metadata": {"name": name, "labels": labels}, "spec": {"value": "v1"},
+        }))?;
+        widgets(&ns).create(&PostParams::default(), &w).await?;
+    }
+    wait_placed(&ns, &["shard-a"], "v1", DEADLINE).await?;
+    drop(a);
+    Ok(())
+}
