@@ -8,7 +8,8 @@
 //!              namespace indexes; label selectors
 //! controller/  routing a cache change to the primaries it concerns (pure
 //!              `route`), the work queue, the worker, the plugin registry
-//!              and hot swap of running controllers, leader election
+//!              and hot swap of running controllers, leader election,
+//!              sharding primaries across replicas (`shard`)
 //! reconcile/   `decide`: snapshot → plugin call → whole-plan validation,
 //!              the one path used live and offline (`wasmop plan`, golden)
 //! plugin/      loading a component: compile cache, bindings, conversions at

@@ -6,7 +6,7 @@
 //! reconciles only the primaries assigned to it.
 //!
 //! - **Membership.** A shard is live while its Lease is held and renewed
-//!   within its duration (the same [`leader`](super::leader) protocol,
+//!   within its duration (the same [`super::leader`] protocol,
 //!   on a Lease nobody else takes). A shard whose Lease expired is gone.
 //! - **Assignment.** The acting leader (the *sharder*) puts every primary
 //!   of every per-object controller on a consistent-hash [`Ring`] of the
