@@ -8,9 +8,10 @@
 //! reconciled by its owner only), a shard leaving gracefully and one
 //! crashing (its primaries re-homed within a lease duration plus 5 s), a
 //! shard frozen past its Lease and thawed (it writes nothing for the
-//! primaries it lost and exits), and a primary moving while its plan runs
+//! primaries it lost and exits), a primary moving while its plan runs
 //! (the old shard stops mid-plan and acknowledges before the new owner
-//! writes).
+//! writes), shard labels a user wrote, an identity that cannot name a
+//! shard, and a hot swap reaching every shard.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -630,5 +631,62 @@ async fn labels_a_user_wrote_are_corrected_and_a_bad_identity_is_refused() -> Re
     }
     wait_placed(&ns, &["shard-a"], "v1", DEADLINE).await?;
     drop(a);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_hot_swap_reaches_every_shard_and_each_reconciles_only_its_own() -> Result<()> {
+    let (ns, work) = setup("shard-swap", "good").await?;
+    let a = first_shard(&ns, &work, "shard-a", 8).await?;
+    let b = Shard::start(&ns, &work, "shard-b").await?;
+    let placed = wait_placed(&ns, &["shard-a", "shard-b"], "v1", DEADLINE).await?;
+    let (skip_a, skip_b) = (a.lines().len(), b.lines().len());
+    // The new version replaces the file both shards watch.
+    let staged = work.join("good.wasm.new");
+    std::fs::copy(plugin_path("good-v2")?, &staged)?;
+    std::fs::rename(&staged, work.join("plugins/good.wasm"))?;
+    let cms: Api<ConfigMap> = ns.api();
+    wait_for(
+        "every ConfigMap written by good 0.2.0",
+        DEADLINE,
+        || async {
+            for name in placed.keys() {
+                let cm = cms.get(&format!("{name}-cm")).await?;
+                let version = cm
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get("test.wasmop.dev/version"))
+                    .cloned();
+                if version.as_deref() != Some("v2") {
+                    return Ok(None);
+                }
+            }
+            Ok(Some(()))
+        },
+    )
+    .await?;
+    let by_v2 = |s: &Shard, skip: usize, name: &str| {
+        said(s, skip, "reconciled", name)
+            .iter()
+            .any(|l| l["plugin_version"] == "0.2.0")
+    };
+    for (name, owner) in &placed {
+        let (mine, other, skip_mine, skip_other) = if owner == "shard-a" {
+            (&a, &b, skip_a, skip_b)
+        } else {
+            (&b, &a, skip_b, skip_a)
+        };
+        assert!(
+            by_v2(mine, skip_mine, name),
+            "{name}: its owner {owner} ran 0.2.0"
+        );
+        assert!(
+            said(other, skip_other, "reconciled", name).is_empty(),
+            "{name}: reconciled by {} too",
+            other.identity
+        );
+    }
+    drop((a, b));
     Ok(())
 }
