@@ -8,7 +8,8 @@
 //!              namespace indexes; label selectors
 //! controller/  routing a cache change to the primaries it concerns (pure
 //!              `route`), the work queue, the worker, the plugin registry
-//!              and hot swap of running controllers, leader election
+//!              and hot swap of running controllers, leader election,
+//!              sharding primaries across replicas (`shard`)
 //! reconcile/   `decide`: snapshot → plugin call → whole-plan validation,
 //!              the one path used live and offline (`wasmop plan`, golden)
 //! plugin/      loading a component: compile cache, bindings, conversions at
@@ -49,8 +50,10 @@
 //!   the operator's own Events) and the process's HTTP endpoint: `health`
 //!   serves `/metrics`, `/healthz`, `/readyz` and `/shadow`, so the
 //!   metrics registry below imports neither health nor shadow.
-//! - `execute`, `controller/leader` — the fenced writes of a plan, and the
-//!   Lease whose deadline every one of those writes checks.
+//! - `execute`, `controller/leader`, `controller/shard` — the fenced writes
+//!   of a plan, and the Leases (the leader's; with `--sharding`, the
+//!   shard's and its assignment) that every one of those writes checks;
+//!   the sharder's rounds on the operator are `controller/sharder`.
 //! - `reconcile`, `rollout`, `admission/offline`, `admission/review` —
 //!   deciding: the one path from snapshot to judged plan (`decide`,
 //!   `kind`), the same offline (`offline`, `golden`, `diff`, which compares

@@ -602,6 +602,7 @@ async fn a_kind_served_late_is_announced_when_first_listed() -> Result<()> {
         resource,
         namespaced: true,
         managed_only: false,
+        selector: None,
     });
     let errors = || {
         wasmop_tests::faults::metric(

@@ -114,6 +114,9 @@ pub enum RunError {
     /// `--leader-elect` without a namespace for the Lease.
     #[error("--leader-elect needs --leader-election-namespace (or POD_NAMESPACE)")]
     LeaderNamespace,
+    /// `--sharding` with an identity that cannot name a shard.
+    #[error("--sharding: {0}")]
+    ShardIdentity(String),
     /// The async runtime could not start.
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),

@@ -57,6 +57,12 @@ pub struct RbacArgs {
     /// Namespace the operator runs in (its ServiceAccount, Lease, Pod).
     #[arg(long, value_name = "NS", default_value = "wasmop")]
     pub operator_namespace: String,
+    /// Grant what `wasmop run --sharding` needs beyond the default: `list`
+    /// on the Leases of the operator's namespace (the leader reads the
+    /// shard Leases). The label writes on primaries use the `patch` they
+    /// already have.
+    #[arg(long)]
+    pub sharding: bool,
     /// The operator's ServiceAccount.
     #[arg(long, value_name = "NAME", default_value = "wasmop")]
     pub service_account: String,
@@ -119,9 +125,10 @@ fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
 }
 
 /// The operator's own needs in its namespace: the leader-election Lease
-/// and Events on its own Pod (a rejected plugin file); with `admission`,
+/// and Events on its own Pod (a rejected plugin file; with `sharding`, the
+/// shard Leases listed too); with `admission`,
 /// the Secret holding the webhook CA and serving certificate.
-fn operator_rules(admission: bool) -> Vec<PolicyRule> {
+fn operator_rules(admission: bool, sharding: bool) -> Vec<PolicyRule> {
     let mut g = Grants::new();
     if admission {
         rbac::grant(
@@ -137,7 +144,11 @@ fn operator_rules(admission: bool) -> Vec<PolicyRule> {
         "coordination.k8s.io",
         "leases".into(),
         true,
-        &["get", "create", "update"],
+        if sharding {
+            &["get", "list", "create", "update"]
+        } else {
+            &["get", "create", "update"]
+        },
     );
     rbac::grant(&mut g, "", "events".into(), true, &["create", "patch"]);
     rbac::grant(
@@ -357,7 +368,11 @@ fn generate(args: &RbacArgs, plugins: &[PluginRbac]) -> Generated {
             subjects: Some(vec![subject.clone()]),
         }));
     };
-    role(&own, &args.operator_namespace, operator_rules(admission));
+    role(
+        &own,
+        &args.operator_namespace,
+        operator_rules(admission, args.sharding),
+    );
     for (ns, grants) in &roles {
         role(&args.name, ns, rbac::merge_rules(grants));
     }
@@ -407,7 +422,32 @@ mod tests {
             operator_namespace: "ops".into(),
             service_account: "sa".into(),
             name: "wasmop".into(),
+            sharding: false,
         }
+    }
+
+    #[test]
+    fn sharding_adds_listing_the_leases_and_nothing_else() {
+        let plain = render(&generate(&args(&[]), &[plugin(&[])])).unwrap();
+        let sharded = render(&generate(
+            &RbacArgs {
+                sharding: true,
+                ..args(&[])
+            },
+            &[plugin(&[])],
+        ))
+        .unwrap();
+        let leases = |t: &str| {
+            let i = t.find("- leases").expect("leases granted");
+            t[i..].lines().take(6).collect::<Vec<_>>().join("\n")
+        };
+        assert!(!leases(&plain).contains("- list"), "{plain}");
+        assert!(leases(&sharded).contains("- list"), "{sharded}");
+        assert_eq!(
+            plain.lines().count() + 1,
+            sharded.lines().count(),
+            "one verb more"
+        );
     }
 
     fn plugin(write_ns: &[&str]) -> PluginRbac {

@@ -124,6 +124,16 @@ pub struct RunArgs {
     /// Name of the leader-election Lease.
     #[arg(long, value_name = "NAME", default_value = leader::DEFAULT_LEASE_NAME)]
     pub leader_election_id: String,
+    /// Lease duration of the leader Lease (and, with `--sharding`, of the
+    /// shard Leases), in milliseconds [default: 15000].
+    #[arg(long, value_name = "MS", requires = "leader_elect")]
+    pub lease_duration_ms: Option<u64>,
+    /// Shard primaries across the replicas: each replica holds a shard
+    /// Lease of its own and reconciles only the primaries the leader
+    /// assigns to it (label `shard.wasmop.dev/shard`). Needs
+    /// `--leader-elect`. See the README's "Sharding".
+    #[arg(long, requires = "leader_elect")]
+    pub sharding: bool,
     /// Admission webhooks (off unless `--admission-port` is given).
     #[command(flatten)]
     pub admission: crate::cli::admission::AdmissionArgs,
@@ -239,6 +249,9 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
         Some(mirror)
     };
     let election = leader_config(&args)?;
+    if let Some(cfg) = election.as_ref().filter(|_| args.sharding) {
+        crate::controller::shard::check_identity(&cfg.identity).map_err(RunError::ShardIdentity)?;
+    }
     let admission = args.admission.config(&args.namespaces)?;
     let client = client(args.kubeconfig.as_deref()).await?;
     let mut config = OperatorConfig {
@@ -323,6 +336,44 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
         ));
         (stop, task)
     });
+    // With sharding, this replica's own shard Lease fences its writes for
+    // per-object controllers; losing its term ends the process.
+    let shard_tasks = election.as_ref().filter(|_| args.sharding).and_then(|_| {
+        let cfg = leader_config(&args).ok().flatten()?;
+        let sharding = crate::controller::shard::Sharding::new(
+            cfg.identity.clone(),
+            cfg.namespace.clone(),
+            cfg.lease_duration,
+        );
+        operator.enable_sharding(sharding.clone());
+        tracing::info!(shard = %sharding.identity, selector = %sharding.selector(), "sharding on");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let op = operator.clone();
+        let identity = cfg.identity.clone();
+        let membership = tokio::spawn(leader::run_with_loss(
+            client.clone(),
+            LeaderConfig {
+                lease_name: crate::controller::shard::lease_name(&cfg.identity),
+                ..cfg
+            },
+            sharding.flag.clone(),
+            sharding.until.clone(),
+            move || op.requeue_all(),
+            leader::TermHooks {
+                on_lost: Box::new(move || {
+                    tracing::error!(shard = %identity,
+                        "shard Lease term ended: its primaries may have been given away and its caches may be stale; exiting");
+                    std::process::exit(crate::controller::shard::LOST_TERM_EXIT_CODE);
+                }),
+                gauge: "wasmop_shard_lease",
+            },
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let sharder = tokio::spawn(operator.clone().run_sharder());
+        Some((stop, membership, sharder))
+    });
     let admission_tasks =
         crate::cli::admission::start(admission, client.clone(), &operator).await?;
     let compile_cache = args
@@ -391,6 +442,18 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
     for task in admission_tasks {
         task.abort();
     }
+    // In-flight reconciles are done: release the shard Lease so the
+    // sharder re-homes this shard's primaries at once.
+    if let Some((stop, membership, sharder)) = shard_tasks {
+        sharder.abort();
+        let _ = stop.send(());
+        if tokio::time::timeout(LEASE_RELEASE_GRACE, membership)
+            .await
+            .is_err()
+        {
+            tracing::warn!("the shard Lease was not released in time");
+        }
+    }
     // In-flight reconciles are done: release the Lease so a successor takes
     // over without waiting for it to expire.
     if let Some((stop, task)) = election {
@@ -454,10 +517,14 @@ fn leader_config(args: &RunArgs) -> Result<Option<LeaderConfig>, RunError> {
         .clone()
         .filter(|n| !n.is_empty())
         .ok_or(RunError::LeaderNamespace)?;
-    Ok(Some(LeaderConfig {
+    let mut config = LeaderConfig {
         lease_name: args.leader_election_id.clone(),
         ..LeaderConfig::new(namespace)
-    }))
+    };
+    if let Some(ms) = args.lease_duration_ms {
+        config = config.with_lease_duration(Duration::from_millis(ms.max(300)));
+    }
+    Ok(Some(config))
 }
 
 pub(crate) async fn client(kubeconfig: Option<&Path>) -> Result<Client, RunError> {
@@ -686,5 +753,24 @@ mod tests {
         if std::env::var_os("POD_NAMESPACE").is_none() {
             assert!(run_args(&["--leader-elect"]).is_err());
         }
+    }
+
+    #[test]
+    fn sharding_is_off_by_default_and_needs_leader_election() {
+        assert!(!run_args(&[]).unwrap().sharding);
+        assert!(run_args(&["--sharding"]).is_err());
+        assert!(run_args(&["--lease-duration-ms", "2000"]).is_err());
+        let args = run_args(&[
+            "--leader-elect",
+            "--leader-election-namespace",
+            "ops",
+            "--sharding",
+            "--lease-duration-ms",
+            "2000",
+        ])
+        .unwrap();
+        assert!(args.sharding);
+        let config = leader_config(&args).unwrap().expect("election configured");
+        assert_eq!(config.lease_duration, Duration::from_secs(2));
     }
 }

@@ -276,6 +276,11 @@ struct Elector<F> {
     flag: Arc<AtomicBool>,
     until: LeaseDeadline,
     on_elected: F,
+    /// Called after each true→false transition of the flag that is not a
+    /// shutdown (the term ended).
+    on_lost: Box<dyn Fn() + Send + Sync>,
+    /// The gauge that is 1 while the term runs.
+    gauge: &'static str,
     /// When the last successful write of this replica's term was sent.
     renewed_at: Option<Instant>,
     /// The holder last logged as followed.
@@ -348,8 +353,9 @@ impl<F: Fn()> Elector<F> {
 
     fn step_down(&self, why: &str) {
         if self.flag.swap(false, Ordering::SeqCst) {
-            crate::metrics::global().set("wasmop_leader", &[], 0.0);
+            crate::metrics::global().set(self.gauge, &[], 0.0);
             tracing::warn!(lease = %self.lease_ref(), identity = %self.config.identity, why, "lost leadership");
+            (self.on_lost)();
         }
     }
 
@@ -365,7 +371,7 @@ impl<F: Fn()> Elector<F> {
                 if may_lead(Some(at.elapsed()), self.config.lease_duration)
                     && !self.flag.swap(true, Ordering::SeqCst)
                 {
-                    crate::metrics::global().set("wasmop_leader", &[], 1.0);
+                    crate::metrics::global().set(self.gauge, &[], 1.0);
                     tracing::info!(lease = %self.lease_ref(), identity = %self.config.identity, "became leader");
                     (self.on_elected)();
                 }
@@ -462,6 +468,53 @@ pub async fn run<F>(
 ) where
     F: Fn(),
 {
+    run_with_loss(
+        client,
+        config,
+        flag,
+        until,
+        on_elected,
+        TermHooks {
+            on_lost: Box::new(|| {}),
+            gauge: "wasmop_leader",
+        },
+        shutdown,
+    )
+    .await;
+}
+
+/// What [`run_with_loss`] does beyond [`run`].
+pub struct TermHooks {
+    /// Called each time the term ends other than by shutdown.
+    pub on_lost: Box<dyn Fn() + Send + Sync>,
+    /// The gauge kept at 1 while the term runs.
+    pub gauge: &'static str,
+}
+
+impl std::fmt::Debug for TermHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TermHooks")
+            .field("gauge", &self.gauge)
+            .finish()
+    }
+}
+
+/// [`run`], calling `on_lost` each time the term ends other than by
+/// `shutdown` (the flag dropped: another holder, or no renewal within the
+/// lease duration), and keeping the gauge `gauge` (instead of
+/// `wasmop_leader`) at 1 while the term runs. A shard uses it for its own
+/// Lease (see [`shard`](crate::controller::shard)).
+pub async fn run_with_loss<F>(
+    client: Client,
+    config: LeaderConfig,
+    flag: Arc<AtomicBool>,
+    until: LeaseDeadline,
+    on_elected: F,
+    hooks: TermHooks,
+    shutdown: impl Future<Output = ()>,
+) where
+    F: Fn(),
+{
     let mut config = config;
     if config.renew_every.is_zero() || config.renew_every >= config.lease_duration {
         let fixed = config.lease_duration / 3;
@@ -475,6 +528,8 @@ pub async fn run<F>(
         flag,
         until,
         on_elected,
+        on_lost: hooks.on_lost,
+        gauge: hooks.gauge,
         renewed_at: None,
         following: None,
     };
@@ -520,7 +575,7 @@ pub async fn run<F>(
         elector.check_deadline();
     }
     if elector.flag.swap(false, Ordering::SeqCst) {
-        crate::metrics::global().set("wasmop_leader", &[], 0.0);
+        crate::metrics::global().set(elector.gauge, &[], 0.0);
         tracing::info!(lease = %elector.lease_ref(), identity = %elector.config.identity, "stepped down: shutting down");
     }
     let bound = elector.config.lease_duration;

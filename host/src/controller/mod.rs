@@ -27,6 +27,8 @@ pub mod orphans;
 pub mod queue;
 pub mod rollout;
 pub(crate) mod route;
+pub mod shard;
+mod sharder;
 mod truth;
 mod worker;
 
@@ -228,6 +230,8 @@ pub struct Operator {
     collected: Arc<orphans::Collected>,
     /// Routing and counts of the plugin rollouts (see [`crate::rollout`]).
     rollouts: Arc<crate::rollout::Rollouts>,
+    /// This replica as a shard (`wasmop run --sharding`; see [`shard`]).
+    sharding: std::sync::OnceLock<Arc<shard::Sharding>>,
 }
 
 impl std::fmt::Debug for Operator {
@@ -269,6 +273,7 @@ impl Operator {
             echoes: echo::Echoes::default(),
             collected: Arc::default(),
             rollouts: Arc::default(),
+            sharding: std::sync::OnceLock::new(),
         });
         (op, changes)
     }
@@ -472,6 +477,7 @@ impl Operator {
                 resource: api_resource(&c.primary),
                 namespaced: c.primary.namespaced,
                 managed_only: false,
+                selector: self.primary_selector(c, &manifest.controllers),
             }));
             let required = c.required_kinds();
             // Secrets named by a field are read by name, not watched.
@@ -480,6 +486,7 @@ impl Operator {
                     resource: api_resource(&r.kind),
                     namespaced: r.kind.namespaced,
                     managed_only: false,
+                    selector: None,
                 });
                 if required.iter().any(|k| k.same_type(&r.kind)) {
                     caches.push(cache);
@@ -495,6 +502,7 @@ impl Operator {
                     resource: api_resource(&o.kind),
                     namespaced: o.kind.namespaced,
                     managed_only: !read_elsewhere,
+                    selector: None,
                 });
                 if required.iter().any(|k| k.same_type(&o.kind)) {
                     caches.push(cache);

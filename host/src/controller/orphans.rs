@@ -42,7 +42,9 @@
 //!   elsewhere). For either, an owner the watch cache holds counts as
 //!   alive without a read, so a sweep reads only for the objects whose
 //!   owner the cache lacks;
-//! - this replica may write (leader), and the delete carries the UID and
+//! - this replica may write (the leader for a sweep; for a refusal, the
+//!   fence of the refused primary's own writes, which with sharding is
+//!   its shard's), and the delete carries the UID and
 //!   resourceVersion the object was judged at, so a changed or re-created
 //!   object is not deleted;
 //! - the plugin's per-minute deletion budget (`maxDeletesPerMinute`) has
@@ -401,7 +403,13 @@ impl Operator {
         if self.owner_alive(&claim, live).await {
             return Ok((Outcome::Left, String::new()));
         }
-        if !crate::controller::leader::may_write(&self.leader, &self.lease_until) {
+        // A sweep is the leader's; a refusal's collection is the fence of
+        // the refused primary's writes (with sharding, its shard's term).
+        let may_write = match self.shard_for(a).filter(|_| found_by == "refusal") {
+            Some(s) => s.in_term(),
+            None => crate::controller::leader::may_write(&self.leader, &self.lease_until),
+        };
+        if !may_write {
             return Ok((Outcome::Left, String::new()));
         }
         // claim_of found the kind among the controllers' owned kinds.
@@ -464,9 +472,7 @@ impl Operator {
         violations: &[Violation],
     ) -> bool {
         let refused = refused_applies(plan, violations);
-        if refused.is_empty()
-            || !crate::controller::leader::may_write(&self.leader, &self.lease_until)
-        {
+        if refused.is_empty() || !self.may_write_for(a, &super::route::key_of(&a.id, primary)) {
             return false;
         }
         let actives = self.plugin_controllers(a.plugin.name());

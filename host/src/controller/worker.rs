@@ -188,6 +188,18 @@ impl Operator {
                 .remove(key);
             return;
         };
+        if let Some(s) = self.shard_for(&a) {
+            match s.standing(&crate::controller::shard::labels_of(&primary)) {
+                crate::controller::shard::Standing::Mine => {}
+                crate::controller::shard::Standing::Draining => {
+                    self.acknowledge_drain(&a, key, &primary).await;
+                    return;
+                }
+                // Another shard's (the cache is not filtered, or the
+                // label changed): nothing to do here.
+                crate::controller::shard::Standing::NotMine => return,
+            }
+        }
         // A rollout may route this primary to the candidate (see
         // `rollout.rs`): chosen once, for the whole reconcile.
         let a = self.routed(&a, &primary);
@@ -334,9 +346,15 @@ impl Operator {
             Decision::Planned { plan, judgement } => {
                 tracing::debug!(primary = %key, plugin_version = %a.plugin.version(), ?elapsed,
                     applied = plan.apply.len(), deleted = plan.delete.len(), "plan");
-                if !crate::controller::leader::may_write(&self.leader, &self.lease_until) {
+                if !self.may_write_for(a, key) {
                     return;
                 }
+                let shard = self.shard_for(a);
+                let owns = || self.may_write_for(a, key);
+                let (leader, lease_until) = match shard {
+                    Some(s) => (&*s.flag, &*s.until),
+                    None => (&*self.leader, &*self.lease_until),
+                };
                 // The objects as cached, to skip applies that change nothing.
                 let current = CacheSource {
                     cache: Arc::clone(&self.cache),
@@ -347,8 +365,12 @@ impl Operator {
                     plugin: &a.plugin,
                     writer: &a.writer,
                     primary_resource: &a.primary_resource,
-                    leader: &self.leader,
-                    lease_until: &self.lease_until,
+                    leader,
+                    lease_until,
+                    shard: shard.map(|sharding| execute::ShardFence {
+                        sharding,
+                        owns: &owns,
+                    }),
                     budgets: &self.deletion_budgets,
                     current: Some(&current),
                     written: Some(&super::echo::EchoLog {
@@ -393,7 +415,7 @@ impl Operator {
                         // HTTP calls are writes to the outside world: only
                         // while this replica still leads.
                         if !plan.http_requests.is_empty()
-                            && crate::controller::leader::may_write(&self.leader, &self.lease_until)
+                            && self.may_write_for(a, key)
                             && let Some(snapshot) = snapshot
                         {
                             // Each object with the kind of the read that
@@ -680,7 +702,7 @@ impl Operator {
         tracing::warn!(primary = %key, plugin_version = %a.plugin.version(), reason,
             message = %report::cap(message, report::MAX_CONDITION_MESSAGE), retry_in = ?delay,
             "reconcile failed");
-        if crate::controller::leader::may_write(&self.leader, &self.lease_until) {
+        if self.may_write_for(a, key) {
             report::failure(
                 &a.writer,
                 &a.primary_resource,

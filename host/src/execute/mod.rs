@@ -115,6 +115,11 @@ pub struct Target<'a> {
     /// The local-clock end of the Lease term (see
     /// [`crate::controller::leader::LeaseDeadline`]).
     pub lease_until: &'a std::sync::Mutex<Option<std::time::Instant>>,
+    /// With sharding: this shard, and whether the primary is still
+    /// assigned to it (no drain mark), as its watch shows it now; checked
+    /// before every write with `leader` and `lease_until` (which are then
+    /// the shard Lease's), and the deletion budget is this shard's share.
+    pub shard: Option<ShardFence<'a>>,
     /// The operator's per-minute deletion budgets, by plugin.
     pub budgets: &'a DeletionBudgets,
     /// Where the objects as judged are read from, to skip applies that
@@ -124,6 +129,23 @@ pub struct Target<'a> {
     /// with the resourceVersion the API server answered; `None` tells no
     /// one. Dry runs tell no one either.
     pub written: Option<&'a dyn WriteLog>,
+}
+
+/// The shard a plan is executed by (see [`crate::controller::shard`]).
+#[derive(Clone, Copy)]
+pub struct ShardFence<'a> {
+    /// This shard.
+    pub sharding: &'a crate::controller::shard::Sharding,
+    /// True while the primary is assigned to this shard and not draining.
+    pub owns: &'a (dyn Fn() -> bool + Sync),
+}
+
+impl std::fmt::Debug for ShardFence<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardFence")
+            .field("shard", &self.sharding.identity)
+            .finish()
+    }
 }
 
 /// Where [`execute`] reports the writes it makes: the object's kind,
@@ -243,7 +265,9 @@ pub struct Executed {
 }
 
 fn still_leader(t: &Target<'_>) -> Result<(), ExecuteError> {
-    if crate::controller::leader::may_write(t.leader, t.lease_until) {
+    if crate::controller::leader::may_write(t.leader, t.lease_until)
+        && t.shard.is_none_or(|s| (s.owns)())
+    {
         // Right before each write of a plan: the chaos soak's crash point.
         failpoint::before_write(t.writer.is_dry_run());
         Ok(())
@@ -285,7 +309,10 @@ async fn execute_plan(
         .reserve(
             t.plugin.name(),
             plan.delete.len(),
-            limits.max_deletes_per_minute,
+            match t.shard {
+                Some(s) => s.sharding.deletion_share(limits.max_deletes_per_minute),
+                None => limits.max_deletes_per_minute,
+            },
         )
         .map_err(|v| ExecuteError::Rejected(vec![v]))?;
     if limits.dry_run_first {

@@ -71,6 +71,32 @@ pub struct WatchSpec {
     pub namespaced: bool,
     /// Watch only objects the host manages (owned kinds no controller reads).
     pub managed_only: bool,
+    /// Watch only objects matching this label selector as well (a shard's
+    /// primaries, `shard.wasmop.dev/shard=<shard>`); `None`: no such filter.
+    pub selector: Option<String>,
+}
+
+impl WatchSpec {
+    /// True when a cache watched as `self` holds every object `wanted`
+    /// asks for (it is no more filtered).
+    fn covers(&self, wanted: &WatchSpec) -> bool {
+        (!self.managed_only || wanted.managed_only)
+            && (self.selector.is_none() || self.selector == wanted.selector)
+    }
+
+    /// The least filtered of `self` and `other`.
+    fn union(&self, other: &WatchSpec) -> WatchSpec {
+        WatchSpec {
+            resource: other.resource.clone(),
+            namespaced: other.namespaced,
+            managed_only: self.managed_only && other.managed_only,
+            selector: if self.selector == other.selector {
+                other.selector.clone()
+            } else {
+                None
+            },
+        }
+    }
 }
 
 /// One change of one object in the cache. `old` is absent for a new object,
@@ -377,15 +403,12 @@ impl Cache {
             &spec.resource.kind,
         );
         let mut kinds = self.kinds.write().expect("cache lock");
-        let upgrading = match kinds.get(&key) {
-            Some((existing, _))
-                if existing.spec.managed_only == spec.managed_only
-                    || !existing.spec.managed_only =>
-            {
+        let (upgrading, spec) = match kinds.get(&key) {
+            Some((existing, _)) if existing.spec.covers(&spec) => {
                 return existing.clone();
             }
-            Some(_) => true,
-            None => false,
+            Some((existing, _)) => (true, existing.spec.union(&spec)),
+            None => (false, spec),
         };
         if upgrading {
             let mut pending = self.pending.lock().expect("pending lock");
@@ -598,8 +621,13 @@ async fn run_watch(
         None => Api::all_with(client, &kc.spec.resource),
     };
     let mut config = watcher::Config::default();
+    let mut selectors = Vec::new();
     if kc.spec.managed_only {
-        config = config.labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"));
+        selectors.push(format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"));
+    }
+    selectors.extend(kc.spec.selector.clone());
+    if !selectors.is_empty() {
+        config = config.labels(&selectors.join(","));
     }
     let kind = kc.key.to_string();
     let scope_name = scope.as_deref().unwrap_or("");
@@ -976,6 +1004,33 @@ mod tests {
         assert_eq!(d.by_owner.get("q").map(Vec::len), Some(1));
     }
 
+    #[test]
+    fn a_filtered_watch_never_serves_a_less_filtered_need() {
+        let ar = ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk("", "v1", "ConfigMap"));
+        let spec = |managed_only: bool, selector: Option<&str>| WatchSpec {
+            resource: ar.clone(),
+            namespaced: true,
+            managed_only,
+            selector: selector.map(str::to_owned),
+        };
+        let whole = spec(false, None);
+        let shard = spec(false, Some("s=a"));
+        let other = spec(false, Some("s=b"));
+        let managed = spec(true, None);
+        assert!(whole.covers(&shard) && whole.covers(&managed));
+        assert!(shard.covers(&shard));
+        assert!(!shard.covers(&whole), "a shard's watch lacks the others'");
+        assert!(!shard.covers(&other));
+        assert!(!managed.covers(&whole));
+        let u = shard.union(&other);
+        assert!(
+            u.selector.is_none() && !u.managed_only,
+            "two shards need it whole"
+        );
+        let u = managed.union(&shard);
+        assert!(u.covers(&managed) && u.covers(&shard));
+    }
+
     /// An empty cache of namespaced ConfigMaps.
     fn cm_cache(ar: &ApiResource) -> KindCache {
         KindCache::new(
@@ -984,6 +1039,7 @@ mod tests {
                 resource: ar.clone(),
                 namespaced: true,
                 managed_only: false,
+                selector: None,
             },
         )
     }

@@ -424,6 +424,7 @@ async fn memory_child(mode: &str, ns: &str, n: usize) -> Result<()> {
                     resource,
                     namespaced: true,
                     managed_only: false,
+                    selector: None,
                 });
                 held.push(kc);
             }

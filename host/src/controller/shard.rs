@@ -1,0 +1,576 @@
+//! Sharding primaries across operator replicas (`wasmop run --sharding`).
+//!
+//! Without sharding every replica watches and plans everything and only
+//! the leader writes. With it, each replica is a *shard*: it holds a Lease
+//! of its own, `wasmop-shard-<identity>` in the operator's namespace, and
+//! reconciles only the primaries assigned to it.
+//!
+//! - **Membership.** A shard is live while its Lease is held and renewed
+//!   within its duration (the same [`super::leader`] protocol,
+//!   on a Lease nobody else takes). A shard whose Lease expired is gone.
+//! - **Assignment.** The acting leader (the *sharder*) puts every primary
+//!   of every per-object controller on a consistent-hash [`Ring`] of the
+//!   live shards (virtual nodes, keyed by the primary's UID) and writes
+//!   the result on the primary as the label [`SHARD_LABEL`]` = <shard>`.
+//!   Each shard watches its primary kinds with the label selector
+//!   `SHARD_LABEL=<itself>`, so its primary caches hold about 1/N of the
+//!   primaries. A primary's owned objects are reconciled with it, by the
+//!   shard that owns the primary.
+//! - **Hand-over, drain then assign.** A primary whose owner is live but
+//!   no longer its place on the ring is asked to move: the sharder adds
+//!   [`DRAIN_LABEL`]. The owner's next reconcile of it (never concurrent
+//!   with a running one: the work queue runs one reconcile per primary at
+//!   a time) writes nothing but the acknowledgement, removing
+//!   [`SHARD_LABEL`]. Only then, or once the owner's Lease expired, does
+//!   the sharder assign the primary to its new shard (and remove the drain
+//!   mark). Every label write of the sharder and of the acknowledgement
+//!   carries the resourceVersion it was judged at, so a race is a
+//!   conflict, tried again in the next round.
+//!
+//! This module is the model every write checks (the ring, the Lease, the
+//! standing of a primary, the label writes); the sharder's rounds and the
+//! acknowledgement on the operator are in `controller/sharder.rs`.
+//!
+//! # Guarantees
+//! - **Per-write fence.** Every write of a shard's plan (and its failure
+//!   reports and HTTP requests) is made only while (a) its shard Lease
+//!   term runs by the local clock (as the leader fence does) and (b) the
+//!   primary, as its watch last showed it, carries `SHARD_LABEL=<this
+//!   shard>` and no [`DRAIN_LABEL`]. A drain mark seen mid-plan stops the
+//!   rest of the plan.
+//! - **A shard that lost its term stops.** When the shard Lease term ends
+//!   without a shutdown (renewals failed for a whole lease duration, or
+//!   the process was frozen), the process exits (code 3): its caches may
+//!   be stale and the sharder may have given its primaries away, so it
+//!   must not act on them again. Its Deployment restarts it with fresh
+//!   caches; its primaries have been re-homed by then.
+//! - Kind-scoped controllers (one call over the whole kind) are not
+//!   sharded: their primaries carry no shard label, their caches are
+//!   whole, and only the leader writes for them, as without sharding.
+//!
+//! # Caveats
+//! - Only the primary caches are split. Owned and read kinds are watched
+//!   whole by every shard (owned kinds already only as the objects the
+//!   host manages).
+//! - The sharder lists the metadata of every primary once per round
+//!   (every third of the shard lease duration), and a new primary waits
+//!   for the next round to be reconciled.
+//! - HTTP requests a plan started before its primary was drained run to
+//!   their end; their results stay with the old shard.
+//! - Deletion budgets (`maxDeletesPerMinute`) are kept per shard: each
+//!   shard enforces the plugin's budget divided by the number of live
+//!   shards it last saw (rounded up, at least 1), so the cluster-wide sum
+//!   stays within the budget as long as membership is steady.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use super::leader::{self, LeaseDeadline};
+
+/// Label on a primary naming the shard that reconciles it.
+pub const SHARD_LABEL: &str = "shard.wasmop.dev/shard";
+
+/// Label the sharder puts on a primary whose owner must give it up.
+pub const DRAIN_LABEL: &str = "shard.wasmop.dev/drain";
+
+/// Prefix of the shard Leases' names: `wasmop-shard-<identity>`.
+pub const SHARD_LEASE_PREFIX: &str = "wasmop-shard-";
+
+/// Field manager of the sharder's label writes.
+pub const SHARDER_MANAGER: &str = "wasmop-sharder";
+
+/// Field manager of a shard's drain acknowledgements.
+pub const SHARD_MANAGER: &str = "wasmop-shard";
+
+/// Virtual nodes per shard on the ring.
+pub const VIRTUAL_NODES: usize = 128;
+
+/// Label writes the sharder has in flight at once.
+pub const MOVE_WRITES: usize = 16;
+
+/// Exit code of a shard whose Lease term ended without a shutdown.
+pub const LOST_TERM_EXIT_CODE: i32 = 3;
+
+/// The shard Lease's name for `identity`.
+pub fn lease_name(identity: &str) -> String {
+    format!("{SHARD_LEASE_PREFIX}{identity}")
+}
+
+/// Checks that `identity` can name a shard: a label value and, prefixed, a
+/// Lease name (lower-case letters, digits, `-` and `.`, starting and
+/// ending with a letter or digit, at most 63 characters).
+///
+/// # Errors
+/// A sentence saying what is wrong.
+pub fn check_identity(identity: &str) -> Result<(), String> {
+    let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
+    let alnum = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    if identity.is_empty() || identity.len() > 63 {
+        return Err(format!(
+            "shard identity {identity:?} must be 1 to 63 characters (set POD_NAME)"
+        ));
+    }
+    if !identity.chars().all(ok_char)
+        || !alnum(identity.chars().next())
+        || !alnum(identity.chars().last())
+    {
+        return Err(format!(
+            "shard identity {identity:?} must be lower-case letters, digits, '-' and '.', \
+             starting and ending with a letter or digit (set POD_NAME)"
+        ));
+    }
+    Ok(())
+}
+
+fn hash(text: &str) -> u64 {
+    let digest = Sha256::digest(text.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    u64::from_be_bytes(first)
+}
+
+/// A consistent-hash ring of shards with [`VIRTUAL_NODES`] points each.
+/// Adding or removing one shard moves only the keys of the arcs it gains
+/// or loses (about 1/N of them).
+#[derive(Debug, Clone)]
+pub struct Ring {
+    points: Vec<(u64, Arc<str>)>,
+}
+
+impl Ring {
+    /// The ring of `shards` (duplicates count once).
+    pub fn new<'a>(shards: impl IntoIterator<Item = &'a str>) -> Self {
+        let unique: BTreeSet<&str> = shards.into_iter().collect();
+        let mut points = Vec::with_capacity(unique.len() * VIRTUAL_NODES);
+        for s in unique {
+            let name: Arc<str> = s.into();
+            for v in 0..VIRTUAL_NODES {
+                points.push((hash(&format!("{s}#{v}")), name.clone()));
+            }
+        }
+        points.sort();
+        Self { points }
+    }
+
+    /// The shard of `key` (a primary's UID); `None` on an empty ring.
+    pub fn shard_of(&self, key: &str) -> Option<&str> {
+        if self.points.is_empty() {
+            return None;
+        }
+        let h = hash(key);
+        let i = self.points.partition_point(|(p, _)| *p < h) % self.points.len();
+        Some(&self.points[i].1)
+    }
+}
+
+/// What the sharder does with one primary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Move {
+    /// Nothing: it is where it belongs (or waits for its owner's
+    /// acknowledgement).
+    Keep,
+    /// Assign it to this shard (no owner, or its owner is gone), removing
+    /// any drain mark.
+    Assign(String),
+    /// Ask its live owner to give it up.
+    Drain,
+    /// Its owner is where it belongs again: remove the drain mark.
+    Undrain,
+}
+
+/// Decides the [`Move`] of a primary labelled with `owner` (and the drain
+/// mark when `draining`), whose place on the ring is `desired`, given the
+/// `live` shards.
+pub fn plan_move(
+    owner: Option<&str>,
+    draining: bool,
+    desired: &str,
+    live: &BTreeSet<String>,
+) -> Move {
+    match owner.filter(|o| !o.is_empty()) {
+        None => Move::Assign(desired.to_owned()),
+        Some(o) if !live.contains(o) => Move::Assign(desired.to_owned()),
+        Some(o) if o == desired => {
+            if draining {
+                Move::Undrain
+            } else {
+                Move::Keep
+            }
+        }
+        Some(_) if draining => Move::Keep,
+        Some(_) => Move::Drain,
+    }
+}
+
+/// The live shards among the Leases of the operator's namespace: those
+/// named `wasmop-shard-<holder>` whose holder renewed within the lease
+/// duration at `now`.
+pub fn live_shards(leases: &[Lease], now: jiff::Timestamp, default: Duration) -> BTreeSet<String> {
+    leases
+        .iter()
+        .filter_map(|l| {
+            let name = l.metadata.name.as_deref()?;
+            let id = name.strip_prefix(SHARD_LEASE_PREFIX)?;
+            let spec = l.spec.as_ref()?;
+            let holder = spec.holder_identity.as_deref()?;
+            let expires = leader::expiry(spec, default)?;
+            (holder == id && expires > now).then(|| id.to_owned())
+        })
+        .collect()
+}
+
+/// How a shard stands to one primary, from its labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// Assigned to this shard and not draining: it may write.
+    Mine,
+    /// Assigned to this shard but asked to move: acknowledge, write nothing.
+    Draining,
+    /// Not this shard's.
+    NotMine,
+}
+
+/// This replica as a shard: its identity and its Lease term, kept by the
+/// shard Lease loop.
+#[derive(Debug)]
+pub struct Sharding {
+    /// The shard's name (its Lease holder identity and label value).
+    pub identity: String,
+    /// Namespace of the shard Leases.
+    pub namespace: String,
+    /// The shard Lease duration.
+    pub lease_duration: Duration,
+    /// True while this replica holds its shard Lease.
+    pub flag: Arc<AtomicBool>,
+    /// The local-clock end of its term.
+    pub until: LeaseDeadline,
+    /// Live shards the sharder or this shard last counted (at least 1),
+    /// for the split deletion budget.
+    pub live: AtomicUsize,
+}
+
+impl Sharding {
+    /// A shard named `identity` with its Lease in `namespace`.
+    pub fn new(identity: String, namespace: String, lease_duration: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            identity,
+            namespace,
+            lease_duration,
+            flag: Arc::new(AtomicBool::new(false)),
+            until: Arc::new(std::sync::Mutex::new(None)),
+            live: AtomicUsize::new(1),
+        })
+    }
+
+    /// The label selector of this shard's primary watches.
+    pub fn selector(&self) -> String {
+        format!("{SHARD_LABEL}={}", self.identity)
+    }
+
+    /// How this shard stands to a primary with `labels`.
+    pub fn standing(&self, labels: &BTreeMap<String, String>) -> Standing {
+        if labels.get(SHARD_LABEL).map(String::as_str) != Some(self.identity.as_str()) {
+            Standing::NotMine
+        } else if labels.contains_key(DRAIN_LABEL) {
+            Standing::Draining
+        } else {
+            Standing::Mine
+        }
+    }
+
+    /// True while the shard's Lease term runs.
+    pub fn in_term(&self) -> bool {
+        leader::may_write(&self.flag, &self.until)
+    }
+
+    /// The plugin's per-minute deletion budget as this shard enforces it:
+    /// split evenly over the live shards, rounded up, at least 1 (0 stays
+    /// 0: no deletes at all).
+    pub fn deletion_share(&self, budget: usize) -> usize {
+        if budget == 0 {
+            return 0;
+        }
+        budget
+            .div_ceil(self.live.load(Ordering::Relaxed).max(1))
+            .max(1)
+    }
+}
+
+/// The labels of an object as JSON.
+pub fn labels_of(obj: &serde_json::Value) -> BTreeMap<String, String> {
+    obj.pointer("/metadata/labels")
+        .and_then(serde_json::Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What one sharder round did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Round {
+    /// Live shards.
+    pub live: usize,
+    /// Primaries looked at.
+    pub primaries: usize,
+    /// Label writes by kind of move.
+    pub assigned: usize,
+    /// Drain marks put.
+    pub drained: usize,
+    /// Drain marks removed.
+    pub undrained: usize,
+    /// Writes that met a conflict or failed (tried again next round).
+    pub failed: usize,
+}
+
+/// The live shards, read from the API server.
+///
+/// # Errors
+/// When the Leases cannot be listed.
+pub async fn read_live(
+    client: &kube::Client,
+    s: &Sharding,
+) -> Result<BTreeSet<String>, kube::Error> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &s.namespace);
+    let list = leases.list(&ListParams::default()).await?;
+    Ok(live_shards(
+        &list.items,
+        jiff::Timestamp::now(),
+        s.lease_duration,
+    ))
+}
+
+/// Writes a move's labels on a primary, with the resourceVersion it was
+/// judged at.
+pub(crate) async fn write_move(
+    api: &Api<kube::api::DynamicObject>,
+    name: &str,
+    resource_version: &str,
+    m: &Move,
+) -> Result<(), kube::Error> {
+    let labels = match m {
+        Move::Keep => return Ok(()),
+        Move::Assign(to) => json!({ SHARD_LABEL: to, DRAIN_LABEL: null }),
+        Move::Drain => json!({ DRAIN_LABEL: "true" }),
+        Move::Undrain => json!({ DRAIN_LABEL: null }),
+    };
+    let patch = json!({"metadata": {"resourceVersion": resource_version, "labels": labels}});
+    api.patch(
+        name,
+        &PatchParams {
+            field_manager: Some(SHARDER_MANAGER.to_owned()),
+            ..PatchParams::default()
+        },
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map(|_| ())
+}
+
+/// The acknowledgement of a drain: the shard label removed, at the
+/// resourceVersion the shard saw the drain mark at.
+pub(crate) async fn acknowledge(
+    api: &Api<kube::api::DynamicObject>,
+    name: &str,
+    resource_version: &str,
+) -> Result<(), kube::Error> {
+    let patch =
+        json!({"metadata": {"resourceVersion": resource_version, "labels": { SHARD_LABEL: null }}});
+    api.patch(
+        name,
+        &PatchParams {
+            field_manager: Some(SHARD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        },
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map(|_| ())
+}
+
+/// Counts of primaries per shard label value (`""` for none), for logs.
+pub fn tally<'a>(owners: impl IntoIterator<Item = Option<&'a str>>) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for o in owners {
+        *out.entry(o.unwrap_or_default().to_owned()).or_insert(0) += 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+
+    fn uids(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("uid-{i:05}")).collect()
+    }
+
+    #[test]
+    fn ring_spreads_keys_about_evenly() {
+        let ring = Ring::new(["a", "b", "c", "d"]);
+        let counts = tally(uids(10_000).iter().map(|u| ring.shard_of(u)));
+        assert_eq!(counts.len(), 4, "{counts:?}");
+        for (shard, n) in &counts {
+            assert!(
+                (1_700..=3_300).contains(n),
+                "{shard} got {n} of 10000: {counts:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn adding_a_shard_moves_only_keys_to_the_new_shard() {
+        let before = Ring::new(["a", "b", "c"]);
+        let after = Ring::new(["a", "b", "c", "d"]);
+        let keys = uids(10_000);
+        let mut moved = 0;
+        for k in &keys {
+            let (x, y) = (before.shard_of(k).unwrap(), after.shard_of(k).unwrap());
+            if x != y {
+                assert_eq!(y, "d", "{k} moved from {x} to {y}, not to the new shard");
+                moved += 1;
+            }
+        }
+        assert!((1_500..=3_500).contains(&moved), "{moved} keys moved");
+    }
+
+    #[test]
+    fn removing_a_shard_moves_only_its_keys() {
+        let before = Ring::new(["a", "b", "c"]);
+        let after = Ring::new(["a", "c"]);
+        for k in &uids(5_000) {
+            let (x, y) = (before.shard_of(k).unwrap(), after.shard_of(k).unwrap());
+            if x != "b" {
+                assert_eq!(x, y, "{k} of a live shard moved");
+            }
+        }
+    }
+
+    #[test]
+    fn ring_is_the_same_whatever_the_order_and_empty_has_no_shard() {
+        let a = Ring::new(["x", "y", "z"]);
+        let b = Ring::new(["z", "x", "y", "x"]);
+        for k in &uids(500) {
+            assert_eq!(a.shard_of(k), b.shard_of(k));
+        }
+        assert_eq!(Ring::new([]).shard_of("k"), None);
+    }
+
+    fn live(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn an_unassigned_primary_or_one_of_a_gone_shard_is_assigned_at_once() {
+        let l = live(&["a", "b"]);
+        assert_eq!(plan_move(None, false, "a", &l), Move::Assign("a".into()));
+        assert_eq!(plan_move(Some(""), true, "b", &l), Move::Assign("b".into()));
+        assert_eq!(
+            plan_move(Some("gone"), false, "b", &l),
+            Move::Assign("b".into())
+        );
+        assert_eq!(
+            plan_move(Some("gone"), true, "a", &l),
+            Move::Assign("a".into())
+        );
+    }
+
+    #[test]
+    fn a_live_owner_is_asked_to_drain_and_never_overwritten() {
+        let l = live(&["a", "b"]);
+        assert_eq!(plan_move(Some("a"), false, "b", &l), Move::Drain);
+        assert_eq!(
+            plan_move(Some("a"), true, "b", &l),
+            Move::Keep,
+            "waits for the acknowledgement"
+        );
+        assert_eq!(plan_move(Some("b"), false, "b", &l), Move::Keep);
+        assert_eq!(plan_move(Some("b"), true, "b", &l), Move::Undrain);
+    }
+
+    fn lease(name: &str, holder: Option<&str>, renewed_secs_ago: i64) -> Lease {
+        let now = jiff::Timestamp::now();
+        Lease {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(str::to_owned),
+                lease_duration_seconds: Some(10),
+                renew_time: Some(MicroTime(
+                    now.checked_sub(jiff::SignedDuration::from_secs(renewed_secs_ago))
+                        .unwrap(),
+                )),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn live_shards_are_held_unexpired_shard_leases_named_after_their_holder() {
+        let leases = vec![
+            lease("wasmop-shard-a", Some("a"), 1),
+            lease("wasmop-shard-b", Some("b"), 20),
+            lease("wasmop-shard-c", None, 1),
+            lease("wasmop-shard-d", Some("e"), 1),
+            lease("wasmop-leader", Some("f"), 1),
+        ];
+        assert_eq!(
+            live_shards(&leases, jiff::Timestamp::now(), Duration::from_secs(10)),
+            live(&["a"])
+        );
+    }
+
+    #[test]
+    fn standing_needs_my_label_and_no_drain_mark() {
+        let s = Sharding::new("a".into(), "ns".into(), Duration::from_secs(2));
+        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(s.standing(&labels(&[(SHARD_LABEL, "a")])), Standing::Mine);
+        assert_eq!(
+            s.standing(&labels(&[(SHARD_LABEL, "a"), (DRAIN_LABEL, "true")])),
+            Standing::Draining
+        );
+        assert_eq!(
+            s.standing(&labels(&[(SHARD_LABEL, "b")])),
+            Standing::NotMine
+        );
+        assert_eq!(s.standing(&labels(&[])), Standing::NotMine);
+    }
+
+    #[test]
+    fn deletion_budget_is_split_over_live_shards_rounded_up() {
+        let s = Sharding::new("a".into(), "ns".into(), Duration::from_secs(2));
+        assert_eq!(s.deletion_share(10), 10);
+        s.live.store(3, Ordering::Relaxed);
+        assert_eq!(s.deletion_share(10), 4);
+        assert_eq!(s.deletion_share(1), 1);
+        assert_eq!(s.deletion_share(0), 0);
+    }
+
+    #[test]
+    fn identities_that_cannot_name_a_lease_or_label_are_refused() {
+        assert!(check_identity("wasmop-7d9f-x2").is_ok());
+        assert!(check_identity("Host-12").is_err());
+        assert!(check_identity("-a").is_err());
+        assert!(check_identity("a_b").is_err());
+        assert!(check_identity(&"a".repeat(64)).is_err());
+        assert!(check_identity("").is_err());
+    }
+}

@@ -1,0 +1,692 @@
+//! Sharding against the real local control plane: real `wasmop run
+//! --leader-elect --sharding` processes, each a shard with its own Lease
+//! (2 s), the leader assigning Widgets (`good` plugin: Widget → ConfigMap
+//! `<name>-cm`) or Fanouts (`fanout` plugin: many ConfigMaps per plan) by
+//! the label `shard.wasmop.dev/shard`.
+//!
+//! Covered: a shard joining (primaries spread as the ring says, each
+//! reconciled by its owner only), a shard leaving gracefully and one
+//! crashing (its primaries re-homed within a lease duration plus 5 s), a
+//! shard frozen past its Lease and thawed (it writes nothing for the
+//! primaries it lost and exits), a primary moving while its plan runs
+//! (the old shard stops mid-plan and acknowledges before the new owner
+//! writes), shard labels a user wrote, an identity that cannot name a
+//! shard, and a hot swap reaching every shard.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value, json};
+use wasmop::controller::shard::{DRAIN_LABEL, Ring, SHARD_LABEL, lease_name};
+use wasmop_tests::operator::plugin_path;
+use wasmop_tests::{TestNamespace, apply_test_crds, kubeconfig_path, wait_for, wasmop_bin};
+
+/// Lease duration of the leader and shard Leases.
+const LEASE: Duration = Duration::from_secs(2);
+/// The bound for re-homing: one lease duration plus 5 s.
+const REHOME_BOUND: Duration = Duration::from_secs(2 + 5);
+/// Bound for anything else to happen (process start, convergence).
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// One `wasmop run --sharding` process.
+struct Shard {
+    identity: String,
+    child: tokio::process::Child,
+    pid: u32,
+    log: PathBuf,
+}
+
+impl Shard {
+    async fn start(ns: &TestNamespace, work: &Path, identity: &str) -> Result<Self> {
+        let log = work.join(format!("{identity}.log"));
+        let file = std::fs::File::create(&log)?;
+        let child = tokio::process::Command::new(wasmop_bin()?)
+            .args(["--log-format", "json", "run", "--plugins"])
+            .arg(work.join("plugins"))
+            .arg("--kubeconfig")
+            .arg(kubeconfig_path())
+            .args(["--namespace", &ns.name])
+            .args(["--leader-elect", "--leader-election-namespace", &ns.name])
+            .args(["--lease-duration-ms", &LEASE.as_millis().to_string()])
+            .args(["--sharding", "--poll-interval-ms", "500"])
+            .env("POD_NAME", identity)
+            .env_remove("POD_NAMESPACE")
+            .env("WASMOP_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(file))
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting wasmop")?;
+        let pid = child.id().context("pid")?;
+        Ok(Self {
+            identity: identity.to_owned(),
+            child,
+            pid,
+            log,
+        })
+    }
+
+    fn signal(&self, sig: &str) -> Result<()> {
+        let status = std::process::Command::new("kill")
+            .args([&format!("-{sig}"), &self.pid.to_string()])
+            .status()?;
+        if !status.success() {
+            bail!("kill -{sig} {} failed", self.pid);
+        }
+        Ok(())
+    }
+
+    /// Waits for the process to end; its exit code.
+    async fn exited(&mut self, deadline: Duration) -> Result<Option<i32>> {
+        let status = tokio::time::timeout(deadline, self.child.wait())
+            .await
+            .context("the shard did not exit")??;
+        Ok(status.code())
+    }
+
+    /// The JSON log lines so far.
+    fn lines(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+}
+
+/// Log lines of `shard` with message `msg` about primary `name`, after
+/// the first `skip` lines.
+fn said(shard: &Shard, skip: usize, msg: &str, name: &str) -> Vec<Value> {
+    shard
+        .lines()
+        .into_iter()
+        .skip(skip)
+        .filter(|l| l["msg"] == msg && l["name"] == name)
+        .collect()
+}
+
+fn ts(line: &Value) -> jiff::Timestamp {
+    line["ts"]
+        .as_str()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(jiff::Timestamp::MAX)
+}
+
+/// A namespace, the test CRDs and a plugin directory holding `plugin`.
+async fn setup(prefix: &str, plugin: &str) -> Result<(TestNamespace, PathBuf)> {
+    let ns = TestNamespace::new(prefix).await?;
+    apply_test_crds(&ns.client).await?;
+    let work = std::env::temp_dir().join(format!("wasmop-{}", ns.name));
+    std::fs::create_dir_all(work.join("plugins"))?;
+    std::fs::copy(
+        plugin_path(plugin)?,
+        work.join("plugins").join(format!("{plugin}.wasm")),
+    )?;
+    Ok((ns, work))
+}
+
+fn api(ns: &TestNamespace, kind: &str, plural: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("test.wasmop.dev", "v1", kind);
+    let ar = ApiResource::from_gvk_with_plural(&gvk, plural);
+    Api::namespaced_with(ns.client.clone(), &ns.name, &ar)
+}
+
+fn widgets(ns: &TestNamespace) -> Api<DynamicObject> {
+    api(ns, "Widget", "widgets")
+}
+
+fn label<'a>(o: &'a DynamicObject, key: &str) -> Option<&'a str> {
+    o.metadata.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+async fn create_widgets(ns: &TestNamespace, n: usize, value: &str) -> Result<()> {
+    for i in 0..n {
+        let w: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
+            "metadata": {"name": format!("w{i:02}")}, "spec": {"value": value},
+        }))?;
+        widgets(ns).create(&PostParams::default(), &w).await?;
+    }
+    Ok(())
+}
+
+async fn set_value(ns: &TestNamespace, names: &[String], value: &str) -> Result<()> {
+    for name in names {
+        widgets(ns)
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"value": value}})),
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+/// Widget name → its shard label, for every Widget.
+async fn owners(ns: &TestNamespace) -> Result<BTreeMap<String, (String, Option<String>)>> {
+    Ok(widgets(ns)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|w| {
+            (
+                w.metadata.name.clone().unwrap_or_default(),
+                (
+                    w.metadata.uid.clone().unwrap_or_default(),
+                    label(w, SHARD_LABEL).map(str::to_owned),
+                ),
+            )
+        })
+        .collect())
+}
+
+/// Waits until every Widget is labelled with its place on the ring of
+/// `shards`, carries no drain mark, and its ConfigMap holds `value`.
+async fn wait_placed(
+    ns: &TestNamespace,
+    shards: &[&str],
+    value: &str,
+    deadline: Duration,
+) -> Result<BTreeMap<String, String>> {
+    let ring = Ring::new(shards.iter().copied());
+    let cms: Api<ConfigMap> = ns.api();
+    wait_for("every Widget placed and converged", deadline, || async {
+        let mut placed = BTreeMap::new();
+        for w in widgets(ns).list(&ListParams::default()).await?.items {
+            let name = w.metadata.name.clone().unwrap_or_default();
+            let uid = w.metadata.uid.clone().unwrap_or_default();
+            let want = ring.shard_of(&uid).context("empty ring")?;
+            if label(&w, SHARD_LABEL) != Some(want) || label(&w, DRAIN_LABEL).is_some() {
+                bail!(
+                    "{name} labelled {:?}, wanted {want}",
+                    label(&w, SHARD_LABEL)
+                );
+            }
+            let cm = cms.get_opt(&format!("{name}-cm")).await?;
+            let got = cm
+                .as_ref()
+                .and_then(|c| c.data.as_ref()?.get("value").cloned());
+            if got.as_deref() != Some(value) {
+                bail!("{name}-cm holds {got:?}, wanted {value}");
+            }
+            placed.insert(name, want.to_owned());
+        }
+        Ok(Some(placed))
+    })
+    .await
+}
+
+/// The holder of the leader Lease.
+async fn leader(ns: &TestNamespace) -> Result<Option<String>> {
+    let lease = Api::<Lease>::namespaced(ns.client.clone(), &ns.name)
+        .get_opt("wasmop-leader")
+        .await?;
+    Ok(lease.and_then(|l| l.spec?.holder_identity))
+}
+
+/// Starts `a`, waits until it leads and owns `n` Widgets holding `value`.
+async fn first_shard(ns: &TestNamespace, work: &Path, a: &str, n: usize) -> Result<Shard> {
+    let shard = Shard::start(ns, work, a).await?;
+    wait_for("the first shard leads", DEADLINE, || async {
+        Ok((leader(ns).await?.as_deref() == Some(a)).then_some(()))
+    })
+    .await?;
+    create_widgets(ns, n, "v1").await?;
+    wait_placed(ns, &[a], "v1", DEADLINE).await?;
+    Ok(shard)
+}
+
+#[tokio::test]
+async fn a_joining_shard_takes_its_share_and_a_leaving_one_hands_it_back() -> Result<()> {
+    let (ns, work) = setup("shard-join", "good").await?;
+    let a = first_shard(&ns, &work, "shard-a", 12).await?;
+    let b = Shard::start(&ns, &work, "shard-b").await?;
+    let placed = wait_placed(&ns, &["shard-a", "shard-b"], "v1", DEADLINE).await?;
+    let on_b: Vec<String> = placed
+        .iter()
+        .filter(|(_, s)| *s == "shard-b")
+        .map(|(n, _)| n.clone())
+        .collect();
+    assert!(
+        !on_b.is_empty() && on_b.len() < placed.len(),
+        "the ring splits 12 Widgets over two shards: {placed:?}"
+    );
+    // Each moved Widget was given up by shard-a before shard-b took it.
+    for name in &on_b {
+        let ack = said(&a, 0, "drain acknowledged; primary given up", name);
+        assert_eq!(ack.len(), 1, "{name}: shard-a acknowledged once: {ack:?}");
+    }
+    // Edits are reconciled by the owner alone.
+    let (skip_a, skip_b) = (a.lines().len(), b.lines().len());
+    let all: Vec<String> = placed.keys().cloned().collect();
+    set_value(&ns, &all, "v2").await?;
+    wait_placed(&ns, &["shard-a", "shard-b"], "v2", DEADLINE).await?;
+    for (name, owner) in &placed {
+        let (mine, other) = if owner == "shard-a" {
+            (&a, &b)
+        } else {
+            (&b, &a)
+        };
+        assert!(
+            !said(
+                mine,
+                if owner == "shard-a" { skip_a } else { skip_b },
+                "reconciled",
+                name
+            )
+            .is_empty(),
+            "{name}: its owner {owner} reconciled the edit"
+        );
+        let skip = if owner == "shard-a" { skip_b } else { skip_a };
+        assert!(
+            said(other, skip, "reconciled", name).is_empty(),
+            "{name}: reconciled by {} too, which does not own it",
+            other.identity
+        );
+    }
+    // shard-b leaves gracefully: its Lease is released and its Widgets
+    // come back to shard-a within one lease duration plus 5 s.
+    let mut b = b;
+    b.signal("TERM")?;
+    assert_eq!(b.exited(DEADLINE).await?, Some(0), "a graceful stop");
+    let started = Instant::now();
+    wait_placed(&ns, &["shard-a"], "v2", REHOME_BOUND).await?;
+    eprintln!("re-homed after a leave in {:?}", started.elapsed());
+    set_value(&ns, &all, "v3").await?;
+    wait_placed(&ns, &["shard-a"], "v3", DEADLINE).await?;
+    drop(a);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_crashed_shards_primaries_are_rehomed_within_a_lease_and_five_seconds() -> Result<()> {
+    let (ns, work) = setup("shard-crash", "good").await?;
+    let a = first_shard(&ns, &work, "shard-a", 10).await?;
+    let mut b = Shard::start(&ns, &work, "shard-b").await?;
+    wait_placed(&ns, &["shard-a", "shard-b"], "v1", DEADLINE).await?;
+    b.signal("KILL")?;
+    b.exited(DEADLINE).await?;
+    let started = Instant::now();
+    wait_placed(&ns, &["shard-a"], "v1", REHOME_BOUND).await?;
+    eprintln!("re-homed after a crash in {:?}", started.elapsed());
+    let all: Vec<String> = owners(&ns).await?.keys().cloned().collect();
+    set_value(&ns, &all, "v2").await?;
+    wait_placed(&ns, &["shard-a"], "v2", DEADLINE).await?;
+    drop(a);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_shard_frozen_past_its_lease_writes_nothing_for_the_primaries_it_lost() -> Result<()> {
+    let (ns, work) = setup("shard-freeze", "good").await?;
+    let a = first_shard(&ns, &work, "shard-a", 10).await?;
+    let mut b = Shard::start(&ns, &work, "shard-b").await?;
+    let placed = wait_placed(&ns, &["shard-a", "shard-b"], "v1", DEADLINE).await?;
+    let lost: Vec<String> = placed
+        .iter()
+        .filter(|(_, s)| *s == "shard-b")
+        .map(|(n, _)| n.clone())
+        .collect();
+    assert!(!lost.is_empty(), "shard-b owns some Widgets: {placed:?}");
+    b.signal("STOP")?;
+    let frozen_lines = b.lines().len();
+    // Edited while shard-b still holds them: the events wait in its
+    // connections for the thaw, and would make it write `mid` again.
+    let all: Vec<String> = placed.keys().cloned().collect();
+    set_value(&ns, &all, "mid").await?;
+    wait_placed(&ns, &["shard-a"], "mid", REHOME_BOUND + LEASE).await?;
+    set_value(&ns, &all, "after").await?;
+    wait_placed(&ns, &["shard-a"], "after", DEADLINE).await?;
+    let cms: Api<ConfigMap> = ns.api();
+    let mut before = BTreeMap::new();
+    for name in &lost {
+        let cm = cms.get(&format!("{name}-cm")).await?;
+        before.insert(name.clone(), cm.metadata.resource_version.clone());
+    }
+    b.signal("CONT")?;
+    // Its term ended while frozen: it stops instead of acting on stale
+    // caches.
+    let code = b.exited(DEADLINE).await?;
+    assert_eq!(
+        code,
+        Some(wasmop::controller::shard::LOST_TERM_EXIT_CODE),
+        "the thawed shard exits"
+    );
+    for name in &lost {
+        let cm = cms.get(&format!("{name}-cm")).await?;
+        assert_eq!(
+            cm.data
+                .as_ref()
+                .and_then(|d| d.get("value"))
+                .map(String::as_str),
+            Some("after"),
+            "{name}-cm was written back by the thawed shard"
+        );
+        assert_eq!(
+            Some(&cm.metadata.resource_version),
+            before.get(name),
+            "{name}-cm written after the thaw"
+        );
+        let after_thaw: Vec<Value> = b
+            .lines()
+            .into_iter()
+            .skip(frozen_lines)
+            .filter(|l| {
+                l["name"] == name.as_str()
+                    && (l["msg"] == "reconciled" || l["msg"] == "reconcile failed")
+            })
+            .collect();
+        assert!(
+            after_thaw.is_empty(),
+            "{name}: the thawed shard wrote: {after_thaw:?}"
+        );
+    }
+    let said_why = b.lines().iter().any(|l| {
+        l["msg"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("shard Lease term ended"))
+    });
+    assert!(said_why, "the thawed shard says why it stops");
+    drop(a);
+    Ok(())
+}
+
+/// Every Fanout.
+async fn fanouts(ns: &TestNamespace) -> Result<Vec<DynamicObject>> {
+    Ok(api(ns, "Fanout", "fanouts")
+        .list(&ListParams::default())
+        .await?
+        .items)
+}
+
+async fn fanout_cms(ns: &TestNamespace, name: &str) -> Result<usize> {
+    let cms: Api<ConfigMap> = ns.api();
+    Ok(cms
+        .list_metadata(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|c| {
+            c.metadata
+                .name
+                .as_deref()
+                .and_then(|n| n.strip_prefix(&format!("{name}-")))
+                .is_some_and(|i| i.parse::<usize>().is_ok())
+        })
+        .count())
+}
+
+/// A shard Lease held by a shard that does not run: the sharder counts it
+/// live while the test renews it.
+async fn ghost_lease(ns: &TestNamespace, identity: &str) -> Result<()> {
+    let lease = Lease {
+        metadata: kube::api::ObjectMeta {
+            name: Some(lease_name(identity)),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(identity.to_owned()),
+            lease_duration_seconds: Some(3600),
+            renew_time: Some(MicroTime(jiff::Timestamp::now())),
+            ..Default::default()
+        }),
+    };
+    Api::<Lease>::namespaced(ns.client.clone(), &ns.name)
+        .create(&PostParams::default(), &lease)
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_primary_moving_while_its_plan_runs_is_given_up_before_its_new_owner_writes() -> Result<()>
+{
+    const FANOUTS: usize = 8;
+    const COUNT: usize = 400;
+    let (ns, work) = setup("shard-move", "fanout").await?;
+    let a = Shard::start(&ns, &work, "shard-a").await?;
+    wait_for("shard-a leads", DEADLINE, || async {
+        Ok((leader(&ns).await?.as_deref() == Some("shard-a")).then_some(()))
+    })
+    .await?;
+    let fans = api(&ns, "Fanout", "fanouts");
+    for i in 0..FANOUTS {
+        let f: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "test.wasmop.dev/v1", "kind": "Fanout",
+            "metadata": {"name": format!("f{i}")}, "spec": {"count": 1},
+        }))?;
+        fans.create(&PostParams::default(), &f).await?;
+    }
+    wait_for(
+        "every Fanout assigned to shard-a and reconciled",
+        DEADLINE,
+        || async {
+            for f in fanouts(&ns).await? {
+                if label(&f, SHARD_LABEL) != Some("shard-a")
+                    || f.data["status"]["count"].as_u64() != Some(1)
+                {
+                    return Ok(None);
+                }
+            }
+            Ok(Some(()))
+        },
+    )
+    .await?;
+    // Which Fanouts a third shard `ghost` would take.
+    let ring = Ring::new(["shard-a", "ghost"]);
+    let moving: BTreeSet<String> = fanouts(&ns)
+        .await?
+        .iter()
+        .filter(|f| ring.shard_of(f.metadata.uid.as_deref().unwrap_or_default()) == Some("ghost"))
+        .filter_map(|f| f.metadata.name.clone())
+        .collect();
+    assert!(!moving.is_empty(), "some Fanouts go to a second shard");
+    // Big plans, then `ghost` joins while one of the moving Fanouts' plan
+    // is being written.
+    let skip = a.lines().len();
+    for i in 0..FANOUTS {
+        fans.patch(
+            &format!("f{i}"),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"count": COUNT}})),
+        )
+        .await?;
+    }
+    let running = wait_for(
+        "a moving Fanout's plan is half written",
+        DEADLINE,
+        || async {
+            for name in &moving {
+                let n = fanout_cms(&ns, name).await?;
+                if n > 5 && n < COUNT / 2 {
+                    return Ok(Some(name.clone()));
+                }
+            }
+            Ok(None)
+        },
+    )
+    .await?;
+    ghost_lease(&ns, "ghost").await?;
+    // The moving Fanouts are given up by shard-a and assigned to ghost.
+    let cut = wait_for("the moving Fanouts assigned to ghost", DEADLINE, || async {
+        let mut cut = BTreeMap::new();
+        for f in fanouts(&ns).await? {
+            let name = f.metadata.name.clone().unwrap_or_default();
+            if moving.contains(&name) {
+                if label(&f, SHARD_LABEL) != Some("ghost") {
+                    return Ok(None);
+                }
+                cut.insert(name.clone(), fanout_cms(&ns, &name).await?);
+            }
+        }
+        Ok(Some(cut))
+    })
+    .await?;
+    assert!(
+        cut[&running] < COUNT,
+        "{running}'s plan was cut short by the move: {cut:?}"
+    );
+    for name in &moving {
+        let ack = said(&a, skip, "drain acknowledged; primary given up", name);
+        assert_eq!(ack.len(), 1, "{name} acknowledged once: {ack:?}");
+        let after: Vec<Value> = said(&a, skip, "reconciled", name)
+            .into_iter()
+            .filter(|l| ts(l) > ts(&ack[0]))
+            .collect();
+        assert!(
+            after.is_empty(),
+            "{name} reconciled by shard-a after it gave it up: {after:?}"
+        );
+    }
+    let stopped = a
+        .lines()
+        .into_iter()
+        .skip(skip)
+        .any(|l| l["name"] == running.as_str() && l["reason"] == "LeadershipLost");
+    assert!(
+        stopped,
+        "{running}: shard-a stopped its plan mid-way (LeadershipLost)"
+    );
+    // Nothing writes for them while their owner (ghost) does not run.
+    for name in &moving {
+        assert_eq!(
+            fanout_cms(&ns, name).await?,
+            cut[name],
+            "{name} written while on ghost"
+        );
+    }
+    // ghost goes away: the sharder hands them back and the plans finish.
+    Api::<Lease>::namespaced(ns.client.clone(), &ns.name)
+        .delete(&lease_name("ghost"), &Default::default())
+        .await?;
+    wait_for(
+        "every Fanout back on shard-a and complete",
+        DEADLINE,
+        || async {
+            for f in fanouts(&ns).await? {
+                if label(&f, SHARD_LABEL) != Some("shard-a")
+                    || f.data["status"]["count"].as_u64() != Some(COUNT as u64)
+                {
+                    return Ok(None);
+                }
+            }
+            Ok(Some(()))
+        },
+    )
+    .await?;
+    for name in &moving {
+        assert_eq!(fanout_cms(&ns, name).await?, COUNT, "{name} complete");
+    }
+    drop(a);
+    Ok(())
+}
+
+#[tokio::test]
+async fn labels_a_user_wrote_are_corrected_and_a_bad_identity_is_refused() -> Result<()> {
+    let (ns, work) = setup("shard-labels", "good").await?;
+    // An identity that cannot name a Lease or a label: a clear error,
+    // before anything is written.
+    let mut bad = Shard::start(&ns, &work, "Bad_Name").await?;
+    assert_ne!(bad.exited(DEADLINE).await?, Some(0), "refused");
+    let text = std::fs::read_to_string(&bad.log)?;
+    assert!(
+        text.contains("--sharding: shard identity") && text.contains("Bad_Name"),
+        "{text}"
+    );
+    let leases = Api::<Lease>::namespaced(ns.client.clone(), &ns.name)
+        .list(&ListParams::default())
+        .await?;
+    assert!(
+        leases.items.is_empty(),
+        "no Lease written: {:?}",
+        leases.items
+    );
+    // Widgets created with a shard label naming no live shard, with a
+    // drain mark, and with an empty label: each ends up on the ring's
+    // shard, reconciled.
+    let a = Shard::start(&ns, &work, "shard-a").await?;
+    for (name, labels) in [
+        ("forged", json!({SHARD_LABEL: "nobody"})),
+        (
+            "drained",
+            json!({SHARD_LABEL: "shard-a", DRAIN_LABEL: "true"}),
+        ),
+        ("empty", json!({SHARD_LABEL: ""})),
+    ] {
+        let w: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
+            "metadata": {"name": name, "labels": labels}, "spec": {"value": "v1"},
+        }))?;
+        widgets(&ns).create(&PostParams::default(), &w).await?;
+    }
+    wait_placed(&ns, &["shard-a"], "v1", DEADLINE).await?;
+    drop(a);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_hot_swap_reaches_every_shard_and_each_reconciles_only_its_own() -> Result<()> {
+    let (ns, work) = setup("shard-swap", "good").await?;
+    let a = first_shard(&ns, &work, "shard-a", 8).await?;
+    let b = Shard::start(&ns, &work, "shard-b").await?;
+    let placed = wait_placed(&ns, &["shard-a", "shard-b"], "v1", DEADLINE).await?;
+    let (skip_a, skip_b) = (a.lines().len(), b.lines().len());
+    // The new version replaces the file both shards watch.
+    let staged = work.join("good.wasm.new");
+    std::fs::copy(plugin_path("good-v2")?, &staged)?;
+    std::fs::rename(&staged, work.join("plugins/good.wasm"))?;
+    let cms: Api<ConfigMap> = ns.api();
+    wait_for(
+        "every ConfigMap written by good 0.2.0",
+        DEADLINE,
+        || async {
+            for name in placed.keys() {
+                let cm = cms.get(&format!("{name}-cm")).await?;
+                let version = cm
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get("test.wasmop.dev/version"))
+                    .cloned();
+                if version.as_deref() != Some("v2") {
+                    return Ok(None);
+                }
+            }
+            Ok(Some(()))
+        },
+    )
+    .await?;
+    let by_v2 = |s: &Shard, skip: usize, name: &str| {
+        said(s, skip, "reconciled", name)
+            .iter()
+            .any(|l| l["plugin_version"] == "0.2.0")
+    };
+    for (name, owner) in &placed {
+        let (mine, other, skip_mine, skip_other) = if owner == "shard-a" {
+            (&a, &b, skip_a, skip_b)
+        } else {
+            (&b, &a, skip_b, skip_a)
+        };
+        assert!(
+            by_v2(mine, skip_mine, name),
+            "{name}: its owner {owner} ran 0.2.0"
+        );
+        assert!(
+            said(other, skip_other, "reconciled", name).is_empty(),
+            "{name}: reconciled by {} too",
+            other.identity
+        );
+    }
+    drop((a, b));
+    Ok(())
+}
