@@ -65,6 +65,12 @@
 //! soak that still cannot go on returns that first error, with the faults
 //! so far, after putting the cluster right as far as it can.
 //!
+//! The replicas sweep for objects whose owner is gone every 15 s
+//! (`--orphan-sweep-interval-secs`): kube-controller-manager is stopped and
+//! started again over and over, and its garbage collector misses owners'
+//! deletions then (a 30-minute soak with the default 10-minute sweep ended
+//! with a backup Job whose EtcdBackup was long gone).
+//!
 //! Recovery, the instant convergence is timed from: the API server answers
 //! `/readyz`, kube-controller-manager runs, both replicas run and answer
 //! `/readyz`, both run the active plugin version (`wasmop_plugin_info`),
@@ -977,6 +983,10 @@ impl Replicas {
             .arg(format!("127.0.0.1:{port}"))
             .arg("--poll-interval-ms")
             .arg("500")
+            // What the garbage collector misses while it is stopped and
+            // restarted is the host's to collect: often enough to be seen
+            // within the soak.
+            .args(["--orphan-sweep-interval-secs", "15"])
             .args(&self.extra)
             .env_remove("POD_NAME")
             .env_remove("POD_NAMESPACE")
