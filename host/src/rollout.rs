@@ -401,66 +401,64 @@ pub fn analyze(
             threshold: t.shadow_differences as f64,
         });
     }
-    let checks: [(&'static str, f64, f64, f64); 9] = [
+    // Each metric of both versions: per reconcile, per primary per minute,
+    // or as measured.
+    let per_reconcile = |n: fn(&Counts) -> u64| {
         (
-            "timeouts",
-            ratio(candidate.timeouts, candidate.reconciles),
-            ratio(current.timeouts, current.reconciles),
-            t.timeouts,
-        ),
+            ratio(n(candidate), candidate.reconciles),
+            ratio(n(current), current.reconciles),
+        )
+    };
+    let per_minute = |n: fn(&Counts) -> u64| {
+        (
+            per_primary_minute(n(candidate), candidate.primaries, minutes),
+            per_primary_minute(n(current), current.primaries, minutes),
+        )
+    };
+    let measured = |v: fn(&Counts) -> f64| (v(candidate), v(current));
+    let checks: [(&'static str, (f64, f64), f64); 9] = [
+        ("timeouts", per_reconcile(|c| c.timeouts), t.timeouts),
         (
             "planRejected",
-            ratio(candidate.plan_rejected, candidate.reconciles),
-            ratio(current.plan_rejected, current.reconciles),
+            per_reconcile(|c| c.plan_rejected),
             t.plan_rejected,
         ),
         (
             "dryRunRefused",
-            ratio(candidate.dry_run_refused, candidate.reconciles),
-            ratio(current.dry_run_refused, current.reconciles),
+            per_reconcile(|c| c.dry_run_refused),
             t.dry_run_refused,
         ),
-        (
-            "errors",
-            ratio(candidate.errors, candidate.reconciles),
-            ratio(current.errors, current.reconciles),
-            t.errors,
-        ),
+        ("errors", per_reconcile(|c| c.errors), t.errors),
         (
             "deletesPerMinute",
-            per_primary_minute(candidate.deletes, candidate.primaries, minutes),
-            per_primary_minute(current.deletes, current.primaries, minutes),
+            per_minute(|c| c.deletes),
             t.deletes_per_minute,
         ),
         (
             "reconcilesPerMinute",
-            per_primary_minute(candidate.reconciles, candidate.primaries, minutes),
-            per_primary_minute(current.reconciles, current.primaries, minutes),
+            per_minute(|c| c.reconciles),
             t.reconciles_per_minute,
         ),
         (
             "p99CallSeconds",
-            candidate.p99_call_seconds,
-            current.p99_call_seconds,
+            measured(|c| c.p99_call_seconds),
             t.p99_call_seconds,
         ),
         (
             "p99MemoryBytes",
-            candidate.p99_memory_bytes,
-            current.p99_memory_bytes,
+            measured(|c| c.p99_memory_bytes),
             t.p99_memory_bytes,
         ),
         (
             "cpuSecondsPerCall",
-            candidate.cpu_seconds_per_call,
-            current.cpu_seconds_per_call,
+            measured(|c| c.cpu_seconds_per_call),
             t.cpu_seconds_per_call,
         ),
     ];
     checks
         .into_iter()
-        .find(|(_, value, current, threshold)| value - current > *threshold)
-        .map(|(metric, value, current, threshold)| Breach {
+        .find(|(_, (value, current), threshold)| value - current > *threshold)
+        .map(|(metric, (value, current), threshold)| Breach {
             metric,
             value,
             current,
