@@ -700,6 +700,17 @@ impl Operator {
             .cloned()
     }
 
+    /// The keys of the primaries of `a` the watch cache holds.
+    fn cached_primary_keys(&self, a: &Active) -> Vec<PrimaryKey> {
+        self.cache
+            .kind(&a.primary)
+            .map(|kc| kc.list(None))
+            .unwrap_or_default()
+            .iter()
+            .map(|o| cached_key_of(&a.id, o))
+            .collect()
+    }
+
     /// Queues every primary of every running controller again, in the
     /// queue's background like a plugin start (e.g. after this replica
     /// became the leader and its earlier reconciles skipped their writes).
@@ -712,13 +723,7 @@ impl Operator {
                     if a.spec.scope == Scope::Kind {
                         return vec![whole_kind_key(&a.id)];
                     }
-                    self.cache
-                        .kind(&a.primary)
-                        .map(|kc| kc.list(None))
-                        .unwrap_or_default()
-                        .iter()
-                        .map(|o| cached_key_of(&a.id, o))
-                        .collect::<Vec<_>>()
+                    self.cached_primary_keys(a)
                 })
                 .collect()
         };

@@ -29,7 +29,7 @@ use kube::Api;
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use crate::controller::route::{Route, cached_key_of};
+use crate::controller::route::Route;
 use crate::controller::{Active, Operator, watched_kinds};
 use crate::object;
 use crate::rollout::{self, RolloutSpec, RolloutStatus, analyze, phase, step_done};
@@ -130,15 +130,7 @@ impl Operator {
             .actives()
             .iter()
             .filter(|a| a.plugin.name() == plugin && a.spec.scope == Scope::Object)
-            .flat_map(|a| {
-                self.cache
-                    .kind(&a.primary)
-                    .map(|kc| kc.list(None))
-                    .unwrap_or_default()
-                    .iter()
-                    .map(|o| cached_key_of(&a.id, o))
-                    .collect::<Vec<_>>()
-            })
+            .flat_map(|a| self.cached_primary_keys(a))
             .collect();
         tracing::info!(
             plugin,
