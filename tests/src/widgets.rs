@@ -13,12 +13,28 @@ use crate::TestNamespace;
 
 /// The Widgets of `ns`.
 pub fn widgets(ns: &TestNamespace) -> Api<DynamicObject> {
+    widgets_in(&ns.client, &ns.name)
+}
+
+/// The Widgets of namespace `ns`, through `client`.
+pub fn widgets_in(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("test.wasmop.dev", "v1", "Widget");
     Api::namespaced_with(
-        ns.client.clone(),
-        &ns.name,
+        client.clone(),
+        ns,
         &ApiResource::from_gvk_with_plural(&gvk, "widgets"),
     )
+}
+
+/// Widget `w<i>` with `spec.value` `v<i>`, as the benches create them.
+///
+/// # Errors
+/// Never in practice (a fixed shape); typed for `?`.
+pub fn numbered_widget(i: usize) -> anyhow::Result<DynamicObject> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
+        "metadata": {"name": format!("w{i}")}, "spec": {"value": format!("v{i}")},
+    }))?)
 }
 
 /// Creates Widget `name` in `ns` with `spec.value` = its name.

@@ -61,6 +61,7 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use wasmop_tests::widgets::{numbered_widget, widgets_in};
 
 use anyhow::{Context, Result, bail};
 use futures::{StreamExt, stream};
@@ -82,22 +83,6 @@ const FIRST: (&str, &str) = ("v1", "0.1.0");
 
 /// Creates in flight at once, for the operator run and the floor alike.
 const CREATE_CONCURRENCY: usize = 16;
-
-fn widget_api(client: &Client, ns: &str) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk("test.wasmop.dev", "v1", "Widget");
-    Api::namespaced_with(
-        client.clone(),
-        ns,
-        &ApiResource::from_gvk_with_plural(&gvk, "widgets"),
-    )
-}
-
-fn widget(i: usize) -> Result<DynamicObject> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
-        "metadata": {"name": format!("w{i}")}, "spec": {"value": format!("v{i}")},
-    }))?)
-}
 
 /// The resources whose writes are counted.
 const RESOURCES: &[&str] = &["widgets", "configmaps"];
@@ -249,7 +234,8 @@ async fn all_reconciled(
 async fn create_all(api: &Api<DynamicObject>, n: usize) -> Result<()> {
     let results: Vec<Result<()>> = stream::iter(0..n)
         .map(|i| async move {
-            api.create(&PostParams::default(), &widget(i)?).await?;
+            api.create(&PostParams::default(), &numbered_widget(i)?)
+                .await?;
             Ok(())
         })
         .buffer_unordered(CREATE_CONCURRENCY)
@@ -412,7 +398,7 @@ async fn memory_child(mode: &str, ns: &str, n: usize) -> Result<()> {
     match mode {
         "none" => {
             // The same client work as the others, without keeping anything.
-            let api = widget_api(&client, ns);
+            let api = widgets_in(&client, ns);
             let _ = api.list(&ListParams::default().limit(1)).await?;
         }
         "cache" => {
@@ -619,7 +605,7 @@ impl OperatorBench {
     /// First create → every Widget Ready and reconciled by 0.1.0.
     async fn converge(&mut self) -> Result<Phase> {
         let client = self.ns.client.clone();
-        let api = widget_api(&client, &self.ns.name);
+        let api = widgets_in(&client, &self.ns.name);
         self.progress
             .lock()
             .expect("progress lock")
@@ -810,7 +796,7 @@ async fn floor_writes(
              "message": format!("reconciled by plugin good {version} sha256:0123456789ab"),
              "observedGeneration": 1, "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
     });
-    widget_api(client, ns)
+    widgets_in(client, ns)
         .patch_status(name, &pp, &Patch::Apply(&status))
         .await
         .context("floor status apply")?;
@@ -830,7 +816,7 @@ impl FloorBench {
     async fn converge(n: usize, workers: usize) -> Result<(Phase, FloorBench)> {
         let ns = TestNamespace::new(&format!("floor{n}")).await?;
         let client = ns.client.clone();
-        let api = widget_api(&client, &ns.name);
+        let api = widgets_in(&client, &ns.name);
         let meter = Meter::start(&client).await?;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
         let creating = {
@@ -841,7 +827,9 @@ impl FloorBench {
                         let api = api.clone();
                         let tx = tx.clone();
                         async move {
-                            let created = api.create(&PostParams::default(), &widget(i)?).await?;
+                            let created = api
+                                .create(&PostParams::default(), &numbered_widget(i)?)
+                                .await?;
                             let uid = created.metadata.uid.unwrap_or_default();
                             let _ = tx.send((format!("w{i}"), uid));
                             Ok(())
@@ -930,7 +918,7 @@ impl FloorBench {
         let mut handles = Vec::new();
         for (api, config) in [
             (
-                widget_api(&self.ns.client, &self.ns.name),
+                widgets_in(&self.ns.client, &self.ns.name),
                 watcher::Config::default(),
             ),
             (cms, selected),
@@ -955,14 +943,16 @@ impl FloorBench {
 async fn memory_only(n: usize, workers: usize) -> Result<(f64, f64)> {
     let ns = TestNamespace::new(&format!("mem{n}")).await?;
     let client = ns.client.clone();
-    let api = widget_api(&client, &ns.name);
+    let api = widgets_in(&client, &ns.name);
     let results: Vec<Result<()>> = stream::iter(0..n)
         .map(|i| {
             let api = api.clone();
             let client = client.clone();
             let ns = ns.name.clone();
             async move {
-                let created = api.create(&PostParams::default(), &widget(i)?).await?;
+                let created = api
+                    .create(&PostParams::default(), &numbered_widget(i)?)
+                    .await?;
                 let uid = created.metadata.uid.unwrap_or_default();
                 floor_writes(&client, &ns, &format!("w{i}"), &uid, FIRST).await
             }

@@ -27,13 +27,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
+use wasmop_tests::widgets::{numbered_widget, widgets_in};
 
 use anyhow::{Context, Result, bail};
 use futures::{StreamExt, stream};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, Config};
 use serde_json::{Value, json};
 use wasmop::controller::shard::{Ring, SHARD_LABEL, live_shards};
@@ -45,26 +45,11 @@ const CONCURRENCY: usize = 16;
 /// Longest any phase may take.
 const PHASE_DEADLINE: Duration = Duration::from_secs(1800);
 
-fn widgets(client: &Client, ns: &str) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk("test.wasmop.dev", "v1", "Widget");
-    Api::namespaced_with(
-        client.clone(),
-        ns,
-        &ApiResource::from_gvk_with_plural(&gvk, "widgets"),
-    )
-}
-
-fn widget(i: usize) -> Result<DynamicObject> {
-    Ok(serde_json::from_value(json!({
-        "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
-        "metadata": {"name": format!("w{i}")}, "spec": {"value": format!("v{i}")},
-    }))?)
-}
-
 async fn create_all(api: &Api<DynamicObject>, n: usize) -> Result<()> {
     let results: Vec<Result<()>> = stream::iter(0..n)
         .map(|i| async move {
-            api.create(&PostParams::default(), &widget(i)?).await?;
+            api.create(&PostParams::default(), &numbered_widget(i)?)
+                .await?;
             Ok(())
         })
         .buffer_unordered(CONCURRENCY)
@@ -76,14 +61,16 @@ async fn create_all(api: &Api<DynamicObject>, n: usize) -> Result<()> {
 /// The floor: the writes a perfect operator makes for N fresh Widgets
 /// (create, ConfigMap apply, status patch), by a plain client.
 async fn floor(client: &Client, ns: &str, n: usize) -> Result<Duration> {
-    let api = widgets(client, ns);
+    let api = widgets_in(client, ns);
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     let started = Instant::now();
     let results: Vec<Result<()>> = stream::iter(0..n)
         .map(|i| {
             let (api, cms) = (api.clone(), cms.clone());
             async move {
-                let created = api.create(&PostParams::default(), &widget(i)?).await?;
+                let created = api
+                    .create(&PostParams::default(), &numbered_widget(i)?)
+                    .await?;
                 let cm = json!({
                     "apiVersion": "v1", "kind": "ConfigMap",
                     "metadata": {"name": format!("w{i}-cm"), "ownerReferences": [{
@@ -355,7 +342,7 @@ async fn run_k(client: &Client, bin: &Path, plugin: &Path, n: usize, k: usize) -
         Ok(replicas.iter().all(Replica::running) && live(client, &ns).await?.len() == k)
     })
     .await?;
-    let api = widgets(client, &ns);
+    let api = widgets_in(client, &ns);
     let since = jiff::Timestamp::now();
     let started = Instant::now();
     create_all(&api, n).await?;
