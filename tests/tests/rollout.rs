@@ -71,6 +71,23 @@ async fn status_of(ns: &TestNamespace, name: &str) -> Result<Value> {
 }
 
 /// Waits until the rollout's phase is `phase`; returns its status.
+/// Waits until rollout `name` is at canary step `step`.
+async fn wait_step(ns: &TestNamespace, name: &str, step: u64) -> Result<()> {
+    wait_for(
+        &format!("the rollout at step {step}"),
+        DEFAULT_DEADLINE,
+        || async {
+            let st = status_of(ns, name).await?;
+            if st["step"] == step && st["phase"] == "Canary" {
+                Ok(Some(()))
+            } else {
+                bail!("{st}")
+            }
+        },
+    )
+    .await
+}
+
 async fn wait_phase(ns: &TestNamespace, name: &str, phase: &str) -> Result<Value> {
     wait_for(
         &format!("rollout {name} to be {phase}"),
@@ -102,6 +119,13 @@ struct Fixture {
 }
 
 impl Fixture {
+    /// A [`Watcher`] of rollout `name` over this fixture's Widgets.
+    fn watch(&self, name: &str) -> Watcher {
+        let buckets: BTreeMap<String, u32> =
+            self.buckets.iter().map(|(b, n)| (n.clone(), *b)).collect();
+        Watcher::start(&self.ns, name, buckets)
+    }
+
     async fn new(prefix: &str) -> Result<Self> {
         let ns = TestNamespace::new(prefix).await?;
         apply_test_crds(&ns.client).await?;
@@ -316,8 +340,7 @@ async fn good_is_rolled_out_to_good_v2_through_shadow_and_canary_steps_to_promot
         fx.percent_for(5),
         100.0,
     ];
-    let buckets: BTreeMap<String, u32> = fx.buckets.iter().map(|(b, n)| (n.clone(), *b)).collect();
-    let watcher = Watcher::start(&fx.ns, &name, buckets);
+    let watcher = fx.watch(&name);
     create_rollout(
         &fx.ns,
         &name,
@@ -613,8 +636,7 @@ async fn a_rollout_goes_on_across_a_leader_change() -> Result<()> {
     }
     fx.widgets().await?;
     let name = format!("{}-good", fx.ns.name);
-    let buckets: BTreeMap<String, u32> = fx.buckets.iter().map(|(b, n)| (n.clone(), *b)).collect();
-    let watcher = Watcher::start(&fx.ns, &name, buckets);
+    let watcher = fx.watch(&name);
     create_rollout(
         &fx.ns,
         &name,
@@ -630,15 +652,7 @@ async fn a_rollout_goes_on_across_a_leader_change() -> Result<()> {
         }),
     )
     .await?;
-    wait_for("the rollout at step 2", DEFAULT_DEADLINE, || async {
-        let st = status_of(&fx.ns, &name).await?;
-        if st["step"] == 2 && st["phase"] == "Canary" {
-            Ok(Some(()))
-        } else {
-            bail!("{st}")
-        }
-    })
-    .await?;
+    wait_step(&fx.ns, &name, 2).await?;
     let digest = status_of(&fx.ns, &name).await?["candidateDigest"].clone();
     // Crash the leader mid-step: the other replica takes the Lease over
     // and continues from the status.
@@ -1006,8 +1020,7 @@ async fn a_rollout_survives_an_operator_restart() -> Result<()> {
     let (first, _plugins) = fx.operator(false).await?;
     fx.widgets().await?;
     let name = format!("{}-restart", fx.ns.name);
-    let buckets: BTreeMap<String, u32> = fx.buckets.iter().map(|(b, n)| (n.clone(), *b)).collect();
-    let watcher = Watcher::start(&fx.ns, &name, buckets);
+    let watcher = fx.watch(&name);
     create_rollout(
         &fx.ns,
         &name,
@@ -1020,15 +1033,7 @@ async fn a_rollout_survives_an_operator_restart() -> Result<()> {
         }),
     )
     .await?;
-    wait_for("the rollout at step 1", DEFAULT_DEADLINE, || async {
-        let st = status_of(&fx.ns, &name).await?;
-        if st["step"] == 1 && st["phase"] == "Canary" {
-            Ok(Some(()))
-        } else {
-            bail!("{st}")
-        }
-    })
-    .await?;
+    wait_step(&fx.ns, &name, 1).await?;
     let digest = status_of(&fx.ns, &name).await?["candidateDigest"].clone();
     // The operator goes away mid-step; a new one (nothing in memory)
     // continues from the status.
