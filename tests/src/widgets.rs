@@ -102,3 +102,26 @@ pub async fn settle(plugins: &mut PluginDir) -> ScanReport {
         removed: [first.removed, second.removed].concat(),
     }
 }
+
+/// Creates Widgets `w0` … `w<n-1>` ([`numbered_widget`]) through `api`,
+/// `concurrency` at a time, as the benches fill a namespace.
+///
+/// # Errors
+/// The first create the API server refused.
+pub async fn create_numbered(
+    api: &Api<DynamicObject>,
+    n: usize,
+    concurrency: usize,
+) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    let results: Vec<anyhow::Result<()>> = futures::stream::iter(0..n)
+        .map(|i| async move {
+            api.create(&kube::api::PostParams::default(), &numbered_widget(i)?)
+                .await?;
+            Ok(())
+        })
+        .buffer_unordered(concurrency)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}

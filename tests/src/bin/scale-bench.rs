@@ -61,7 +61,7 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use wasmop_tests::widgets::{numbered_widget, widgets_in};
+use wasmop_tests::widgets::{create_numbered, numbered_widget, widgets_in};
 
 use anyhow::{Context, Result, bail};
 use futures::{StreamExt, stream};
@@ -229,19 +229,6 @@ async fn all_reconciled(
         .with_context(|| format!("{what}: not within {deadline:?}"))?
         .context("the bench's observer of the operator's cache ended")?;
     Ok(reached.1)
-}
-
-async fn create_all(api: &Api<DynamicObject>, n: usize) -> Result<()> {
-    let results: Vec<Result<()>> = stream::iter(0..n)
-        .map(|i| async move {
-            api.create(&PostParams::default(), &numbered_widget(i)?)
-                .await?;
-            Ok(())
-        })
-        .buffer_unordered(CREATE_CONCURRENCY)
-        .collect()
-        .await;
-    results.into_iter().collect()
 }
 
 fn install(src: &Path, dst: &Path) -> Result<()> {
@@ -611,7 +598,7 @@ impl OperatorBench {
             .expect("progress lock")
             .wait_for("0.1.0");
         let meter = Meter::start(&client).await?;
-        create_all(&api, self.n).await?;
+        create_numbered(&api, self.n, CREATE_CONCURRENCY).await?;
         let done = all_reconciled(
             &mut self.count,
             self.n,

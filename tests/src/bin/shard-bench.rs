@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-use wasmop_tests::widgets::{numbered_widget, widgets_in};
+use wasmop_tests::widgets::{create_numbered, numbered_widget, widgets_in};
 
 use anyhow::{Context, Result, bail};
 use futures::{StreamExt, stream};
@@ -44,19 +44,6 @@ const LEASE: Duration = Duration::from_secs(5);
 const CONCURRENCY: usize = 16;
 /// Longest any phase may take.
 const PHASE_DEADLINE: Duration = Duration::from_secs(1800);
-
-async fn create_all(api: &Api<DynamicObject>, n: usize) -> Result<()> {
-    let results: Vec<Result<()>> = stream::iter(0..n)
-        .map(|i| async move {
-            api.create(&PostParams::default(), &numbered_widget(i)?)
-                .await?;
-            Ok(())
-        })
-        .buffer_unordered(CONCURRENCY)
-        .collect()
-        .await;
-    results.into_iter().collect()
-}
 
 /// The floor: the writes a perfect operator makes for N fresh Widgets
 /// (create, ConfigMap apply, status patch), by a plain client.
@@ -345,7 +332,7 @@ async fn run_k(client: &Client, bin: &Path, plugin: &Path, n: usize, k: usize) -
     let api = widgets_in(client, &ns);
     let since = jiff::Timestamp::now();
     let started = Instant::now();
-    create_all(&api, n).await?;
+    create_numbered(&api, n, CONCURRENCY).await?;
     let created = started.elapsed();
     let shards: BTreeSet<String> = replicas.iter().map(|r| r.identity.clone()).collect();
     placed(&api, &replicas, &shards, since, false).await?;

@@ -38,7 +38,7 @@ use kube::discovery::{Scope, pinned_kind};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
-use super::{CHAOS_LABEL, MANAGED_BY, Shared, delete_owner, reconciled_for_generation, transient};
+use super::{CHAOS_LABEL, MANAGED_BY, Shared, delete_owner, reconciled_for_generation, retrying};
 use crate::{TestNamespace, repo_root};
 
 /// The example files of the shipped plugins (`widgets.yaml` is the
@@ -267,15 +267,10 @@ impl Zoo {
         let mut created = 0;
         for item in &self.items {
             loop {
-                let found = match item.api.get_opt(&item.name).await {
-                    Ok(found) => found,
-                    Err(e) if transient(&e) && Instant::now() < until => {
-                        shared.ops.lock().unwrap().retried += 1;
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                        continue;
-                    }
-                    Err(e) => return Err(e).context(format!("reading {}", item.key())),
-                };
+                let found = retrying(&format!("reading {}", item.key()), shared, || {
+                    item.api.get_opt(&item.name)
+                })
+                .await?;
                 match found {
                     Some(o) if o.metadata.deletion_timestamp.is_none() => break,
                     Some(_) => {}
@@ -372,29 +367,12 @@ impl Zoo {
             ) else {
                 continue;
             };
-            let until = Instant::now() + Duration::from_secs(60);
-            loop {
-                match item
-                    .api
-                    .patch(
-                        &item.name,
-                        &PatchParams::default(),
-                        &Patch::Merge(patch.clone()),
-                    )
-                    .await
-                {
-                    Ok(_) => {
-                        edited += 1;
-                        break;
-                    }
-                    Err(e) if transient(&e) && Instant::now() < until => {
-                        shared.ops.lock().unwrap().retried += 1;
-                        // A retry's pace while the API server comes back.
-                        tokio::time::sleep(Duration::from_millis(250)).await;
-                    }
-                    Err(e) => return Err(e).context(format!("editing {}", item.key())),
-                }
-            }
+            let (pp, patch) = (PatchParams::default(), Patch::Merge(patch));
+            retrying(&format!("editing {}", item.key()), shared, || {
+                item.api.patch(&item.name, &pp, &patch)
+            })
+            .await?;
+            edited += 1;
         }
         shared.ops.lock().unwrap().edited += edited;
         Ok(edited)
