@@ -338,10 +338,8 @@ mod tests {
     #[test]
     fn a_primarys_gauges_are_replaced_by_its_next_plan_and_cleared_with_it() {
         let m = Metrics::default();
-        let g = |name: &str, k: &str, v: &str, value: f64| wasmop_contract::Gauge {
-            name: name.to_owned(),
-            labels: [(k.to_owned(), v.to_owned())].into(),
-            value,
+        let g = |name: &str, k: &str, v: &str, value: f64| {
+            wasmop_contract::Gauge::new(name, &[(k, v)], value)
         };
         m.set_primary_gauges(
             "p/c",

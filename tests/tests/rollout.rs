@@ -55,6 +55,33 @@ fn rollouts(ns: &TestNamespace) -> Api<DynamicObject> {
 }
 
 /// Creates the PluginRollout `name` with `spec`, labelled for `ns`.
+/// A rollout of good's spec: `fields` over the defaults these tests share
+/// (a field given as null is left out). The defaults: each step held for
+/// a second; analysis thresholds only a real fault crosses, since these
+/// tests are about the steps and the metric each names, and a loaded
+/// machine (slow calls, a transient API error) must not roll them back
+/// by another metric; and good-v2's only difference from good, the
+/// version label, allowed.
+fn spec(fields: Value) -> Value {
+    let mut spec = json!({
+        "plugin": "good",
+        "holdSeconds": 1,
+        "analysis": {"errors": 1, "p99CallSeconds": 30, "cpuSecondsPerCall": 5},
+        "allowDifferences": [{"op": "apply", "path": ".metadata.labels"}],
+    });
+    let (Value::Object(spec_fields), Value::Object(fields)) = (&mut spec, fields) else {
+        panic!("a rollout spec is an object");
+    };
+    for (k, v) in fields {
+        if v.is_null() {
+            spec_fields.remove(&k);
+        } else {
+            spec_fields.insert(k, v);
+        }
+    }
+    spec
+}
+
 async fn create_rollout(ns: &TestNamespace, name: &str, spec: Value) -> Result<()> {
     let obj: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "wasmop.dev/v1alpha1", "kind": "PluginRollout",
@@ -181,20 +208,7 @@ impl Fixture {
         for i in 0..WIDGETS {
             create_widget(&self.ns, &format!("w{i}")).await?;
         }
-        let cms: Api<ConfigMap> = self.ns.api();
-        wait_for("every ConfigMap at v1", DEFAULT_DEADLINE, || {
-            let cms = cms.clone();
-            async move {
-                let labels = cm_labels(&cms).await?;
-                let v1 = labels.values().filter(|v| *v == "v1").count();
-                if v1 == WIDGETS {
-                    Ok(Some(()))
-                } else {
-                    bail!("{labels:?}")
-                }
-            }
-        })
-        .await?;
+        all_at(&self.ns.api(), "v1").await?;
         let mut buckets = Vec::new();
         for i in 0..WIDGETS {
             let name = format!("w{i}");
@@ -244,6 +258,24 @@ impl Fixture {
             })
             .collect()
     }
+}
+
+/// Waits until the ConfigMap of every one of the `WIDGETS` Widgets carries
+/// `version`.
+async fn all_at(cms: &Api<ConfigMap>, version: &str) -> Result<()> {
+    wait_for(
+        &format!("every ConfigMap at {version}"),
+        DEFAULT_DEADLINE,
+        || async {
+            let labels = cm_labels(cms).await?;
+            if labels.values().filter(|v| *v == version).count() == WIDGETS {
+                Ok(Some(()))
+            } else {
+                bail!("{labels:?}")
+            }
+        },
+    )
+    .await
 }
 
 /// Widget name → the version label of its ConfigMap.
@@ -344,36 +376,17 @@ async fn good_is_rolled_out_to_good_v2_through_shadow_and_canary_steps_to_promot
     create_rollout(
         &fx.ns,
         &name,
-        json!({
-            "plugin": "good",
+        spec(json!({
             "candidate": {"version": "0.2.0"},
             // Held by time (every primary is compared once at its start).
             "shadow": {"reconciles": 1000, "seconds": 2},
             "steps": steps.iter().map(|p| json!({"percent": p})).collect::<Vec<_>>(),
-            "holdSeconds": 1,
-            // These tests are about the steps and the metric named below;
-            // a loaded machine (slow calls, a transient API error) must not
-            // roll them back by another metric.
-            "analysis": {"errors": 1, "p99CallSeconds": 30, "cpuSecondsPerCall": 5},
-            // good-v2 differs from good only by the version label.
-            "allowDifferences": [{"op": "apply", "path": ".metadata.labels"}],
-        }),
+        })),
     )
     .await?;
     let st = wait_phase(&fx.ns, &name, "Promoted").await?;
     let cms: Api<ConfigMap> = fx.ns.api();
-    wait_for("every ConfigMap at v2", DEFAULT_DEADLINE, || {
-        let cms = cms.clone();
-        async move {
-            let labels = cm_labels(&cms).await?;
-            if labels.values().filter(|v| *v == "v2").count() == WIDGETS {
-                Ok(Some(()))
-            } else {
-                bail!("{labels:?}")
-            }
-        }
-    })
-    .await?;
+    all_at(&cms, "v2").await?;
     let (violations, seen) = watcher.finish().await?;
     ensure!(violations.is_empty(), "outside the share: {violations:#?}");
     // Every step was passed through, in order.
@@ -447,18 +460,7 @@ async fn good_is_rolled_out_to_good_v2_through_shadow_and_canary_steps_to_promot
     );
     let st = wait_phase(&fx.ns, &name, "RolledBack").await?;
     ensure!(st["conditions"][0]["reason"] == "RollbackRequested", "{st}");
-    wait_for("every ConfigMap back at v1", DEFAULT_DEADLINE, || {
-        let cms = cms.clone();
-        async move {
-            let labels = cm_labels(&cms).await?;
-            if labels.values().filter(|v| *v == "v1").count() == WIDGETS {
-                Ok(Some(()))
-            } else {
-                bail!("{labels:?}")
-            }
-        }
-    })
-    .await?;
+    all_at(&cms, "v1").await?;
     ensure!(
         op.operator.shadow("good").is_some(),
         "the candidate stays a shadow"
@@ -494,16 +496,12 @@ async fn roll_out_the_pruner(
     create_rollout(
         &fx.ns,
         &name,
-        json!({
-            "plugin": "good",
+        spec(json!({
             "shadow": shadow,
             "steps": [{"percent": fx.percent_for(1)}, {"percent": 100}],
-            "holdSeconds": 1,
-            // These tests are about the steps and the metric named below;
-            // a loaded machine (slow calls, a transient API error) must not
-            // roll them back by another metric.
-            "analysis": {"errors": 1, "p99CallSeconds": 30, "cpuSecondsPerCall": 5},
-        }),
+            // The pruner's differences are what this test is about.
+            "allowDifferences": null,
+        })),
     )
     .await?;
     let st = wait_phase(&fx.ns, &name, "RolledBack").await?;
@@ -592,18 +590,7 @@ async fn a_pruning_candidate_without_shadow_analysis_is_rolled_back_at_the_first
     }
     // ...and the current version gives it back after the rollback.
     let cms: Api<ConfigMap> = fx.ns.api();
-    wait_for("every ConfigMap at v1 again", DEFAULT_DEADLINE, || {
-        let cms = cms.clone();
-        async move {
-            let labels = cm_labels(&cms).await?;
-            if labels.len() == WIDGETS && labels.values().all(|v| v == "v1") {
-                Ok(Some(()))
-            } else {
-                bail!("{labels:?}")
-            }
-        }
-    })
-    .await?;
+    all_at(&cms, "v1").await?;
     drop(op);
     Ok(())
 }
@@ -640,16 +627,9 @@ async fn a_rollout_goes_on_across_a_leader_change() -> Result<()> {
     create_rollout(
         &fx.ns,
         &name,
-        json!({
-            "plugin": "good",
+        spec(json!({
             "steps": [{"percent": fx.percent_for(2)}, {"percent": fx.percent_for(4), "holdSeconds": 3}, {"percent": 100}],
-            "holdSeconds": 1,
-            // These tests are about the steps and the metric named below;
-            // a loaded machine (slow calls, a transient API error) must not
-            // roll them back by another metric.
-            "analysis": {"errors": 1, "p99CallSeconds": 30, "cpuSecondsPerCall": 5},
-            "allowDifferences": [{"op": "apply", "path": ".metadata.labels"}],
-        }),
+        })),
     )
     .await?;
     wait_step(&fx.ns, &name, 2).await?;
@@ -688,35 +668,13 @@ async fn a_rollout_goes_on_across_a_leader_change() -> Result<()> {
         "steps seen {seen:?}"
     );
     let cms: Api<ConfigMap> = fx.ns.api();
-    wait_for("every ConfigMap at v2", DEFAULT_DEADLINE, || {
-        let cms = cms.clone();
-        async move {
-            let labels = cm_labels(&cms).await?;
-            if labels.values().filter(|v| *v == "v2").count() == WIDGETS {
-                Ok(Some(()))
-            } else {
-                bail!("{labels:?}")
-            }
-        }
-    })
-    .await?;
+    all_at(&cms, "v2").await?;
     // Deleting the rollout sends every primary back to the current
     // version.
     rollouts(&fx.ns)
         .delete(&name, &DeleteParams::default())
         .await?;
-    wait_for("every ConfigMap back at v1", DEFAULT_DEADLINE, || {
-        let cms = cms.clone();
-        async move {
-            let labels = cm_labels(&cms).await?;
-            if labels.values().filter(|v| *v == "v1").count() == WIDGETS {
-                Ok(Some(()))
-            } else {
-                bail!("{labels:?}")
-            }
-        }
-    })
-    .await?;
+    all_at(&cms, "v1").await?;
     Ok(())
 }
 
@@ -895,31 +853,16 @@ async fn a_candidate_pulled_by_oci_digest_is_rolled_out() -> Result<()> {
     create_rollout(
         &fx.ns,
         &name,
-        json!({
-            "plugin": "good",
+        spec(json!({
             "candidate": {"digest": file_digest},
             "steps": [{"percent": fx.percent_for(3)}, {"percent": 100}],
-            "holdSeconds": 1,
-            "analysis": {"errors": 1, "p99CallSeconds": 30, "cpuSecondsPerCall": 5},
-            "allowDifferences": [{"op": "apply", "path": ".metadata.labels"}],
-        }),
+        })),
     )
     .await?;
     let st = wait_phase(&fx.ns, &name, "Promoted").await?;
     ensure!(st["candidateDigest"] == file_digest.as_str(), "{st}");
     let cms: Api<ConfigMap> = fx.ns.api();
-    wait_for("every ConfigMap at v2", DEFAULT_DEADLINE, || {
-        let cms = cms.clone();
-        async move {
-            let labels = cm_labels(&cms).await?;
-            if labels.values().filter(|v| *v == "v2").count() == WIDGETS {
-                Ok(Some(()))
-            } else {
-                bail!("{labels:?}")
-            }
-        }
-    })
-    .await?;
+    all_at(&cms, "v2").await?;
     let _ = rollouts(&fx.ns)
         .delete(&name, &DeleteParams::default())
         .await;
@@ -938,14 +881,11 @@ async fn a_paused_rollout_holds_its_step_until_it_is_resumed() -> Result<()> {
     create_rollout(
         &fx.ns,
         &name,
-        json!({
-            "plugin": "good",
+        spec(json!({
             "steps": [{"percent": fx.percent_for(2)}, {"percent": 100}],
             "holdSeconds": 0,
             "paused": true,
-            "analysis": {"errors": 1, "p99CallSeconds": 30, "cpuSecondsPerCall": 5},
-            "allowDifferences": [{"op": "apply", "path": ".metadata.labels"}],
-        }),
+        })),
     )
     .await?;
     // Step 1 is done (no hold, its reconciles made) yet holds, and says so.
@@ -1024,13 +964,9 @@ async fn a_rollout_survives_an_operator_restart() -> Result<()> {
     create_rollout(
         &fx.ns,
         &name,
-        json!({
-            "plugin": "good",
+        spec(json!({
             "steps": [{"percent": fx.percent_for(2), "holdSeconds": 2}, {"percent": 100}],
-            "holdSeconds": 1,
-            "analysis": {"errors": 1, "p99CallSeconds": 30, "cpuSecondsPerCall": 5},
-            "allowDifferences": [{"op": "apply", "path": ".metadata.labels"}],
-        }),
+        })),
     )
     .await?;
     wait_step(&fx.ns, &name, 1).await?;
@@ -1045,18 +981,7 @@ async fn a_rollout_survives_an_operator_restart() -> Result<()> {
     ensure!(violations.is_empty(), "outside the share: {violations:#?}");
     ensure!(seen == [1, 2], "steps seen {seen:?}");
     let cms: Api<ConfigMap> = fx.ns.api();
-    wait_for("every ConfigMap at v2", DEFAULT_DEADLINE, || {
-        let cms = cms.clone();
-        async move {
-            let labels = cm_labels(&cms).await?;
-            if labels.values().filter(|v| *v == "v2").count() == WIDGETS {
-                Ok(Some(()))
-            } else {
-                bail!("{labels:?}")
-            }
-        }
-    })
-    .await?;
+    all_at(&cms, "v2").await?;
     let _ = rollouts(&fx.ns)
         .delete(&name, &DeleteParams::default())
         .await;

@@ -146,6 +146,13 @@ pub(crate) fn load_options(
 ) -> LoadOptions {
     let conf = file.plugins.get(stem);
     let defaults = Limits::default();
+    macro_rules! plan_limits {
+        ($($field:ident),*) => {
+            PlanLimits {
+                $($field: conf.and_then(|c| c.$field).unwrap_or(defaults.plan.$field),)*
+            }
+        };
+    }
     LoadOptions {
         settings: conf
             .and_then(|c| c.settings.clone())
@@ -159,29 +166,16 @@ pub(crate) fn load_options(
                 .and_then(|c| c.memory_mib)
                 .map(|m| m.saturating_mul(1 << 20))
                 .unwrap_or(defaults.memory_bytes),
-            plan: PlanLimits {
-                max_applies: conf
-                    .and_then(|c| c.max_applies)
-                    .unwrap_or(defaults.plan.max_applies),
-                max_deletes: conf
-                    .and_then(|c| c.max_deletes)
-                    .unwrap_or(defaults.plan.max_deletes),
-                max_events: conf
-                    .and_then(|c| c.max_events)
-                    .unwrap_or(defaults.plan.max_events),
-                max_http_requests: conf
-                    .and_then(|c| c.max_http_requests)
-                    .unwrap_or(defaults.plan.max_http_requests),
-                min_requeue_ms: conf
-                    .and_then(|c| c.min_requeue_ms)
-                    .unwrap_or(defaults.plan.min_requeue_ms),
-                max_deletes_per_minute: conf
-                    .and_then(|c| c.max_deletes_per_minute)
-                    .unwrap_or(defaults.plan.max_deletes_per_minute),
-                dry_run_first: conf
-                    .and_then(|c| c.dry_run_first)
-                    .unwrap_or(defaults.plan.dry_run_first),
-            },
+            // Each plan limit the file gives for this plugin, else the default.
+            plan: plan_limits!(
+                max_applies,
+                max_deletes,
+                max_events,
+                max_http_requests,
+                min_requeue_ms,
+                max_deletes_per_minute,
+                dry_run_first
+            ),
         },
         cache,
     }

@@ -166,6 +166,21 @@ pub struct Gauge {
     pub value: f64,
 }
 
+impl Gauge {
+    /// A gauge named `name` with these extra labels and value.
+    #[must_use]
+    pub fn new(name: &str, labels: &[(&str, &str)], value: f64) -> Self {
+        Self {
+            name: name.to_owned(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            value,
+        }
+    }
+}
+
 /// Create or update one object.
 ///
 /// JSON: `{"object":{…},"precondition":null|{"absent":true}|{"resourceVersion":"…"},"force":false}`
@@ -759,14 +774,7 @@ impl Plan {
 
     /// Sets a gauge for this primary (see [`Plan::gauges`]).
     pub fn gauge(mut self, name: &str, labels: &[(&str, &str)], value: f64) -> Self {
-        self.gauges.push(Gauge {
-            name: name.to_owned(),
-            labels: labels
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-            value,
-        });
+        self.gauges.push(Gauge::new(name, labels, value));
         self
     }
 }

@@ -318,14 +318,7 @@ mod count_tests {
     #[test]
     fn gauges_are_checked_for_names_labels_values_and_count() {
         use wasmop_contract::Gauge;
-        let g = |name: &str, labels: &[(&str, &str)], value: f64| Gauge {
-            name: name.to_owned(),
-            labels: labels
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-            value,
-        };
+        let g = Gauge::new;
         let good = Plan {
             gauges: vec![
                 g("firebolt_rotation_pending", &[("step", "promote")], 1.0),

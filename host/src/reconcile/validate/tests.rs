@@ -100,6 +100,16 @@ fn delete_cm(ns: &str, name: &str, uid: &str) -> DeleteOp {
     }
 }
 
+/// The rules `plan` breaks, in order (none when it is valid).
+fn rules(plan: &Plan, c: &Controller, world: &World) -> Vec<Rule> {
+    validate(plan, c, &primary(), world)
+        .err()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|v| v.rule)
+        .collect()
+}
+
 fn violations(plan: &Plan, world: &World) -> Vec<String> {
     match validate(plan, &controller(), &primary(), world) {
         Ok(_) => vec![],
@@ -259,21 +269,15 @@ fn deleting_the_primary_is_valid_when_the_controller_declares_it() {
     // The primary is not in `existing` (it is not an owned kind): the
     // snapshot's primary is the evidence, its uid the check.
     assert!(validate(&delete_self(PRIMARY_UID), &c, &primary(), &World::default()).is_ok());
-    let stale = validate(&delete_self("old-uid"), &c, &primary(), &World::default()).unwrap_err();
     assert_eq!(
-        stale.iter().map(|v| v.rule).collect::<Vec<_>>(),
+        rules(&delete_self("old-uid"), &c, &World::default()),
         vec![Rule::UidMismatch]
     );
     let mut twice = delete_self(PRIMARY_UID);
     twice.delete.push(twice.delete[0].clone());
     twice.primary_patch = Some(json!({"spec": {"id": "x"}}));
-    let rules: Vec<Rule> = validate(&twice, &c, &primary(), &World::default())
-        .unwrap_err()
-        .into_iter()
-        .map(|v| v.rule)
-        .collect();
     assert_eq!(
-        rules,
+        rules(&twice, &c, &World::default()),
         vec![
             Rule::DuplicateTarget,
             Rule::DuplicateTarget,
@@ -316,16 +320,7 @@ fn forged_owner_references_and_host_labels_are_rejected() {
         "name": "x", "namespace": "ns",
         "ownerReferences": [{"uid": "u"}],
         "labels": {"app.kubernetes.io/managed-by": "me", "wasmop.dev/plugin": "other"}}});
-    let rules: Vec<Rule> = validate(
-        &apply(vec![obj]),
-        &controller(),
-        &primary(),
-        &World::default(),
-    )
-    .unwrap_err()
-    .into_iter()
-    .map(|v| v.rule)
-    .collect();
+    let rules = rules(&apply(vec![obj]), &controller(), &World::default());
     assert_eq!(
         rules,
         vec![
@@ -341,12 +336,10 @@ fn duplicate_targets_are_rejected_across_applies_and_deletes() {
     let world = World::default().with("ConfigMap", "ns", "a", "u1", Some(PRIMARY_UID));
     let mut plan = apply(vec![cm("ns", "a"), cm("ns", "a")]);
     plan.delete.push(delete_cm("ns", "a", "u1"));
-    let rules: Vec<Rule> = validate(&plan, &controller(), &primary(), &world)
-        .unwrap_err()
-        .into_iter()
-        .map(|v| v.rule)
-        .collect();
-    assert_eq!(rules, vec![Rule::DuplicateTarget, Rule::DuplicateTarget]);
+    assert_eq!(
+        rules(&plan, &controller(), &world),
+        vec![Rule::DuplicateTarget, Rule::DuplicateTarget]
+    );
 }
 
 #[test]
