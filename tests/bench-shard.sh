@@ -15,21 +15,9 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . tests/cluster/lib.sh
 
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$WASMOP_CACHE/target}"
-export WASMOP_PLUGIN_DIR="${WASMOP_PLUGIN_DIR:-$CARGO_TARGET_DIR/plugins}"
-bash tests/cluster/build.sh
-[[ -f "$WASMOP_PLUGIN_DIR/good.wasm" ]] || bash tests/build-plugins.sh "$WASMOP_PLUGIN_DIR" >/dev/null
+prepare_run
 profile="${WASMOP_BENCH_PROFILE:-dev}"
 cargo build --profile "$profile" -p wasmop -p wasmop-tests --bin wasmop --bin shard-bench
-bin_dir="$CARGO_TARGET_DIR/$profile"
-[[ "$profile" == dev ]] && bin_dir="$CARGO_TARGET_DIR/debug"
-
-cleanup() {
-  if [[ ${WASMOP_KEEP_CLUSTER:-0} != 1 ]]; then
-    bash tests/cluster/down.sh || true
-  fi
-}
-trap cleanup EXIT
-KUBECONFIG="$(bash tests/cluster/up.sh)"
-export KUBECONFIG
+bin_dir="$(profile_dir "$profile")"
+cluster_for_script
 WASMOP_BIN="$bin_dir/wasmop" RUST_LOG="${RUST_LOG:-warn}" "$bin_dir/shard-bench" "$@"

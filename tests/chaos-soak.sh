@@ -18,20 +18,9 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . tests/cluster/lib.sh
 
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$WASMOP_CACHE/target}"
-export WASMOP_PLUGIN_DIR="${WASMOP_PLUGIN_DIR:-$CARGO_TARGET_DIR/plugins}"
-bash tests/cluster/build.sh
-bash tests/build-plugins.sh "$WASMOP_PLUGIN_DIR" >/dev/null
+prepare_run
 # The replicas run wasmop-under-test: the wasmop program with the test-only
 # failpoint (feature failpoints) that crashes it between two writes.
 cargo build -p wasmop-tests --bin chaos-soak --bin wasmop-under-test
-
-cleanup() {
-  if [[ ${WASMOP_KEEP_CLUSTER:-0} != 1 ]]; then
-    bash tests/cluster/down.sh || true
-  fi
-}
-trap cleanup EXIT
-KUBECONFIG="$(bash tests/cluster/up.sh)"
-export KUBECONFIG
+cluster_for_script
 "$CARGO_TARGET_DIR/debug/chaos-soak" "$@"

@@ -35,3 +35,26 @@ exited() {
   done
   return 0
 }
+
+# For the bench and soak scripts run outside tests/run.sh: the cargo target
+# and plugin dirs exported (the same defaults as tests/run.sh), the
+# control-plane binaries and the plugins built.
+prepare_run() {
+  export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$WASMOP_CACHE/target}"
+  export WASMOP_PLUGIN_DIR="${WASMOP_PLUGIN_DIR:-$CARGO_TARGET_DIR/plugins}"
+  bash tests/cluster/build.sh
+  bash tests/build-plugins.sh "$WASMOP_PLUGIN_DIR" >/dev/null
+}
+
+# profile -> the directory cargo puts that profile's binaries in.
+profile_dir() {
+  if [[ "$1" == dev ]]; then echo "$CARGO_TARGET_DIR/debug"; else echo "$CARGO_TARGET_DIR/$1"; fi
+}
+
+# Starts a local control plane for this script and exports KUBECONFIG; it
+# is stopped when the script exits, unless WASMOP_KEEP_CLUSTER=1.
+cluster_for_script() {
+  trap '[[ ${WASMOP_KEEP_CLUSTER:-0} == 1 ]] || bash tests/cluster/down.sh || true' EXIT
+  KUBECONFIG="$(bash tests/cluster/up.sh)"
+  export KUBECONFIG
+}
