@@ -63,9 +63,9 @@
 //! `wasmop_orphan_sweep_objects`.
 //!
 //! After a collection the watch cache may still hold the deleted object for
-//! a moment; its UID is remembered ([`Collected`]) for
+//! a moment; its UID is remembered (`Collected`) for
 //! [`COLLECTED_MEMORY`], and the judgement of a plan
-//! ([`super::truth::TruthLookup`]) asks the API server instead of the cache
+//! (`controller::truth`'s lookup) asks the API server instead of the cache
 //! for an object with such a UID.
 
 use std::collections::{HashMap, HashSet};

@@ -76,7 +76,7 @@ impl std::fmt::Display for Origin {
 ///   snapshot — which holds only what the primary owns or its controller
 ///   reads). URL = `http://<status.podIP>:<port><path>` for a Pod,
 ///   `http://<spec.clusterIP>:<port><path>` for a Service of type
-///   ClusterIP with a selector ([`service_base`] refuses the others).
+///   ClusterIP with a selector (`service_base` refuses the others).
 ///
 /// # Errors
 ///

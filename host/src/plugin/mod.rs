@@ -136,7 +136,7 @@ pub enum LoadError {
         #[source]
         source: CallError,
     },
-    /// The manifest breaks the rules of [`Manifest::problems`].
+    /// The manifest breaks the rules of [`manifest::problems`].
     #[error("{origin} has an invalid manifest: {}", join(problems))]
     InvalidManifest {
         /// The file (or other origin).

@@ -12,7 +12,7 @@
 //!   test) within the same second hand the plugin the same snapshot.
 //! - A plan is [`Decision::Planned`] only when its counts are within the
 //!   plugin's [`crate::reconcile::validate::PlanLimits`] ([`check_counts`])
-//!   and [`validate`] accepted all of it; otherwise it is
+//!   and [`crate::reconcile::validate::validate`] accepted all of it; otherwise it is
 //!   [`Decision::Rejected`] with the count violations, or every violation.
 //!   Nothing here writes.
 

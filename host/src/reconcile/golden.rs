@@ -1,7 +1,7 @@
 //! Golden plans: fixture YAML in, expected plan out, for any plugin.
 //!
 //! A fixture directory holds `NAME.yaml` files (input of
-//! [`crate::offline`]: objects plus optional `Observations` and
+//! [`crate::reconcile::offline`]: objects plus optional `Observations` and
 //! `PlanOptions` documents) and next to each the expected `NAME.plan.json`
 //! ([`crate::reconcile::offline::to_golden_text`]). The snapshot
 //! time is the fixture's `PlanOptions.now`, or [`GOLDEN_NOW`].

@@ -11,7 +11,7 @@
 //!   primary of the kind, sorted by namespace and name, without those that
 //!   are being deleted and do not hold the controller's finalizer (a
 //!   per-object controller skips them the same way, see
-//!   [`crate::reconcile::decide`]).
+//!   [`crate::reconcile::decide()`]).
 //! - `owned` is the union of what each listed primary owns, `related` the
 //!   union of what the reads select for each of them, each object once per
 //!   read, sorted as in a per-object snapshot. Reads that do not depend on

@@ -1,6 +1,6 @@
 //! Deciding one reconcile, the same way live and offline: the snapshot of a
 //! primary ([`snapshot`]), the plugin call and the whole-plan check
-//! ([`validate`]) chained by [`decide`]; [`offline`] (`wasmop plan`) and
+//! ([`validate`]) chained by [`decide()`]; [`offline`] (`wasmop plan`) and
 //! [`golden`] plan tests run it over objects from files.
 
 pub mod decide;
