@@ -77,6 +77,14 @@
 //! and the Lease is held by a running replica and was renewed within its
 //! duration — so a replica may write.
 //!
+//! **Sharding** ([`SoakConfig::sharding`]): the replicas run with
+//! `--sharding`, each a shard with a Lease of its own and the leader also
+//! the sharder. A crash before a write is then armed on every shard (the
+//! primary's shard makes the plan), and recovery also waits until every
+//! Widget is placed on a running replica's shard (a killed shard's Lease
+//! expired and its primaries re-homed), so convergence within 5 s covers
+//! the reconciles of re-homed primaries; the invariants are the same.
+//!
 //! [`Breach`] makes the soak break every invariant itself once (touch a
 //! bystander, delete a managed ConfigMap whose Widget lives, forge a second
 //! ConfigMap for one Widget, stop both replicas before a quiet point), to
@@ -652,6 +660,10 @@ pub struct SoakConfig {
     /// Run every shipped plugin on the primaries of `deploy/examples/`
     /// ([`Zoo`]), churned; needs `backup`. Default: true.
     pub zoo: bool,
+    /// Run the replicas with `--sharding`: each a shard of its own, the
+    /// Lease holder also the sharder (see "Sharding" above). Default:
+    /// false.
+    pub sharding: bool,
 }
 
 impl SoakConfig {
@@ -670,6 +682,7 @@ impl SoakConfig {
             oci: seed % 2 == 1,
             backup: true,
             zoo: true,
+            sharding: false,
         }
     }
 }
@@ -847,6 +860,8 @@ struct Replicas {
     extra: Vec<String>,
     slots: Vec<Option<Replica>>,
     starts: usize,
+    /// `--sharding`.
+    sharding: bool,
 }
 
 /// An error a fault explains: the API server unreachable, restarting,
@@ -987,6 +1002,7 @@ impl Replicas {
             // restarted is the host's to collect: often enough to be seen
             // within the soak.
             .args(["--orphan-sweep-interval-secs", "15"])
+            .args(self.sharding.then_some("--sharding"))
             .args(&self.extra)
             .env_remove("POD_NAME")
             .env_remove("POD_NAMESPACE")
@@ -1062,6 +1078,27 @@ impl Replicas {
             return None;
         }
         self.slot_of_identity(spec.holder_identity.as_deref()?)
+    }
+
+    /// Without sharding, true. With it: every Widget and zoo primary is
+    /// placed on a running replica's shard (labelled for it, not
+    /// draining) — a killed shard's Lease has expired and the sharder has
+    /// re-homed its primaries.
+    async fn placed(&self, widgets: &Api<DynamicObject>, zoo: Option<&Zoo>) -> bool {
+        if !self.sharding {
+            return true;
+        }
+        let running = |shard: &str| self.slot_of_identity(shard).is_some();
+        let Ok(list) = widgets.list(&ListParams::default()).await else {
+            return false;
+        };
+        if !list.items.iter().all(|w| zoo::placed(w, &running)) {
+            return false;
+        }
+        match zoo {
+            Some(zoo) => zoo.unplaced(&running).await.is_empty(),
+            None => true,
+        }
     }
 
     /// Every replica runs, answers `/readyz`, and runs `version` of the
@@ -1279,15 +1316,22 @@ impl Injector {
             if readyz(&client).await
                 && self.replicas.ready(version).await
                 && self.replicas.leader(&client).await.is_some()
+                && self
+                    .replicas
+                    .placed(&self.widgets, self.zoo.as_deref())
+                    .await
             {
                 return Ok(Instant::now());
             }
             if Instant::now() > deadline {
                 bail!(
-                    "not recovered 90 s after the last fault: API server ready {}, replicas ready on {version} {}, leader {:?}",
+                    "not recovered 90 s after the last fault: API server ready {}, replicas ready on {version} {}, leader {:?}, Widgets placed on running shards {}",
                     readyz(&client).await,
                     self.replicas.ready(version).await,
-                    self.replicas.leader(&client).await
+                    self.replicas.leader(&client).await,
+                    self.replicas
+                        .placed(&self.widgets, self.zoo.as_deref())
+                        .await
                 );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -1301,7 +1345,9 @@ impl Injector {
     /// and starts it again.
     async fn crash_before_write(&mut self, index: usize, report: &mut Report) -> Result<String> {
         // Armed on the leader: wait for one after an earlier fault (a
-        // crashed leader's Lease must expire first).
+        // crashed leader's Lease must expire first). With sharding, on
+        // every running shard: the plan that reaches the index is made by
+        // whichever shard the primary is placed on.
         let mut leader = None;
         let deadline = Instant::now() + Duration::from_secs(40);
         while leader.is_none() && Instant::now() < deadline {
@@ -1315,17 +1361,26 @@ impl Injector {
                 "crash before write {index}: no live leader within 40 s, skipped"
             ));
         };
-        std::fs::write(
-            self.replicas.failpoint_file(slot),
-            format!("abort-before-write:{index}"),
-        )?;
+        let armed: Vec<usize> = if self.replicas.sharding {
+            (0..self.replicas.slots.len())
+                .filter(|s| self.replicas.slots[*s].is_some())
+                .collect()
+        } else {
+            vec![slot]
+        };
+        for slot in &armed {
+            std::fs::write(
+                self.replicas.failpoint_file(*slot),
+                format!("abort-before-write:{index}"),
+            )?;
+        }
         // A plan with every write: a zoo primary created anew for the
         // later indices, else a new value for a Widget.
         if index >= ZOO_WRITE_MIN
             && let Some(zoo) = &self.zoo
         {
             let made = zoo.recreate_one(self.rng.next_u64(), &self.shared).await;
-            return self.await_crash(slot, index, made, report).await;
+            return self.await_crash(&armed, index, made, report).await;
         }
         let names: Vec<String> = self
             .widgets
@@ -1347,15 +1402,15 @@ impl Injector {
                 )
                 .await;
         }
-        self.await_crash(slot, index, None, report).await
+        self.await_crash(&armed, index, None, report).await
     }
 
-    /// Waits for the leader in `slot`, armed at write `index`, to abort;
-    /// disarms it and starts it again. `made` names the zoo primary made
-    /// to reach the index.
+    /// Waits for one of the replicas in `armed`, each armed at write
+    /// `index`, to abort; disarms them and starts again each that aborted.
+    /// `made` names the zoo primary made to reach the index.
     async fn await_crash(
         &mut self,
-        slot: usize,
+        armed: &[usize],
         index: usize,
         made: Option<String>,
         report: &mut Report,
@@ -1363,36 +1418,58 @@ impl Injector {
         let by = made
             .map(|m| format!(" ({m} created anew)"))
             .unwrap_or_default();
-        let crashed = {
-            let deadline = Instant::now() + Duration::from_secs(20);
-            loop {
-                if let Some(status) = self.replicas.exited_slot(slot) {
-                    break Some(status);
-                }
-                if Instant::now() > deadline {
-                    break None;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
+        let who = |slot: usize| {
+            if armed.len() == 1 {
+                format!("leader (replica {slot})")
+            } else {
+                format!("shard replica {slot}")
             }
         };
-        let _ = std::fs::remove_file(self.replicas.failpoint_file(slot));
-        Ok(match crashed {
-            Some(status) => {
-                report.crashed_at_writes.insert(index);
-                self.replicas.start(slot).await?;
-                format!(
-                    "leader (replica {slot}) crashed before write {index} of a plan{by} ({status}), restarted"
-                )
-            }
-            None => {
-                if self.replicas.slots[slot].is_none() {
-                    self.replicas.start(slot).await?;
+        let mut crashed = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while crashed.is_empty() && Instant::now() < deadline {
+            for slot in armed {
+                if let Some(status) = self.replicas.exited_slot(*slot) {
+                    crashed.push((*slot, status));
                 }
-                format!(
-                    "leader (replica {slot}) armed at write {index}{by}: no plan reached it in 20 s"
-                )
             }
-        })
+            if crashed.is_empty() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        for slot in armed {
+            let _ = std::fs::remove_file(self.replicas.failpoint_file(*slot));
+        }
+        // Another armed shard may have reached the index before it was
+        // disarmed: its abort is this fault's too.
+        for slot in armed {
+            if !crashed.iter().any(|(s, _)| s == slot)
+                && let Some(status) = self.replicas.exited_slot(*slot)
+            {
+                crashed.push((*slot, status));
+            }
+        }
+        if crashed.is_empty() {
+            for slot in armed {
+                if self.replicas.slots[*slot].is_none() {
+                    self.replicas.start(*slot).await?;
+                }
+            }
+            let who = armed.iter().map(|s| who(*s)).collect::<Vec<_>>().join(", ");
+            return Ok(format!(
+                "{who} armed at write {index}{by}: no plan reached it in 20 s"
+            ));
+        }
+        report.crashed_at_writes.insert(index);
+        let mut done = Vec::new();
+        for (slot, status) in crashed {
+            self.replicas.start(slot).await?;
+            done.push(format!(
+                "{} crashed before write {index} of a plan{by} ({status}), restarted",
+                who(slot)
+            ));
+        }
+        Ok(done.join("; "))
     }
 
     /// Starts again every replica that exited without the soak killing
@@ -1671,6 +1748,7 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
             }),
             slots: vec![None, None],
             starts: 0,
+            sharding: config.sharding,
         },
         kinds: config
             .faults
@@ -1690,6 +1768,9 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
     };
     injector.replicas.start(0).await?;
     injector.replicas.start(1).await?;
+    if config.sharding {
+        eprintln!("chaos soak: the replicas run with --sharding");
+    }
     eprintln!(
         "chaos soak: namespace {}, replica logs in {} (kept with WASMOP_KEEP_NAMESPACES)",
         ns.name,

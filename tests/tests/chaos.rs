@@ -8,9 +8,11 @@
 //! example primary done within 60 s at every quiet point, nothing left
 //! behind at the end.
 //!
-//! Two soaks: a fixed seed and a random one, both printed (replay one with
-//! `WASMOP_CHAOS_SEED=<seed>`, which then runs alone; `WASMOP_CHAOS_FAULTS`
-//! narrows the kinds of fault, e.g. `KillLeader,CrashBeforeWrite`). And a soak that
+//! Three soaks: a fixed seed and a random one, both printed, and the fixed
+//! seed once more with the replicas as shards (`--sharding`); replay one
+//! with `WASMOP_CHAOS_SEED=<seed>` (the first test then runs that seed
+//! alone); `WASMOP_CHAOS_FAULTS` narrows the kinds of fault, e.g.
+//! `KillLeader,CrashBeforeWrite`. And a soak that
 //! breaks every invariant itself, to show each check fails when it should.
 //!
 //! The soaks stop and freeze the cluster's components, so they live in a
@@ -93,6 +95,22 @@ async fn short_soak_a_fixed_seed_and_a_random_one() -> Result<()> {
         let report = soak(short(seed)?).await?;
         assert_clean(&report);
     }
+    Ok(())
+}
+
+/// The same with the replicas as shards (`--sharding`): a primary's
+/// shard makes its plans, a killed shard's primaries are re-homed before
+/// recovery, and the invariants hold as without sharding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_soak_with_the_replicas_as_shards() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let seed = seed_from_env()?.unwrap_or(FIXED_SEED);
+    let report = soak(SoakConfig {
+        sharding: true,
+        ..short(seed)?
+    })
+    .await?;
+    assert_clean(&report);
     Ok(())
 }
 

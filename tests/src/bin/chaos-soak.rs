@@ -1,11 +1,12 @@
 //! The long chaos soak (`wasmop_tests::chaos`), one run: `tests/chaos-soak.sh`
 //! builds what it needs, starts the local control plane and runs this.
 //!
-//! usage: chaos-soak [--minutes N] [--seed SEED]
+//! usage: chaos-soak [--minutes N] [--seed SEED] [--sharding]
 //!
 //! `--minutes` (default 30) of faults every ~10 s with a quiet point every
 //! minute; the seed defaults to `$WASMOP_CHAOS_SEED`, else a random one
-//! (printed either way); `WASMOP_CHAOS_FAULTS` narrows the kinds of fault.
+//! (printed either way); `WASMOP_CHAOS_FAULTS` narrows the kinds of fault;
+//! `--sharding` runs the replicas as shards (`wasmop run --sharding`).
 //! Prints the figures (faults survived, operations, convergence, anything
 //! lost or touched) and exits 1 when an invariant broke. The replicas run
 //! `wasmop-under-test`, which cargo builds next to this binary.
@@ -16,25 +17,29 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use wasmop_tests::chaos::{SoakConfig, faults_from_env, random_seed, seed_from_env, soak};
 
-fn parse() -> Result<(u64, Option<u64>)> {
+fn parse() -> Result<(u64, Option<u64>, bool)> {
     let mut minutes = 30;
     let mut seed = None;
+    let mut sharding = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || args.next().with_context(|| format!("{a} needs a value"));
         match a.as_str() {
             "--minutes" => minutes = value()?.parse().context("--minutes")?,
             "--seed" => seed = Some(value()?.parse().context("--seed")?),
+            "--sharding" => sharding = true,
             other => {
-                bail!("unknown argument {other:?}; usage: chaos-soak [--minutes N] [--seed SEED]")
+                bail!(
+                    "unknown argument {other:?}; usage: chaos-soak [--minutes N] [--seed SEED] [--sharding]"
+                )
             }
         }
     }
-    Ok((minutes, seed))
+    Ok((minutes, seed, sharding))
 }
 
 async fn run() -> Result<bool> {
-    let (minutes, seed) = parse()?;
+    let (minutes, seed, sharding) = parse()?;
     let seed = match seed {
         Some(s) => s,
         None => seed_from_env()?.unwrap_or_else(random_seed),
@@ -51,6 +56,7 @@ async fn run() -> Result<bool> {
     }
     let config = SoakConfig {
         faults: faults_from_env()?,
+        sharding,
         ..SoakConfig::new(seed, Duration::from_secs(minutes * 60), bin)
     };
     let report = soak(config).await?;

@@ -37,6 +37,7 @@ use kube::core::GroupVersionKind;
 use kube::discovery::{Scope, pinned_kind};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
+use wasmop::controller::shard::{DRAIN_LABEL, SHARD_LABEL};
 
 use super::{CHAOS_LABEL, MANAGED_BY, Shared, delete_owner, reconciled_for_generation, retrying};
 use crate::{TestNamespace, repo_root};
@@ -129,6 +130,13 @@ pub(super) struct ZooTimes {
     pub(super) state: String,
 }
 
+/// Whether `obj` is placed on a running shard: labelled for one that
+/// `running` accepts and not draining.
+pub(super) fn placed(obj: &DynamicObject, running: &dyn Fn(&str) -> bool) -> bool {
+    let labels = obj.labels();
+    !labels.contains_key(DRAIN_LABEL) && labels.get(SHARD_LABEL).is_some_and(|s| running(s))
+}
+
 /// The zoo of a soak.
 pub(super) struct Zoo {
     /// Its namespace (watched by the replicas).
@@ -149,6 +157,21 @@ fn done_condition(kind: &str) -> &'static str {
 }
 
 impl Zoo {
+    /// With sharding: the zoo primaries that exist and are not placed on
+    /// a running shard ([`placed`]). EtcdBackups are reconciled by kind,
+    /// by the leader, and never carry a shard label.
+    pub(super) async fn unplaced(&self, running: &dyn Fn(&str) -> bool) -> Vec<String> {
+        let mut out = Vec::new();
+        for item in self.items.iter().filter(|i| i.kind != "EtcdBackup") {
+            match item.api.get_opt(&item.name).await {
+                Ok(None) => {}
+                Ok(Some(obj)) if placed(&obj, running) => {}
+                Ok(Some(_)) | Err(_) => out.push(item.key()),
+            }
+        }
+        out
+    }
+
     /// Creates the zoo's namespace, starts the stand-in, and applies the
     /// examples' supporting objects (ServiceAccounts, the db Secret). The
     /// primaries are created by [`Zoo::create_missing`].
