@@ -62,6 +62,9 @@ else
     fi
   done
 fi
+# Before anything is built: a control plane left in the cluster directory by
+# a run as another user (CI as root) would stop this one only at step 5.
+require_own_cluster_dir
 
 step "toolchain: wasm32-unknown-unknown and wasm32-wasip2 targets, clippy, rustfmt"
 rustup target add wasm32-unknown-unknown wasm32-wasip2

@@ -12,6 +12,7 @@ if [[ ! -d $D ]]; then
   log "nothing to stop ($D does not exist)"
   exit 0
 fi
+require_own_cluster_dir
 
 # Reverse start order: clients first, etcd last.
 for c in kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do

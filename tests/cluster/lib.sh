@@ -23,6 +23,18 @@ WASMOP_CLUSTER_DIR="${WASMOP_CLUSTER_DIR:-${TMPDIR:-/tmp}/wasmop-cluster}"
 log() { printf '[cluster] %s\n' "$*" >&2; }
 die() { printf '[cluster] error: %s\n' "$*" >&2; exit 1; }
 
+# Stops with a message when $WASMOP_CLUSTER_DIR holds a file of another
+# user: a cluster directory left by a run as root (as CI runs) cannot be
+# cleaned up, reused or replaced by a normal user, and up.sh would fail on
+# its first `rm` or `mkdir`. Root can remove anything, so it is not checked.
+require_own_cluster_dir() {
+  [[ -e $WASMOP_CLUSTER_DIR && $(id -u) != 0 ]] || return 0
+  local other
+  other="$(find "$WASMOP_CLUSTER_DIR" ! -user "$(id -u)" -print -quit 2>/dev/null || true)"
+  [[ -z $other ]] ||
+    die "$WASMOP_CLUSTER_DIR is another user's control plane ($other belongs to $(stat -c %U "$other"), not to $(id -un); a run as root leaves one): remove it as that user (bash tests/cluster/down.sh), or set WASMOP_CLUSTER_DIR to a directory of your own"
+}
+
 # pid -> 0 when the process is reaped, or when each of its threads is a
 # zombie: the first thread of a multi-threaded process (all the components
 # are Go programs) may turn zombie while others still hold its sockets.

@@ -61,6 +61,7 @@ healthy() {
   [[ -f $KUBECONFIG ]] && "$KUBECTL" get --raw /readyz >/dev/null 2>&1
 }
 
+require_own_cluster_dir
 if healthy; then
   log "already running; kubeconfig: $KUBECONFIG; logs: $D/logs"
   echo "$KUBECONFIG"
