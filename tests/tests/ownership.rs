@@ -1408,7 +1408,10 @@ async fn a_kind_narrowed_to_its_primarys_namespace_is_written_nowhere_else() -> 
         &mut unnamed,
         &cond,
         "NamespaceNotAllowed",
-        &[&format!("Deployment {}/sw", far.name), "only in the primary's namespace"],
+        &[
+            &format!("Deployment {}/sw", far.name),
+            "only in the primary's namespace",
+        ],
     );
     assert!(
         far_secrets.get_opt("sw-mirror").await?.is_none(),
