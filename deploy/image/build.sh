@@ -4,7 +4,8 @@
 # loads, /etc/passwd with the user 65532, /tmp, /plugins), run as
 # 65532:65532, entrypoint /wasmop, command `run --plugins=/plugins`.
 #
-#   bash deploy/image/build.sh [--release] [--out DIR] [--push HOST[:PORT]/REPO:TAG [--insecure]]
+#   bash deploy/image/build.sh [--release] [--out DIR]
+#                             [--push HOST[:PORT]/REPO:TAG [--insecure] [--manifest FILE]]
 #
 # --release   build the binary with `cargo build --release -p wasmop` (what
 #             to publish). Without it the debug binary is used, the one the
@@ -16,6 +17,10 @@
 # --push REF  push it to a registry (HTTPS; --insecure: plain HTTP) and
 #             print REF's repository @ the digest: what the chart's
 #             image.digest and deploy/wasmop.yaml take.
+# --manifest FILE  with --push: also write deploy/wasmop.yaml to FILE with
+#             its image set to that REPO@sha256:... (nothing else changed),
+#             ready for `kubectl apply -f FILE` (a relative FILE, like
+#             --out DIR, is taken from the repository root).
 # Prints the manifest digest. The same binary gives the same digest
 # (deploy/image/oci-image.py: sorted entries, fixed owners and times,
 # debug information, with its build paths, stripped).
@@ -23,18 +28,20 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 . tests/cluster/lib.sh
 
-release=0 out="" push="" insecure=()
+release=0 out="" push="" manifest="" insecure=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     --release) release=1 ;;
     --out) out=$2; shift ;;
     --push) push=$2; shift ;;
     --insecure) insecure=(--insecure) ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --manifest) manifest=$2; shift ;;
+    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
   shift
 done
+[[ -z $manifest || -n $push ]] || die "--manifest needs --push (the manifest names the pushed digest)"
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$WASMOP_CACHE/target}"
 if [[ $release == 1 ]]; then
@@ -49,7 +56,13 @@ fi
 digest=$(python3 deploy/image/oci-image.py build "$bin" "$out")
 echo "image layout $out: $digest" >&2
 if [[ -n $push ]]; then
-  python3 deploy/image/oci-image.py push "$out" "$push" "${insecure[@]}"
+  pushed=$(python3 deploy/image/oci-image.py push "$out" "$push" "${insecure[@]}")
+  if [[ -n $manifest ]]; then
+    python3 deploy/image/oci-image.py set-image deploy/wasmop.yaml "$pushed" > "$manifest.tmp"
+    mv "$manifest.tmp" "$manifest"
+    echo "deploy/wasmop.yaml with image $pushed: $manifest" >&2
+  fi
+  echo "$pushed"
 else
   echo "$digest"
 fi

@@ -6,12 +6,18 @@ glibc build, exactly the shared libraries it loads, run as uid/gid 65532.
     oci-image.py build BINARY OUT_DIR    # OCI image layout in OUT_DIR; prints the manifest digest
     oci-image.py push OUT_DIR HOST:PORT/REPO:TAG [--insecure]
     oci-image.py pull HOST:PORT/REPO@DIGEST ROOTFS [--insecure]
+    oci-image.py set-image MANIFEST REPO@sha256:DIGEST   # MANIFEST with its image by digest, on stdout
 
 Reproducible: the same binary gives the same digest. Every tar entry is
 sorted, owned by 0:0 with mtime SOURCE_DATE_EPOCH (default 0); gzip carries
 no name or time; the config's `created` is that epoch too. The binary is
 copied with its debug information stripped (`objcopy --strip-debug`), which
 drops the DWARF sections that hold the build machine's absolute paths.
+
+`set-image` prints a manifest (deploy/wasmop.yaml) with the value of its
+one `image:` line replaced by an image reference by digest; it fails on a
+reference that is not `REPO@sha256:<64 hex>` or a manifest without exactly
+one `image:` line, and changes nothing else (comments included).
 
 `pull` checks every digest (manifest and blobs) and extracts the layer,
 refusing entries that leave ROOTFS. It exists for the tests: they run the
@@ -23,6 +29,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -209,6 +216,22 @@ def pull(ref, rootfs, scheme):
     print(root)
 
 
+IMAGE_LINE = re.compile(r"^(\s*(?:- )?image:\s*)(\S+)(.*)$")
+BY_DIGEST = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+
+
+def set_image(manifest, image):
+    if not BY_DIGEST.match(image):
+        sys.exit(f"set-image takes REPO@sha256:<64 hex digits>, not {image!r}")
+    lines = open(manifest).read().split("\n")
+    found = [i for i, l in enumerate(lines) if IMAGE_LINE.match(l)]
+    if len(found) != 1:
+        sys.exit(f"{manifest}: {len(found)} image: lines, expected exactly one")
+    i = found[0]
+    lines[i] = IMAGE_LINE.sub(lambda m: m.group(1) + image + m.group(3), lines[i])
+    sys.stdout.write("\n".join(lines))
+
+
 def main():
     args = [a for a in sys.argv[1:] if a != "--insecure"]
     scheme = "http" if "--insecure" in sys.argv else "https"
@@ -218,6 +241,8 @@ def main():
         push(args[1], args[2], scheme)
     elif len(args) == 3 and args[0] == "pull":
         pull(args[1], args[2], scheme)
+    elif len(args) == 3 and args[0] == "set-image":
+        set_image(args[1], args[2])
     else:
         sys.exit(__doc__)
 

@@ -4,21 +4,27 @@
 //! (`wasmop_tests::registry`), pulled by digest, and its binary run from
 //! the extracted layer as the image's user, uid/gid 65532 (`chroot
 //! --userspec`: needs root, like the two tests tests/run.sh names), first
-//! `--version`, then `run` against the local control plane.
+//! `--version`, then `run` against the local control plane. And the image
+//! by digest where the operator is deployed: `deploy/image/build.sh --push
+//! --manifest` writes deploy/wasmop.yaml naming the pushed digest, and the
+//! chart with `image.digest` names it too; the API server accepts both
+//! Deployments so (server-side dry run).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
+use serde::Deserialize;
 use serde_json::json;
 use wasmop_tests::operator::plugin_path;
 use wasmop_tests::registry::Registry;
 use wasmop_tests::widgets::TempDir;
 use wasmop_tests::{
-    DEFAULT_DEADLINE, TestNamespace, apply_test_crds, kubeconfig_path, repo_root, wait_for,
-    wasmop_bin,
+    DEFAULT_DEADLINE, TestNamespace, apply_test_crds, kubeconfig_path, pinned_version, repo_root,
+    wait_for, wasmop_bin, wasmop_cache,
 };
 
 fn image_tool(args: &[&str]) -> Result<String> {
@@ -153,4 +159,145 @@ async fn the_image_builds_reproducibly_and_its_binary_runs_as_65532_from_the_pul
     let _ = child.kill();
     let _ = child.wait();
     result
+}
+
+/// The one Deployment of multi-document YAML `text`, as the API server
+/// would store it in `ns` (server-side dry run: validated, defaulted,
+/// nothing written).
+async fn dry_run_deployment(ns: &TestNamespace, text: &str) -> Result<Deployment> {
+    let mut found = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(text) {
+        let value = serde_json::Value::deserialize(doc)?;
+        if value["kind"] == "Deployment" {
+            found.push(value);
+        }
+    }
+    ensure!(
+        found.len() == 1,
+        "{} Deployments in the manifest",
+        found.len()
+    );
+    let mut deployment: Deployment = serde_json::from_value(found.remove(0))?;
+    deployment.metadata.namespace = None;
+    let api: Api<Deployment> = ns.api();
+    let params = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    Ok(api.create(&params, &deployment).await?)
+}
+
+/// The image of the Deployment's only container.
+fn image_of(d: &Deployment) -> Option<String> {
+    let pod = d.spec.as_ref()?.template.spec.as_ref()?;
+    match pod.containers.as_slice() {
+        [only] => only.image.clone(),
+        _ => None,
+    }
+}
+
+/// Issue 40: `image@digest` for `deploy/wasmop.yaml` and the chart, from
+/// the digest `build.sh --push` pushed.
+#[tokio::test]
+async fn the_manifest_and_the_chart_run_the_pushed_image_by_digest() -> Result<()> {
+    let bin = wasmop_bin()?;
+    let dir = TempDir::new("image-digest");
+    let registry = Registry::start().await?;
+    let manifest = dir.0.join("wasmop.yaml");
+    let build = |extra: &[&str]| -> Result<std::process::Output> {
+        Ok(Command::new("bash")
+            .arg(repo_root().join("deploy/image/build.sh"))
+            .args(extra)
+            .env("WASMOP_BIN", &bin)
+            .output()?)
+    };
+    // Careless uses are refused: a manifest for nothing pushed, a tag.
+    let refused = build(&["--manifest", manifest.to_str().context("path")?])?;
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--manifest needs --push"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let by_tag = Command::new("python3")
+        .arg(repo_root().join("deploy/image/oci-image.py"))
+        .args([
+            "set-image",
+            "deploy/wasmop.yaml",
+            "registry.example/wasmop:0.1.0",
+        ])
+        .current_dir(repo_root())
+        .output()?;
+    assert!(!by_tag.status.success(), "a tag is no digest");
+
+    let out = build(&[
+        "--out",
+        dir.0.join("layout").to_str().context("path")?,
+        "--push",
+        &format!("{}/wasmop:digest", registry.host),
+        "--insecure",
+        "--manifest",
+        manifest.to_str().context("path")?,
+    ])?;
+    ensure!(
+        out.status.success(),
+        "build.sh --push --manifest: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pushed = String::from_utf8(out.stdout)?.trim().to_owned();
+    let repository = format!("{}/wasmop", registry.host);
+    let digest = pushed
+        .strip_prefix(&format!("{repository}@"))
+        .with_context(|| format!("{pushed} is not {repository}@DIGEST"))?
+        .to_owned();
+    assert!(
+        digest.len() == 71
+            && digest.starts_with("sha256:")
+            && digest[7..].bytes().all(|b| b.is_ascii_hexdigit()),
+        "{digest}"
+    );
+
+    // deploy/wasmop.yaml with the one image line changed.
+    let original = std::fs::read_to_string(repo_root().join("deploy/wasmop.yaml"))?;
+    let written = std::fs::read_to_string(&manifest)?;
+    assert_eq!(original.lines().count(), written.lines().count());
+    let changed: Vec<(&str, &str)> = original
+        .lines()
+        .zip(written.lines())
+        .filter(|(a, b)| a != b)
+        .collect();
+    assert_eq!(changed.len(), 1, "{changed:?}");
+    assert_eq!(changed[0].1.trim(), format!("image: {pushed}"));
+
+    let ns = TestNamespace::new("image-digest").await?;
+    let from_manifest = dry_run_deployment(&ns, &written).await?;
+    assert_eq!(image_of(&from_manifest).as_deref(), Some(pushed.as_str()));
+
+    // The chart with image.digest.
+    let helm = wasmop_cache()?.join(format!("bin/helm-{}/helm", pinned_version("HELM_VERSION")?));
+    ensure!(
+        helm.is_file(),
+        "helm not found at {}: run `bash tests/cluster/build.sh`",
+        helm.display()
+    );
+    let rendered = Command::new(&helm)
+        .arg("template")
+        .arg("wasmop")
+        .arg(repo_root().join("deploy/chart"))
+        .args(["-n", &ns.name, "--set"])
+        .arg(format!("image.repository={repository}"))
+        .arg("--set")
+        .arg(format!("image.digest={digest}"))
+        .env("HELM_CACHE_HOME", dir.0.join("helm/cache"))
+        .env("HELM_CONFIG_HOME", dir.0.join("helm/config"))
+        .env("HELM_DATA_HOME", dir.0.join("helm/data"))
+        .output()?;
+    ensure!(
+        rendered.status.success(),
+        "helm template: {}",
+        String::from_utf8_lossy(&rendered.stderr)
+    );
+    let from_chart = dry_run_deployment(&ns, &String::from_utf8(rendered.stdout)?).await?;
+    assert_eq!(image_of(&from_chart).as_deref(), Some(pushed.as_str()));
+    Ok(())
 }

@@ -2,8 +2,9 @@
 //! a case a user can hit: nothing is ever adopted silently, objects owned
 //! by label live and die with their primary where ownerReferences cannot
 //! work, every write is fenced (by what was judged, by leadership, by the
-//! primary's resourceVersion), and Secret values stay out of logs, Events
-//! and conditions.
+//! primary's resourceVersion), a kind narrowed to its primary's namespace
+//! is written nowhere else, and Secret values stay out of logs, Events and
+//! conditions.
 //!
 //! Races are made deterministic with an interposed client
 //! (`wasmop_tests::interpose`): the operator's requests pass unchanged to
@@ -15,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::{Result, bail, ensure};
 use http::Method;
 use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
@@ -1354,5 +1356,110 @@ async fn a_protected_owned_object_survives_a_plan_that_deletes_it() -> Result<()
     })
     .await?;
     cms.get("f-0").await?;
+    Ok(())
+}
+
+/// A Deployment nothing of wasmop's owns.
+fn foreign_deployment(name: &str) -> Result<Deployment> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "c", "image": "example.invalid/none:1"}]},
+            },
+        },
+    }))?)
+}
+
+/// A write scope per owned kind (issue 44): `scoped-writer` may write into
+/// any namespace, but its Deployments only beside the primary, as the team
+/// plugin's server. A plan that puts a Deployment elsewhere, or deletes a
+/// foreign one there by name, is refused whole: the Secret it also held is
+/// not written, the foreign Deployment survives.
+#[tokio::test]
+async fn a_kind_narrowed_to_its_primarys_namespace_is_written_nowhere_else() -> Result<()> {
+    let ns = TestNamespace::new("own-scope").await?;
+    let far = TestNamespace::new("own-scope-far").await?;
+    let _op = start_on(
+        ns.client.clone(),
+        &[&ns.name, &far.name],
+        &[("scoped-writer", json!({}))],
+    )
+    .await?;
+    let writers = test_kind(&ns, "BadWriter", "badwriters");
+    let far_secrets: Api<Secret> = far.api();
+    let far_deployments: Api<Deployment> = far.api();
+    let home_deployments: Api<Deployment> = ns.api();
+    let mut unnamed = Unnamed::default();
+
+    create(
+        &writers,
+        "BadWriter",
+        "sw",
+        json!({"target": far.name, "deploymentIn": "target"}),
+    )
+    .await?;
+    let cond = wait_reason(&writers, "sw", "PlanRejected").await?;
+    expect_rejected(
+        &mut unnamed,
+        &cond,
+        "NamespaceNotAllowed",
+        &[
+            &format!("Deployment {}/sw", far.name),
+            "only in the primary's namespace",
+        ],
+    );
+    assert!(
+        far_secrets.get_opt("sw-mirror").await?.is_none(),
+        "the Secret of a refused plan is not written"
+    );
+    assert!(far_deployments.get_opt("sw").await?.is_none());
+    assert!(home_deployments.get_opt("sw").await?.is_none());
+
+    // The Deployment at home: the same Secret may go to the far namespace.
+    merge_spec(&writers, "sw", json!({"deploymentIn": "home"})).await?;
+    let sw = writers.get("sw").await?;
+    wait_reason(&writers, "sw", "Reconciled").await?;
+    let mirror = far_secrets.get("sw-mirror").await?;
+    assert_eq!(mirror.labels().get(OWNER_UID_LABEL), sw.uid().as_ref());
+    home_deployments.get("sw").await?;
+
+    // A foreign Deployment in the far namespace, named by a hostile delete
+    // with its true uid and resourceVersion.
+    let victim = far_deployments
+        .create(&PostParams::default(), &foreign_deployment("victim")?)
+        .await?;
+    merge_spec(
+        &writers,
+        "sw",
+        json!({"deleteVictim": {
+            "name": "victim",
+            "uid": victim.metadata.uid,
+            "resourceVersion": victim.metadata.resource_version,
+        }}),
+    )
+    .await?;
+    let cond = wait_reason(&writers, "sw", "PlanRejected").await?;
+    expect_rejected(
+        &mut unnamed,
+        &cond,
+        "NamespaceNotAllowed",
+        &[&format!("Deployment {}/victim", far.name)],
+    );
+    let still = far_deployments.get("victim").await?;
+    assert_eq!(still.metadata.uid, victim.metadata.uid);
+    assert!(still.metadata.deletion_timestamp.is_none());
+
+    // Deleting the primary cleans up what it wrote, in both namespaces.
+    writers.delete("sw", &DeleteParams::default()).await?;
+    wait_gone(&writers, "BadWriter", "sw").await?;
+    wait_gone(&far_secrets, "Secret", "sw-mirror").await?;
+    wait_gone(&home_deployments, "Deployment", "sw").await?;
+    assert!(far_deployments.get_opt("victim").await?.is_some());
+    unnamed.check();
     Ok(())
 }

@@ -333,7 +333,8 @@ struct Inspection<'a> {
     digest: &'a str,
     manifest: &'a Manifest,
     /// Per controller, the write namespaces the host enforces with these
-    /// settings (`setting:<key>` entries resolved).
+    /// settings (`setting:<key>` entries resolved); an owned kind with a
+    /// `writeNamespaces` of its own in `manifest` is narrowed to it.
     effective_write_namespaces: std::collections::BTreeMap<&'a str, &'a [String]>,
     cluster_role: k8s_openapi::api::rbac::v1::ClusterRole,
     /// What a fresh instance holds against the memory cap before it runs:

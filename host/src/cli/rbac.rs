@@ -7,15 +7,20 @@
 //! - With `--namespace NS` (repeatable, as `wasmop run --namespace`): a
 //!   Role and RoleBinding per watched namespace holding the namespaced
 //!   rules, plus Roles in the namespaces controllers may write to besides
-//!   their primary's; the ClusterRole keeps only cluster-scoped resources
-//!   and the owned kinds of controllers that may write to any namespace
-//!   (`*`), which no Role can confine.
+//!   their primary's, each holding only the owned kinds whose write scope
+//!   ([`Controller::kind_write_namespaces`]) names that namespace; the
+//!   ClusterRole keeps only cluster-scoped resources and the owned kinds
+//!   whose scope is any namespace (`*`), which no Role can confine. (The
+//!   `team` plugin's server: its Secrets everywhere, its Deployments and
+//!   Services only in the watched namespaces.)
 //! - Always: a Role in the operator's namespace for its leader-election
 //!   Lease and the Events it raises on its own Pod.
 //!
 //! Writes outside the primary's namespace (for example the `team` plugin
 //! mirroring credentials Secrets into every admitted team's namespace) are
-//! called out in a comment at the top of the output.
+//! called out, kind by kind, in a comment at the top of the output.
+//!
+//! [`Controller::kind_write_namespaces`]: crate::plugin::manifest::Controller::kind_write_namespaces
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -31,7 +36,7 @@ use serde::Serialize;
 use crate::cli::CliError;
 use crate::cli::config::{OperatorFile, load_options, read_config};
 use crate::plugin::LoadedPlugin;
-use crate::plugin::manifest::Manifest;
+use crate::plugin::manifest::{Manifest, OwnedKind};
 use crate::plugin::rbac::{self, Grants};
 use crate::sandbox::{Sandbox, SandboxConfig};
 
@@ -246,71 +251,81 @@ fn generate(args: &RbacArgs, plugins: &[PluginRbac]) -> Generated {
     for p in plugins {
         let grants = rbac::grants(&p.manifest);
         for c in &p.manifest.controllers {
-            if c.write_namespaces.is_empty() || c.owns.is_empty() {
-                continue;
+            // Each owned kind where its scope lets it go besides the
+            // primary's namespace, kinds with the same scope together.
+            let mut scopes: Vec<(Vec<String>, Vec<&OwnedKind>)> = Vec::new();
+            for o in &c.owns {
+                let scope = c.kind_write_namespaces(o);
+                if scope.is_empty() {
+                    continue;
+                }
+                match scopes.iter_mut().find(|(s, _)| *s == scope) {
+                    Some((_, kinds)) => kinds.push(o),
+                    None => scopes.push((scope, vec![o])),
+                }
             }
-            let kinds: Vec<&str> = c.owns.iter().map(|o| o.kind.plural.as_str()).collect();
-            let secrets = c
-                .owns
-                .iter()
-                .any(|o| o.kind.group.is_empty() && o.kind.plural == "secrets");
-            notes.push(String::new());
-            notes.push(format!(
-                "{}{}/{} writes {} outside its primary's namespace, in: {}.",
-                if secrets { "NOTE: " } else { "" },
-                p.name,
-                c.name,
-                kinds.join(", "),
-                c.write_namespaces
+            for (scope, owned) in &scopes {
+                let kinds: Vec<&str> = owned.iter().map(|o| o.kind.plural.as_str()).collect();
+                let secrets = owned
                     .iter()
-                    .map(|n| if n == "*" {
-                        "ANY namespace"
-                    } else {
-                        n.as_str()
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-            if secrets {
-                notes.push(
-                    "  That includes Secrets in namespaces other than the primary's (for the team"
-                        .to_owned(),
-                );
-                notes.push(
-                    "  plugin: the mirrored terdut-server credentials, a server-admin-equivalent key,"
-                        .to_owned(),
-                );
-                notes.push(
-                    "  written into each namespace an admitted TerdutTeam lives in). Only the"
-                        .to_owned(),
-                );
-                notes.push("  operator's ServiceAccount holds this grant.".to_owned());
-            }
-            // Write namespaces besides the watched ones need their own Role
-            // (namespaced mode); `*` cannot be confined by Roles.
-            if !watched.is_empty() {
-                for ns in &c.write_namespaces {
-                    for o in &c.owns {
+                    .any(|o| o.kind.group.is_empty() && o.kind.plural == "secrets");
+                notes.push(String::new());
+                notes.push(format!(
+                    "{}{}/{} writes {} outside its primary's namespace, in: {}.",
+                    if secrets { "NOTE: " } else { "" },
+                    p.name,
+                    c.name,
+                    kinds.join(", "),
+                    scope
+                        .iter()
+                        .map(|n| if n == "*" {
+                            "ANY namespace"
+                        } else {
+                            n.as_str()
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+                if secrets {
+                    notes.push(
+                        "  That includes Secrets in namespaces other than the primary's (for the team"
+                            .to_owned(),
+                    );
+                    notes.push(
+                        "  plugin: the mirrored terdut-server credentials, a server-admin-equivalent key,"
+                            .to_owned(),
+                    );
+                    notes.push(
+                        "  written into each namespace an admitted TerdutTeam lives in). Only the"
+                            .to_owned(),
+                    );
+                    notes.push("  operator's ServiceAccount holds this grant.".to_owned());
+                }
+                // Write namespaces besides the watched ones need their own
+                // Role (namespaced mode), for the kinds whose scope names
+                // them; `*` cannot be confined by Roles.
+                if watched.is_empty() {
+                    continue;
+                }
+                for ns in scope {
+                    for o in owned {
                         let k = &o.kind;
-                        let verbs: Vec<&'static str> = ["get", "list", "watch"]
-                            .into_iter()
-                            .chain(["create", "update", "patch", "delete"])
-                            .collect();
-                        if !k.namespaced || ns == "*" {
-                            rbac::grant(
-                                &mut cluster,
-                                &k.group,
-                                k.plural.clone(),
-                                k.namespaced,
-                                &verbs,
-                            );
+                        let verbs: &[&'static str] = if o.is_dependent() {
+                            &["get", "delete"]
+                        } else {
+                            &[
+                                "get", "list", "watch", "create", "update", "patch", "delete",
+                            ]
+                        };
+                        if ns == "*" {
+                            rbac::grant(&mut cluster, &k.group, k.plural.clone(), true, verbs);
                         } else {
                             rbac::grant(
                                 roles.entry(ns.clone()).or_default(),
                                 &k.group,
                                 k.plural.clone(),
                                 true,
-                                &verbs,
+                                verbs,
                             );
                         }
                     }
@@ -450,8 +465,12 @@ mod tests {
         );
     }
 
+    /// The test manifest with its ConfigMaps owned by label (so they may
+    /// be written outside the primary's namespace) and `write_ns`.
     fn plugin(write_ns: &[&str]) -> PluginRbac {
         let mut m = manifest();
+        m.controllers[0].owns[0] = OwnedKind::label(m.controllers[0].owns[0].kind.clone());
+        m.controllers[0].finalizer = Some("f".into());
         m.controllers[0].write_namespaces = write_ns.iter().map(|s| s.to_string()).collect();
         PluginRbac {
             name: m.name.clone(),
@@ -531,5 +550,50 @@ mod tests {
         let g = generate(&args(&["a"]), &[plugin(&["*"])]);
         assert_eq!(kinds(&g)[0], "ClusterRole /wasmop");
         assert!(render(&g).unwrap().contains("ANY namespace"));
+    }
+
+    /// The rules of the object of `kind` named `name` in `ns`, one line per
+    /// rule: `group resources verbs`.
+    fn rules_of(g: &Generated, kind: &str, ns: &str) -> Vec<String> {
+        let o = g
+            .objects
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["namespace"].as_str().unwrap_or("") == ns)
+            .unwrap_or_else(|| panic!("no {kind} in {ns:?}"));
+        o["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| format!("{} {} {}", r["apiGroups"], r["resources"], r["verbs"]))
+            .collect()
+    }
+
+    #[test]
+    fn a_kind_narrowed_to_its_primarys_namespace_is_granted_only_in_the_watched_ones() {
+        use crate::plugin::manifest::KindRef;
+        // As the team plugin's server: Secrets anywhere, Deployments only
+        // beside the primary.
+        let mut p = plugin(&["*"]);
+        p.manifest.controllers[0].owns[0].write_namespaces = Some(vec![]);
+        p.manifest.controllers[0].owns.push(
+            OwnedKind::label(KindRef::namespaced("", "v1", "Secret", "secrets"))
+                .write_namespace("*"),
+        );
+        let g = generate(&args(&["a"]), &[p]);
+        let cluster = rules_of(&g, "ClusterRole", "").join("\n");
+        assert!(cluster.contains("[\"secrets\"]"), "{cluster}");
+        assert!(!cluster.contains("configmaps"), "{cluster}");
+        let a = rules_of(&g, "Role", "a").join("\n");
+        assert!(a.contains("\"configmaps\""), "{a}");
+        let text = render(&g).unwrap();
+        assert!(
+            text.contains("NOTE: widget/widget writes secrets outside its primary's namespace, in: ANY namespace."),
+            "{text}"
+        );
+        assert!(!text.contains("writes configmaps"), "{text}");
+        // Without the narrowing, the ConfigMaps go to the ClusterRole too.
+        let g = generate(&args(&["a"]), &[plugin(&["*"])]);
+        let cluster = rules_of(&g, "ClusterRole", "").join("\n");
+        assert!(cluster.contains("configmaps"), "{cluster}");
     }
 }

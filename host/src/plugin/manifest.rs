@@ -40,8 +40,9 @@ impl std::fmt::Display for ManifestProblem {
     }
 }
 
-/// The manifest with every `setting:<key>` entry of `write-namespaces`
-/// replaced by the namespace the top-level setting `<key>` holds.
+/// The manifest with every `setting:<key>` entry of `write-namespaces` (the
+/// controllers' and the owned kinds' own) replaced by the namespace the
+/// top-level setting `<key>` holds.
 ///
 /// # Guarantees
 ///
@@ -62,48 +63,90 @@ pub fn resolve_settings(
     let mut problems = Vec::new();
     let mut out = manifest.clone();
     for (ci, c) in out.controllers.iter_mut().enumerate() {
-        let mut resolved: Vec<String> = Vec::with_capacity(c.write_namespaces.len());
-        for (wi, entry) in c.write_namespaces.iter().enumerate() {
-            let namespace = match entry.strip_prefix(SETTING_PREFIX) {
-                None => Some(entry.clone()),
-                Some(key) => match settings.get(key) {
-                    None | Some(serde_json::Value::Null) => None,
-                    Some(serde_json::Value::String(ns)) => match names::dns1123_label(ns) {
-                        Ok(()) => Some(ns.clone()),
-                        Err(why) => {
-                            problems.push(ManifestProblem {
-                                path: format!("controllers[{ci}].writeNamespaces[{wi}]"),
-                                message: format!(
-                                    "setting {key:?} names namespace {ns:?}, which {why}"
-                                ),
-                            });
-                            None
-                        }
-                    },
-                    Some(other) => {
-                        problems.push(ManifestProblem {
-                            path: format!("controllers[{ci}].writeNamespaces[{wi}]"),
-                            message: format!(
-                                "setting {key:?} must be a string naming a namespace, not {other}"
-                            ),
-                        });
-                        None
-                    }
-                },
-            };
-            if let Some(ns) = namespace
-                && !resolved.contains(&ns)
-            {
-                resolved.push(ns);
+        let at = format!("controllers[{ci}]");
+        c.write_namespaces = resolve_entries(
+            &c.write_namespaces,
+            settings,
+            &format!("{at}.writeNamespaces"),
+            &mut problems,
+        );
+        for (oi, owned) in c.owns.iter_mut().enumerate() {
+            if let Some(list) = &owned.write_namespaces {
+                owned.write_namespaces = Some(resolve_entries(
+                    list,
+                    settings,
+                    &format!("{at}.owns[{oi}].writeNamespaces"),
+                    &mut problems,
+                ));
             }
         }
-        c.write_namespaces = resolved;
     }
     if problems.is_empty() {
         Ok(out)
     } else {
         Err(problems)
     }
+}
+
+/// One write-namespace list with its `setting:<key>` entries resolved (see
+/// [`resolve_settings`]); problems are pushed with `path[i]`.
+fn resolve_entries(
+    entries: &[String],
+    settings: &serde_json::Value,
+    path: &str,
+    problems: &mut Vec<ManifestProblem>,
+) -> Vec<String> {
+    let mut resolved: Vec<String> = Vec::with_capacity(entries.len());
+    for (wi, entry) in entries.iter().enumerate() {
+        let namespace = match entry.strip_prefix(SETTING_PREFIX) {
+            None => Some(entry.clone()),
+            Some(key) => match settings.get(key) {
+                None | Some(serde_json::Value::Null) => None,
+                Some(serde_json::Value::String(ns)) => match names::dns1123_label(ns) {
+                    Ok(()) => Some(ns.clone()),
+                    Err(why) => {
+                        problems.push(ManifestProblem {
+                            path: format!("{path}[{wi}]"),
+                            message: format!("setting {key:?} names namespace {ns:?}, which {why}"),
+                        });
+                        None
+                    }
+                },
+                Some(other) => {
+                    problems.push(ManifestProblem {
+                        path: format!("{path}[{wi}]"),
+                        message: format!(
+                            "setting {key:?} must be a string naming a namespace, not {other}"
+                        ),
+                    });
+                    None
+                }
+            },
+        };
+        if let Some(ns) = namespace
+            && !resolved.contains(&ns)
+        {
+            resolved.push(ns);
+        }
+    }
+    resolved
+}
+
+/// A write-namespace entry: `*`, a DNS-1123 label, or `setting:<key>` with
+/// a non-empty key without blanks.
+fn write_namespace_entry(ns: &str) -> Result<(), String> {
+    if let Some(key) = ns.strip_prefix(SETTING_PREFIX) {
+        if key.is_empty() || key.chars().any(char::is_whitespace) {
+            return Err(format!(
+                "{ns:?} must name a setting: setting:<key>, without blanks"
+            ));
+        }
+    } else if ns != "*"
+        && let Err(why) = names::dns1123_label(ns)
+    {
+        return Err(format!("namespace {ns:?} {why}"));
+    }
+    Ok(())
 }
 
 /// Everything that makes this manifest unusable; empty when it is fine.
@@ -115,7 +158,10 @@ pub fn resolve_settings(
 /// owned; no kind owned twice; unique, non-empty read ids; field paths
 /// present; label selectors parse; a finalizer without blanks;
 /// write namespaces are `*`, DNS-1123 labels or `setting:<key>` with a
-/// non-empty key without blanks; primary fields are
+/// non-empty key without blanks; an owned kind's own write namespaces
+/// are only on a namespaced kind, each entry also in the controller's
+/// list (`*` there covers any), and none on an owner-reference kind of a
+/// namespaced primary; primary fields are
 /// `spec.…`, `metadata.labels.…` or `metadata.annotations.…`; HTTP
 /// targets have unique ids, non-zero ports, and address Pods or
 /// Services the controller owns or reads.
@@ -284,20 +330,54 @@ pub fn problems(manifest: &Manifest) -> Vec<ManifestProblem> {
             );
         }
         for (wi, ns) in c.write_namespaces.iter().enumerate() {
-            if let Some(key) = ns.strip_prefix(SETTING_PREFIX) {
-                if key.is_empty() || key.chars().any(char::is_whitespace) {
-                    problem(
-                        format!("{at}.writeNamespaces[{wi}]"),
-                        format!("{ns:?} must name a setting: setting:<key>, without blanks"),
-                    );
-                }
-            } else if ns != "*"
-                && let Err(why) = names::dns1123_label(ns)
+            if let Err(why) = write_namespace_entry(ns) {
+                problem(format!("{at}.writeNamespaces[{wi}]"), why);
+            }
+        }
+        for (oi, owned) in c.owns.iter().enumerate() {
+            let Some(list) = &owned.write_namespaces else {
+                continue;
+            };
+            let path = format!("{at}.owns[{oi}].writeNamespaces");
+            let kind = &owned.kind;
+            if !kind.namespaced {
+                problem(
+                    path.clone(),
+                    format!("{kind} is cluster-scoped: its objects have no namespace to scope"),
+                );
+                continue;
+            }
+            if c.primary.namespaced
+                && owned.ownership == Ownership::OwnerReference
+                && !list.is_empty()
             {
                 problem(
-                    format!("{at}.writeNamespaces[{wi}]"),
-                    format!("namespace {ns:?} {why}"),
+                    path.clone(),
+                    format!(
+                        "ownerReferences cannot cross namespaces: {kind} is owned by reference, \
+                         so only the primary's namespace can hold it; declare it owner-label"
+                    ),
                 );
+            }
+            for (wi, ns) in list.iter().enumerate() {
+                if let Err(why) = write_namespace_entry(ns) {
+                    problem(format!("{path}[{wi}]"), why);
+                } else if !c.write_namespaces.iter().any(|w| w == "*" || w == ns) {
+                    // Compared as written: `setting:<key>` is covered by `*`
+                    // or the same entry, which resolve to the same namespace.
+                    problem(
+                        format!("{path}[{wi}]"),
+                        format!(
+                            "{ns:?} is not in the controller's writeNamespaces ({}): a kind's \
+                             list may only narrow the controller's",
+                            if c.write_namespaces.is_empty() {
+                                "none".to_owned()
+                            } else {
+                                c.write_namespaces.join(", ")
+                            }
+                        ),
+                    );
+                }
             }
         }
         for (fi, field) in c.primary_fields.iter().enumerate() {
@@ -757,5 +837,110 @@ pub(crate) mod tests {
         let m = with_setting_entry();
         assert!(!m.controllers[0].may_write_namespace(None, "setting:targetNamespace"));
         assert!(!m.controllers[0].may_write_namespace(None, "backups"));
+    }
+
+    /// A label-owned ConfigMap that may go anywhere, and a label-owned
+    /// Secret whose own list `kind` narrows that.
+    fn with_kind_list(controller: &[&str], kind: &[&str]) -> Manifest {
+        let mut m = label_owning();
+        let mut secret = OwnedKind::label(KindRef::namespaced("", "v1", "Secret", "secrets"));
+        secret.write_namespaces = Some(kind.iter().map(|s| s.to_string()).collect());
+        m.controllers[0].owns.push(secret);
+        m.controllers[0].write_namespaces = controller.iter().map(|s| s.to_string()).collect();
+        m
+    }
+
+    #[test]
+    fn a_kinds_write_namespaces_may_only_narrow_the_controllers() {
+        assert_eq!(
+            messages(&with_kind_list(&["*"], &["a", "*"])),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            messages(&with_kind_list(&["a", "b"], &["b"])),
+            Vec::<String>::new()
+        );
+        assert_eq!(messages(&with_kind_list(&[], &[])), Vec::<String>::new());
+        assert_eq!(
+            messages(&with_kind_list(&["a"], &["b", "*", "Bad_NS"])),
+            vec![
+                "controllers[0].owns[1].writeNamespaces[0]: \"b\" is not in the controller's writeNamespaces (a): a kind's list may only narrow the controller's",
+                "controllers[0].owns[1].writeNamespaces[1]: \"*\" is not in the controller's writeNamespaces (a): a kind's list may only narrow the controller's",
+                "controllers[0].owns[1].writeNamespaces[2]: namespace \"Bad_NS\" may contain only lowercase letters, digits, '-' and '.'",
+            ]
+        );
+        assert_eq!(
+            messages(&with_kind_list(&[], &["a"])),
+            vec![
+                "controllers[0].owns[1].writeNamespaces[0]: \"a\" is not in the controller's writeNamespaces (none): a kind's list may only narrow the controller's"
+            ]
+        );
+        // A setting entry is covered by the same entry (or `*`) only.
+        assert_eq!(
+            messages(&with_kind_list(&["setting:t"], &["setting:t"])),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            messages(&with_kind_list(&["setting:t"], &["setting:u"])).len(),
+            1
+        );
+    }
+
+    #[test]
+    fn a_kind_list_on_an_owner_reference_or_cluster_scoped_kind_is_a_problem() {
+        let mut m = with_kind_list(&["*"], &["*"]);
+        let mut deployment = OwnedKind::reference(KindRef::namespaced(
+            "apps",
+            "v1",
+            "Deployment",
+            "deployments",
+        ));
+        deployment.write_namespaces = Some(vec!["*".into()]);
+        m.controllers[0].owns.push(deployment.clone());
+        let mut claim = OwnedKind::label(KindRef::cluster_scoped("g", "v1", "Claim", "claims"));
+        claim.write_namespaces = Some(vec![]);
+        m.controllers[0].owns.push(claim);
+        let msgs = messages(&m);
+        assert_eq!(msgs.len(), 2, "{msgs:?}");
+        assert!(
+            msgs[0].starts_with(
+                "controllers[0].owns[2].writeNamespaces: ownerReferences cannot cross namespaces"
+            ),
+            "{msgs:?}"
+        );
+        assert_eq!(
+            msgs[1],
+            "controllers[0].owns[3].writeNamespaces: Claim.g is cluster-scoped: its objects have no namespace to scope"
+        );
+        // Own namespace only is what an owner reference means anyway.
+        let mut ok = with_kind_list(&["*"], &["*"]);
+        deployment.write_namespaces = Some(vec![]);
+        ok.controllers[0].owns.push(deployment);
+        assert_eq!(messages(&ok), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_kinds_setting_entries_resolve_like_the_controllers() {
+        let m = with_kind_list(&["setting:t", "fixed"], &["setting:t"]);
+        let resolved = resolve_settings(&m, &serde_json::json!({"t": "backups"})).unwrap();
+        let c = &resolved.controllers[0];
+        assert_eq!(
+            c.owns[1].write_namespaces.as_deref(),
+            Some(&["backups".to_owned()][..])
+        );
+        assert_eq!(c.kind_write_namespaces(&c.owns[1]), ["backups"]);
+        assert_eq!(c.kind_write_namespaces(&c.owns[0]), ["backups", "fixed"]);
+        // Absent: the kind is left with its primary's namespace only.
+        let resolved = resolve_settings(&m, &serde_json::json!({})).unwrap();
+        let c = &resolved.controllers[0];
+        assert!(c.kind_write_namespaces(&c.owns[1]).is_empty());
+        assert!(!c.may_write_kind(&c.owns[1], Some("own"), "fixed"));
+        let problems = resolve_settings(&m, &serde_json::json!({"t": 3})).unwrap_err();
+        let texts: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        assert_eq!(texts.len(), 2, "{texts:?}");
+        assert!(
+            texts[1].starts_with("controllers[0].owns[1].writeNamespaces[0]: setting \"t\""),
+            "{texts:?}"
+        );
     }
 }

@@ -161,23 +161,30 @@ pub fn rules(manifest: &Manifest) -> Vec<PolicyRule> {
 pub const CROSS_NAMESPACE_ANNOTATION: &str = "wasmop.dev/cross-namespace-writes";
 
 /// The owned kinds each controller may write outside its primary's
-/// namespace, and where: one line per controller, `None` when none does.
+/// namespace, and where (each kind's write scope,
+/// [`Controller::kind_write_namespaces`](crate::plugin::manifest::Controller::kind_write_namespaces)):
+/// one line per controller and scope, `None` when none does.
 pub fn cross_namespace_writes(manifest: &Manifest) -> Option<String> {
-    let lines: Vec<String> = manifest
-        .controllers
-        .iter()
-        .filter(|c| !c.write_namespaces.is_empty() && !c.owns.is_empty())
-        .map(|c| {
-            let kinds: Vec<String> = c
-                .owns
-                .iter()
-                .map(|o| match o.kind.group.as_str() {
-                    "" => o.kind.plural.clone(),
-                    group => format!("{}.{group}", o.kind.plural),
-                })
-                .collect();
-            let places: Vec<String> = c
-                .write_namespaces
+    let mut lines: Vec<String> = Vec::new();
+    for c in &manifest.controllers {
+        // Kinds with the same write scope on one line.
+        let mut scopes: Vec<(Vec<String>, Vec<String>)> = Vec::new();
+        for o in &c.owns {
+            let scope = c.kind_write_namespaces(o);
+            if scope.is_empty() {
+                continue;
+            }
+            let kind = match o.kind.group.as_str() {
+                "" => o.kind.plural.clone(),
+                group => format!("{}.{group}", o.kind.plural),
+            };
+            match scopes.iter_mut().find(|(s, _)| *s == scope) {
+                Some((_, kinds)) => kinds.push(kind),
+                None => scopes.push((scope, vec![kind])),
+            }
+        }
+        for (scope, kinds) in scopes {
+            let places: Vec<String> = scope
                 .iter()
                 .map(|n| {
                     if n == "*" {
@@ -187,14 +194,14 @@ pub fn cross_namespace_writes(manifest: &Manifest) -> Option<String> {
                     }
                 })
                 .collect();
-            format!(
+            lines.push(format!(
                 "controller {} writes {} outside its primary's namespace, in {}",
                 c.name,
                 kinds.join(", "),
                 places.join(", ")
-            )
-        })
-        .collect();
+            ));
+        }
+    }
     (!lines.is_empty()).then(|| lines.join("\n"))
 }
 
@@ -249,11 +256,29 @@ mod tests {
 
     #[test]
     fn cross_namespace_writes_are_called_out_on_the_role() {
+        use crate::plugin::manifest::{KindRef, OwnedKind};
         let m = manifest();
         assert_eq!(cross_namespace_writes(&m), None);
         assert!(cluster_role(&m).metadata.annotations.is_none());
         let mut m = manifest();
+        m.controllers[0].owns[0] = OwnedKind::label(m.controllers[0].owns[0].kind.clone());
+        m.controllers[0].finalizer = Some("f".into());
         m.controllers[0].write_namespaces = vec!["*".into(), "audit".into()];
+        // A kind narrowed to its primary's namespace is not called out; one
+        // narrowed to a namespace is, on a line of its own.
+        m.controllers[0].owns.push(
+            OwnedKind::label(KindRef::namespaced(
+                "apps",
+                "v1",
+                "Deployment",
+                "deployments",
+            ))
+            .own_namespace_only(),
+        );
+        m.controllers[0].owns.push(
+            OwnedKind::label(KindRef::namespaced("", "v1", "Secret", "secrets"))
+                .write_namespace("audit"),
+        );
         let role = cluster_role(&m);
         let called_out = role
             .metadata
@@ -265,7 +290,8 @@ mod tests {
         assert_eq!(
             called_out,
             format!(
-                "controller {} writes configmaps outside its primary's namespace, in any namespace, namespace audit",
+                "controller {0} writes configmaps outside its primary's namespace, in any namespace, namespace audit\n\
+                 controller {0} writes secrets outside its primary's namespace, in namespace audit",
                 m.controllers[0].name
             )
         );

@@ -29,8 +29,8 @@ use wasmop_sdk::admission::{AdmissionRequest, AdmissionResponse, Admit};
 use wasmop_sdk::k8s_openapi::api::apps::v1::Deployment;
 use wasmop_sdk::k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use wasmop_sdk::{
-    Controller, HttpMethod, KindRef, Manifest, Plan, Plugin, Read, ReconcileError, Selector,
-    SettingsProblem, Snapshot,
+    Controller, HttpMethod, KindRef, Manifest, OwnedKind, Plan, Plugin, Read, ReconcileError,
+    Selector, SettingsProblem, Snapshot,
 };
 
 use crate::api::{
@@ -76,15 +76,21 @@ pub struct TeamPlugin;
 
 impl Plugin for TeamPlugin {
     fn manifest() -> Manifest {
+        // Write scope per kind: the server's Deployment and Service only in
+        // its own namespace; Secrets also in any other, for the mirrors.
         let server = Controller::new(SERVER, server_kind())
-            .owns(KindRef::of::<Deployment>())
-            .owns(KindRef::of::<Service>())
+            .owns_kind(OwnedKind::reference(KindRef::of::<Deployment>()).own_namespace_only())
+            .owns_kind(OwnedKind::reference(KindRef::of::<Service>()).own_namespace_only())
             // The operator credentials (same namespace) and, in the
             // namespaces of admitted teams, the mirrors and team keys. One
             // ownership per kind: owner labels, which work across
             // namespaces; the finalizer deletes them all, and garbage
             // collection too for those in the server's own namespace.
-            .owns_by_label_collected(KindRef::of::<Secret>())
+            .owns_kind(
+                OwnedKind::label(KindRef::of::<Secret>())
+                    .collected()
+                    .write_namespace("*"),
+            )
             .write_namespace("*")
             .reads(secrets_here(server::READ_SECRETS))
             // Optional: without Zalando's CRD a DSN server still runs and a

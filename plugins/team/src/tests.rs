@@ -95,6 +95,27 @@ fn manifest_declares_five_controllers_with_their_reads_and_finalizers() {
 }
 
 #[test]
+fn the_server_writes_only_secrets_outside_its_namespace() {
+    let m = TeamPlugin::manifest();
+    let server = &m.controllers[0];
+    let scope = |kind: &str| {
+        let owned = server.owns.iter().find(|o| o.kind.kind == kind).unwrap();
+        server.kind_write_namespaces(owned)
+    };
+    assert!(scope("Deployment").is_empty());
+    assert!(scope("Service").is_empty());
+    assert_eq!(scope("Secret"), ["*"]);
+    let deployment = server
+        .owns
+        .iter()
+        .find(|o| o.kind.kind == "Deployment")
+        .unwrap();
+    assert!(!server.may_write_kind(deployment, Some("terdut"), "team-a"));
+    // Declared, not only implied by the owner reference.
+    assert_eq!(deployment.write_namespaces, Some(vec![]));
+}
+
+#[test]
 fn server_first_pass_renders_workloads_and_asks_for_the_version() {
     let plan = run::<TeamPlugin>(&server().build()).unwrap();
     let kinds: Vec<&str> = plan

@@ -30,7 +30,9 @@
 //! "ownership":"ownerReference","adopt":false}`, or with
 //! `"ownership":{"ownerLabel":{"extraLabel":"celld.eric.dev/fleet-uid"}}`.
 //! When read, a missing `ownership` is `ownerReference` and a missing
-//! `adopt` is `false`.
+//! `adopt` is `false`. `optional` and `writeNamespaces` (a kind's own,
+//! narrower write scope) are printed only when set; missing, they mean what
+//! they meant before they existed.
 
 use serde::{Deserialize, Serialize};
 
@@ -309,6 +311,16 @@ pub struct OwnedKind {
     /// absent kind (the API server would refuse them).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub optional: bool,
+    /// Where objects of this kind may be written besides the primary's
+    /// namespace: entries as in the controller's
+    /// [`Controller::write_namespaces`] (`*`, a namespace,
+    /// `setting:<key>`), each of which the controller's list must allow too
+    /// (checked at load), so a kind's list only narrows the controller's.
+    /// `None` (missing in JSON): the controller's list, as before this
+    /// field existed. `Some` of an empty list: the primary's namespace only.
+    /// Only for namespaced kinds. See [`Controller::kind_write_namespaces`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_namespaces: Option<Vec<String>>,
 }
 
 impl OwnedKind {
@@ -319,6 +331,7 @@ impl OwnedKind {
             ownership: Ownership::OwnerReference,
             adopt: false,
             optional: false,
+            write_namespaces: None,
         }
     }
 
@@ -332,6 +345,7 @@ impl OwnedKind {
             },
             adopt: false,
             optional: false,
+            write_namespaces: None,
         }
     }
 
@@ -378,7 +392,29 @@ impl OwnedKind {
             ownership: Ownership::Dependent,
             adopt: false,
             optional: false,
+            write_namespaces: None,
         }
+    }
+
+    /// Narrows where objects of this kind may be written to the primary's
+    /// namespace only (see
+    /// [`OwnedKind::write_namespaces`](OwnedKind#structfield.write_namespaces)).
+    #[must_use]
+    pub fn own_namespace_only(mut self) -> Self {
+        self.write_namespaces = Some(Vec::new());
+        self
+    }
+
+    /// Adds a namespace (`*`: any the controller allows; `setting:<key>`)
+    /// where objects of this kind may be written besides the primary's,
+    /// narrowing the controller's write namespaces for this kind (see
+    /// [`OwnedKind::write_namespaces`](OwnedKind#structfield.write_namespaces)).
+    #[must_use]
+    pub fn write_namespace(mut self, namespace: &str) -> Self {
+        self.write_namespaces
+            .get_or_insert_with(Vec::new)
+            .push(namespace.to_owned());
+        self
     }
 
     /// True for [`Ownership::Dependent`].
@@ -616,6 +652,71 @@ impl Controller {
                 .any(|allowed| allowed == "*" || allowed == namespace)
     }
 
+    /// The namespaces besides the primary's where objects of `owned` may be
+    /// written (`*`: any), as plan validation enforces them:
+    ///
+    /// - none for a cluster-scoped kind (its objects have no namespace);
+    /// - none for an owner-reference kind of a namespaced primary (an
+    ///   ownerReference cannot cross namespaces);
+    /// - otherwise the controller's write namespaces, narrowed to the
+    ///   kind's own list when it declares one
+    ///   ([`OwnedKind::write_namespaces`](OwnedKind#structfield.write_namespaces)):
+    ///   an entry of the kind's list counts only where the controller's
+    ///   list allows it.
+    ///
+    /// Unresolved `setting:<key>` entries are left out, so a manifest that
+    /// was not resolved fails closed.
+    pub fn kind_write_namespaces(&self, owned: &OwnedKind) -> Vec<String> {
+        if !owned.kind.namespaced
+            || (self.primary.namespaced && owned.ownership == Ownership::OwnerReference)
+        {
+            return Vec::new();
+        }
+        let resolved = |list: &[String]| -> Vec<String> {
+            list.iter()
+                .filter(|n| !n.starts_with(SETTING_PREFIX))
+                .cloned()
+                .collect()
+        };
+        let controller = resolved(&self.write_namespaces);
+        let Some(kind) = &owned.write_namespaces else {
+            return controller;
+        };
+        let mut out: Vec<String> = Vec::new();
+        for entry in resolved(kind) {
+            let allowed: Vec<String> = if entry == "*" {
+                controller.clone()
+            } else if controller.iter().any(|c| c == "*" || *c == entry) {
+                vec![entry]
+            } else {
+                Vec::new()
+            };
+            for ns in allowed {
+                if !out.contains(&ns) {
+                    out.push(ns);
+                }
+            }
+        }
+        out
+    }
+
+    /// True when objects of `owned` may be written into `namespace` for a
+    /// primary living in `primary_namespace` (`None` for a cluster-scoped
+    /// primary): the primary's namespace, or one of
+    /// [`Controller::kind_write_namespaces`].
+    pub fn may_write_kind(
+        &self,
+        owned: &OwnedKind,
+        primary_namespace: Option<&str>,
+        namespace: &str,
+    ) -> bool {
+        primary_namespace == Some(namespace)
+            || self
+                .kind_write_namespaces(owned)
+                .iter()
+                .any(|allowed| allowed == "*" || allowed == namespace)
+    }
+
     /// Every kind the controller touches: primary, owned, read and HTTP
     /// target kinds, deduplicated, in that order.
     pub fn kinds(&self) -> Vec<&KindRef> {
@@ -836,5 +937,79 @@ mod tests {
             KindRef::of::<Namespace>(),
             KindRef::cluster_scoped("", "v1", "Namespace", "namespaces")
         );
+    }
+
+    fn secret() -> KindRef {
+        KindRef::namespaced("", "v1", "Secret", "secrets")
+    }
+
+    fn deployment() -> KindRef {
+        KindRef::namespaced("apps", "v1", "Deployment", "deployments")
+    }
+
+    #[test]
+    fn a_kinds_write_namespaces_narrow_the_controllers_and_old_manifests_keep_theirs() {
+        let c = Controller::new("c", KindRef::namespaced("g", "v1", "K", "ks"))
+            .owns_kind(OwnedKind::label(deployment()).own_namespace_only())
+            .owns_kind(OwnedKind::label(secret()).write_namespace("*"))
+            .owns_kind(OwnedKind::label(KindRef::namespaced(
+                "",
+                "v1",
+                "ConfigMap",
+                "cms",
+            )))
+            .write_namespace("*");
+        let (deploy, secrets, cms) = (&c.owns[0], &c.owns[1], &c.owns[2]);
+        assert!(c.kind_write_namespaces(deploy).is_empty());
+        assert!(c.may_write_kind(deploy, Some("own"), "own"));
+        assert!(!c.may_write_kind(deploy, Some("own"), "other"));
+        // A cluster-scoped primary has no namespace of its own to alias.
+        assert!(!c.may_write_kind(deploy, None, "own"));
+        assert_eq!(c.kind_write_namespaces(secrets), ["*"]);
+        assert!(c.may_write_kind(secrets, Some("own"), "other"));
+        // Without a list of its own, a kind has the controller's.
+        assert_eq!(c.kind_write_namespaces(cms), ["*"]);
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(v["owns"][0]["writeNamespaces"], json!([]));
+        assert_eq!(v["owns"][1]["writeNamespaces"], json!(["*"]));
+        assert!(
+            v["owns"][2].get("writeNamespaces").is_none(),
+            "None is not written"
+        );
+        let back: Controller = serde_json::from_value(v).unwrap();
+        assert_eq!(back, c);
+    }
+
+    #[test]
+    fn a_kind_cannot_widen_the_controllers_write_namespaces() {
+        let c = Controller::new("c", KindRef::namespaced("g", "v1", "K", "ks"))
+            .owns_kind(OwnedKind::label(secret()).write_namespace("*"))
+            .owns_kind(
+                OwnedKind::label(deployment())
+                    .write_namespace("b")
+                    .write_namespace("setting:x"),
+            )
+            .write_namespace("a");
+        // `*` of the kind is the controller's list; `b` is not in it.
+        assert_eq!(c.kind_write_namespaces(&c.owns[0]), ["a"]);
+        assert!(c.kind_write_namespaces(&c.owns[1]).is_empty());
+        assert!(!c.may_write_kind(&c.owns[1], Some("own"), "b"));
+        assert!(!c.may_write_kind(&c.owns[0], Some("own"), "b"));
+    }
+
+    #[test]
+    fn owner_reference_and_cluster_scoped_kinds_write_nowhere_else() {
+        let c = Controller::new("c", KindRef::namespaced("g", "v1", "K", "ks"))
+            .owns(deployment())
+            .owns_by_label(KindRef::cluster_scoped("g", "v1", "Claim", "claims"), None)
+            .write_namespace("*");
+        assert!(c.kind_write_namespaces(&c.owns[0]).is_empty());
+        assert!(!c.may_write_kind(&c.owns[0], Some("own"), "other"));
+        assert!(c.kind_write_namespaces(&c.owns[1]).is_empty());
+        // Under a cluster-scoped primary an owner reference works anywhere.
+        let c = Controller::new("c", KindRef::cluster_scoped("g", "v1", "K", "ks"))
+            .owns(deployment())
+            .write_namespace("x");
+        assert_eq!(c.kind_write_namespaces(&c.owns[0]), ["x"]);
     }
 }

@@ -68,8 +68,9 @@ pub enum Rule {
     Malformed,
     /// The kind is not in the controller's `owns`.
     KindNotOwned,
-    /// The namespace is neither the primary's nor in `write-namespaces`,
-    /// or the namespace does not suit the kind's scope.
+    /// The namespace is neither the primary's nor in `write-namespaces`
+    /// (the controller's, or the narrower list of the object's kind), or
+    /// the namespace does not suit the kind's scope.
     NamespaceNotAllowed,
     /// The name (or namespace) is not a valid DNS-1123 name.
     InvalidName,
@@ -168,7 +169,9 @@ impl std::fmt::Display for Violation {
 /// - Applies and deletes only name kinds in `controller.owns` (apiVersion
 ///   and kind both match).
 /// - Namespaced objects carry a namespace that is the primary's or listed
-///   in `write-namespaces` (`*` = any); cluster-scoped objects carry none.
+///   in `write-namespaces` (`*` = any), and in the kind's own narrower list
+///   when it declares one ([`Controller::kind_write_namespaces`]): for
+///   applies and deletes alike; cluster-scoped objects carry none.
 /// - An applied object either does not exist or is controlled by this
 ///   primary (by UID); a deleted object exists, is controlled by this
 ///   primary and has the uid the plan names.

@@ -1,5 +1,6 @@
 //! Per-object checks: each target's kind is owned, its namespace allowed
-//! and suited to the kind's scope, its name DNS-1123, and it is targeted
+//! (for the controller, and for the kind when it narrows the controller's
+//! write namespaces) and suited to the kind's scope, its name DNS-1123, and it is targeted
 //! once; an applied object is well formed and sets neither ownerReferences
 //! nor the host's labels; `primaryPatch` touches only `primary-fields`;
 //! HTTP requests name declared targets and ports with unique ids.
@@ -92,6 +93,25 @@ impl<'a> Validator<'a> {
                             controller.name
                         ),
                     );
+                    ok = false;
+                } else if !controller.may_write_kind(owned, self.primary_namespace, ns) {
+                    let scope = controller.kind_write_namespaces(owned).join(", ");
+                    let c = &controller.name;
+                    let message = match (self.primary_namespace, scope.is_empty()) {
+                        (Some(own), true) => format!(
+                            "controller {c} may write {kind} only in the primary's namespace ({own}), not in namespace {ns}"
+                        ),
+                        (Some(own), false) => format!(
+                            "controller {c} may write {kind} only in the primary's namespace ({own}) and in {scope}, not in namespace {ns}"
+                        ),
+                        (None, true) => format!(
+                            "the primary is cluster-scoped and controller {c} may write {kind} in no namespace, not in namespace {ns}"
+                        ),
+                        (None, false) => format!(
+                            "the primary is cluster-scoped and controller {c} may write {kind} only in {scope}, not in namespace {ns}"
+                        ),
+                    };
+                    self.push(Rule::NamespaceNotAllowed, desc.clone(), message);
                     ok = false;
                 }
             }

@@ -772,3 +772,109 @@ fn dependents_are_deleted_only_when_an_owned_object_controls_them() {
         "metadata": {"name": "s-9", "namespace": "ns"}})]);
     assert_eq!(check(&apply_pod, &World::default()), ["KindNotOwned"]);
 }
+
+/// A controller that may write anywhere, as the team plugin's server does:
+/// label-owned ConfigMaps narrowed to the primary's namespace, label-owned
+/// Secrets anywhere.
+fn narrowed() -> Controller {
+    let mut c = controller();
+    c.owns[0] = OwnedKind::label(KindRef::namespaced("", "v1", "ConfigMap", "configmaps"))
+        .own_namespace_only();
+    c.owns.push(
+        OwnedKind::label(KindRef::namespaced("", "v1", "Secret", "secrets")).write_namespace("*"),
+    );
+    c.finalizer = Some("f".into());
+    c.write_namespaces = vec!["*".into()];
+    c
+}
+
+fn secret(ns: &str, name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": ns}})
+}
+
+#[test]
+fn a_kind_narrowed_to_the_primarys_namespace_is_refused_elsewhere_and_the_plan_writes_nothing() {
+    let c = narrowed();
+    // The narrowed kind at home and the wide kind elsewhere are fine.
+    let fine = apply(vec![cm("ns", "a"), secret("other-ns", "mirror")]);
+    assert!(validate(&fine, &c, &primary(), &World::default()).is_ok());
+    // The narrowed kind elsewhere refuses the whole plan, the Secret with it.
+    let plan = apply(vec![secret("other-ns", "mirror"), cm("other-ns", "a")]);
+    let vs = validate(&plan, &c, &primary(), &World::default()).unwrap_err();
+    assert_eq!(
+        vs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        [
+            "ConfigMap other-ns/a: controller widget may write ConfigMap only in the primary's namespace (ns), not in namespace other-ns"
+        ]
+    );
+    assert_eq!(vs[0].rule, Rule::NamespaceNotAllowed);
+    // Without the kind's own list, the controller's `*` applies, as before.
+    let mut wide = c.clone();
+    wide.owns[0].write_namespaces = None;
+    assert!(validate(&plan, &wide, &primary(), &World::default()).is_ok());
+}
+
+#[test]
+fn a_delete_of_a_narrowed_kind_elsewhere_is_refused_whoever_owns_it() {
+    let c = narrowed();
+    let del = |ns: &str| Plan {
+        delete: vec![delete_cm(ns, "a", "u-a")],
+        ..Plan::default()
+    };
+    // A foreign object named by a hostile plan, and even one labelled ours.
+    for world in [
+        World::default().with("ConfigMap", "other-ns", "a", "u-a", Some("someone")),
+        World::default().labelled("ConfigMap", "other-ns", "a", "u-a", PRIMARY_UID),
+        World::default(),
+    ] {
+        let vs = validate(&del("other-ns"), &c, &primary(), &world).unwrap_err();
+        assert_eq!(vs.len(), 1, "{vs:?}");
+        assert_eq!(vs[0].rule, Rule::NamespaceNotAllowed, "{vs:?}");
+    }
+    let ours = World::default().labelled("ConfigMap", "ns", "a", "u-a", PRIMARY_UID);
+    assert!(validate(&del("ns"), &c, &primary(), &ours).is_ok());
+}
+
+#[test]
+fn no_namespace_alias_reaches_past_a_narrowed_kind() {
+    let c = narrowed();
+    // An empty namespace is not the primary's: a namespaced kind needs one.
+    let mut bare = cm("", "a");
+    bare["metadata"]["namespace"] = json!("");
+    for plan in [
+        apply(vec![bare]),
+        Plan {
+            delete: vec![delete_cm("", "a", "u-a")],
+            ..Plan::default()
+        },
+    ] {
+        let vs = validate(&plan, &c, &primary(), &World::default()).unwrap_err();
+        assert_eq!(vs[0].rule, Rule::NamespaceNotAllowed, "{vs:?}");
+        assert!(vs[0].message.contains("names no namespace"), "{vs:?}");
+    }
+    // Another spelling of the primary's namespace is no namespace name.
+    let vs = validate(
+        &apply(vec![cm("NS", "a")]),
+        &c,
+        &primary(),
+        &World::default(),
+    )
+    .unwrap_err();
+    assert_eq!(vs[0].rule, Rule::InvalidName, "{vs:?}");
+    // A cluster-scoped primary has no namespace of its own: nowhere.
+    let mut cluster = c.clone();
+    cluster.primary.namespaced = false;
+    let primary = json!({"apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
+                         "metadata": {"name": "w", "namespace": "ns", "uid": PRIMARY_UID}});
+    let vs = validate(
+        &apply(vec![cm("ns", "a")]),
+        &cluster,
+        &primary,
+        &World::default(),
+    )
+    .unwrap_err();
+    assert_eq!(
+        vs[0].to_string(),
+        "ConfigMap ns/a: the primary is cluster-scoped and controller widget may write ConfigMap in no namespace, not in namespace ns"
+    );
+}
