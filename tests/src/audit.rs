@@ -20,7 +20,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
-use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::config::Kubeconfig;
 use serde_json::{Value, json};
@@ -44,8 +44,8 @@ pub fn audit_log_path() -> PathBuf {
 }
 
 /// A ServiceAccount whose writes are audited, with admin rights in one
-/// test namespace and a kubeconfig holding its token. Deleted when
-/// dropped.
+/// test namespace (and, when asked, in the whole cluster) and a kubeconfig
+/// holding its token. Deleted when dropped.
 #[derive(Debug)]
 pub struct AuditedAccount {
     /// Kubeconfig authenticating as the account.
@@ -53,17 +53,20 @@ pub struct AuditedAccount {
     /// Its user name, `system:serviceaccount:wasmop-audited:<name>`.
     pub user: String,
     name: String,
+    cluster_admin: bool,
     offset: u64,
 }
 
 impl AuditedAccount {
-    /// Creates the account for `ns` (admin there through a RoleBinding),
-    /// writes its kubeconfig into `dir`, and remembers where the audit log
-    /// ends now (only later events are read).
+    /// Creates the account for `ns` (admin there through a RoleBinding;
+    /// with `cluster_admin` a ClusterRoleBinding too, for cluster-scoped
+    /// writes such as webhook configurations), writes its kubeconfig into
+    /// `dir`, and remembers where the audit log ends now (only later
+    /// events are read).
     ///
     /// # Errors
     /// When the API refuses, or the control plane writes no audit log.
-    pub async fn create(ns: &TestNamespace, dir: &Path) -> Result<Self> {
+    pub async fn create(ns: &TestNamespace, dir: &Path, cluster_admin: bool) -> Result<Self> {
         let log = audit_log_path();
         let offset = std::fs::metadata(&log)
             .with_context(|| {
@@ -95,6 +98,16 @@ impl AuditedAccount {
         ns.api::<RoleBinding>()
             .create(&PostParams::default(), &binding)
             .await?;
+        if cluster_admin {
+            let binding: ClusterRoleBinding = serde_json::from_value(json!({
+                "metadata": {"name": format!("{AUDITED_NAMESPACE}-{name}")},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": AUDITED_NAMESPACE}],
+            }))?;
+            Api::<ClusterRoleBinding>::all(ns.client.clone())
+                .create(&PostParams::default(), &binding)
+                .await?;
+        }
         let token = accounts
             .create_token_request(
                 &name,
@@ -133,6 +146,7 @@ impl AuditedAccount {
             kubeconfig,
             user,
             name,
+            cluster_admin,
             offset,
         })
     }
@@ -163,6 +177,7 @@ impl AuditedAccount {
 impl Drop for AuditedAccount {
     fn drop(&mut self) {
         let name = self.name.clone();
+        let cluster_admin = self.cluster_admin;
         let _ = std::fs::remove_file(&self.kubeconfig);
         // Drop cannot await: delete from a thread with its own runtime.
         let done = std::thread::spawn(move || {
@@ -171,7 +186,16 @@ impl Drop for AuditedAccount {
                 .build();
             if let Ok(rt) = rt {
                 let _ = rt.block_on(async move {
-                    Api::<ServiceAccount>::namespaced(client().await?, AUDITED_NAMESPACE)
+                    let client = client().await?;
+                    if cluster_admin {
+                        Api::<ClusterRoleBinding>::all(client.clone())
+                            .delete(
+                                &format!("{AUDITED_NAMESPACE}-{name}"),
+                                &DeleteParams::default(),
+                            )
+                            .await?;
+                    }
+                    Api::<ServiceAccount>::namespaced(client, AUDITED_NAMESPACE)
                         .delete(&name, &DeleteParams::default())
                         .await?;
                     anyhow::Ok(())
