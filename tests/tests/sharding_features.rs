@@ -72,6 +72,15 @@ impl Shard {
     fn text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// How many admission requests of `rule` this shard decided (its log).
+    fn decided(&self, rule: &str) -> usize {
+        self.text()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|l| l["rule"] == rule && l["allowed"].is_boolean())
+            .count()
+    }
 }
 
 /// A namespace with the test CRDs, a plugin directory holding `plugin`,
@@ -458,6 +467,141 @@ fn free_port() -> Result<u16> {
         .port())
 }
 
+/// Two shards serving admission for `t`'s plugin behind one round-robin
+/// front (a Service in front of the replicas), shard-a leading; the
+/// connections each got.
+struct Admitting {
+    a: Shard,
+    b: Shard,
+    _counts: Arc<Vec<AtomicUsize>>,
+    configuration: String,
+}
+
+async fn admitting(t: &Setup) -> Result<Admitting> {
+    let configuration = format!("wasmop-admission-{}", t.ns.name);
+    let front = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let front_port = front.local_addr()?.port();
+    let ports = [free_port()?, free_port()?];
+    let flags = |port: u16| -> Vec<String> {
+        [
+            "--admission-port",
+            &port.to_string(),
+            "--admission-bind",
+            "127.0.0.1",
+            "--admission-namespace",
+            &t.ns.name,
+            "--admission-url",
+            &format!("https://127.0.0.1:{front_port}"),
+            "--admission-webhook-config",
+            &configuration,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let a = Shard::start(t, "shard-a", &flags(ports[0])).await?;
+    wait_leader(&t.ns, "shard-a").await?;
+    let b = Shard::start(t, "shard-b", &flags(ports[1])).await?;
+    let counts = round_robin(front, ports.to_vec());
+    Ok(Admitting {
+        a,
+        b,
+        _counts: counts,
+        configuration,
+    })
+}
+
+fn widget(name: &str, value: &str) -> Result<DynamicObject> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
+        "metadata": {"name": name}, "spec": {"value": value},
+    }))?)
+}
+
+/// Sends 8 concurrent dry-run creates of the Widgets `make(i)` names
+/// until both shards decided requests of `rule` (their logs say so).
+/// Every answer must satisfy `expect`: one that does not fails at once
+/// (it is not tried again).
+async fn through_both(
+    widgets: &Api<DynamicObject>,
+    on: &Admitting,
+    rule: &str,
+    make: impl Fn(usize) -> (String, String),
+    expect: impl Fn(&str, &Result<DynamicObject, kube::Error>) -> bool,
+) -> Result<()> {
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let wrong = std::sync::Mutex::new(Vec::new());
+    let answered = AtomicUsize::new(0);
+    let (make, expect, dry, wrong_ref, answered_ref) = (&make, &expect, &dry, &wrong, &answered);
+    wait_for("both shards answer admission", DEADLINE, || async move {
+        let round = async move {
+            let calls = (0..8).map(|i| async move {
+                let (name, value) = make(i);
+                let got = widgets.create(dry, &widget(&name, &value)?).await;
+                anyhow::Ok((name, got))
+            });
+            let mut n = 0;
+            for answer in futures::future::join_all(calls).await {
+                let (name, got) = answer?;
+                n += 1;
+                if !expect(&name, &got) {
+                    wrong_ref
+                        .lock()
+                        .expect("lock")
+                        .push(format!("{name}: answered {got:?}"));
+                }
+            }
+            anyhow::Ok(n)
+        };
+        answered_ref.fetch_add(round.await?, Ordering::SeqCst);
+        if !wrong_ref.lock().expect("lock").is_empty() {
+            return Ok(Some(()));
+        }
+        let per = [on.a.decided(rule), on.b.decided(rule)];
+        ensure!(
+            per.iter().all(|n| *n > 0),
+            "requests decided per shard: {per:?}"
+        );
+        Ok(Some(()))
+    })
+    .await?;
+    let wrong = wrong.into_inner().expect("lock");
+    ensure!(
+        wrong.is_empty(),
+        "wrong answers ({} of {}):\n{}",
+        wrong.len(),
+        answered.load(Ordering::SeqCst),
+        wrong.join("\n")
+    );
+    Ok(())
+}
+
+/// Waits until the API server calls the webhook: a dry-run create of
+/// `name` holding `value` is refused with `text` (by either shard).
+async fn wait_refused(
+    widgets: &Api<DynamicObject>,
+    name: &str,
+    value: &str,
+    text: &str,
+) -> Result<()> {
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    wait_for("the webhook to refuse", DEADLINE, || async {
+        let got = widgets.create(&dry, &widget(name, value)?).await;
+        Ok(denied_with(&got, text).then_some(()))
+    })
+    .await
+}
+
+fn denied_with(got: &Result<DynamicObject, kube::Error>, text: &str) -> bool {
+    matches!(got, Err(kube::Error::Api(e)) if e.message.contains(text))
+}
+
 /// Two shards both serving admission behind one front: a denied Widget is
 /// denied and an allowed one admitted whichever shard answers (each got
 /// connections), and the webhook configuration is written only by the
@@ -466,76 +610,34 @@ fn free_port() -> Result<u16> {
 async fn either_shard_answers_admission_and_only_the_leader_writes_the_configuration() -> Result<()>
 {
     let t = setup("shardf-admit", "admitter", true).await?;
-    let configuration = format!("wasmop-admission-{}", t.ns.name);
+    let on = admitting(&t).await?;
     let run = async {
-        let front = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let front_port = front.local_addr()?.port();
-        let ports = [free_port()?, free_port()?];
-        let admission = |port: u16| -> Vec<String> {
-            [
-                "--admission-port",
-                &port.to_string(),
-                "--admission-bind",
-                "127.0.0.1",
-                "--admission-namespace",
-                &t.ns.name,
-                "--admission-url",
-                &format!("https://127.0.0.1:{front_port}"),
-                "--admission-webhook-config",
-                &configuration,
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect()
-        };
-        let a = Shard::start(&t, "shard-a", &admission(ports[0])).await?;
-        wait_leader(&t.ns, "shard-a").await?;
-        let b = Shard::start(&t, "shard-b", &admission(ports[1])).await?;
-        let counts = round_robin(front, ports.to_vec());
         let widgets = api(&t.ns, "Widget", "widgets");
-        let widget = |name: &str| -> Result<DynamicObject> {
-            Ok(serde_json::from_value(json!({
-                "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
-                "metadata": {"name": name}, "spec": {"value": "v1"},
-            }))?)
-        };
-        let dry = PostParams {
-            dry_run: true,
-            ..PostParams::default()
-        };
-        wait_for("both shards answer admission", DEADLINE, || async {
-            let calls = (0..8).map(|i| {
-                let (widgets, dry) = (widgets.clone(), dry.clone());
-                let name = if i % 2 == 0 {
-                    format!("deny-{i}")
+        wait_refused(&widgets, "deny-probe", "v1", admitter::DENIAL).await?;
+        through_both(
+            &widgets,
+            &on,
+            admitter::RULE,
+            |i| {
+                let name = if i % 2 == 0 { "deny" } else { "fine" };
+                (format!("{name}-{i}"), "v1".to_owned())
+            },
+            |name, got| {
+                if name.starts_with("deny-") {
+                    denied_with(got, admitter::DENIAL)
                 } else {
-                    format!("fine-{i}")
-                };
-                async move {
-                    let w = widget(&name)?;
-                    anyhow::Ok((name, widgets.create(&dry, &w).await))
+                    got.is_ok()
                 }
-            });
-            for answer in futures::future::join_all(calls).await {
-                let (name, got) = answer?;
-                match (name.starts_with("deny-"), got) {
-                    (true, Err(kube::Error::Api(e))) if e.message.contains(admitter::DENIAL) => {}
-                    (false, Ok(_)) => {}
-                    (_, other) => bail!("{name}: not answered by the plugin: {other:?}"),
-                }
-            }
-            let per: Vec<usize> = counts.iter().map(|c| c.load(Ordering::SeqCst)).collect();
-            ensure!(per.iter().all(|n| *n > 0), "connections per shard: {per:?}");
-            Ok(Some(()))
-        })
+            },
+        )
         .await?;
         // Real (not dry-run) creates: the allowed one is there, reconciled
         // by its shard; the denied one is not.
         widgets
-            .create(&PostParams::default(), &widget("fine-real")?)
+            .create(&PostParams::default(), &widget("fine-real", "v1")?)
             .await?;
         let err = widgets
-            .create(&PostParams::default(), &widget("deny-real")?)
+            .create(&PostParams::default(), &widget("deny-real", "v1")?)
             .await
             .expect_err("denied");
         ensure!(err.to_string().contains(admitter::DENIAL), "{err}");
@@ -551,7 +653,9 @@ async fn either_shard_answers_admission_and_only_the_leader_writes_the_configura
             .account
             .writes()?
             .into_iter()
-            .filter(|w| w.resource == "validatingwebhookconfigurations" && w.name == configuration)
+            .filter(|w| {
+                w.resource == "validatingwebhookconfigurations" && w.name == on.configuration
+            })
             .collect();
         ensure!(
             !config_writes.is_empty(),
@@ -562,12 +666,48 @@ async fn either_shard_answers_admission_and_only_the_leader_writes_the_configura
         ensure!(
             writers == ["shard-a"].into(),
             "only the leader shard-a writes the configuration: {writers:?}\nshard-b: {}",
-            b.text()
+            on.b.text()
         );
-        drop((a, b));
         anyhow::Ok(())
     };
     let result = run.await;
-    wasmop_tests::admission::delete_configuration(&t.ns.client, &configuration).await?;
+    wasmop_tests::admission::delete_configuration(&t.ns.client, &on.configuration).await?;
+    drop(on);
+    result
+}
+
+/// An admission rule reading Widgets from the cache (`unique-admitter`:
+/// a value another Widget holds is refused) while each shard's Widget
+/// cache holds only its own Widgets: the host reads a label-filtered cache
+/// from the API server instead, so a duplicate is refused whichever shard
+/// answers, also the shard that does not own the Widget holding the value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cached_admission_read_is_whole_on_every_shard() -> Result<()> {
+    let t = setup("shardf-unique", "unique-admitter", true).await?;
+    let on = admitting(&t).await?;
+    let run = async {
+        let widgets = api(&t.ns, "Widget", "widgets");
+        widgets
+            .create(&PostParams::default(), &widget("holder", "taken")?)
+            .await?;
+        let placed =
+            wait_placed(&widgets, &["shard-a", "shard-b"], "holder placed", |_| true).await?;
+        eprintln!("holder is on {}", placed["holder"]);
+        // The webhook is called once one shard refuses a duplicate.
+        wait_refused(&widgets, "dup-probe", "taken", unique_admitter::DENIAL).await?;
+        // Only duplicates: whichever shard answers must refuse them.
+        through_both(
+            &widgets,
+            &on,
+            unique_admitter::RULE,
+            |i| (format!("dup-{i}"), "taken".to_owned()),
+            |_, got| denied_with(got, unique_admitter::DENIAL),
+        )
+        .await?;
+        anyhow::Ok(())
+    };
+    let result = run.await;
+    wasmop_tests::admission::delete_configuration(&t.ns.client, &on.configuration).await?;
+    drop(on);
     result
 }
