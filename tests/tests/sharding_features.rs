@@ -83,8 +83,8 @@ impl Shard {
     }
 }
 
-/// A namespace with the test CRDs, a plugin directory holding `plugin`,
-/// and the audited account the shards run as.
+/// A namespace with the test CRDs, a plugin directory holding `plugin`
+/// (none for `""`), and the audited account the shards run as.
 struct Setup {
     ns: TestNamespace,
     work: PathBuf,
@@ -96,10 +96,12 @@ async fn setup(prefix: &str, plugin: &str, cluster_admin: bool) -> Result<Setup>
     apply_test_crds(&ns.client).await?;
     let work = std::env::temp_dir().join(format!("wasmop-{}", ns.name));
     std::fs::create_dir_all(work.join("plugins"))?;
-    std::fs::copy(
-        plugin_path(plugin)?,
-        work.join("plugins").join(format!("{plugin}.wasm")),
-    )?;
+    if !plugin.is_empty() {
+        std::fs::copy(
+            plugin_path(plugin)?,
+            work.join("plugins").join(format!("{plugin}.wasm")),
+        )?;
+    }
     let account = AuditedAccount::create(&ns, &work, cluster_admin).await?;
     Ok(Setup { ns, work, account })
 }
@@ -710,4 +712,245 @@ async fn a_cached_admission_read_is_whole_on_every_shard() -> Result<()> {
     wasmop_tests::admission::delete_configuration(&t.ns.client, &on.configuration).await?;
     drop(on);
     result
+}
+
+/// `GET path` on a loopback port over plain HTTP/1.0; the body.
+async fn http_get(port: u16, path: &str) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .await?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await?;
+    let (head, body) = text.split_once("\r\n\r\n").context("no HTTP head")?;
+    ensure!(
+        head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200"),
+        "{head}"
+    );
+    Ok(body.to_owned())
+}
+
+/// Waits until both shard Leases are held, so the sharder's rounds place
+/// new primaries over both from the start.
+async fn wait_both_live(ns: &TestNamespace) -> Result<()> {
+    let leases = Api::<Lease>::namespaced(ns.client.clone(), &ns.name);
+    wait_for("both shard Leases held", DEADLINE, || async {
+        for id in ["shard-a", "shard-b"] {
+            let held = leases
+                .get_opt(&wasmop::controller::shard::lease_name(id))
+                .await?
+                .and_then(|l| l.spec?.holder_identity);
+            ensure!(held.as_deref() == Some(id), "{id}'s Lease: {held:?}");
+        }
+        Ok(Some(()))
+    })
+    .await
+}
+
+async fn create_widgets(ns: &TestNamespace, n: usize) -> Result<()> {
+    let widgets = api(ns, "Widget", "widgets");
+    for i in 0..n {
+        widgets
+            .create(&PostParams::default(), &widget(&format!("w{i:02}"), "v0")?)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Waits until every ConfigMap `wNN-cm` carries the version label `v`.
+async fn wait_cm_version(ns: &TestNamespace, n: usize, v: &str) -> Result<()> {
+    let cms: Api<ConfigMap> = ns.api();
+    wait_for(
+        &format!("every ConfigMap written by {v}"),
+        DEADLINE,
+        || async {
+            for i in 0..n {
+                let cm = cms.get_opt(&format!("w{i:02}-cm")).await?;
+                let got =
+                    cm.and_then(|c| c.metadata.labels?.get("test.wasmop.dev/version").cloned());
+                ensure!(got.as_deref() == Some(v), "w{i:02}-cm has version {got:?}");
+            }
+            Ok(Some(()))
+        },
+    )
+    .await
+}
+
+/// Names of the primaries `owner` holds in `placed`.
+fn owned_by(placed: &BTreeMap<String, String>, owner: &str) -> std::collections::BTreeSet<String> {
+    placed
+        .iter()
+        .filter(|(_, o)| *o == owner)
+        .map(|(n, _)| n.clone())
+        .collect()
+}
+
+/// The plugin comes from a tag in a loopback registry, polled by both
+/// shards: a push of a new version under the tag reaches both, and each
+/// shard's primaries are rewritten by the new digest by that shard alone
+/// (the API server's audit log).
+#[tokio::test]
+async fn a_tag_push_reaches_every_shard_and_each_rewrites_its_own_primaries() -> Result<()> {
+    const WIDGETS: usize = 10;
+    let t = setup("shardf-oci", "", false).await?;
+    let registry = wasmop_tests::registry::Registry::start().await?;
+    let reference = format!("oci://{}/wasmop/good:stable", registry.host);
+    let push = |file: PathBuf| {
+        let argv = vec![
+            "wasmop".to_owned(),
+            "push".to_owned(),
+            file.display().to_string(),
+            reference.clone(),
+            "--insecure-registry".to_owned(),
+            registry.host.clone(),
+        ];
+        async move {
+            use clap::Parser;
+            let cli = wasmop::cli::Cli::try_parse_from(&argv)?;
+            let code = tokio::task::spawn_blocking(move || wasmop::cli::execute(cli)).await??;
+            ensure!(code == std::process::ExitCode::SUCCESS, "push failed");
+            anyhow::Ok(())
+        }
+    };
+    push(plugin_path("good")?).await?;
+    let flags = |id: &str| -> Vec<String> {
+        vec![
+            "--plugins".into(),
+            reference.clone(),
+            "--insecure-registry".into(),
+            registry.host.clone(),
+            "--oci-poll-interval-ms".into(),
+            "300".into(),
+            "--oci-cache".into(),
+            t.work.join(format!("{id}-oci")).display().to_string(),
+        ]
+    };
+    let _a = Shard::start(&t, "shard-a", &flags("shard-a")).await?;
+    wait_leader(&t.ns, "shard-a").await?;
+    let _b = Shard::start(&t, "shard-b", &flags("shard-b")).await?;
+    wait_both_live(&t.ns).await?;
+    create_widgets(&t.ns, WIDGETS).await?;
+    let widgets = api(&t.ns, "Widget", "widgets");
+    let placed = wait_placed(&widgets, &["shard-a", "shard-b"], "Widgets placed", |_| {
+        true
+    })
+    .await?;
+    wait_cm_version(&t.ns, WIDGETS, "v1").await?;
+    for s in ["shard-a", "shard-b"] {
+        ensure!(
+            !owned_by(&placed, s).is_empty(),
+            "{s} owns Widgets: {placed:?}"
+        );
+    }
+    let before = t.account.writes()?.len();
+    push(plugin_path("good-v2")?).await?;
+    wait_cm_version(&t.ns, WIDGETS, "v2").await?;
+    // Who rewrote each ConfigMap after the push: its Widget's shard only.
+    let mut by: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+    for w in t.account.writes()?.iter().skip(before) {
+        if w.resource == "configmaps" && (200..300).contains(&w.code) {
+            by.entry(w.replica.clone())
+                .or_default()
+                .insert(w.name.strip_suffix("-cm").unwrap_or(&w.name).to_owned());
+        }
+    }
+    for s in ["shard-a", "shard-b"] {
+        ensure!(
+            by.get(s) == Some(&owned_by(&placed, s)),
+            "{s} rewrote {:?}, owns {:?}",
+            by.get(s),
+            owned_by(&placed, s)
+        );
+    }
+    ensure!(by.len() == 2, "only the shards wrote: {by:?}");
+    Ok(())
+}
+
+/// `--record` and a shadow candidate (`good.shadow.wasm`, version 0.2.0)
+/// on two shards: each shard records exactly the reconciles of its own
+/// primaries, and its `/shadow` lists differences for its own primaries
+/// only.
+#[tokio::test]
+async fn each_shard_records_and_shadows_only_its_own_primaries() -> Result<()> {
+    const WIDGETS: usize = 10;
+    let t = setup("shardf-rec", "good", false).await?;
+    std::fs::copy(
+        plugin_path("good-v2")?,
+        t.work.join("plugins/good.shadow.wasm"),
+    )?;
+    let ports = [free_port()?, free_port()?];
+    let flags = |id: &str, port: u16| -> Vec<String> {
+        vec![
+            "--record".into(),
+            t.work.join(format!("{id}-rec")).display().to_string(),
+            "--metrics-addr".into(),
+            format!("127.0.0.1:{port}"),
+        ]
+    };
+    let _a = Shard::start(&t, "shard-a", &flags("shard-a", ports[0])).await?;
+    wait_leader(&t.ns, "shard-a").await?;
+    let _b = Shard::start(&t, "shard-b", &flags("shard-b", ports[1])).await?;
+    wait_both_live(&t.ns).await?;
+    create_widgets(&t.ns, WIDGETS).await?;
+    let widgets = api(&t.ns, "Widget", "widgets");
+    let placed = wait_placed(&widgets, &["shard-a", "shard-b"], "Widgets placed", |_| {
+        true
+    })
+    .await?;
+    wait_cm_version(&t.ns, WIDGETS, "v1").await?;
+    let ns = &t.ns.name;
+    for (s, port) in ["shard-a", "shard-b"].iter().zip(ports) {
+        let own = owned_by(&placed, s);
+        ensure!(!own.is_empty(), "{s} owns Widgets: {placed:?}");
+        // Every reconcile of its own primaries recorded, none of another's.
+        let recorded = wait_for(&format!("{s}'s recordings"), DEADLINE, || async {
+            let mut names = std::collections::BTreeSet::new();
+            for e in std::fs::read_dir(t.work.join(format!("{s}-rec")))? {
+                let file = e?.file_name().to_string_lossy().into_owned();
+                if let Some(rest) = file.strip_suffix(".json")
+                    && let Some((_, name)) = rest.split_once(&format!("-{ns}-"))
+                {
+                    names.insert(name.to_owned());
+                }
+            }
+            ensure!(
+                names.is_superset(&own),
+                "{s} recorded {names:?}, owns {own:?}"
+            );
+            Ok(Some(names))
+        })
+        .await?;
+        ensure!(
+            recorded == own,
+            "{s} recorded {recorded:?}, owns only {own:?}"
+        );
+        // Its /shadow: differences (v1 → v2 labels) of its own primaries.
+        let shown = wait_for(&format!("{s}'s /shadow"), DEADLINE, || async {
+            let report: serde_json::Value =
+                serde_json::from_str(&http_get(port, "/shadow").await?)?;
+            let primaries: std::collections::BTreeSet<String> = report["latest"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|d| {
+                    d["primary"]
+                        .as_str()?
+                        .strip_prefix(&format!("{ns}/"))
+                        .map(str::to_owned)
+                })
+                .collect();
+            ensure!(
+                !primaries.is_empty(),
+                "{s} shows no difference yet: {report}"
+            );
+            Ok(Some(primaries))
+        })
+        .await?;
+        ensure!(
+            shown.is_subset(&own),
+            "{s}'s /shadow lists {shown:?}, owns only {own:?}"
+        );
+    }
+    Ok(())
 }
