@@ -8,8 +8,9 @@
 #   2. deploy/rbac.yaml is what `wasmop rbac` generates for the shipped
 #      plugins (no drift), and the API server accepts it.
 #   3. The Helm chart deploy/chart: helm lint, helm template | kubectl
-#      apply --dry-run=server (no warning, restricted namespace), and
-#      helm install / uninstall.
+#      apply --dry-run=server (no warning, restricted namespace), sharding
+#      turned on (its arguments and the RBAC of `wasmop rbac --sharding`),
+#      and helm install / uninstall.
 #
 # Exits non-zero on the first failure, printing what the API server said.
 set -euo pipefail
@@ -117,6 +118,56 @@ grep -q -- "--plugins=oci://registry.example/p@sha256:0000" "$shipped/chart-oci.
 grep -q -- "--registry-auth=" "$shipped/chart-oci.yaml" || fail "the chart does not pass the registry credentials"
 dry_run_clean -f "$shipped/chart-oci.yaml" || fail "the chart with OCI plugins and two replicas (above)"
 ok "helm lint; helm template | kubectl apply --dry-run=server into a restricted namespace, no warning"
+
+# 3b. Sharding from the chart: --sharding with leader election, one replica
+#     refused, and the rendered RBAC grants exactly what `wasmop rbac
+#     --sharding` generates for the shipped plugins (rules compared as
+#     sets of group, resource, verb).
+"$HELM" lint --strict deploy/chart --set sharding.enabled=true --set replicaCount=3 >/dev/null \
+  || fail "helm lint with sharding"
+"$HELM" template wasmop deploy/chart -n wasmop-helm --set sharding.enabled=true --set replicaCount=3 \
+  > "$shipped/chart-shard.yaml"
+grep -q -- "- --sharding$" "$shipped/chart-shard.yaml" || fail "sharding.enabled does not pass --sharding"
+grep -q -- "- --leader-elect$" "$shipped/chart-shard.yaml" || fail "sharding.enabled does not turn on leader election"
+if "$HELM" template wasmop deploy/chart -n wasmop-helm --set sharding.enabled=true >/dev/null 2>"$shipped/one.err"; then
+  fail "the chart shards a single replica"
+fi
+grep -q "sharding.enabled needs replicaCount of 2 or more" "$shipped/one.err" \
+  || fail "sharding one replica is refused without saying why: $(cat "$shipped/one.err")"
+"$WASMOP" rbac --sharding "$shipped" > "$shipped/rbac-shard.yaml"
+rules() {
+  "$KUBECTL" create --dry-run=client -o json -f "$1" | python3 -c '
+import json, sys
+text, pos, out = sys.stdin.read(), 0, set()
+decoder = json.JSONDecoder()
+while True:
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    if pos == len(text):
+        break
+    doc, pos = decoder.raw_decode(text, pos)
+    for o in doc.get("items", [doc]):
+        if o.get("kind") in ("Role", "ClusterRole"):
+            for r in o.get("rules") or []:
+                for g in r.get("apiGroups") or []:
+                    for res in r.get("resources") or []:
+                        for v in r.get("verbs") or []:
+                            out.add(" ".join([g or "core", res, v]))
+print("\n".join(sorted(out)))'
+}
+rules "$shipped/rbac-shard.yaml" > "$shipped/rules-generated.txt" || fail "cannot read the rules of wasmop rbac --sharding"
+rules "$shipped/chart-shard.yaml" > "$shipped/rules-chart.txt" || fail "cannot read the rules of the chart with sharding"
+[[ -s "$shipped/rules-generated.txt" ]] || fail "wasmop rbac --sharding generated no rules"
+if ! diff -u "$shipped/rules-generated.txt" "$shipped/rules-chart.txt"; then
+  fail "the chart's RBAC with sharding.enabled differs from wasmop rbac --sharding (above)"
+fi
+grep -qx "coordination.k8s.io leases list" "$shipped/rules-chart.txt" \
+  || fail "the chart's RBAC with sharding.enabled does not list Leases"
+if rules "$shipped/chart.yaml" | grep -qx "coordination.k8s.io leases list"; then
+  fail "the chart lists Leases without sharding"
+fi
+dry_run_clean -f "$shipped/chart-shard.yaml" || fail "the chart with sharding (above)"
+ok "the chart shards with sharding.enabled (two or more replicas), with the RBAC wasmop rbac --sharding generates"
 "$HELM" install wasmop deploy/chart -n wasmop-helm >/dev/null || fail "helm install"
 for o in deployment/wasmop serviceaccount/wasmop configmap/wasmop-config role/wasmop-wasmop-operator rolebinding/wasmop-wasmop-operator; do
   "$KUBECTL" -n wasmop-helm get "$o" >/dev/null || fail "helm install made no $o"

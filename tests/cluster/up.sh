@@ -151,7 +151,10 @@ wait_for etcd "etcd /health" 30 curl -fsS "http://127.0.0.1:$ETCD_PORT/health"
 # deploy/rbac.yaml binds) at Metadata level, one JSON line each, and nothing
 # else, so the log costs nothing for the tests' admin traffic.
 # `deploy/run-local.sh --rbac` compares what the operator did with what
-# deploy/rbac.yaml grants.
+# deploy/rbac.yaml grants. Also the writes (never reads or watches) of the
+# ServiceAccounts in namespace wasmop-audited, as which tests run operator
+# replicas whose writes they check from the API server's side (who wrote
+# what when, told apart by user agent: tests/src/audit.rs).
 cat > "$D/audit-policy.yaml" <<'POLICY'
 apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -159,6 +162,9 @@ omitStages: [RequestReceived, ResponseStarted]
 rules:
 - level: Metadata
   users: ["system:serviceaccount:wasmop:wasmop"]
+- level: Metadata
+  userGroups: ["system:serviceaccounts:wasmop-audited"]
+  verbs: [create, update, patch, delete, deletecollection]
 - level: None
 POLICY
 start kube-apiserver "$K8S_BIN/kube-apiserver" \

@@ -11,6 +11,7 @@
 
 pub mod admission;
 pub mod apiwrites;
+pub mod audit;
 pub mod chaos;
 pub mod faults;
 pub mod injector;

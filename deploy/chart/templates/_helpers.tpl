@@ -11,5 +11,5 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{- define "wasmop.leaderElect" -}}
-{{- if or .Values.leaderElection.enabled (gt (int .Values.replicaCount) 1) }}true{{ end -}}
+{{- if or .Values.leaderElection.enabled (gt (int .Values.replicaCount) 1) .Values.sharding.enabled }}true{{ end -}}
 {{- end -}}

@@ -15,8 +15,13 @@
 //!
 //! # Guarantees
 //! - Every replica serves admission; only the leader writes the webhook
-//!   configuration. Any replica may create or renew the certificate
-//!   Secret, with preconditions.
+//!   configuration (with `--sharding` too: the holder of the leader
+//!   Lease, not every shard). Any replica may create or renew the
+//!   certificate Secret, with preconditions.
+//! - Every replica decides a request alike: a rule's cached read is served
+//!   from a watch cache only when that cache holds the whole kind; one
+//!   filtered by label (a shard's own primaries, or only the objects the
+//!   host manages) is read from the API server instead.
 //! - Webhooks are `failurePolicy: Fail`, `sideEffects: None`,
 //!   `matchPolicy: Equivalent`, and skip the operator's own namespace; when
 //!   the operator watches only some namespaces, only those are admitted.

@@ -213,8 +213,11 @@ impl Handler {
     }
 
     /// The objects the rule's reads select: from the watch cache when the
-    /// read is not live and the kind is cached and synced, else from the
-    /// API server.
+    /// read is not live and the kind is cached whole and synced, else from
+    /// the API server. A cache filtered by label (a shard's own primaries
+    /// under `--sharding`, or only the objects the host manages) is not
+    /// whole: served from it, two replicas could decide the same request
+    /// differently.
     async fn related(
         &self,
         rule: &AdmissionRule,
@@ -226,7 +229,9 @@ impl Handler {
             let cached = (!read.live)
                 .then(|| self.cache.kind(&kind_key(&read.kind)))
                 .flatten()
-                .filter(|kc| kc.synced());
+                .filter(|kc| {
+                    kc.synced() && !kc.spec().managed_only && kc.spec().selector.is_none()
+                });
             let objects: Vec<Arc<Value>> = match (cached, &selection) {
                 (_, Selection::Nothing) => Vec::new(),
                 (Some(kc), Selection::Get { namespace, name }) => kc

@@ -89,7 +89,7 @@ pub fn rollout_command(args: RolloutArgs) -> Result<ExitCode, RolloutError> {
             name: name.to_owned(),
             message: e.to_string(),
         };
-        let client = crate::cli::run::client(args.kubeconfig.as_deref())
+        let client = crate::cli::run::client(args.kubeconfig.as_deref(), None)
             .await
             .map_err(|e| api_error("*", &e))?;
         let api: Api<DynamicObject> = Api::all_with(client, &rollout_resource());

@@ -253,7 +253,8 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
         crate::controller::shard::check_identity(&cfg.identity).map_err(RunError::ShardIdentity)?;
     }
     let admission = args.admission.config(&args.namespaces)?;
-    let client = client(args.kubeconfig.as_deref()).await?;
+    let identity = election.as_ref().map(|c| c.identity.as_str());
+    let client = client(args.kubeconfig.as_deref(), identity).await?;
     let mut config = OperatorConfig {
         workers: file.workers.unwrap_or(OperatorConfig::default().workers),
         secret_poll_interval: Duration::from_millis(args.secret_poll_interval_ms.max(100)),
@@ -527,8 +528,24 @@ fn leader_config(args: &RunArgs) -> Result<Option<LeaderConfig>, RunError> {
     Ok(Some(config))
 }
 
-pub(crate) async fn client(kubeconfig: Option<&Path>) -> Result<Client, RunError> {
-    let config = match kubeconfig {
+/// The `User-Agent` of every API request: `wasmop/<version>`, and with
+/// leader election `wasmop/<version> (<identity>)`, so the API server's
+/// audit log tells the replicas apart (the field managers stay the same in
+/// every replica: fields a replica's manager owned would otherwise linger
+/// after its primaries moved). An identity that cannot be a header value
+/// is left out.
+pub fn user_agent(identity: Option<&str>) -> http::HeaderValue {
+    let plain = concat!("wasmop/", env!("CARGO_PKG_VERSION"));
+    identity
+        .and_then(|id| http::HeaderValue::from_str(&format!("{plain} ({id})")).ok())
+        .unwrap_or_else(|| http::HeaderValue::from_static(plain))
+}
+
+pub(crate) async fn client(
+    kubeconfig: Option<&Path>,
+    identity: Option<&str>,
+) -> Result<Client, RunError> {
+    let mut config = match kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path)
                 .map_err(|e| RunError::Kube(format!("{}: {e}", path.display())))?;
@@ -540,6 +557,9 @@ pub(crate) async fn client(kubeconfig: Option<&Path>) -> Result<Client, RunError
             .await
             .map_err(|e| RunError::Kube(e.to_string()))?,
     };
+    config
+        .headers
+        .push((http::header::USER_AGENT, user_agent(identity)));
     // Every API request is counted (`rest_client_requests_total`).
     Ok(kube::client::ClientBuilder::try_from(config)
         .map_err(|e| RunError::Kube(e.to_string()))?
@@ -753,6 +773,20 @@ mod tests {
         if std::env::var_os("POD_NAMESPACE").is_none() {
             assert!(run_args(&["--leader-elect"]).is_err());
         }
+    }
+
+    #[test]
+    fn the_user_agent_names_the_replica_when_there_is_one() {
+        let version = env!("CARGO_PKG_VERSION");
+        assert_eq!(user_agent(None), format!("wasmop/{version}").as_str());
+        assert_eq!(
+            user_agent(Some("wasmop-7d9f-x2")),
+            format!("wasmop/{version} (wasmop-7d9f-x2)").as_str()
+        );
+        assert_eq!(
+            user_agent(Some("bad\nname")),
+            format!("wasmop/{version}").as_str()
+        );
     }
 
     #[test]
