@@ -16,6 +16,28 @@
 //!   `SHARD_LABEL=<itself>`, so its primary caches hold about 1/N of the
 //!   primaries. A primary's owned objects are reconciled with it, by the
 //!   shard that owns the primary.
+//! - **Owned objects follow their primary.** A shard stamps every owned
+//!   object it writes with `SHARD_LABEL=<itself>` and, where control is
+//!   an ownerReference, with `wasmop.dev/owner-uid=<primary uid>` too
+//!   (owner-label kinds carry it already); both are part of the applied
+//!   object, so server-side apply keeps them. Its owned-kind watches
+//!   select `app.kubernetes.io/managed-by=wasmop,SHARD_LABEL=<itself>`,
+//!   so its owned caches hold about 1/N of the objects as well.
+//! - **Claim before the first reconcile.** A primary that arrives at a
+//!   shard (join, leave, crash, drain) may have owned objects labelled for
+//!   its old shard, which the new shard's caches cannot see. Before its
+//!   first reconcile there, the shard *claims* them: per owned kind, a list
+//!   from the API server with [`Sharding::claim_selector`] (the primary's
+//!   UID as owner label, not this shard's label; filtered by the server),
+//!   and for each object the primary controls (the rule validation uses)
+//!   a merge patch of [`SHARD_LABEL`] at the resourceVersion it was listed
+//!   at, under the shard fence. The reconcile waits until the caches hold
+//!   every relabelled object (their watch events queue it again), so a
+//!   moved primary's objects are never seen as absent, never made again.
+//!   An object that names the primary by label but is not controlled by
+//!   it is left as it is (logged, `wasmop_shard_claims_total{result=
+//!   "not_controlled"}`): a claim adopts nothing. The claim is remembered
+//!   per primary UID until the primary leaves the shard.
 //! - **Hand-over, drain then assign.** A primary whose owner is live but
 //!   no longer its place on the ring is asked to move: the sharder adds
 //!   [`DRAIN_LABEL`]. The owner's next reconcile of it (never concurrent
@@ -49,9 +71,20 @@
 //!   whole, and only the leader writes for them, as without sharding.
 //!
 //! # Caveats
-//! - Only the primary caches are split. Owned and read kinds are watched
-//!   whole by every shard (owned kinds already only as the objects the
-//!   host manages).
+//! - Read kinds are watched whole by every shard, and so is an owned kind
+//!   some controller also reads, or that a kind-scoped controller owns
+//!   (those caches are not split; nothing needs claiming there).
+//! - Every primary that arrives at a shard costs one list per owned kind
+//!   (and namespace it may write to) before its first reconcile, plus one
+//!   write per object to relabel; a shard's first start claims each of its
+//!   primaries once (lists that find nothing when nothing moved).
+//! - Owned objects written before `--sharding` was turned on carry no
+//!   shard label (and, for owner-reference kinds, no owner label), so no
+//!   shard's cache or claim sees them: the plan that applies such an
+//!   object again meets a conflict (its create is fenced to fail if the
+//!   object exists), the retry reads it from the API server and, if the
+//!   primary controls it, applies it with the labels. Until then a plan
+//!   cannot see (or delete) it.
 //! - The sharder lists the metadata of every primary once per round
 //!   (every third of the shard lease duration), and a new primary waits
 //!   for the next round to be reconciled.
@@ -62,10 +95,10 @@
 //!   shards it last saw (rounded up, at least 1), so the cluster-wide sum
 //!   stays within the budget as long as membership is steady.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -73,6 +106,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::leader::{self, LeaseDeadline};
+use wasmop_contract::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, OWNER_UID_LABEL};
 
 /// Label on a primary naming the shard that reconciles it.
 pub const SHARD_LABEL: &str = "shard.wasmop.dev/shard";
@@ -254,7 +288,32 @@ pub struct Sharding {
     /// Live shards the sharder or this shard last counted (at least 1),
     /// for the split deletion budget.
     pub live: AtomicUsize,
+    /// Where the claim of each primary's owned objects stands, by the
+    /// primary's UID (see [`Claim`]); a primary not in it has not been
+    /// claimed since it came to this shard.
+    claims: Mutex<HashMap<String, Claim>>,
 }
+
+/// How far this shard's claim of one primary's owned objects got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// Every object the primary controls carries this shard's label and
+    /// the owned caches held them (or there was none): reconcile.
+    Done,
+    /// These objects were relabelled for this shard at `since`; the
+    /// reconcile waits until the owned caches hold every one of them.
+    Waiting {
+        /// `(kind key, uid)` of each relabelled object.
+        objects: Vec<(String, String)>,
+        /// When they were relabelled.
+        since: Instant,
+    },
+}
+
+/// How long a claim waits for its relabelled objects to reach the owned
+/// caches before it lists them again (one of them may have been deleted
+/// meanwhile).
+pub const CLAIM_WAIT: Duration = Duration::from_secs(10);
 
 impl Sharding {
     /// A shard named `identity` with its Lease in `namespace`.
@@ -266,12 +325,44 @@ impl Sharding {
             flag: Arc::new(AtomicBool::new(false)),
             until: Arc::new(std::sync::Mutex::new(None)),
             live: AtomicUsize::new(1),
+            claims: Mutex::new(HashMap::new()),
         })
     }
 
-    /// The label selector of this shard's primary watches.
+    /// The label selector of this shard's primary watches and of its
+    /// owned-kind watches (which also select the managed-by label).
     pub fn selector(&self) -> String {
         format!("{SHARD_LABEL}={}", self.identity)
+    }
+
+    /// The label selector that finds, on the API server, the objects a
+    /// primary with UID `owner_uid` may control that are not labelled for
+    /// this shard: the ones its claim must relabel.
+    pub fn claim_selector(&self, owner_uid: &str) -> String {
+        format!(
+            "{MANAGED_BY_LABEL}={MANAGED_BY_VALUE},{OWNER_UID_LABEL}={owner_uid},{SHARD_LABEL}!={}",
+            self.identity
+        )
+    }
+
+    /// Where the claim of the primary with UID `uid` stands.
+    pub fn claim(&self, uid: &str) -> Option<Claim> {
+        self.claims.lock().expect("claims lock").get(uid).cloned()
+    }
+
+    /// Records how far the claim of the primary with UID `uid` got.
+    pub fn set_claim(&self, uid: &str, claim: Claim) {
+        self.claims
+            .lock()
+            .expect("claims lock")
+            .insert(uid.to_owned(), claim);
+    }
+
+    /// Forgets the claim of a primary that left this shard (drained,
+    /// deleted, or labelled for another shard): if it comes back, its
+    /// objects are claimed again.
+    pub fn forget_claim(&self, uid: &str) {
+        self.claims.lock().expect("claims lock").remove(uid);
     }
 
     /// How this shard stands to a primary with `labels`.
@@ -395,6 +486,28 @@ pub(crate) async fn acknowledge(
     )
     .await
     .map(|_| ())
+}
+
+/// Relabels one owned object for shard `to` (a claim), at the
+/// resourceVersion it was listed at: a JSON merge patch of that one label,
+/// so nothing else of the object changes. Answers the object as written.
+pub(crate) async fn claim_object(
+    api: &Api<kube::api::DynamicObject>,
+    name: &str,
+    resource_version: &str,
+    to: &str,
+) -> Result<kube::api::DynamicObject, kube::Error> {
+    let patch =
+        json!({"metadata": {"resourceVersion": resource_version, "labels": { SHARD_LABEL: to }}});
+    api.patch(
+        name,
+        &PatchParams {
+            field_manager: Some(SHARD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        },
+        &Patch::Merge(&patch),
+    )
+    .await
 }
 
 /// Counts of primaries per shard label value (`""` for none), for logs.
@@ -552,6 +665,36 @@ mod tests {
             Standing::NotMine
         );
         assert_eq!(s.standing(&labels(&[])), Standing::NotMine);
+    }
+
+    #[test]
+    fn a_claim_selects_the_owners_managed_objects_not_labelled_for_this_shard() {
+        let s = Sharding::new("shard-a".into(), "ns".into(), Duration::from_secs(2));
+        let sel = crate::watch::selector::LabelSelector::parse(&s.claim_selector("u-1"))
+            .expect("a valid selector");
+        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let managed = (MANAGED_BY_LABEL, MANAGED_BY_VALUE);
+        let owner = (OWNER_UID_LABEL, "u-1");
+        assert!(sel.matches(&labels(&[managed, owner, (SHARD_LABEL, "shard-b")])));
+        assert!(sel.matches(&labels(&[managed, owner])), "unlabelled too");
+        assert!(!sel.matches(&labels(&[managed, owner, (SHARD_LABEL, "shard-a")])));
+        assert!(!sel.matches(&labels(&[managed, (OWNER_UID_LABEL, "u-2")])));
+        assert!(!sel.matches(&labels(&[owner])), "not managed by wasmop");
+    }
+
+    #[test]
+    fn a_claim_is_forgotten_when_its_primary_leaves() {
+        let s = Sharding::new("a".into(), "ns".into(), Duration::from_secs(2));
+        assert_eq!(s.claim("u"), None);
+        s.set_claim("u", Claim::Done);
+        assert_eq!(s.claim("u"), Some(Claim::Done));
+        s.forget_claim("u");
+        assert_eq!(s.claim("u"), None, "claimed again when it comes back");
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! The sharder and the shard's side of hand-over, on the operator (see
 //! [`super::shard`] for the model, the ring, the Lease and the fence a
 //! write checks): making this replica a shard, the label selector of its
-//! primary watches, the leader's assignment rounds, and acknowledging a
-//! drain.
+//! primary watches, the leader's assignment rounds, acknowledging a
+//! drain, and claiming the owned objects of a primary that arrives.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -13,9 +13,12 @@ use kube::api::{Api, ListParams};
 
 use super::leader;
 use super::shard::{
-    DRAIN_LABEL, MOVE_WRITES, Move, Ring, Round, SHARD_LABEL, Sharding, Standing, acknowledge,
-    plan_move, read_live, write_move,
+    CLAIM_WAIT, Claim, DRAIN_LABEL, MOVE_WRITES, Move, Ring, Round, SHARD_LABEL, Sharding,
+    Standing, acknowledge, claim_object, plan_move, read_live, write_move,
 };
+use crate::object;
+use crate::plugin::manifest::OwnedKind;
+use crate::reconcile::validate::ExistingObject;
 impl super::Operator {
     /// Makes this operator a shard (`wasmop run --sharding`): call before
     /// the first plugin is added. Returns false when it already was one.
@@ -54,6 +57,21 @@ impl super::Operator {
                 .values()
                 .any(|a| uses(&a.spec));
         (!shared).then(|| s.selector())
+    }
+
+    /// The label selector of the watch of a kind `c` owns, `managed_only`
+    /// when no controller reads the kind: this shard's label when sharding
+    /// is on and `c` is per-object (the cache then holds only the objects
+    /// of this shard's primaries). A kind read by some controller is
+    /// watched whole, and the watch of a kind a kind-scoped controller
+    /// also owns is widened by [`crate::watch::cache::Cache::ensure`].
+    pub(super) fn owned_selector(
+        &self,
+        c: &crate::plugin::manifest::Controller,
+        managed_only: bool,
+    ) -> Option<String> {
+        let s = self.sharding.get()?;
+        (managed_only && c.scope == wasmop_contract::Scope::Object).then(|| s.selector())
     }
 
     /// The shard that fences `a`'s writes: this replica's when sharding is
@@ -108,6 +126,7 @@ impl super::Operator {
         let rv = crate::object::resource_version(primary);
         match acknowledge(&api, &key.name, rv).await {
             Ok(()) => {
+                s.forget_claim(object::uid(primary));
                 crate::metrics::global()
                     .inc("wasmop_shard_handovers_total", &[("controller", &a.id)]);
                 tracing::info!(primary = %key, shard = %s.identity, "drain acknowledged; primary given up");
@@ -120,6 +139,182 @@ impl super::Operator {
                     .add_after(key.clone(), Duration::from_millis(200));
             }
         }
+    }
+
+    /// Claims the owned objects of `primary` before this shard reconciles
+    /// it for the first time since it came here (a join, a leave, a crash,
+    /// a drain): true when the reconcile may go on, its snapshot seeing
+    /// every object the primary controls; false when the primary was put
+    /// back in the queue (objects relabelled and not in the caches yet, a
+    /// conflict, a failed list or write, the fence closed).
+    ///
+    /// For each owned kind whose cache is filtered by this shard's label,
+    /// the objects carrying the primary's UID in `wasmop.dev/owner-uid`
+    /// but not this shard's label are listed from the API server
+    /// ([`Sharding::claim_selector`], filtered there), in every namespace
+    /// the primary may write to that the cache watches. Each one the
+    /// primary controls, by the rule validation uses
+    /// ([`ExistingObject::is_controlled_by`] under the kind's ownership),
+    /// is relabelled for this shard at the resourceVersion it was listed
+    /// at, each write under the shard fence; one it does not control is
+    /// left untouched (counted and logged), so a claim adopts nothing.
+    /// The reconcile then waits until the caches hold every relabelled
+    /// object (their watch events queue the primary again).
+    pub(super) async fn claim_owned(
+        &self,
+        s: &Sharding,
+        a: &super::Active,
+        key: &super::PrimaryKey,
+        primary: &serde_json::Value,
+    ) -> bool {
+        let uid = object::uid(primary);
+        match s.claim(uid) {
+            Some(Claim::Done) => return true,
+            Some(Claim::Waiting { objects, since }) => {
+                let arrived = objects.iter().all(|(kind, uid)| {
+                    self.cache
+                        .kind(&crate::watch::cache::KindKey(kind.clone()))
+                        .is_some_and(|kc| kc.get_by_uid(uid).is_some())
+                });
+                if arrived {
+                    s.set_claim(uid, Claim::Done);
+                    return true;
+                }
+                if since.elapsed() < CLAIM_WAIT {
+                    // The relabelled objects' watch events queue the
+                    // primary again; this is the backstop.
+                    self.queue.add_after(key.clone(), Duration::from_secs(1));
+                    return false;
+                }
+                // One of them may be gone: list again.
+            }
+            None => {}
+        }
+        let selector = s.selector();
+        let mut relabelled = Vec::new();
+        let mut refused = 0usize;
+        for o in a.spec.owns.iter().filter(|o| !o.is_dependent()) {
+            let kind = super::kind_key(&o.kind);
+            let filtered = self
+                .cache
+                .kind(&kind)
+                .is_some_and(|kc| kc.spec().selector.as_deref() == Some(selector.as_str()));
+            if !filtered {
+                // Watched whole: the cache holds them wherever they are labelled.
+                continue;
+            }
+            for api in self.claim_scopes(a, o, primary) {
+                let lp = ListParams::default().labels(&s.claim_selector(uid));
+                let listed = match api.list_metadata(&lp).await {
+                    Ok(l) => l.items,
+                    Err(e) => {
+                        tracing::info!(primary = %key, kind = %kind, error = %e,
+                            "claiming owned objects: list failed; trying again");
+                        self.queue
+                            .add_after(key.clone(), Duration::from_millis(500));
+                        return false;
+                    }
+                };
+                for item in listed {
+                    let meta = serde_json::json!({ "metadata": &item.metadata });
+                    let name = item.metadata.name.clone().unwrap_or_default();
+                    let namespace = item.metadata.namespace.clone();
+                    if !ExistingObject::of(&meta).is_controlled_by(uid, &o.ownership) {
+                        refused += 1;
+                        crate::metrics::global().inc(
+                            "wasmop_shard_claims_total",
+                            &[("controller", &a.id), ("result", "not_controlled")],
+                        );
+                        tracing::info!(primary = %key, kind = %kind, object = %name,
+                            "claiming owned objects: carries the primary's owner label but the \
+                             primary does not control it; left as it is");
+                        continue;
+                    }
+                    if !self.may_write_for(a, key) {
+                        return false;
+                    }
+                    let target: Api<kube::api::DynamicObject> = match &namespace {
+                        Some(ns) => Api::namespaced_with(
+                            self.client.clone(),
+                            ns,
+                            &super::api_resource(&o.kind),
+                        ),
+                        None => Api::all_with(self.client.clone(), &super::api_resource(&o.kind)),
+                    };
+                    let rv = item.metadata.resource_version.clone().unwrap_or_default();
+                    match claim_object(&target, &name, &rv, &s.identity).await {
+                        Ok(written) => {
+                            crate::metrics::global().inc(
+                                "wasmop_shard_claims_total",
+                                &[("controller", &a.id), ("result", "relabelled")],
+                            );
+                            relabelled
+                                .push((kind.0.clone(), written.metadata.uid.unwrap_or_default()));
+                        }
+                        Err(e) => {
+                            tracing::info!(primary = %key, kind = %kind, object = %name, error = %e,
+                                "claiming owned objects: relabel failed; trying again");
+                            self.queue
+                                .add_after(key.clone(), Duration::from_millis(200));
+                            return false;
+                        }
+                    }
+                }
+            }
+        }
+        if relabelled.is_empty() {
+            s.set_claim(uid, Claim::Done);
+            return true;
+        }
+        tracing::info!(primary = %key, shard = %s.identity, relabelled = relabelled.len(), refused,
+            "owned objects claimed");
+        s.set_claim(
+            uid,
+            Claim::Waiting {
+                objects: relabelled,
+                since: std::time::Instant::now(),
+            },
+        );
+        self.queue.add_after(key.clone(), Duration::from_secs(1));
+        false
+    }
+
+    /// Where the objects of owned kind `o` of `primary` may be, as API
+    /// handles to list them: the whole cluster for a cluster-scoped kind;
+    /// otherwise the primary's namespace and the controller's write
+    /// namespaces (every namespace for `*` or a cluster-scoped primary),
+    /// each only where the cache watches.
+    fn claim_scopes(
+        &self,
+        a: &super::Active,
+        o: &OwnedKind,
+        primary: &serde_json::Value,
+    ) -> Vec<Api<kube::api::DynamicObject>> {
+        let resource = super::api_resource(&o.kind);
+        let all = || vec![Api::all_with(self.client.clone(), &resource)];
+        if !o.kind.namespaced {
+            return all();
+        }
+        let own = object::namespace(primary).filter(|_| a.spec.primary.namespaced);
+        let watched = self.cache.namespaces();
+        let mut namespaces: Vec<&str> =
+            if own.is_none() || a.spec.write_namespaces.iter().any(|n| n == "*") {
+                if watched.is_empty() {
+                    return all();
+                }
+                watched.iter().map(String::as_str).collect()
+            } else {
+                own.into_iter()
+                    .chain(a.spec.write_namespaces.iter().map(String::as_str))
+                    .filter(|ns| self.cache.watches_namespace(true, Some(ns)))
+                    .collect()
+            };
+        namespaces.sort_unstable();
+        namespaces.dedup();
+        namespaces
+            .into_iter()
+            .map(|ns| Api::namespaced_with(self.client.clone(), ns, &resource))
+            .collect()
     }
 
     /// One round of the sharder: reads the live shards and every primary
