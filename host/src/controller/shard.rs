@@ -26,12 +26,14 @@
 //! - **Claim before the first reconcile.** A primary that arrives at a
 //!   shard (join, leave, crash, drain) may have owned objects labelled for
 //!   its old shard, which the new shard's caches cannot see. Before its
-//!   first reconcile there, the shard *claims* them: per owned kind, a list
-//!   from the API server with [`Sharding::claim_selector`] (the primary's
-//!   UID as owner label, not this shard's label; filtered by the server),
-//!   and for each object the primary controls (the rule validation uses)
-//!   a merge patch of [`SHARD_LABEL`] at the resourceVersion it was listed
-//!   at, under the shard fence. The reconcile waits until the caches hold
+//!   first reconcile there, the shard *claims* them: the reconcile asks
+//!   the shard's claimer, which takes the requests in batches of up to
+//!   [`CLAIM_BATCH`] primaries and, per owned kind, lists from the API
+//!   server with [`Sharding::claim_selector`] (the batch's UIDs as owner
+//!   label, not this shard's label; filtered by the server), and for each
+//!   object its primary controls (the rule validation uses) writes a merge
+//!   patch of [`SHARD_LABEL`] at the resourceVersion it was listed at,
+//!   under the primary's shard fence ([`CLAIM_WRITES`] at a time). The reconcile waits until the caches hold
 //!   every relabelled object (their watch events queue it again), so a
 //!   moved primary's objects are never seen as absent, never made again.
 //!   An object that names the primary by label but is not controlled by
@@ -74,10 +76,11 @@
 //! - Read kinds are watched whole by every shard, and so is an owned kind
 //!   some controller also reads, or that a kind-scoped controller owns
 //!   (those caches are not split; nothing needs claiming there).
-//! - Every primary that arrives at a shard costs one list per owned kind
-//!   (and namespace it may write to) before its first reconcile, plus one
-//!   write per object to relabel; a shard's first start claims each of its
-//!   primaries once (lists that find nothing when nothing moved).
+//! - Every batch of primaries that arrive at a shard costs one list per
+//!   owned kind (and namespace they may write to) before their first
+//!   reconcile, plus one write per object to relabel; a shard's first
+//!   start claims each of its primaries once (lists that find nothing
+//!   when nothing moved).
 //! - Owned objects written before `--sharding` was turned on carry no
 //!   shard label (and, for owner-reference kinds, no owner label), so no
 //!   shard's cache or claim sees them: the plan that applies such an
@@ -85,9 +88,12 @@
 //!   object exists), the retry reads it from the API server and, if the
 //!   primary controls it, applies it with the labels. Until then a plan
 //!   cannot see (or delete) it.
-//! - The sharder lists the metadata of every primary once per round
-//!   (every third of the shard lease duration), and a new primary waits
-//!   for the next round to be reconciled.
+//! - The sharder lists the metadata of every primary once per round. Its
+//!   rounds run back to back while they write (or fail to), every
+//!   [`ACK_POLL`] while drains wait for acknowledgements, and otherwise
+//!   every third of the shard lease duration or just after the first live
+//!   shard Lease expires ([`Round::pause`]); a new primary waits for the
+//!   next round to be reconciled.
 //! - HTTP requests a plan started before its primary was drained run to
 //!   their end; their results stay with the old shard.
 //! - Deletion budgets (`maxDeletesPerMinute`) are kept per shard: each
@@ -127,7 +133,7 @@ pub const SHARD_MANAGER: &str = "wasmop-shard";
 pub const VIRTUAL_NODES: usize = 128;
 
 /// Label writes the sharder has in flight at once.
-pub const MOVE_WRITES: usize = 16;
+pub const MOVE_WRITES: usize = 64;
 
 /// Exit code of a shard whose Lease term ended without a shutdown.
 pub const LOST_TERM_EXIT_CODE: i32 = 3;
@@ -260,6 +266,29 @@ pub fn live_shards(leases: &[Lease], now: jiff::Timestamp, default: Duration) ->
         .collect()
 }
 
+/// When the first of the `live` shards' Leases expires unless renewed
+/// (the moment the sharder must look again to re-home a crashed shard's
+/// primaries without delay).
+pub fn next_expiry(
+    leases: &[Lease],
+    live: &BTreeSet<String>,
+    default: Duration,
+) -> Option<jiff::Timestamp> {
+    leases
+        .iter()
+        .filter_map(|l| {
+            let id = l
+                .metadata
+                .name
+                .as_deref()?
+                .strip_prefix(SHARD_LEASE_PREFIX)?;
+            live.contains(id)
+                .then(|| leader::expiry(l.spec.as_ref()?, default))
+                .flatten()
+        })
+        .min()
+}
+
 /// How a shard stands to one primary, from its labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Standing {
@@ -292,11 +321,17 @@ pub struct Sharding {
     /// primary's UID (see [`Claim`]); a primary not in it has not been
     /// claimed since it came to this shard.
     claims: Mutex<HashMap<String, Claim>>,
+    /// Primaries whose claim was requested, in order, for the claimer.
+    requested: Mutex<Vec<(crate::key::PrimaryKey, String)>>,
+    /// Wakes the claimer.
+    claim_wanted: tokio::sync::Notify,
 }
 
 /// How far this shard's claim of one primary's owned objects got.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
+    /// Waiting for the claimer's next batch (see [`Sharding::request_claim`]).
+    Requested,
     /// Every object the primary controls carries this shard's label and
     /// the owned caches held them (or there was none): reconcile.
     Done,
@@ -309,6 +344,13 @@ pub enum Claim {
         since: Instant,
     },
 }
+
+/// Primaries whose owned objects one list of the claimer asks for (by
+/// their UIDs in one set-based label selector).
+pub const CLAIM_BATCH: usize = 100;
+
+/// Relabelling writes the claimer has in flight at once.
+pub const CLAIM_WRITES: usize = 32;
 
 /// How long a claim waits for its relabelled objects to reach the owned
 /// caches before it lists them again (one of them may have been deleted
@@ -326,6 +368,8 @@ impl Sharding {
             until: Arc::new(std::sync::Mutex::new(None)),
             live: AtomicUsize::new(1),
             claims: Mutex::new(HashMap::new()),
+            requested: Mutex::new(Vec::new()),
+            claim_wanted: tokio::sync::Notify::new(),
         })
     }
 
@@ -335,14 +379,49 @@ impl Sharding {
         format!("{SHARD_LABEL}={}", self.identity)
     }
 
-    /// The label selector that finds, on the API server, the objects a
-    /// primary with UID `owner_uid` may control that are not labelled for
-    /// this shard: the ones its claim must relabel.
-    pub fn claim_selector(&self, owner_uid: &str) -> String {
+    /// The label selector that finds, on the API server, the objects the
+    /// primaries with UIDs `owner_uids` may control that are not labelled
+    /// for this shard: the ones their claims must relabel.
+    pub fn claim_selector<'a>(&self, owner_uids: impl IntoIterator<Item = &'a str>) -> String {
+        let uids: Vec<&str> = owner_uids.into_iter().collect();
         format!(
-            "{MANAGED_BY_LABEL}={MANAGED_BY_VALUE},{OWNER_UID_LABEL}={owner_uid},{SHARD_LABEL}!={}",
+            "{MANAGED_BY_LABEL}={MANAGED_BY_VALUE},{OWNER_UID_LABEL} in ({}),{SHARD_LABEL}!={}",
+            uids.join(","),
             self.identity
         )
+    }
+
+    /// Asks the claimer to claim the owned objects of `key` (UID `uid`),
+    /// unless that was asked already: true when this call asked.
+    pub fn request_claim(&self, key: &crate::key::PrimaryKey, uid: &str) -> bool {
+        {
+            let mut claims = self.claims.lock().expect("claims lock");
+            if claims.get(uid) == Some(&Claim::Requested) {
+                return false;
+            }
+            claims.insert(uid.to_owned(), Claim::Requested);
+        }
+        self.requested
+            .lock()
+            .expect("requested lock")
+            .push((key.clone(), uid.to_owned()));
+        self.claim_wanted.notify_one();
+        true
+    }
+
+    /// The next batch of requested claims (at most [`CLAIM_BATCH`], oldest
+    /// first), waiting until there is one.
+    pub async fn next_claims(&self) -> Vec<(crate::key::PrimaryKey, String)> {
+        loop {
+            {
+                let mut requested = self.requested.lock().expect("requested lock");
+                if !requested.is_empty() {
+                    let n = requested.len().min(CLAIM_BATCH);
+                    return requested.drain(..n).collect();
+                }
+            }
+            self.claim_wanted.notified().await;
+        }
     }
 
     /// Where the claim of the primary with UID `uid` stands.
@@ -421,7 +500,42 @@ pub struct Round {
     pub undrained: usize,
     /// Writes that met a conflict or failed (tried again next round).
     pub failed: usize,
+    /// Primaries marked to drain whose owner has not acknowledged yet.
+    pub waiting: usize,
+    /// When the first live shard's Lease expires unless renewed.
+    pub next_expiry: Option<jiff::Timestamp>,
 }
+
+impl Round {
+    /// How long the sharder waits before its next round: none while the
+    /// last one wrote or failed something (more work is likely: the
+    /// acknowledgements of its drains, the next page of moves); a short
+    /// pause while owners still have to acknowledge drains; otherwise
+    /// `period`, cut short to just after the first live Lease's expiry
+    /// so a crashed shard's primaries are re-homed at once.
+    pub fn pause(&self, period: Duration, now: jiff::Timestamp) -> Duration {
+        if self.assigned + self.drained + self.undrained + self.failed > 0 {
+            return Duration::ZERO;
+        }
+        let mut pause = period;
+        if self.waiting > 0 {
+            pause = pause.min(ACK_POLL);
+        }
+        if let Some(at) = self.next_expiry {
+            let until = at.duration_since(now).try_into().unwrap_or(Duration::ZERO);
+            pause = pause.min(until + EXPIRY_MARGIN);
+        }
+        pause
+    }
+}
+
+/// How often the sharder looks again while drains wait for their
+/// acknowledgement.
+pub const ACK_POLL: Duration = Duration::from_millis(200);
+
+/// How long after a Lease's expiry the sharder looks (clock skew between
+/// the shard's renewals and the sharder's reading).
+pub const EXPIRY_MARGIN: Duration = Duration::from_millis(100);
 
 /// The live shards, read from the API server.
 ///
@@ -431,13 +545,23 @@ pub async fn read_live(
     client: &kube::Client,
     s: &Sharding,
 ) -> Result<BTreeSet<String>, kube::Error> {
+    Ok(read_membership(client, s).await?.0)
+}
+
+/// The live shards and when the first of their Leases expires unless
+/// renewed ([`next_expiry`]), read from the API server.
+///
+/// # Errors
+/// When the Leases cannot be listed.
+pub async fn read_membership(
+    client: &kube::Client,
+    s: &Sharding,
+) -> Result<(BTreeSet<String>, Option<jiff::Timestamp>), kube::Error> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), &s.namespace);
     let list = leases.list(&ListParams::default()).await?;
-    Ok(live_shards(
-        &list.items,
-        jiff::Timestamp::now(),
-        s.lease_duration,
-    ))
+    let live = live_shards(&list.items, jiff::Timestamp::now(), s.lease_duration);
+    let expiry = next_expiry(&list.items, &live, s.lease_duration);
+    Ok((live, expiry))
 }
 
 /// Writes a move's labels on a primary, with the resourceVersion it was
@@ -670,7 +794,7 @@ mod tests {
     #[test]
     fn a_claim_selects_the_owners_managed_objects_not_labelled_for_this_shard() {
         let s = Sharding::new("shard-a".into(), "ns".into(), Duration::from_secs(2));
-        let sel = crate::watch::selector::LabelSelector::parse(&s.claim_selector("u-1"))
+        let sel = crate::watch::selector::LabelSelector::parse(&s.claim_selector(["u-1", "u-3"]))
             .expect("a valid selector");
         let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
             pairs
@@ -685,6 +809,82 @@ mod tests {
         assert!(!sel.matches(&labels(&[managed, owner, (SHARD_LABEL, "shard-a")])));
         assert!(!sel.matches(&labels(&[managed, (OWNER_UID_LABEL, "u-2")])));
         assert!(!sel.matches(&labels(&[owner])), "not managed by wasmop");
+        assert!(sel.matches(&labels(&[managed, (OWNER_UID_LABEL, "u-3")])));
+    }
+
+    #[test]
+    fn a_claim_is_requested_once_until_the_claimer_takes_it() {
+        let s = Sharding::new("a".into(), "ns".into(), Duration::from_secs(2));
+        let key = |n: &str| crate::key::PrimaryKey {
+            controller: "p/c".into(),
+            namespace: "ns".into(),
+            name: n.into(),
+        };
+        assert!(s.request_claim(&key("x"), "u-x"));
+        assert!(!s.request_claim(&key("x"), "u-x"), "asked once");
+        assert!(s.request_claim(&key("y"), "u-y"));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let batch = rt.block_on(s.next_claims());
+        assert_eq!(
+            batch,
+            vec![(key("x"), "u-x".to_owned()), (key("y"), "u-y".to_owned())]
+        );
+        assert_eq!(s.claim("u-x"), Some(Claim::Requested));
+    }
+
+    #[test]
+    fn the_sharder_goes_on_at_once_while_it_moves_and_looks_at_the_first_expiry() {
+        let now = jiff::Timestamp::now();
+        let period = Duration::from_secs(5);
+        let busy = Round {
+            assigned: 3,
+            ..Round::default()
+        };
+        assert_eq!(busy.pause(period, now), Duration::ZERO);
+        let failing = Round {
+            failed: 1,
+            ..Round::default()
+        };
+        assert_eq!(failing.pause(period, now), Duration::ZERO);
+        let acks = Round {
+            waiting: 2,
+            ..Round::default()
+        };
+        assert_eq!(acks.pause(period, now), ACK_POLL);
+        assert_eq!(Round::default().pause(period, now), period);
+        let soon = Round {
+            next_expiry: now.checked_add(jiff::SignedDuration::from_secs(1)).ok(),
+            ..Round::default()
+        };
+        assert_eq!(
+            soon.pause(period, now),
+            Duration::from_secs(1) + EXPIRY_MARGIN
+        );
+        let past = Round {
+            next_expiry: now.checked_sub(jiff::SignedDuration::from_secs(1)).ok(),
+            ..Round::default()
+        };
+        assert_eq!(past.pause(period, now), EXPIRY_MARGIN);
+    }
+
+    #[test]
+    fn the_next_expiry_is_the_first_live_shards() {
+        let leases = vec![
+            lease("wasmop-shard-a", Some("a"), 1),
+            lease("wasmop-shard-b", Some("b"), 5),
+            lease("wasmop-shard-c", Some("c"), 20),
+            lease("wasmop-leader", Some("a"), 9),
+        ];
+        let live = live_shards(&leases, jiff::Timestamp::now(), Duration::from_secs(10));
+        assert_eq!(live, ["a", "b"].map(String::from).into());
+        let b = leader::expiry(leases[1].spec.as_ref().unwrap(), Duration::from_secs(10));
+        assert_eq!(
+            next_expiry(&leases, &live, Duration::from_secs(10)),
+            b,
+            "b renewed first of the live ones; c is gone already"
+        );
     }
 
     #[test]

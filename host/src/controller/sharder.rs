@@ -8,17 +8,29 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use std::collections::{BTreeMap, HashMap};
+
 use futures::StreamExt;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, DynamicObject, ListParams};
+use serde_json::{Value, json};
+use wasmop_contract::OWNER_UID_LABEL;
 
 use super::leader;
 use super::shard::{
-    CLAIM_WAIT, Claim, DRAIN_LABEL, MOVE_WRITES, Move, Ring, Round, SHARD_LABEL, Sharding,
-    Standing, acknowledge, claim_object, plan_move, read_live, write_move,
+    CLAIM_WAIT, CLAIM_WRITES, Claim, DRAIN_LABEL, MOVE_WRITES, Move, Ring, Round, SHARD_LABEL,
+    Sharding, Standing, acknowledge, claim_object, plan_move, read_live, read_membership,
+    write_move,
 };
 use crate::object;
 use crate::plugin::manifest::OwnedKind;
 use crate::reconcile::validate::ExistingObject;
+/// A primary whose claim was requested, and its UID.
+type Requested = (super::PrimaryKey, String);
+
+/// What a claim relabelled (`(kind key, uid)` of each object), or that a
+/// list or write failed.
+type Claimed = Result<Vec<(String, String)>, ()>;
+
 impl super::Operator {
     /// Makes this operator a shard (`wasmop run --sharding`): call before
     /// the first plugin is added. Returns false when it already was one.
@@ -141,35 +153,18 @@ impl super::Operator {
         }
     }
 
-    /// Claims the owned objects of `primary` before this shard reconciles
-    /// it for the first time since it came here (a join, a leave, a crash,
-    /// a drain): true when the reconcile may go on, its snapshot seeing
-    /// every object the primary controls; false when the primary was put
-    /// back in the queue (objects relabelled and not in the caches yet, a
-    /// conflict, a failed list or write, the fence closed).
-    ///
-    /// For each owned kind whose cache is filtered by this shard's label,
-    /// the objects carrying the primary's UID in `wasmop.dev/owner-uid`
-    /// but not this shard's label are listed from the API server
-    /// ([`Sharding::claim_selector`], filtered there), in every namespace
-    /// the primary may write to that the cache watches. Each one the
-    /// primary controls, by the rule validation uses
-    /// ([`ExistingObject::is_controlled_by`] under the kind's ownership),
-    /// is relabelled for this shard at the resourceVersion it was listed
-    /// at, each write under the shard fence; one it does not control is
-    /// left untouched (counted and logged), so a claim adopts nothing.
-    /// The reconcile then waits until the caches hold every relabelled
-    /// object (their watch events queue the primary again).
-    pub(super) async fn claim_owned(
-        &self,
-        s: &Sharding,
-        a: &super::Active,
-        key: &super::PrimaryKey,
-        primary: &serde_json::Value,
-    ) -> bool {
+    /// Whether this shard may reconcile `primary` now, as far as its
+    /// claim goes: true once the owned objects of the primary are claimed
+    /// and in the caches (see [`Self::run_claimer`]); otherwise false,
+    /// after asking the claimer for the claim or, while relabelled objects
+    /// are on their way into the caches, queueing a look again (their
+    /// watch events queue the primary too).
+    pub(super) fn claimed(&self, s: &Sharding, key: &super::PrimaryKey, primary: &Value) -> bool {
         let uid = object::uid(primary);
         match s.claim(uid) {
             Some(Claim::Done) => return true,
+            // The claimer queues the primary when its batch is done.
+            Some(Claim::Requested) => return false,
             Some(Claim::Waiting { objects, since }) => {
                 let arrived = objects.iter().all(|(kind, uid)| {
                     self.cache
@@ -181,18 +176,109 @@ impl super::Operator {
                     return true;
                 }
                 if since.elapsed() < CLAIM_WAIT {
-                    // The relabelled objects' watch events queue the
-                    // primary again; this is the backstop.
                     self.queue.add_after(key.clone(), Duration::from_secs(1));
                     return false;
                 }
-                // One of them may be gone: list again.
+                // One of them may be gone: claim again.
             }
             None => {}
         }
+        s.request_claim(key, uid);
+        false
+    }
+
+    /// The claimer: claims the owned objects of the primaries that arrived
+    /// at this shard, in batches of up to [`super::shard::CLAIM_BATCH`]
+    /// requested by [`Self::claimed`], then queues each primary again.
+    ///
+    /// For each owned kind whose cache is filtered by this shard's label,
+    /// the objects carrying one of the batch's primary UIDs in
+    /// `wasmop.dev/owner-uid` but not this shard's label are listed from
+    /// the API server ([`Sharding::claim_selector`], filtered there), in
+    /// every namespace the primaries may write to that the cache watches.
+    /// Each one its primary controls, by the rule validation uses
+    /// ([`ExistingObject::is_controlled_by`] under the kind's ownership),
+    /// is relabelled for this shard at the resourceVersion it was listed
+    /// at ([`CLAIM_WRITES`] at a time), each write under the primary's
+    /// shard fence; one it does not control is left untouched (counted
+    /// and logged), so a claim adopts nothing. A primary whose list or
+    /// writes failed is claimed again at its next reconcile.
+    async fn run_claimer(self: Arc<Self>, s: Arc<Sharding>) {
+        loop {
+            let batch = s.next_claims().await;
+            self.claim_batch(&s, batch).await;
+        }
+    }
+
+    /// Claims one batch (see [`Self::run_claimer`]).
+    async fn claim_batch(&self, s: &Sharding, batch: Vec<Requested>) {
+        // By controller and namespace: one list per owned kind and scope.
+        let mut groups: BTreeMap<(Arc<str>, String), Vec<Requested>> = BTreeMap::new();
+        for (key, uid) in batch {
+            groups
+                .entry((key.controller.clone(), key.namespace.clone()))
+                .or_default()
+                .push((key, uid));
+        }
+        for ((controller, namespace), members) in groups {
+            let active = self
+                .controllers
+                .read()
+                .expect("controllers lock")
+                .get(&controller)
+                .cloned();
+            let Some(a) = active else {
+                for (_, uid) in &members {
+                    s.forget_claim(uid);
+                }
+                continue;
+            };
+            let outcome = self.claim_group(s, &a, &namespace, &members).await;
+            for (key, uid) in &members {
+                match outcome.get(uid.as_str()) {
+                    Some(Ok(objects)) if objects.is_empty() => s.set_claim(uid, Claim::Done),
+                    Some(Ok(objects)) => {
+                        tracing::info!(primary = %key, shard = %s.identity,
+                            relabelled = objects.len(), "owned objects claimed");
+                        s.set_claim(
+                            uid,
+                            Claim::Waiting {
+                                objects: objects.clone(),
+                                since: std::time::Instant::now(),
+                            },
+                        );
+                    }
+                    _ => {
+                        s.forget_claim(uid);
+                        self.queue
+                            .add_after(key.clone(), Duration::from_millis(500));
+                        continue;
+                    }
+                }
+                self.queue.add(key.clone());
+            }
+        }
+    }
+
+    /// Claims the owned objects of `members` (primaries of `a` in
+    /// `namespace`): per member UID, the `(kind key, uid)` of each object
+    /// relabelled, or an error when a list or a write failed.
+    async fn claim_group(
+        &self,
+        s: &Sharding,
+        a: &super::Active,
+        namespace: &str,
+        members: &[Requested],
+    ) -> HashMap<String, Claimed> {
+        let mut out: HashMap<String, Claimed> = members
+            .iter()
+            .map(|(_, uid)| (uid.clone(), Ok(Vec::new())))
+            .collect();
+        let keys: HashMap<&str, &super::PrimaryKey> =
+            members.iter().map(|(k, uid)| (uid.as_str(), k)).collect();
         let selector = s.selector();
-        let mut relabelled = Vec::new();
-        let mut refused = 0usize;
+        let claim_selector = s.claim_selector(members.iter().map(|(_, uid)| uid.as_str()));
+        let mut writes = Vec::new();
         for o in a.spec.owns.iter().filter(|o| !o.is_dependent()) {
             let kind = super::kind_key(&o.kind);
             let filtered = self
@@ -200,27 +286,33 @@ impl super::Operator {
                 .kind(&kind)
                 .is_some_and(|kc| kc.spec().selector.as_deref() == Some(selector.as_str()));
             if !filtered {
-                // Watched whole: the cache holds them wherever they are labelled.
+                // Watched whole: the cache holds them however labelled.
                 continue;
             }
-            for api in self.claim_scopes(a, o, primary) {
-                let lp = ListParams::default().labels(&s.claim_selector(uid));
+            let resource = super::api_resource(&o.kind);
+            for api in self.claim_scopes(a, o, namespace) {
+                let lp = ListParams::default().labels(&claim_selector);
                 let listed = match api.list_metadata(&lp).await {
                     Ok(l) => l.items,
                     Err(e) => {
-                        tracing::info!(primary = %key, kind = %kind, error = %e,
+                        tracing::info!(controller = %a.id, kind = %kind, error = %e,
                             "claiming owned objects: list failed; trying again");
-                        self.queue
-                            .add_after(key.clone(), Duration::from_millis(500));
-                        return false;
+                        for r in out.values_mut() {
+                            *r = Err(());
+                        }
+                        return out;
                     }
                 };
                 for item in listed {
-                    let meta = serde_json::json!({ "metadata": &item.metadata });
+                    let meta = json!({ "metadata": &item.metadata });
                     let name = item.metadata.name.clone().unwrap_or_default();
-                    let namespace = item.metadata.namespace.clone();
-                    if !ExistingObject::of(&meta).is_controlled_by(uid, &o.ownership) {
-                        refused += 1;
+                    let Some((owner, key)) = object::labels_get(&meta, OWNER_UID_LABEL)
+                        .and_then(|u| keys.get_key_value(u))
+                        .map(|(u, k)| (u.to_string(), *k))
+                    else {
+                        continue;
+                    };
+                    if !ExistingObject::of(&meta).is_controlled_by(&owner, &o.ownership) {
                         crate::metrics::global().inc(
                             "wasmop_shard_claims_total",
                             &[("controller", &a.id), ("result", "not_controlled")],
@@ -230,72 +322,68 @@ impl super::Operator {
                              primary does not control it; left as it is");
                         continue;
                     }
-                    if !self.may_write_for(a, key) {
-                        return false;
-                    }
-                    let target: Api<kube::api::DynamicObject> = match &namespace {
-                        Some(ns) => Api::namespaced_with(
-                            self.client.clone(),
-                            ns,
-                            &super::api_resource(&o.kind),
-                        ),
-                        None => Api::all_with(self.client.clone(), &super::api_resource(&o.kind)),
+                    let target: Api<DynamicObject> = match &item.metadata.namespace {
+                        Some(ns) => Api::namespaced_with(self.client.clone(), ns, &resource),
+                        None => Api::all_with(self.client.clone(), &resource),
                     };
                     let rv = item.metadata.resource_version.clone().unwrap_or_default();
-                    match claim_object(&target, &name, &rv, &s.identity).await {
-                        Ok(written) => {
-                            crate::metrics::global().inc(
-                                "wasmop_shard_claims_total",
-                                &[("controller", &a.id), ("result", "relabelled")],
-                            );
-                            relabelled
-                                .push((kind.0.clone(), written.metadata.uid.unwrap_or_default()));
-                        }
-                        Err(e) => {
-                            tracing::info!(primary = %key, kind = %kind, object = %name, error = %e,
-                                "claiming owned objects: relabel failed; trying again");
-                            self.queue
-                                .add_after(key.clone(), Duration::from_millis(200));
-                            return false;
-                        }
-                    }
+                    writes.push((owner, key.clone(), kind.0.clone(), target, name, rv));
                 }
             }
         }
-        if relabelled.is_empty() {
-            s.set_claim(uid, Claim::Done);
-            return true;
+        let written: Vec<(String, String, Result<String, ()>)> = futures::stream::iter(writes)
+            .map(|(owner, key, kind, target, name, rv)| async move {
+                if !self.may_write_for(a, &key) {
+                    return (owner, kind, Err(()));
+                }
+                match claim_object(&target, &name, &rv, &s.identity).await {
+                    Ok(w) => {
+                        crate::metrics::global().inc(
+                            "wasmop_shard_claims_total",
+                            &[("controller", &a.id), ("result", "relabelled")],
+                        );
+                        (owner, kind, Ok(w.metadata.uid.unwrap_or_default()))
+                    }
+                    Err(e) => {
+                        tracing::info!(primary = %key, object = %name, error = %e,
+                            "claiming owned objects: relabel failed; trying again");
+                        (owner, kind, Err(()))
+                    }
+                }
+            })
+            .buffer_unordered(CLAIM_WRITES)
+            .collect()
+            .await;
+        for (owner, kind, r) in written {
+            let Some(entry) = out.get_mut(&owner) else {
+                continue;
+            };
+            match (entry, r) {
+                (Ok(objects), Ok(uid)) => objects.push((kind, uid)),
+                (entry, Err(())) => *entry = Err(()),
+                (Err(()), Ok(_)) => {}
+            }
         }
-        tracing::info!(primary = %key, shard = %s.identity, relabelled = relabelled.len(), refused,
-            "owned objects claimed");
-        s.set_claim(
-            uid,
-            Claim::Waiting {
-                objects: relabelled,
-                since: std::time::Instant::now(),
-            },
-        );
-        self.queue.add_after(key.clone(), Duration::from_secs(1));
-        false
+        out
     }
 
-    /// Where the objects of owned kind `o` of `primary` may be, as API
-    /// handles to list them: the whole cluster for a cluster-scoped kind;
-    /// otherwise the primary's namespace and the controller's write
-    /// namespaces (every namespace for `*` or a cluster-scoped primary),
-    /// each only where the cache watches.
+    /// Where the objects of owned kind `o` of `a`'s primaries in
+    /// `namespace` may be, as API handles to list them: the whole cluster
+    /// for a cluster-scoped kind; otherwise the primaries' namespace and
+    /// the controller's write namespaces (every namespace for `*` or a
+    /// cluster-scoped primary), each only where the cache watches.
     fn claim_scopes(
         &self,
         a: &super::Active,
         o: &OwnedKind,
-        primary: &serde_json::Value,
-    ) -> Vec<Api<kube::api::DynamicObject>> {
+        namespace: &str,
+    ) -> Vec<Api<DynamicObject>> {
         let resource = super::api_resource(&o.kind);
         let all = || vec![Api::all_with(self.client.clone(), &resource)];
         if !o.kind.namespaced {
             return all();
         }
-        let own = object::namespace(primary).filter(|_| a.spec.primary.namespaced);
+        let own = Some(namespace).filter(|ns| a.spec.primary.namespaced && !ns.is_empty());
         let watched = self.cache.namespaces();
         let mut namespaces: Vec<&str> =
             if own.is_none() || a.spec.write_namespaces.iter().any(|n| n == "*") {
@@ -328,9 +416,10 @@ impl super::Operator {
         let Some(s) = self.sharding.get() else {
             return Ok(Round::default());
         };
-        let live = read_live(&self.client, s).await?;
+        let (live, next_expiry) = read_membership(&self.client, s).await?;
         let mut round = Round {
             live: live.len(),
+            next_expiry,
             ..Round::default()
         };
         if live.is_empty() {
@@ -386,6 +475,10 @@ impl super::Operator {
                             &live,
                         );
                         if mv == Move::Keep {
+                            let owner = labels.get(SHARD_LABEL).map(String::as_str);
+                            if labels.contains_key(DRAIN_LABEL) && owner != Some(desired) {
+                                round.waiting += 1;
+                            }
                             continue;
                         }
                         let target: Api<kube::api::DynamicObject> = match &m.namespace {
@@ -451,45 +544,69 @@ impl super::Operator {
         Ok(round)
     }
 
-    /// The sharder: while this replica leads, one [`Self::shard_round`]
-    /// every third of the shard lease duration; as a follower it only
-    /// counts the live shards (for the deletion budget share).
+    /// The sharder, and this shard's claimer ([`Self::run_claimer`]).
+    ///
+    /// While this replica leads, [`Self::shard_round`]s: back to back
+    /// while a round wrote something (or failed to), every
+    /// [`super::shard::ACK_POLL`] while drains wait for their
+    /// acknowledgement, otherwise every third of the shard lease duration
+    /// or just after the first live shard Lease expires, whichever comes
+    /// first ([`Round::pause`]). As a follower it only counts the live
+    /// shards (for the deletion budget share), every third of the lease.
     pub async fn run_sharder(self: Arc<Self>) {
         let Some(s) = self.sharding.get().cloned() else {
             return;
         };
-        let mut tick =
-            tokio::time::interval((s.lease_duration / 3).max(Duration::from_millis(100)));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut last: Option<Round> = None;
-        loop {
-            tick.tick().await;
-            if !leader::may_write(&self.leader, &self.lease_until) {
-                if let Ok(live) = read_live(&self.client, &s).await {
-                    s.live.store(live.len().max(1), Ordering::Relaxed);
-                }
-                last = None;
-                continue;
-            }
-            match self.shard_round().await {
-                Ok(r) => {
-                    crate::metrics::global().set("wasmop_shards_live", &[], r.live as f64);
-                    let moved = r.assigned + r.drained + r.undrained;
-                    if moved > 0 || last.as_ref().is_none_or(|l| l.live != r.live) {
-                        tracing::info!(
-                            live = r.live,
-                            primaries = r.primaries,
-                            assigned = r.assigned,
-                            drained = r.drained,
-                            undrained = r.undrained,
-                            failed = r.failed,
-                            "sharder round"
-                        );
+        let claimer = self.clone().run_claimer(s.clone());
+        let period = (s.lease_duration / 3).max(Duration::from_millis(100));
+        let rounds = async {
+            let mut last: Option<Round> = None;
+            let mut pause = Duration::ZERO;
+            loop {
+                tokio::time::sleep(pause).await;
+                pause = period;
+                if !leader::may_write(&self.leader, &self.lease_until) {
+                    if let Ok(live) = read_live(&self.client, &s).await {
+                        s.live.store(live.len().max(1), Ordering::Relaxed);
                     }
-                    last = Some(r);
+                    last = None;
+                    continue;
                 }
-                Err(e) => tracing::warn!(error = %e, "sharder: cannot read the shard Leases"),
+                self.sharder_round(&mut last, &mut pause, period).await;
             }
+        };
+        tokio::join!(claimer, rounds);
+    }
+
+    /// One round of [`Self::run_sharder`] on the leader, logged when it
+    /// moved something or the live shards changed; sets the pause before
+    /// the next.
+    async fn sharder_round(
+        &self,
+        last: &mut Option<Round>,
+        pause: &mut Duration,
+        period: Duration,
+    ) {
+        match self.shard_round().await {
+            Ok(r) => {
+                *pause = r.pause(period, jiff::Timestamp::now());
+                crate::metrics::global().set("wasmop_shards_live", &[], r.live as f64);
+                let moved = r.assigned + r.drained + r.undrained;
+                if moved > 0 || last.as_ref().is_none_or(|l| l.live != r.live) {
+                    tracing::info!(
+                        live = r.live,
+                        primaries = r.primaries,
+                        assigned = r.assigned,
+                        drained = r.drained,
+                        undrained = r.undrained,
+                        failed = r.failed,
+                        waiting = r.waiting,
+                        "sharder round"
+                    );
+                }
+                *last = Some(r);
+            }
+            Err(e) => tracing::warn!(error = %e, "sharder: cannot read the shard Leases"),
         }
     }
 }

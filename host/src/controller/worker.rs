@@ -224,7 +224,7 @@ impl Operator {
         // Arrived at this shard: its owned objects first carry this
         // shard's label and are in the caches (see `sharder.rs`).
         if let Some(s) = self.shard_for(&a)
-            && !self.claim_owned(s, &a, key, &primary).await
+            && !self.claimed(s, key, &primary)
         {
             return;
         }
