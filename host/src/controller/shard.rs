@@ -321,8 +321,11 @@ pub struct Sharding {
     /// primary's UID (see [`Claim`]); a primary not in it has not been
     /// claimed since it came to this shard.
     claims: Mutex<HashMap<String, Claim>>,
-    /// Primaries whose claim was requested, in order, for the claimer.
-    requested: Mutex<Vec<(crate::key::PrimaryKey, String)>>,
+    /// Primaries whose claim was requested, in order, for the claimer,
+    /// with their UID and ticket.
+    requested: Mutex<Vec<ClaimRequest>>,
+    /// The last ticket handed out.
+    tickets: std::sync::atomic::AtomicU64,
     /// Wakes the claimer.
     claim_wanted: tokio::sync::Notify,
 }
@@ -330,8 +333,9 @@ pub struct Sharding {
 /// How far this shard's claim of one primary's owned objects got.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
-    /// Waiting for the claimer's next batch (see [`Sharding::request_claim`]).
-    Requested,
+    /// Waiting for the claimer (see [`Sharding::request_claim`]); the
+    /// ticket tells this request from an earlier one of the same primary.
+    Requested(u64),
     /// Every object the primary controls carries this shard's label and
     /// the owned caches held them (or there was none): reconcile.
     Done,
@@ -343,6 +347,17 @@ pub enum Claim {
         /// When they were relabelled.
         since: Instant,
     },
+}
+
+/// One primary whose claim was requested.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimRequest {
+    /// Its queue key.
+    pub key: crate::key::PrimaryKey,
+    /// Its UID.
+    pub uid: String,
+    /// Which request of it this is ([`Claim::Requested`]).
+    pub ticket: u64,
 }
 
 /// Primaries whose owned objects one list of the claimer asks for (by
@@ -369,6 +384,7 @@ impl Sharding {
             live: AtomicUsize::new(1),
             claims: Mutex::new(HashMap::new()),
             requested: Mutex::new(Vec::new()),
+            tickets: std::sync::atomic::AtomicU64::new(0),
             claim_wanted: tokio::sync::Notify::new(),
         })
     }
@@ -394,24 +410,42 @@ impl Sharding {
     /// Asks the claimer to claim the owned objects of `key` (UID `uid`),
     /// unless that was asked already: true when this call asked.
     pub fn request_claim(&self, key: &crate::key::PrimaryKey, uid: &str) -> bool {
+        let ticket = self.tickets.fetch_add(1, Ordering::Relaxed) + 1;
         {
             let mut claims = self.claims.lock().expect("claims lock");
-            if claims.get(uid) == Some(&Claim::Requested) {
+            if matches!(claims.get(uid), Some(Claim::Requested(_))) {
                 return false;
             }
-            claims.insert(uid.to_owned(), Claim::Requested);
+            claims.insert(uid.to_owned(), Claim::Requested(ticket));
         }
         self.requested
             .lock()
             .expect("requested lock")
-            .push((key.clone(), uid.to_owned()));
+            .push(ClaimRequest {
+                key: key.clone(),
+                uid: uid.to_owned(),
+                ticket,
+            });
         self.claim_wanted.notify_one();
+        true
+    }
+
+    /// Records how far the claim of `request` got, unless the primary
+    /// left this shard (or asked again) since it was requested: true when
+    /// recorded. A claim that comes too late for its primary decides
+    /// nothing.
+    pub fn finish_claim(&self, request: &ClaimRequest, claim: Claim) -> bool {
+        let mut claims = self.claims.lock().expect("claims lock");
+        if claims.get(&request.uid) != Some(&Claim::Requested(request.ticket)) {
+            return false;
+        }
+        claims.insert(request.uid.clone(), claim);
         true
     }
 
     /// The next batch of requested claims (at most [`CLAIM_BATCH`], oldest
     /// first), waiting until there is one.
-    pub async fn next_claims(&self) -> Vec<(crate::key::PrimaryKey, String)> {
+    pub async fn next_claims(&self) -> Vec<ClaimRequest> {
         loop {
             {
                 let mut requested = self.requested.lock().expect("requested lock");
@@ -827,11 +861,39 @@ mod tests {
             .build()
             .unwrap();
         let batch = rt.block_on(s.next_claims());
+        let got: Vec<(crate::key::PrimaryKey, String)> = batch
+            .iter()
+            .map(|r| (r.key.clone(), r.uid.clone()))
+            .collect();
         assert_eq!(
-            batch,
+            got,
             vec![(key("x"), "u-x".to_owned()), (key("y"), "u-y".to_owned())]
         );
-        assert_eq!(s.claim("u-x"), Some(Claim::Requested));
+        assert!(matches!(s.claim("u-x"), Some(Claim::Requested(_))));
+        assert!(s.finish_claim(&batch[0], Claim::Done));
+        assert_eq!(s.claim("u-x"), Some(Claim::Done));
+    }
+
+    #[test]
+    fn a_claim_finished_after_its_primary_left_or_asked_again_decides_nothing() {
+        let s = Sharding::new("a".into(), "ns".into(), Duration::from_secs(2));
+        let key = crate::key::PrimaryKey {
+            controller: "p/c".into(),
+            namespace: "ns".into(),
+            name: "x".into(),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        s.request_claim(&key, "u");
+        let old = rt.block_on(s.next_claims()).remove(0);
+        s.forget_claim("u");
+        assert!(!s.finish_claim(&old, Claim::Done), "left meanwhile");
+        assert_eq!(s.claim("u"), None);
+        // It came back and asked again: the old answer is not the new one's.
+        s.request_claim(&key, "u");
+        assert!(!s.finish_claim(&old, Claim::Done));
+        assert!(matches!(s.claim("u"), Some(Claim::Requested(_))));
     }
 
     #[test]

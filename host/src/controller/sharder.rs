@@ -17,23 +17,22 @@ use wasmop_contract::OWNER_UID_LABEL;
 
 use super::leader;
 use super::shard::{
-    CLAIM_WAIT, CLAIM_WRITES, Claim, DRAIN_LABEL, MOVE_WRITES, Move, Ring, Round, SHARD_LABEL,
-    Sharding, Standing, acknowledge, claim_object, plan_move, read_live, read_membership,
-    write_move,
+    CLAIM_WAIT, CLAIM_WRITES, Claim, ClaimRequest, DRAIN_LABEL, MOVE_WRITES, Move, Ring, Round,
+    SHARD_LABEL, Sharding, Standing, acknowledge, claim_object, plan_move, read_live,
+    read_membership, write_move,
 };
 use crate::object;
 use crate::plugin::manifest::OwnedKind;
 use crate::reconcile::validate::ExistingObject;
-/// A primary whose claim was requested, and its UID.
-type Requested = (super::PrimaryKey, String);
-
 /// What a claim relabelled (`(kind key, uid)` of each object), or that a
 /// list or write failed.
 type Claimed = Result<Vec<(String, String)>, ()>;
 
 impl super::Operator {
     /// Makes this operator a shard (`wasmop run --sharding`): call before
-    /// the first plugin is added. Returns false when it already was one.
+    /// the first plugin is added, and run [`Self::run_sharder`] (which
+    /// also claims the owned objects of arriving primaries: without it no
+    /// primary is reconciled). Returns false when it already was one.
     pub fn enable_sharding(&self, sharding: Arc<Sharding>) -> bool {
         self.sharding.set(sharding).is_ok()
     }
@@ -164,7 +163,7 @@ impl super::Operator {
         match s.claim(uid) {
             Some(Claim::Done) => return true,
             // The claimer queues the primary when its batch is done.
-            Some(Claim::Requested) => return false,
+            Some(Claim::Requested(_)) => return false,
             Some(Claim::Waiting { objects, since }) => {
                 let arrived = objects.iter().all(|(kind, uid)| {
                     self.cache
@@ -211,14 +210,14 @@ impl super::Operator {
     }
 
     /// Claims one batch (see [`Self::run_claimer`]).
-    async fn claim_batch(&self, s: &Sharding, batch: Vec<Requested>) {
+    async fn claim_batch(&self, s: &Sharding, batch: Vec<ClaimRequest>) {
         // By controller and namespace: one list per owned kind and scope.
-        let mut groups: BTreeMap<(Arc<str>, String), Vec<Requested>> = BTreeMap::new();
-        for (key, uid) in batch {
+        let mut groups: BTreeMap<(Arc<str>, String), Vec<ClaimRequest>> = BTreeMap::new();
+        for r in batch {
             groups
-                .entry((key.controller.clone(), key.namespace.clone()))
+                .entry((r.key.controller.clone(), r.key.namespace.clone()))
                 .or_default()
-                .push((key, uid));
+                .push(r);
         }
         for ((controller, namespace), members) in groups {
             let active = self
@@ -228,34 +227,34 @@ impl super::Operator {
                 .get(&controller)
                 .cloned();
             let Some(a) = active else {
-                for (_, uid) in &members {
-                    s.forget_claim(uid);
+                for r in &members {
+                    s.forget_claim(&r.uid);
                 }
                 continue;
             };
             let outcome = self.claim_group(s, &a, &namespace, &members).await;
-            for (key, uid) in &members {
-                match outcome.get(uid.as_str()) {
-                    Some(Ok(objects)) if objects.is_empty() => s.set_claim(uid, Claim::Done),
+            for r in &members {
+                let claim = match outcome.get(r.uid.as_str()) {
+                    Some(Ok(objects)) if objects.is_empty() => Claim::Done,
                     Some(Ok(objects)) => {
-                        tracing::info!(primary = %key, shard = %s.identity,
+                        tracing::info!(primary = %r.key, shard = %s.identity,
                             relabelled = objects.len(), "owned objects claimed");
-                        s.set_claim(
-                            uid,
-                            Claim::Waiting {
-                                objects: objects.clone(),
-                                since: std::time::Instant::now(),
-                            },
-                        );
+                        Claim::Waiting {
+                            objects: objects.clone(),
+                            since: std::time::Instant::now(),
+                        }
                     }
                     _ => {
-                        s.forget_claim(uid);
+                        // Asked again by its next reconcile.
+                        s.forget_claim(&r.uid);
                         self.queue
-                            .add_after(key.clone(), Duration::from_millis(500));
+                            .add_after(r.key.clone(), Duration::from_millis(500));
                         continue;
                     }
+                };
+                if s.finish_claim(r, claim) {
+                    self.queue.add(r.key.clone());
                 }
-                self.queue.add(key.clone());
             }
         }
     }
@@ -268,16 +267,16 @@ impl super::Operator {
         s: &Sharding,
         a: &super::Active,
         namespace: &str,
-        members: &[Requested],
+        members: &[ClaimRequest],
     ) -> HashMap<String, Claimed> {
         let mut out: HashMap<String, Claimed> = members
             .iter()
-            .map(|(_, uid)| (uid.clone(), Ok(Vec::new())))
+            .map(|r| (r.uid.clone(), Ok(Vec::new())))
             .collect();
         let keys: HashMap<&str, &super::PrimaryKey> =
-            members.iter().map(|(k, uid)| (uid.as_str(), k)).collect();
+            members.iter().map(|r| (r.uid.as_str(), &r.key)).collect();
         let selector = s.selector();
-        let claim_selector = s.claim_selector(members.iter().map(|(_, uid)| uid.as_str()));
+        let claim_selector = s.claim_selector(members.iter().map(|r| r.uid.as_str()));
         let mut writes = Vec::new();
         for o in a.spec.owns.iter().filter(|o| !o.is_dependent()) {
             let kind = super::kind_key(&o.kind);
