@@ -37,6 +37,25 @@ impl super::Operator {
         self.sharding.set(sharding).is_ok()
     }
 
+    /// Queues again, in the queue's background, the primaries whose
+    /// writes the leader Lease fences, after this replica became the
+    /// leader: every primary ([`Self::requeue_all`]) without sharding;
+    /// with it, only those of kind-scoped controllers (per-object ones are
+    /// fenced by the shard Lease, whose own gain requeues them), so a new
+    /// leader does not reconcile its whole share again while it is taking
+    /// over a crashed shard's primaries.
+    pub fn requeue_leader_fenced(&self) {
+        if self.sharding.get().is_none() {
+            self.requeue_all();
+            return;
+        }
+        for a in self.actives() {
+            if a.spec.scope == wasmop_contract::Scope::Kind {
+                self.queue.add_background(super::whole_kind_key(&a.id));
+            }
+        }
+    }
+
     /// This replica as a shard, if sharding is on.
     pub fn sharding(&self) -> Option<&Arc<Sharding>> {
         self.sharding.get()
