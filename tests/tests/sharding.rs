@@ -10,7 +10,11 @@
 //! shard frozen past its Lease and thawed (it writes nothing for the
 //! primaries it lost and exits), a primary moving while its plan runs
 //! (the old shard stops mid-plan and acknowledges before the new owner
-//! writes), shard labels a user wrote, an identity that cannot name a
+//! writes), owned objects that move with their primary (relabelled for
+//! the new shard, never made again; each shard caches only its own
+//! primaries and their objects; an object carrying a primary's owner
+//! label that the primary does not control is not claimed), shard labels
+//! a user wrote, an identity that cannot name a
 //! shard, and a hot swap reaching every shard.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -57,6 +61,7 @@ impl Shard {
             .args(["--leader-elect", "--leader-election-namespace", &ns.name])
             .args(["--lease-duration-ms", &LEASE.as_millis().to_string()])
             .args(["--sharding", "--poll-interval-ms", "500"])
+            .args(["--metrics-addr", "127.0.0.1:0"])
             .env("POD_NAME", identity)
             .env_remove("POD_NAMESPACE")
             .env("WASMOP_LOG", "info")
@@ -93,6 +98,29 @@ impl Shard {
         Ok(status.code())
     }
 
+    /// The address its /metrics is served at.
+    async fn metrics_addr(&self) -> Result<String> {
+        wait_for("the shard serves /metrics", DEADLINE, || async {
+            Ok(self
+                .lines()
+                .into_iter()
+                .find(|l| l["msg"] == "serving metrics at /metrics")
+                .and_then(|l| l["addr"].as_str().map(str::to_owned)))
+        })
+        .await
+    }
+
+    /// Its `wasmop_cache_objects` of `kind` (a cache key such as
+    /// `/v1/ConfigMap`), read from its /metrics.
+    async fn cached(&self, kind: &str) -> Result<Option<f64>> {
+        let page = http_get(&self.metrics_addr().await?, "/metrics").await?;
+        let head = format!("wasmop_cache_objects{{kind=\"{kind}\"}} ");
+        Ok(page
+            .lines()
+            .find_map(|l| l.strip_prefix(&head))
+            .and_then(|v| v.trim().parse().ok()))
+    }
+
     /// The JSON log lines so far.
     fn lines(&self) -> Vec<Value> {
         std::fs::read_to_string(&self.log)
@@ -102,6 +130,22 @@ impl Shard {
             .collect()
     }
 }
+
+/// The body of a plain HTTP GET of `path` from `addr` (loopback).
+async fn http_get(addr: &str, path: &str) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await?;
+    let (_, body) = out.split_once("\r\n\r\n").context("no HTTP head")?;
+    Ok(body.to_owned())
+}
+
+/// The cache key of Widgets and of ConfigMaps in `wasmop_cache_objects`.
+const WIDGET_KIND: &str = "test.wasmop.dev/v1/Widget";
+const CM_KIND: &str = "/v1/ConfigMap";
 
 /// Log lines of `shard` with message `msg` about primary `name`, after
 /// the first `skip` lines.
@@ -227,6 +271,74 @@ async fn wait_placed(
     .await
 }
 
+/// ConfigMap name → UID, for every ConfigMap a Widget owns (`<name>-cm`).
+async fn cm_uids(ns: &TestNamespace) -> Result<BTreeMap<String, String>> {
+    let cms: Api<ConfigMap> = ns.api();
+    Ok(cms
+        .list_metadata(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|c| {
+            let name = c.metadata.name?;
+            name.ends_with("-cm")
+                .then(|| (name, c.metadata.uid.unwrap_or_default()))
+        })
+        .collect())
+}
+
+/// Waits until the ConfigMap of every Widget of `placed` carries its
+/// Widget's shard label (and the Widget's UID as owner label).
+async fn wait_cms_labelled(
+    ns: &TestNamespace,
+    placed: &BTreeMap<String, String>,
+    deadline: Duration,
+) -> Result<()> {
+    let cms: Api<ConfigMap> = ns.api();
+    wait_for(
+        "every ConfigMap labelled for its Widget's shard",
+        deadline,
+        || async {
+            let uids = owners(ns).await?;
+            for (name, shard) in placed {
+                let cm = cms.get(&format!("{name}-cm")).await?;
+                let labels = cm.metadata.labels.clone().unwrap_or_default();
+                let got = labels.get(SHARD_LABEL).map(String::as_str);
+                if got != Some(shard.as_str()) {
+                    bail!("{name}-cm labelled {got:?}, wanted {shard}");
+                }
+                let owner = labels.get("wasmop.dev/owner-uid");
+                if owner != uids.get(name).map(|(uid, _)| uid) {
+                    bail!("{name}-cm carries owner label {owner:?}");
+                }
+            }
+            Ok(Some(()))
+        },
+    )
+    .await
+}
+
+/// Waits until `shard`'s caches hold exactly `n` Widgets and `n`
+/// ConfigMaps.
+async fn wait_cached(shard: &Shard, n: usize) -> Result<()> {
+    let want = Some(n as f64);
+    wait_for(
+        &format!("{} caches {n} Widgets and {n} ConfigMaps", shard.identity),
+        DEADLINE,
+        || async {
+            let (w, c) = (
+                shard.cached(WIDGET_KIND).await?,
+                shard.cached(CM_KIND).await?,
+            );
+            if (w, c) != (want, want) {
+                bail!("{}: {w:?} Widgets, {c:?} ConfigMaps cached", shard.identity);
+            }
+            Ok(Some(()))
+        },
+    )
+    .await
+}
+
 /// The holder of the leader Lease.
 async fn leader(ns: &TestNamespace) -> Result<Option<String>> {
     let lease = Api::<Lease>::namespaced(ns.client.clone(), &ns.name)
@@ -310,19 +422,108 @@ async fn a_joining_shard_takes_its_share_and_a_leaving_one_hands_it_back() -> Re
 }
 
 #[tokio::test]
+async fn each_shard_caches_only_its_primaries_and_their_objects_which_move_with_them() -> Result<()>
+{
+    let (ns, work) = setup("shard-owned", "good").await?;
+    let a = first_shard(&ns, &work, "shard-a", 12).await?;
+    let before = cm_uids(&ns).await?;
+    assert_eq!(before.len(), 12, "{before:?}");
+    let only_a: BTreeMap<String, String> = owners(&ns)
+        .await?
+        .into_keys()
+        .map(|n| (n, "shard-a".to_owned()))
+        .collect();
+    wait_cms_labelled(&ns, &only_a, DEADLINE).await?;
+    wait_cached(&a, 12).await?;
+    // A join: the ConfigMaps of the Widgets that move are relabelled for
+    // shard-b, not made again, and each shard caches only its own.
+    let mut b = Shard::start(&ns, &work, "shard-b").await?;
+    let placed = wait_placed(&ns, &["shard-a", "shard-b"], "v1", DEADLINE).await?;
+    wait_cms_labelled(&ns, &placed, DEADLINE).await?;
+    assert_eq!(cm_uids(&ns).await?, before, "a ConfigMap was made again");
+    let on_b = placed.values().filter(|s| *s == "shard-b").count();
+    assert!(on_b > 0 && on_b < 12, "{placed:?}");
+    wait_cached(&a, 12 - on_b).await?;
+    wait_cached(&b, on_b).await?;
+    let all: Vec<String> = placed.keys().cloned().collect();
+    set_value(&ns, &all, "v2").await?;
+    wait_placed(&ns, &["shard-a", "shard-b"], "v2", DEADLINE).await?;
+    assert_eq!(cm_uids(&ns).await?, before, "a ConfigMap was made again");
+    // A leave: they come back to shard-a the same way.
+    b.signal("TERM")?;
+    assert_eq!(b.exited(DEADLINE).await?, Some(0), "a graceful stop");
+    wait_placed(&ns, &["shard-a"], "v2", REHOME_BOUND).await?;
+    wait_cms_labelled(&ns, &only_a, DEADLINE).await?;
+    assert_eq!(cm_uids(&ns).await?, before, "a ConfigMap was made again");
+    wait_cached(&a, 12).await?;
+    set_value(&ns, &all, "v3").await?;
+    wait_placed(&ns, &["shard-a"], "v3", DEADLINE).await?;
+    drop(a);
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_crashed_shards_primaries_are_rehomed_within_a_lease_and_five_seconds() -> Result<()> {
     let (ns, work) = setup("shard-crash", "good").await?;
     let a = first_shard(&ns, &work, "shard-a", 10).await?;
     let mut b = Shard::start(&ns, &work, "shard-b").await?;
-    wait_placed(&ns, &["shard-a", "shard-b"], "v1", DEADLINE).await?;
+    let placed = wait_placed(&ns, &["shard-a", "shard-b"], "v1", DEADLINE).await?;
+    wait_cms_labelled(&ns, &placed, DEADLINE).await?;
+    let before = cm_uids(&ns).await?;
+    // A ConfigMap that names a Widget of shard-b as its owner by label
+    // (and shard-b by shard label) but is not controlled by it: the claim
+    // after the crash must leave it alone.
+    let victim = placed
+        .iter()
+        .find(|(_, s)| *s == "shard-b")
+        .map(|(n, _)| n.clone())
+        .context("shard-b owns a Widget")?;
+    let victim_uid = owners(&ns).await?[&victim].0.clone();
+    let cms: Api<ConfigMap> = ns.api();
+    let intruder: ConfigMap = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "intruder", "labels": {
+            "app.kubernetes.io/managed-by": "wasmop",
+            "wasmop.dev/owner-uid": victim_uid,
+            SHARD_LABEL: "shard-b",
+        }},
+        "data": {"value": "mine"},
+    }))?;
+    let intruder = cms.create(&PostParams::default(), &intruder).await?;
     b.signal("KILL")?;
     b.exited(DEADLINE).await?;
     let started = Instant::now();
     wait_placed(&ns, &["shard-a"], "v1", REHOME_BOUND).await?;
     eprintln!("re-homed after a crash in {:?}", started.elapsed());
+    let only_a = placed
+        .keys()
+        .map(|n| (n.clone(), "shard-a".to_owned()))
+        .collect();
+    wait_cms_labelled(&ns, &only_a, DEADLINE).await?;
+    assert_eq!(cm_uids(&ns).await?, before, "a ConfigMap was made again");
     let all: Vec<String> = owners(&ns).await?.keys().cloned().collect();
     set_value(&ns, &all, "v2").await?;
     wait_placed(&ns, &["shard-a"], "v2", DEADLINE).await?;
+    let left = cms.get("intruder").await?;
+    assert_eq!(
+        left.metadata.resource_version, intruder.metadata.resource_version,
+        "the claim wrote the intruder"
+    );
+    assert_eq!(
+        left.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SHARD_LABEL)),
+        Some(&"shard-b".to_owned()),
+        "the intruder was relabelled"
+    );
+    let refused = a.lines().iter().any(|l| {
+        l["object"] == "intruder"
+            && l["msg"]
+                .as_str()
+                .is_some_and(|m| m.contains("the primary does not control it"))
+    });
+    assert!(refused, "shard-a says it left the intruder alone");
     drop(a);
     Ok(())
 }

@@ -330,7 +330,7 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
             cfg,
             operator.leader_flag(),
             operator.lease_deadline(),
-            move || op.requeue_all(),
+            move || op.requeue_leader_fenced(),
             async {
                 let _ = stopped.await;
             },

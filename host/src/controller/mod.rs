@@ -502,7 +502,7 @@ impl Operator {
                     resource: api_resource(&o.kind),
                     namespaced: o.kind.namespaced,
                     managed_only: !read_elsewhere,
-                    selector: None,
+                    selector: self.owned_selector(c, !read_elsewhere),
                 });
                 if required.iter().any(|k| k.same_type(&o.kind)) {
                     caches.push(cache);
@@ -985,6 +985,9 @@ impl Operator {
             !kind_scoped(writer) && routed.keys.contains(writer)
         });
         for (key, uid) in routed.gone {
+            if let Some(s) = self.sharding.get() {
+                s.forget_claim(&uid);
+            }
             self.observer.forget(&uid);
             self.queue.forget(&key);
             self.backoff.reset(&key);

@@ -16,6 +16,30 @@
 //!   `SHARD_LABEL=<itself>`, so its primary caches hold about 1/N of the
 //!   primaries. A primary's owned objects are reconciled with it, by the
 //!   shard that owns the primary.
+//! - **Owned objects follow their primary.** A shard stamps every owned
+//!   object it writes with `SHARD_LABEL=<itself>` and, where control is
+//!   an ownerReference, with `wasmop.dev/owner-uid=<primary uid>` too
+//!   (owner-label kinds carry it already); both are part of the applied
+//!   object, so server-side apply keeps them. Its owned-kind watches
+//!   select `app.kubernetes.io/managed-by=wasmop,SHARD_LABEL=<itself>`,
+//!   so its owned caches hold about 1/N of the objects as well.
+//! - **Claim before the first reconcile.** A primary that arrives at a
+//!   shard (join, leave, crash, drain) may have owned objects labelled for
+//!   its old shard, which the new shard's caches cannot see. Before its
+//!   first reconcile there, the shard *claims* them: the reconcile asks
+//!   the shard's claimer, which takes the requests in batches of up to
+//!   [`CLAIM_BATCH`] primaries and, per owned kind, lists from the API
+//!   server with [`Sharding::claim_selector`] (the batch's UIDs as owner
+//!   label, not this shard's label; filtered by the server), and for each
+//!   object its primary controls (the rule validation uses) writes a merge
+//!   patch of [`SHARD_LABEL`] at the resourceVersion it was listed at,
+//!   under the primary's shard fence ([`CLAIM_WRITES`] at a time). The reconcile waits until the caches hold
+//!   every relabelled object (their watch events queue it again), so a
+//!   moved primary's objects are never seen as absent, never made again.
+//!   An object that names the primary by label but is not controlled by
+//!   it is left as it is (logged, `wasmop_shard_claims_total{result=
+//!   "not_controlled"}`): a claim adopts nothing. The claim is remembered
+//!   per primary UID until the primary leaves the shard.
 //! - **Hand-over, drain then assign.** A primary whose owner is live but
 //!   no longer its place on the ring is asked to move: the sharder adds
 //!   [`DRAIN_LABEL`]. The owner's next reconcile of it (never concurrent
@@ -49,12 +73,27 @@
 //!   whole, and only the leader writes for them, as without sharding.
 //!
 //! # Caveats
-//! - Only the primary caches are split. Owned and read kinds are watched
-//!   whole by every shard (owned kinds already only as the objects the
-//!   host manages).
-//! - The sharder lists the metadata of every primary once per round
-//!   (every third of the shard lease duration), and a new primary waits
-//!   for the next round to be reconciled.
+//! - Read kinds are watched whole by every shard, and so is an owned kind
+//!   some controller also reads, or that a kind-scoped controller owns
+//!   (those caches are not split; nothing needs claiming there).
+//! - Every batch of primaries that arrive at a shard costs one list per
+//!   owned kind (and namespace they may write to) before their first
+//!   reconcile, plus one write per object to relabel; a shard's first
+//!   start claims each of its primaries once (lists that find nothing
+//!   when nothing moved).
+//! - Owned objects written before `--sharding` was turned on carry no
+//!   shard label (and, for owner-reference kinds, no owner label), so no
+//!   shard's cache or claim sees them: the plan that applies such an
+//!   object again meets a conflict (its create is fenced to fail if the
+//!   object exists), the retry reads it from the API server and, if the
+//!   primary controls it, applies it with the labels. Until then a plan
+//!   cannot see (or delete) it.
+//! - The sharder lists the metadata of every primary once per round. Its
+//!   rounds run back to back while they write (or fail to), every
+//!   [`ACK_POLL`] while drains wait for acknowledgements, and otherwise
+//!   every third of the shard lease duration or just after the first live
+//!   shard Lease expires ([`Round::pause`]); a new primary waits for the
+//!   next round to be reconciled.
 //! - HTTP requests a plan started before its primary was drained run to
 //!   their end; their results stay with the old shard.
 //! - Deletion budgets (`maxDeletesPerMinute`) are kept per shard: each
@@ -62,10 +101,10 @@
 //!   shards it last saw (rounded up, at least 1), so the cluster-wide sum
 //!   stays within the budget as long as membership is steady.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -73,6 +112,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use super::leader::{self, LeaseDeadline};
+use wasmop_contract::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, OWNER_UID_LABEL};
 
 /// Label on a primary naming the shard that reconciles it.
 pub const SHARD_LABEL: &str = "shard.wasmop.dev/shard";
@@ -93,7 +133,7 @@ pub const SHARD_MANAGER: &str = "wasmop-shard";
 pub const VIRTUAL_NODES: usize = 128;
 
 /// Label writes the sharder has in flight at once.
-pub const MOVE_WRITES: usize = 16;
+pub const MOVE_WRITES: usize = 64;
 
 /// Exit code of a shard whose Lease term ended without a shutdown.
 pub const LOST_TERM_EXIT_CODE: i32 = 3;
@@ -226,6 +266,29 @@ pub fn live_shards(leases: &[Lease], now: jiff::Timestamp, default: Duration) ->
         .collect()
 }
 
+/// When the first of the `live` shards' Leases expires unless renewed
+/// (the moment the sharder must look again to re-home a crashed shard's
+/// primaries without delay).
+pub fn next_expiry(
+    leases: &[Lease],
+    live: &BTreeSet<String>,
+    default: Duration,
+) -> Option<jiff::Timestamp> {
+    leases
+        .iter()
+        .filter_map(|l| {
+            let id = l
+                .metadata
+                .name
+                .as_deref()?
+                .strip_prefix(SHARD_LEASE_PREFIX)?;
+            live.contains(id)
+                .then(|| leader::expiry(l.spec.as_ref()?, default))
+                .flatten()
+        })
+        .min()
+}
+
 /// How a shard stands to one primary, from its labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Standing {
@@ -254,7 +317,60 @@ pub struct Sharding {
     /// Live shards the sharder or this shard last counted (at least 1),
     /// for the split deletion budget.
     pub live: AtomicUsize,
+    /// Where the claim of each primary's owned objects stands, by the
+    /// primary's UID (see [`Claim`]); a primary not in it has not been
+    /// claimed since it came to this shard.
+    claims: Mutex<HashMap<String, Claim>>,
+    /// Primaries whose claim was requested, in order, for the claimer,
+    /// with their UID and ticket.
+    requested: Mutex<Vec<ClaimRequest>>,
+    /// The last ticket handed out.
+    tickets: std::sync::atomic::AtomicU64,
+    /// Wakes the claimer.
+    claim_wanted: tokio::sync::Notify,
 }
+
+/// How far this shard's claim of one primary's owned objects got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// Waiting for the claimer (see [`Sharding::request_claim`]); the
+    /// ticket tells this request from an earlier one of the same primary.
+    Requested(u64),
+    /// Every object the primary controls carries this shard's label and
+    /// the owned caches held them (or there was none): reconcile.
+    Done,
+    /// These objects were relabelled for this shard at `since`; the
+    /// reconcile waits until the owned caches hold every one of them.
+    Waiting {
+        /// `(kind key, uid)` of each relabelled object.
+        objects: Vec<(String, String)>,
+        /// When they were relabelled.
+        since: Instant,
+    },
+}
+
+/// One primary whose claim was requested.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimRequest {
+    /// Its queue key.
+    pub key: crate::key::PrimaryKey,
+    /// Its UID.
+    pub uid: String,
+    /// Which request of it this is ([`Claim::Requested`]).
+    pub ticket: u64,
+}
+
+/// Primaries whose owned objects one list of the claimer asks for (by
+/// their UIDs in one set-based label selector).
+pub const CLAIM_BATCH: usize = 100;
+
+/// Relabelling writes the claimer has in flight at once.
+pub const CLAIM_WRITES: usize = 32;
+
+/// How long a claim waits for its relabelled objects to reach the owned
+/// caches before it lists them again (one of them may have been deleted
+/// meanwhile).
+pub const CLAIM_WAIT: Duration = Duration::from_secs(10);
 
 impl Sharding {
     /// A shard named `identity` with its Lease in `namespace`.
@@ -266,12 +382,100 @@ impl Sharding {
             flag: Arc::new(AtomicBool::new(false)),
             until: Arc::new(std::sync::Mutex::new(None)),
             live: AtomicUsize::new(1),
+            claims: Mutex::new(HashMap::new()),
+            requested: Mutex::new(Vec::new()),
+            tickets: std::sync::atomic::AtomicU64::new(0),
+            claim_wanted: tokio::sync::Notify::new(),
         })
     }
 
-    /// The label selector of this shard's primary watches.
+    /// The label selector of this shard's primary watches and of its
+    /// owned-kind watches (which also select the managed-by label).
     pub fn selector(&self) -> String {
         format!("{SHARD_LABEL}={}", self.identity)
+    }
+
+    /// The label selector that finds, on the API server, the objects the
+    /// primaries with UIDs `owner_uids` may control that are not labelled
+    /// for this shard: the ones their claims must relabel.
+    pub fn claim_selector<'a>(&self, owner_uids: impl IntoIterator<Item = &'a str>) -> String {
+        let uids: Vec<&str> = owner_uids.into_iter().collect();
+        format!(
+            "{MANAGED_BY_LABEL}={MANAGED_BY_VALUE},{OWNER_UID_LABEL} in ({}),{SHARD_LABEL}!={}",
+            uids.join(","),
+            self.identity
+        )
+    }
+
+    /// Asks the claimer to claim the owned objects of `key` (UID `uid`),
+    /// unless that was asked already: true when this call asked.
+    pub fn request_claim(&self, key: &crate::key::PrimaryKey, uid: &str) -> bool {
+        let ticket = self.tickets.fetch_add(1, Ordering::Relaxed) + 1;
+        {
+            let mut claims = self.claims.lock().expect("claims lock");
+            if matches!(claims.get(uid), Some(Claim::Requested(_))) {
+                return false;
+            }
+            claims.insert(uid.to_owned(), Claim::Requested(ticket));
+        }
+        self.requested
+            .lock()
+            .expect("requested lock")
+            .push(ClaimRequest {
+                key: key.clone(),
+                uid: uid.to_owned(),
+                ticket,
+            });
+        self.claim_wanted.notify_one();
+        true
+    }
+
+    /// Records how far the claim of `request` got, unless the primary
+    /// left this shard (or asked again) since it was requested: true when
+    /// recorded. A claim that comes too late for its primary decides
+    /// nothing.
+    pub fn finish_claim(&self, request: &ClaimRequest, claim: Claim) -> bool {
+        let mut claims = self.claims.lock().expect("claims lock");
+        if claims.get(&request.uid) != Some(&Claim::Requested(request.ticket)) {
+            return false;
+        }
+        claims.insert(request.uid.clone(), claim);
+        true
+    }
+
+    /// The next batch of requested claims (at most [`CLAIM_BATCH`], oldest
+    /// first), waiting until there is one.
+    pub async fn next_claims(&self) -> Vec<ClaimRequest> {
+        loop {
+            {
+                let mut requested = self.requested.lock().expect("requested lock");
+                if !requested.is_empty() {
+                    let n = requested.len().min(CLAIM_BATCH);
+                    return requested.drain(..n).collect();
+                }
+            }
+            self.claim_wanted.notified().await;
+        }
+    }
+
+    /// Where the claim of the primary with UID `uid` stands.
+    pub fn claim(&self, uid: &str) -> Option<Claim> {
+        self.claims.lock().expect("claims lock").get(uid).cloned()
+    }
+
+    /// Records how far the claim of the primary with UID `uid` got.
+    pub fn set_claim(&self, uid: &str, claim: Claim) {
+        self.claims
+            .lock()
+            .expect("claims lock")
+            .insert(uid.to_owned(), claim);
+    }
+
+    /// Forgets the claim of a primary that left this shard (drained,
+    /// deleted, or labelled for another shard): if it comes back, its
+    /// objects are claimed again.
+    pub fn forget_claim(&self, uid: &str) {
+        self.claims.lock().expect("claims lock").remove(uid);
     }
 
     /// How this shard stands to a primary with `labels`.
@@ -330,7 +534,42 @@ pub struct Round {
     pub undrained: usize,
     /// Writes that met a conflict or failed (tried again next round).
     pub failed: usize,
+    /// Primaries marked to drain whose owner has not acknowledged yet.
+    pub waiting: usize,
+    /// When the first live shard's Lease expires unless renewed.
+    pub next_expiry: Option<jiff::Timestamp>,
 }
+
+impl Round {
+    /// How long the sharder waits before its next round: none while the
+    /// last one wrote or failed something (more work is likely: the
+    /// acknowledgements of its drains, the next page of moves); a short
+    /// pause while owners still have to acknowledge drains; otherwise
+    /// `period`, cut short to just after the first live Lease's expiry
+    /// so a crashed shard's primaries are re-homed at once.
+    pub fn pause(&self, period: Duration, now: jiff::Timestamp) -> Duration {
+        if self.assigned + self.drained + self.undrained + self.failed > 0 {
+            return Duration::ZERO;
+        }
+        let mut pause = period;
+        if self.waiting > 0 {
+            pause = pause.min(ACK_POLL);
+        }
+        if let Some(at) = self.next_expiry {
+            let until = at.duration_since(now).try_into().unwrap_or(Duration::ZERO);
+            pause = pause.min(until + EXPIRY_MARGIN);
+        }
+        pause
+    }
+}
+
+/// How often the sharder looks again while drains wait for their
+/// acknowledgement.
+pub const ACK_POLL: Duration = Duration::from_millis(200);
+
+/// How long after a Lease's expiry the sharder looks (clock skew between
+/// the shard's renewals and the sharder's reading).
+pub const EXPIRY_MARGIN: Duration = Duration::from_millis(100);
 
 /// The live shards, read from the API server.
 ///
@@ -340,13 +579,23 @@ pub async fn read_live(
     client: &kube::Client,
     s: &Sharding,
 ) -> Result<BTreeSet<String>, kube::Error> {
+    Ok(read_membership(client, s).await?.0)
+}
+
+/// The live shards and when the first of their Leases expires unless
+/// renewed ([`next_expiry`]), read from the API server.
+///
+/// # Errors
+/// When the Leases cannot be listed.
+pub async fn read_membership(
+    client: &kube::Client,
+    s: &Sharding,
+) -> Result<(BTreeSet<String>, Option<jiff::Timestamp>), kube::Error> {
     let leases: Api<Lease> = Api::namespaced(client.clone(), &s.namespace);
     let list = leases.list(&ListParams::default()).await?;
-    Ok(live_shards(
-        &list.items,
-        jiff::Timestamp::now(),
-        s.lease_duration,
-    ))
+    let live = live_shards(&list.items, jiff::Timestamp::now(), s.lease_duration);
+    let expiry = next_expiry(&list.items, &live, s.lease_duration);
+    Ok((live, expiry))
 }
 
 /// Writes a move's labels on a primary, with the resourceVersion it was
@@ -395,6 +644,28 @@ pub(crate) async fn acknowledge(
     )
     .await
     .map(|_| ())
+}
+
+/// Relabels one owned object for shard `to` (a claim), at the
+/// resourceVersion it was listed at: a JSON merge patch of that one label,
+/// so nothing else of the object changes. Answers the object as written.
+pub(crate) async fn claim_object(
+    api: &Api<kube::api::DynamicObject>,
+    name: &str,
+    resource_version: &str,
+    to: &str,
+) -> Result<kube::api::DynamicObject, kube::Error> {
+    let patch =
+        json!({"metadata": {"resourceVersion": resource_version, "labels": { SHARD_LABEL: to }}});
+    api.patch(
+        name,
+        &PatchParams {
+            field_manager: Some(SHARD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        },
+        &Patch::Merge(&patch),
+    )
+    .await
 }
 
 /// Counts of primaries per shard label value (`""` for none), for logs.
@@ -552,6 +823,140 @@ mod tests {
             Standing::NotMine
         );
         assert_eq!(s.standing(&labels(&[])), Standing::NotMine);
+    }
+
+    #[test]
+    fn a_claim_selects_the_owners_managed_objects_not_labelled_for_this_shard() {
+        let s = Sharding::new("shard-a".into(), "ns".into(), Duration::from_secs(2));
+        let sel = crate::watch::selector::LabelSelector::parse(&s.claim_selector(["u-1", "u-3"]))
+            .expect("a valid selector");
+        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let managed = (MANAGED_BY_LABEL, MANAGED_BY_VALUE);
+        let owner = (OWNER_UID_LABEL, "u-1");
+        assert!(sel.matches(&labels(&[managed, owner, (SHARD_LABEL, "shard-b")])));
+        assert!(sel.matches(&labels(&[managed, owner])), "unlabelled too");
+        assert!(!sel.matches(&labels(&[managed, owner, (SHARD_LABEL, "shard-a")])));
+        assert!(!sel.matches(&labels(&[managed, (OWNER_UID_LABEL, "u-2")])));
+        assert!(!sel.matches(&labels(&[owner])), "not managed by wasmop");
+        assert!(sel.matches(&labels(&[managed, (OWNER_UID_LABEL, "u-3")])));
+    }
+
+    #[test]
+    fn a_claim_is_requested_once_until_the_claimer_takes_it() {
+        let s = Sharding::new("a".into(), "ns".into(), Duration::from_secs(2));
+        let key = |n: &str| crate::key::PrimaryKey {
+            controller: "p/c".into(),
+            namespace: "ns".into(),
+            name: n.into(),
+        };
+        assert!(s.request_claim(&key("x"), "u-x"));
+        assert!(!s.request_claim(&key("x"), "u-x"), "asked once");
+        assert!(s.request_claim(&key("y"), "u-y"));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let batch = rt.block_on(s.next_claims());
+        let got: Vec<(crate::key::PrimaryKey, String)> = batch
+            .iter()
+            .map(|r| (r.key.clone(), r.uid.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![(key("x"), "u-x".to_owned()), (key("y"), "u-y".to_owned())]
+        );
+        assert!(matches!(s.claim("u-x"), Some(Claim::Requested(_))));
+        assert!(s.finish_claim(&batch[0], Claim::Done));
+        assert_eq!(s.claim("u-x"), Some(Claim::Done));
+    }
+
+    #[test]
+    fn a_claim_finished_after_its_primary_left_or_asked_again_decides_nothing() {
+        let s = Sharding::new("a".into(), "ns".into(), Duration::from_secs(2));
+        let key = crate::key::PrimaryKey {
+            controller: "p/c".into(),
+            namespace: "ns".into(),
+            name: "x".into(),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        s.request_claim(&key, "u");
+        let old = rt.block_on(s.next_claims()).remove(0);
+        s.forget_claim("u");
+        assert!(!s.finish_claim(&old, Claim::Done), "left meanwhile");
+        assert_eq!(s.claim("u"), None);
+        // It came back and asked again: the old answer is not the new one's.
+        s.request_claim(&key, "u");
+        assert!(!s.finish_claim(&old, Claim::Done));
+        assert!(matches!(s.claim("u"), Some(Claim::Requested(_))));
+    }
+
+    #[test]
+    fn the_sharder_goes_on_at_once_while_it_moves_and_looks_at_the_first_expiry() {
+        let now = jiff::Timestamp::now();
+        let period = Duration::from_secs(5);
+        let busy = Round {
+            assigned: 3,
+            ..Round::default()
+        };
+        assert_eq!(busy.pause(period, now), Duration::ZERO);
+        let failing = Round {
+            failed: 1,
+            ..Round::default()
+        };
+        assert_eq!(failing.pause(period, now), Duration::ZERO);
+        let acks = Round {
+            waiting: 2,
+            ..Round::default()
+        };
+        assert_eq!(acks.pause(period, now), ACK_POLL);
+        assert_eq!(Round::default().pause(period, now), period);
+        let soon = Round {
+            next_expiry: now.checked_add(jiff::SignedDuration::from_secs(1)).ok(),
+            ..Round::default()
+        };
+        assert_eq!(
+            soon.pause(period, now),
+            Duration::from_secs(1) + EXPIRY_MARGIN
+        );
+        let past = Round {
+            next_expiry: now.checked_sub(jiff::SignedDuration::from_secs(1)).ok(),
+            ..Round::default()
+        };
+        assert_eq!(past.pause(period, now), EXPIRY_MARGIN);
+    }
+
+    #[test]
+    fn the_next_expiry_is_the_first_live_shards() {
+        let leases = vec![
+            lease("wasmop-shard-a", Some("a"), 1),
+            lease("wasmop-shard-b", Some("b"), 5),
+            lease("wasmop-shard-c", Some("c"), 20),
+            lease("wasmop-leader", Some("a"), 9),
+        ];
+        let live = live_shards(&leases, jiff::Timestamp::now(), Duration::from_secs(10));
+        assert_eq!(live, ["a", "b"].map(String::from).into());
+        let b = leader::expiry(leases[1].spec.as_ref().unwrap(), Duration::from_secs(10));
+        assert_eq!(
+            next_expiry(&leases, &live, Duration::from_secs(10)),
+            b,
+            "b renewed first of the live ones; c is gone already"
+        );
+    }
+
+    #[test]
+    fn a_claim_is_forgotten_when_its_primary_leaves() {
+        let s = Sharding::new("a".into(), "ns".into(), Duration::from_secs(2));
+        assert_eq!(s.claim("u"), None);
+        s.set_claim("u", Claim::Done);
+        assert_eq!(s.claim("u"), Some(Claim::Done));
+        s.forget_claim("u");
+        assert_eq!(s.claim("u"), None, "claimed again when it comes back");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! "Does it exist, and who controls it" answered from the API server's
 //! truth when the cache cannot answer.
 //!
-//! The caches of owned-only kinds are filtered by the managed-by label, and
+//! The caches of owned-only kinds are filtered by the managed-by label
+//! (with `--sharding`, by the shard's label too: see [`super::shard`]), and
 //! namespaces outside `--namespace` are not watched at all, so "not in the
 //! cache" does not mean "does not exist". [`TruthLookup`] answers from the
 //! cache when the cache holds the object (its staleness is covered by the
@@ -45,7 +46,9 @@ pub(crate) struct TruthLookup {
     pub(crate) runtime: Handle,
     /// Judge an object to be created absent without a read when the cache
     /// of its kind has synced and watches its namespace: had this host
-    /// written it, the cache would hold it, so it is absent or someone
+    /// written it, the cache would hold it (with sharding: this shard
+    /// wrote it, or claimed it before the primary's first reconcile
+    /// here), so it is absent or someone
     /// else's, and the write's fence ([`crate::execute::writer::Fence::ABSENT`],
     /// or a create) turns "someone else's" into a conflict. Off for the
     /// retry after such a conflict, which reads as before.

@@ -197,7 +197,10 @@ impl Operator {
                 }
                 // Another shard's (the cache is not filtered, or the
                 // label changed): nothing to do here.
-                crate::controller::shard::Standing::NotMine => return,
+                crate::controller::shard::Standing::NotMine => {
+                    s.forget_claim(object::uid(&primary));
+                    return;
+                }
             }
         }
         // A rollout may route this primary to the candidate (see
@@ -216,6 +219,13 @@ impl Operator {
             tracing::debug!(primary = %key, kind = %kind, "cache not synced; reconcile waits");
             self.queue
                 .add_after(key.clone(), Duration::from_millis(200));
+            return;
+        }
+        // Arrived at this shard: its owned objects first carry this
+        // shard's label and are in the caches (see `sharder.rs`).
+        if let Some(s) = self.shard_for(&a)
+            && !self.claimed(s, key, &primary)
+        {
             return;
         }
         let read_first = self

@@ -603,6 +603,9 @@ async fn apply_one(
     };
     let mut obj = prepare::prepare_apply(&op.object, primary, t.plugin.name(), owned);
     economy::stamp(&mut obj);
+    if let Some(shard) = &t.shard {
+        prepare::stamp_shard(&mut obj, primary, &shard.sharding.identity, owned);
+    }
     if already_holds(t, &owned.kind, op, judged, &obj) {
         return Ok(None);
     }

@@ -19,6 +19,9 @@
 //!   API server is unreachable a watch retries with jittered backoff capped
 //!   at 2 s, so it is back within about 2 s of the server's return (see
 //!   [`RetryState`]).
+//! - The objects a kind's cache holds are counted in
+//!   `wasmop_cache_objects{kind}` (updated with every stored list, change
+//!   and deletion).
 //! - Each watch stream's state (synced, relisting, backing off) is in the
 //!   metrics: `wasmop_watch_streams{kind,state}`, with
 //!   `wasmop_watch_lists_total{kind,reason}`,
@@ -478,6 +481,7 @@ impl Cache {
             for t in tasks {
                 t.abort();
             }
+            metrics::global().remove_where("wasmop_cache_objects", "kind", &key.0);
         }
     }
 }
@@ -670,6 +674,10 @@ async fn run_watch(
             stream.next().await
         };
         let Some(event) = polled else { break };
+        let stores = matches!(
+            event,
+            Ok(Event::InitDone | Event::Apply(_) | Event::Delete(_))
+        );
         let event = match event {
             Ok(e) => e,
             Err(e) => {
@@ -809,6 +817,9 @@ async fn run_watch(
                     });
                 }
             }
+        }
+        if stores {
+            metrics::global().set("wasmop_cache_objects", &[("kind", &kind)], kc.len() as f64);
         }
     }
     // The watcher stream never ends on its own; if it does, say so loudly.
