@@ -55,7 +55,19 @@ ensure_wasm_opt() {
       echo "installing binaryen $BINARYEN_VERSION (wasm-opt) from the npm registry into $binaryen" >&2
       rm -rf "$binaryen.tmp"
       mkdir -p "$binaryen.tmp"
-      npm install --prefix "$binaryen.tmp" --no-save --no-audit --no-fund "binaryen@$BINARYEN_VERSION" >&2
+      # A registry that refuses us right after the machine starts (seen
+      # once: a TLS error on each of npm's own three tries) is asked again
+      # a few times before the build gives up.
+      local attempt
+      for attempt in 1 2 3 4; do
+        npm install --prefix "$binaryen.tmp" --no-save --no-audit --no-fund "binaryen@$BINARYEN_VERSION" >&2 && break
+        if [[ $attempt == 4 ]]; then
+          echo "error: could not install binaryen $BINARYEN_VERSION from the npm registry (npm's error is above)" >&2
+          exit 1
+        fi
+        echo "npm install of binaryen failed (attempt $attempt of 4); trying again in $((attempt * 15)) s" >&2
+        sleep $((attempt * 15))
+      done
       rm -rf "$binaryen"
       mv "$binaryen.tmp" "$binaryen"
     fi
