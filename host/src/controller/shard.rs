@@ -328,6 +328,9 @@ pub struct Sharding {
     tickets: std::sync::atomic::AtomicU64,
     /// Wakes the claimer.
     claim_wanted: tokio::sync::Notify,
+    /// Wakes the sharder: a primary without a shard label was seen (see
+    /// [`crate::controller::Operator::run_sharder`]).
+    pub(crate) unlabelled_seen: tokio::sync::Notify,
 }
 
 /// How far this shard's claim of one primary's owned objects got.
@@ -386,6 +389,7 @@ impl Sharding {
             requested: Mutex::new(Vec::new()),
             tickets: std::sync::atomic::AtomicU64::new(0),
             claim_wanted: tokio::sync::Notify::new(),
+            unlabelled_seen: tokio::sync::Notify::new(),
         })
     }
 

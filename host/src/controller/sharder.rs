@@ -569,8 +569,11 @@ impl super::Operator {
     /// [`super::shard::ACK_POLL`] while drains wait for their
     /// acknowledgement, otherwise every third of the shard lease duration
     /// or just after the first live shard Lease expires, whichever comes
-    /// first ([`Round::pause`]). As a follower it only counts the live
-    /// shards (for the deletion budget share), every third of the lease.
+    /// first ([`Round::pause`]); and at once when a primary without a shard
+    /// label appears (a new one, or one its old shard gave up), which the
+    /// leader watches for ([`unlabelled_watch`]). As a follower it only
+    /// counts the live shards (for the deletion budget share), every third
+    /// of the lease.
     pub async fn run_sharder(self: Arc<Self>) {
         let Some(s) = self.sharding.get().cloned() else {
             return;
@@ -580,20 +583,65 @@ impl super::Operator {
         let rounds = async {
             let mut last: Option<Round> = None;
             let mut pause = Duration::ZERO;
+            let mut watches = UnlabelledWatches::default();
             loop {
-                tokio::time::sleep(pause).await;
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => {}
+                    () = s.unlabelled_seen.notified() => {}
+                }
                 pause = period;
                 if !leader::may_write(&self.leader, &self.lease_until) {
+                    watches.stop_all();
                     if let Ok(live) = read_live(&self.client, &s).await {
                         s.live.store(live.len().max(1), Ordering::Relaxed);
                     }
                     last = None;
                     continue;
                 }
+                self.sync_unlabelled_watches(&s, &mut watches);
                 self.sharder_round(&mut last, &mut pause, period).await;
             }
         };
         tokio::join!(claimer, rounds);
+    }
+
+    /// Starts a watch of unlabelled primaries ([`unlabelled_watch`]) for
+    /// each per-object controller's primary kind and watched namespace
+    /// that has none, and stops those no controller needs any more.
+    fn sync_unlabelled_watches(&self, s: &Arc<Sharding>, watches: &mut UnlabelledWatches) {
+        let mut wanted: BTreeMap<String, Api<MetaOnly>> = BTreeMap::new();
+        for a in self.actives() {
+            if a.spec.scope != wasmop_contract::Scope::Object {
+                continue;
+            }
+            let kind = super::kind_key(&a.spec.primary);
+            if !a.spec.primary.namespaced || self.cache.namespaces().is_empty() {
+                wanted.insert(
+                    kind.to_string(),
+                    Api::all_with(self.client.clone(), &a.primary_resource),
+                );
+                continue;
+            }
+            for ns in self.cache.namespaces() {
+                wanted.insert(
+                    format!("{kind} in {ns}"),
+                    Api::namespaced_with(self.client.clone(), ns, &a.primary_resource),
+                );
+            }
+        }
+        watches.0.retain(|key, task| {
+            let keep = wanted.contains_key(key);
+            if !keep {
+                task.abort();
+            }
+            keep
+        });
+        for (key, api) in wanted {
+            watches
+                .0
+                .entry(key)
+                .or_insert_with(|| tokio::spawn(unlabelled_watch(api, s.clone())));
+        }
     }
 
     /// One round of [`Self::run_sharder`] on the leader, logged when it
@@ -626,5 +674,51 @@ impl super::Operator {
             }
             Err(e) => tracing::warn!(error = %e, "sharder: cannot read the shard Leases"),
         }
+    }
+}
+
+/// A primary's metadata only (the watch of unlabelled primaries asks
+/// for no more).
+type MetaOnly = kube::core::PartialObjectMeta<DynamicObject>;
+
+/// The leader's watches of unlabelled primaries, by kind (and namespace).
+#[derive(Default)]
+struct UnlabelledWatches(BTreeMap<String, tokio::task::JoinHandle<()>>);
+
+impl UnlabelledWatches {
+    fn stop_all(&mut self) {
+        for (_, task) in std::mem::take(&mut self.0) {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for UnlabelledWatches {
+    fn drop(&mut self) {
+        self.stop_all();
+    }
+}
+
+/// Watches the metadata of the primaries `api` lists that carry no shard
+/// label and wakes the sharder for each one seen, so a new primary (or
+/// one whose old shard acknowledged its drain) is assigned within a round
+/// rather than a period. A failed watch is started again after a pause;
+/// the sharder's periodic rounds assign what it missed meanwhile.
+async fn unlabelled_watch(api: Api<MetaOnly>, s: Arc<Sharding>) {
+    use kube::runtime::watcher::{self, Event};
+    let config = watcher::Config::default().labels(&format!("!{SHARD_LABEL}"));
+    loop {
+        let mut stream = watcher::watcher(api.clone(), config.clone()).boxed();
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(Event::Apply(_) | Event::InitApply(_)) => s.unlabelled_seen.notify_one(),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(error = %e, "sharder: watch of unlabelled primaries failed");
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(s.lease_duration / 3).await;
     }
 }
