@@ -55,18 +55,19 @@ ensure_wasm_opt() {
       echo "installing binaryen $BINARYEN_VERSION (wasm-opt) from the npm registry into $binaryen" >&2
       rm -rf "$binaryen.tmp"
       mkdir -p "$binaryen.tmp"
-      # A registry that refuses us right after the machine starts (seen
-      # once: a TLS error on each of npm's own three tries) is asked again
-      # a few times before the build gives up.
+      # The registry refused TLS for the first quarter of an hour of a fresh
+      # machine's life (seen twice: each of npm's own three tries failed,
+      # then it answered): ask again for about six minutes before giving up.
       local attempt
-      for attempt in 1 2 3 4; do
+      for attempt in 1 2 3 4 5 6 7 8; do
         npm install --prefix "$binaryen.tmp" --no-save --no-audit --no-fund "binaryen@$BINARYEN_VERSION" >&2 && break
-        if [[ $attempt == 4 ]]; then
+        if [[ $attempt == 8 ]]; then
           echo "error: could not install binaryen $BINARYEN_VERSION from the npm registry (npm's error is above)" >&2
           exit 1
         fi
-        echo "npm install of binaryen failed (attempt $attempt of 4); trying again in $((attempt * 15)) s" >&2
-        sleep $((attempt * 15))
+        local pause=$((attempt * 15 > 60 ? 60 : attempt * 15))
+        echo "npm install of binaryen failed (attempt $attempt of 8); trying again in $pause s" >&2
+        sleep "$pause"
       done
       rm -rf "$binaryen"
       mv "$binaryen.tmp" "$binaryen"

@@ -25,15 +25,15 @@ use kube::api::{Api, DeleteParams, PostParams};
 use kube::config::Kubeconfig;
 use serde_json::{Value, json};
 
-use crate::{TestNamespace, client, kubeconfig_path};
+use crate::{TestNamespace, kubeconfig_path};
 
 /// Namespace of the ServiceAccounts whose writes the audit policy logs.
 pub const AUDITED_NAMESPACE: &str = "wasmop-audited";
 
-/// Field manager of the sharder's label writes (`wasmop::controller::shard`).
-const SHARDER_MANAGER: &str = "wasmop-sharder";
-/// Field manager of a shard's drain acknowledgement.
-const SHARD_MANAGER: &str = "wasmop-shard";
+// The field managers of the sharder's label writes and of a shard's drain
+// acknowledgements; a shard's claims (`CLAIM_MANAGER`) are writes of the
+// shard like any other.
+use wasmop::controller::shard::{SHARD_MANAGER, SHARDER_MANAGER};
 
 /// The audit log of the local control plane.
 pub fn audit_log_path() -> PathBuf {
@@ -179,30 +179,20 @@ impl Drop for AuditedAccount {
         let name = self.name.clone();
         let cluster_admin = self.cluster_admin;
         let _ = std::fs::remove_file(&self.kubeconfig);
-        // Drop cannot await: delete from a thread with its own runtime.
-        let done = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build();
-            if let Ok(rt) = rt {
-                let _ = rt.block_on(async move {
-                    let client = client().await?;
-                    if cluster_admin {
-                        Api::<ClusterRoleBinding>::all(client.clone())
-                            .delete(
-                                &format!("{AUDITED_NAMESPACE}-{name}"),
-                                &DeleteParams::default(),
-                            )
-                            .await?;
-                    }
-                    Api::<ServiceAccount>::namespaced(client, AUDITED_NAMESPACE)
-                        .delete(&name, &DeleteParams::default())
-                        .await?;
-                    anyhow::Ok(())
-                });
+        crate::cleanup_from_drop(move |client| async move {
+            if cluster_admin {
+                Api::<ClusterRoleBinding>::all(client.clone())
+                    .delete(
+                        &format!("{AUDITED_NAMESPACE}-{name}"),
+                        &DeleteParams::default(),
+                    )
+                    .await?;
             }
+            Api::<ServiceAccount>::namespaced(client, AUDITED_NAMESPACE)
+                .delete(&name, &DeleteParams::default())
+                .await?;
+            Ok(())
         });
-        let _ = done.join();
     }
 }
 
@@ -311,7 +301,9 @@ struct Holder {
 ///
 /// `primary_of` maps a write to the primary it is for (`None`: not a
 /// primary's write). Writes by the sharder (fieldManager `wasmop-sharder`)
-/// are the assignments. Only successful writes count.
+/// are the assignments; a claim (`wasmop-claim`: an owned object's shard
+/// label rewritten by the shard its primary moved to) is a write of that
+/// shard. Only successful writes count.
 ///
 /// # Errors
 /// Every violation, one line each; also a write by a replica its user

@@ -100,6 +100,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::net::free_port;
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -922,11 +923,6 @@ async fn delete_owner(
     }
     shared.ops.lock().unwrap().deleted += 1;
     Ok(())
-}
-
-fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
 }
 
 /// GET `path` from the replica's metrics server: status and body.

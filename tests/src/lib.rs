@@ -17,6 +17,7 @@ pub mod faults;
 pub mod injector;
 pub mod interpose;
 pub mod logs;
+pub mod net;
 pub mod operator;
 pub mod registry;
 pub mod status;
@@ -215,26 +216,35 @@ impl Drop for TestNamespace {
             eprintln!("keeping namespace {} (WASMOP_KEEP_NAMESPACES)", self.name);
             return;
         }
-        // Drop cannot await. Delete from a separate thread with its own
-        // runtime and its own client: the test's client drives its
-        // connections on the test's runtime, which is blocked in this join.
         let name = self.name.clone();
-        let done = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build();
-            if let Ok(rt) = rt {
-                let _ = rt.block_on(async move {
-                    let client = client().await?;
-                    Api::<Namespace>::all(client)
-                        .delete(&name, &DeleteParams::background())
-                        .await?;
-                    anyhow::Ok(())
-                });
-            }
+        cleanup_from_drop(move |client| async move {
+            Api::<Namespace>::all(client)
+                .delete(&name, &DeleteParams::background())
+                .await?;
+            Ok(())
         });
-        let _ = done.join();
     }
+}
+
+/// Runs the async clean-up `f` (given a client of its own) to its end
+/// from a `Drop`, which cannot await: on a separate thread with its own
+/// runtime and its own client, since the test's client drives its
+/// connections on the test's runtime, which is blocked while this waits.
+/// Errors are ignored: it is a clean-up.
+pub fn cleanup_from_drop<F, Fut>(f: F)
+where
+    F: FnOnce(Client) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let done = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
+        if let Ok(rt) = rt {
+            let _ = rt.block_on(async move { f(client().await?).await });
+        }
+    });
+    let _ = done.join();
 }
 
 /// Server-side applies every CustomResourceDefinition in the given YAML

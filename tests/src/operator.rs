@@ -1,7 +1,9 @@
 //! Runs the real wasmop operator in-process for a test: real `.wasm`
-//! plugins, the real host, the local control plane.
+//! plugins, the real host, the local control plane; and the command line
+//! of one shard when it runs as a process ([`shard_command`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -233,4 +235,39 @@ pub fn test_config() -> OperatorConfig {
 
 fn init_tracing() {
     crate::logs::init();
+}
+
+/// `bin run` as one shard of a sharded operator: the plugins in
+/// `plugins`, watching `ns` and holding its Leases (of `lease`) there,
+/// named `identity` (`POD_NAME`), JSON logs at info level written to
+/// `log`, killed when dropped. The caller adds what else it needs
+/// (kubeconfig, poll interval) and spawns it.
+///
+/// # Errors
+/// When `log` cannot be created.
+pub fn shard_command(
+    bin: &Path,
+    plugins: &Path,
+    ns: &str,
+    identity: &str,
+    lease: Duration,
+    log: &Path,
+) -> Result<tokio::process::Command> {
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.args(["--log-format", "json", "run", "--plugins"])
+        .arg(plugins)
+        .args(["--namespace", ns])
+        .args(["--leader-elect", "--leader-election-namespace", ns])
+        .args(["--lease-duration-ms", &lease.as_millis().to_string()])
+        .arg("--sharding")
+        .env("POD_NAME", identity)
+        .env_remove("POD_NAMESPACE")
+        .env("WASMOP_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(
+            std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?,
+        ))
+        .kill_on_drop(true);
+    Ok(cmd)
 }

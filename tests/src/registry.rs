@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use crate::net::free_port;
 use anyhow::{Context, Result, bail};
 
 use crate::{pinned_version, wait_for, wasmop_cache};
@@ -18,11 +19,6 @@ pub struct Registry {
     dir: PathBuf,
     bin: PathBuf,
     child: Option<Child>,
-}
-
-fn free_port() -> Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
 }
 
 impl Registry {

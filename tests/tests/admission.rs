@@ -8,7 +8,7 @@
 //! configuration at the end.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -19,6 +19,7 @@ use kube::core::{ApiResource, GroupVersionKind, Status};
 use serde_json::json;
 use wasmop::plugin::hotswap::{OptionsFor, PluginDir};
 use wasmop_tests::admission::{Admission, AdmissionOptions, delete_configuration};
+use wasmop_tests::net::round_robin;
 use wasmop_tests::operator::{RunningOperator, load_plugin, plugin_path, sandbox};
 use wasmop_tests::{
     DEFAULT_DEADLINE, TestNamespace, apply_project_crds, apply_test_crds, wait_for,
@@ -553,39 +554,6 @@ async fn certificate_rotation_while_requests_flow_fails_no_request() -> Result<(
     result
 }
 
-/// Forwards loopback connections to `backends` in turn (a Service in
-/// front of two replicas); counts the connections each got.
-async fn round_robin(
-    listener: tokio::net::TcpListener,
-    backends: Vec<u16>,
-) -> Result<(u16, Arc<Vec<AtomicUsize>>)> {
-    let port = listener.local_addr()?.port();
-    let counts = Arc::new(
-        backends
-            .iter()
-            .map(|_| AtomicUsize::new(0))
-            .collect::<Vec<_>>(),
-    );
-    let seen = counts.clone();
-    tokio::spawn(async move {
-        let mut next = 0usize;
-        while let Ok((mut inbound, _)) = listener.accept().await {
-            let i = next % backends.len();
-            next += 1;
-            seen[i].fetch_add(1, Ordering::SeqCst);
-            let backend = backends[i];
-            tokio::spawn(async move {
-                if let Ok(mut outbound) =
-                    tokio::net::TcpStream::connect(("127.0.0.1", backend)).await
-                {
-                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                }
-            });
-        }
-    });
-    Ok((port, counts))
-}
-
 /// Two replicas, one leader: both answer admission (the configuration
 /// points at a round-robin front of both), and only the leader writes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -634,7 +602,8 @@ async fn leader_and_follower_both_answer_admission() -> Result<()> {
             options,
         )
         .await?;
-        let (proxy_port, counts) = round_robin(front, vec![leader.port, follower.port]).await?;
+        let proxy_port = front.local_addr()?.port();
+        let counts = round_robin(front, vec![leader.port, follower.port]);
         ensure!(
             proxy_port == front_port,
             "the front listens where the webhook points"

@@ -19,7 +19,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -30,7 +29,7 @@ use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 use wasmop::controller::shard::{DRAIN_LABEL, Ring, SHARD_LABEL, lease_name};
-use wasmop_tests::operator::plugin_path;
+use wasmop_tests::operator::{plugin_path, shard_command};
 use wasmop_tests::{TestNamespace, apply_test_crds, kubeconfig_path, wait_for, wasmop_bin};
 
 /// Lease duration of the leader and shard Leases.
@@ -51,26 +50,20 @@ struct Shard {
 impl Shard {
     async fn start(ns: &TestNamespace, work: &Path, identity: &str) -> Result<Self> {
         let log = work.join(format!("{identity}.log"));
-        let file = std::fs::File::create(&log)?;
-        let child = tokio::process::Command::new(wasmop_bin()?)
-            .args(["--log-format", "json", "run", "--plugins"])
-            .arg(work.join("plugins"))
-            .arg("--kubeconfig")
-            .arg(kubeconfig_path())
-            .args(["--namespace", &ns.name])
-            .args(["--leader-elect", "--leader-election-namespace", &ns.name])
-            .args(["--lease-duration-ms", &LEASE.as_millis().to_string()])
-            .args(["--sharding", "--poll-interval-ms", "500"])
-            .args(["--metrics-addr", "127.0.0.1:0"])
-            .env("POD_NAME", identity)
-            .env_remove("POD_NAMESPACE")
-            .env("WASMOP_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(file))
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting wasmop")?;
+        let child = shard_command(
+            &wasmop_bin()?,
+            &work.join("plugins"),
+            &ns.name,
+            identity,
+            LEASE,
+            &log,
+        )?
+        .arg("--kubeconfig")
+        .arg(kubeconfig_path())
+        .args(["--poll-interval-ms", "500"])
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .spawn()
+        .context("starting wasmop")?;
         let pid = child.id().context("pid")?;
         Ok(Self {
             identity: identity.to_owned(),

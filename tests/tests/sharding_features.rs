@@ -11,7 +11,6 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -24,7 +23,8 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
 use wasmop::controller::shard::{DRAIN_LABEL, Ring, SHARD_LABEL};
 use wasmop_tests::audit::{AuditedAccount, Write, check_one_writer};
-use wasmop_tests::operator::plugin_path;
+use wasmop_tests::net::{free_port, round_robin};
+use wasmop_tests::operator::{plugin_path, shard_command};
 use wasmop_tests::status::wait_event;
 use wasmop_tests::{TestNamespace, apply_test_crds, wait_for, wasmop_bin};
 
@@ -42,25 +42,20 @@ struct Shard {
 impl Shard {
     async fn start(t: &Setup, identity: &str, extra: &[String]) -> Result<Self> {
         let log = t.work.join(format!("{identity}.log"));
-        let child = tokio::process::Command::new(wasmop_bin()?)
-            .args(["--log-format", "json", "run", "--plugins"])
-            .arg(t.work.join("plugins"))
-            .arg("--kubeconfig")
-            .arg(&t.account.kubeconfig)
-            .args(["--namespace", &t.ns.name])
-            .args(["--leader-elect", "--leader-election-namespace", &t.ns.name])
-            .args(["--lease-duration-ms", &LEASE.as_millis().to_string()])
-            .args(["--sharding", "--poll-interval-ms", "300"])
-            .args(extra)
-            .env("POD_NAME", identity)
-            .env_remove("POD_NAMESPACE")
-            .env("WASMOP_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(std::fs::File::create(&log)?))
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting wasmop")?;
+        let child = shard_command(
+            &wasmop_bin()?,
+            &t.work.join("plugins"),
+            &t.ns.name,
+            identity,
+            LEASE,
+            &log,
+        )?
+        .arg("--kubeconfig")
+        .arg(&t.account.kubeconfig)
+        .args(["--poll-interval-ms", "300"])
+        .args(extra)
+        .spawn()
+        .context("starting wasmop")?;
         Ok(Self { child, log })
     }
 
@@ -208,13 +203,7 @@ async fn no_primary_is_written_by_two_shards_at_once_while_they_move_under_load(
     let _a = Shard::start(&t, "shard-a", &[]).await?;
     wait_leader(&t.ns, "shard-a").await?;
     let mut b = Shard::start(&t, "shard-b", &[]).await?;
-    for i in 0..WIDGETS {
-        let w: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
-            "metadata": {"name": format!("w{i:02}")}, "spec": {"value": "v0"},
-        }))?;
-        widgets.create(&PostParams::default(), &w).await?;
-    }
+    create_widgets(&t.ns, WIDGETS).await?;
     converged(&t.ns, &["shard-a", "shard-b"], WIDGETS, "v0").await?;
     // The load: every Widget edited in turn, as fast as the API answers.
     let stop = Arc::new(AtomicBool::new(false));
@@ -432,41 +421,6 @@ async fn the_per_minute_deletion_budget_is_split_over_the_live_shards() -> Resul
         "{left} ConfigMaps left, {fanned} fanned out expected at least"
     );
     Ok(())
-}
-
-/// Forwards loopback connections to `backends` in turn (a Service in
-/// front of the replicas) and counts the connections each got.
-fn round_robin(listener: tokio::net::TcpListener, backends: Vec<u16>) -> Arc<Vec<AtomicUsize>> {
-    let counts = Arc::new(
-        backends
-            .iter()
-            .map(|_| AtomicUsize::new(0))
-            .collect::<Vec<_>>(),
-    );
-    let seen = counts.clone();
-    tokio::spawn(async move {
-        let mut next = 0usize;
-        while let Ok((mut inbound, _)) = listener.accept().await {
-            let i = next % backends.len();
-            next += 1;
-            seen[i].fetch_add(1, Ordering::SeqCst);
-            let backend = backends[i];
-            tokio::spawn(async move {
-                if let Ok(mut outbound) =
-                    tokio::net::TcpStream::connect(("127.0.0.1", backend)).await
-                {
-                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                }
-            });
-        }
-    });
-    counts
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 /// Two shards serving admission for `t`'s plugin behind one round-robin
@@ -748,6 +702,29 @@ async fn wait_both_live(ns: &TestNamespace) -> Result<()> {
     .await
 }
 
+/// `shard-a`, the leader, then `shard-b`, each with `flags(identity)`,
+/// both holding their shard Leases.
+async fn two_shards(t: &Setup, flags: impl Fn(&str) -> Vec<String>) -> Result<(Shard, Shard)> {
+    let a = Shard::start(t, "shard-a", &flags("shard-a")).await?;
+    wait_leader(&t.ns, "shard-a").await?;
+    let b = Shard::start(t, "shard-b", &flags("shard-b")).await?;
+    wait_both_live(&t.ns).await?;
+    Ok((a, b))
+}
+
+/// `n` Widgets created, placed on the two shards and reconciled by the
+/// first version (`v1`): which shard got each.
+async fn widgets_placed_at_v1(t: &Setup, n: usize) -> Result<BTreeMap<String, String>> {
+    create_widgets(&t.ns, n).await?;
+    let widgets = api(&t.ns, "Widget", "widgets");
+    let placed = wait_placed(&widgets, &["shard-a", "shard-b"], "Widgets placed", |_| {
+        true
+    })
+    .await?;
+    wait_cm_version(&t.ns, n, "v1").await?;
+    Ok(placed)
+}
+
 async fn create_widgets(ns: &TestNamespace, n: usize) -> Result<()> {
     let widgets = api(ns, "Widget", "widgets");
     for i in 0..n {
@@ -826,17 +803,8 @@ async fn a_tag_push_reaches_every_shard_and_each_rewrites_its_own_primaries() ->
             t.work.join(format!("{id}-oci")).display().to_string(),
         ]
     };
-    let _a = Shard::start(&t, "shard-a", &flags("shard-a")).await?;
-    wait_leader(&t.ns, "shard-a").await?;
-    let _b = Shard::start(&t, "shard-b", &flags("shard-b")).await?;
-    wait_both_live(&t.ns).await?;
-    create_widgets(&t.ns, WIDGETS).await?;
-    let widgets = api(&t.ns, "Widget", "widgets");
-    let placed = wait_placed(&widgets, &["shard-a", "shard-b"], "Widgets placed", |_| {
-        true
-    })
-    .await?;
-    wait_cm_version(&t.ns, WIDGETS, "v1").await?;
+    let _shards = two_shards(&t, |id| flags(id)).await?;
+    let placed = widgets_placed_at_v1(&t, WIDGETS).await?;
     for s in ["shard-a", "shard-b"] {
         ensure!(
             !owned_by(&placed, s).is_empty(),
@@ -888,17 +856,11 @@ async fn each_shard_records_and_shadows_only_its_own_primaries() -> Result<()> {
             format!("127.0.0.1:{port}"),
         ]
     };
-    let _a = Shard::start(&t, "shard-a", &flags("shard-a", ports[0])).await?;
-    wait_leader(&t.ns, "shard-a").await?;
-    let _b = Shard::start(&t, "shard-b", &flags("shard-b", ports[1])).await?;
-    wait_both_live(&t.ns).await?;
-    create_widgets(&t.ns, WIDGETS).await?;
-    let widgets = api(&t.ns, "Widget", "widgets");
-    let placed = wait_placed(&widgets, &["shard-a", "shard-b"], "Widgets placed", |_| {
-        true
+    let _shards = two_shards(&t, |id| {
+        flags(id, if id == "shard-a" { ports[0] } else { ports[1] })
     })
     .await?;
-    wait_cm_version(&t.ns, WIDGETS, "v1").await?;
+    let placed = widgets_placed_at_v1(&t, WIDGETS).await?;
     let ns = &t.ns.name;
     for (s, port) in ["shard-a", "shard-b"].iter().zip(ports) {
         let own = owned_by(&placed, s);

@@ -20,6 +20,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use wasmop_tests::admission::delete_configuration;
+use wasmop_tests::net::free_port;
 use wasmop_tests::operator::plugin_path;
 use wasmop_tests::widgets::TempDir;
 use wasmop_tests::{
@@ -35,12 +36,6 @@ const DENIAL: &str = "waiter: widgets named wait-deny-* are not admitted";
 /// Held by each test for its whole run: the tests of this file install and
 /// delete the same cluster-wide CRD.
 static CRD_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// A port nothing listens on now.
-fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
-}
 
 /// `wasmop run` with the `plugins` of `dir`, watching `ns`, logging to
 /// `dir/wasmop.log`; `extra` arguments appended.

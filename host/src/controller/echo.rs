@@ -293,13 +293,7 @@ mod tests {
     }
 
     fn cm_kind() -> KindRef {
-        KindRef {
-            group: String::new(),
-            version: "v1".into(),
-            kind: "ConfigMap".into(),
-            plural: "configmaps".into(),
-            namespaced: true,
-        }
+        KindRef::namespaced("", "v1", "ConfigMap", "configmaps")
     }
 
     #[test]

@@ -129,6 +129,11 @@ pub const SHARDER_MANAGER: &str = "wasmop-sharder";
 /// Field manager of a shard's drain acknowledgements.
 pub const SHARD_MANAGER: &str = "wasmop-shard";
 
+/// Field manager of a shard's claims (the shard label of an owned object
+/// relabelled for the shard its primary moved to), told apart from the
+/// acknowledgements in an audit log and in `managedFields`.
+pub const CLAIM_MANAGER: &str = "wasmop-claim";
+
 /// Virtual nodes per shard on the ring.
 pub const VIRTUAL_NODES: usize = 128;
 
@@ -616,17 +621,9 @@ pub(crate) async fn write_move(
         Move::Drain => json!({ DRAIN_LABEL: "true" }),
         Move::Undrain => json!({ DRAIN_LABEL: null }),
     };
-    let patch = json!({"metadata": {"resourceVersion": resource_version, "labels": labels}});
-    api.patch(
-        name,
-        &PatchParams {
-            field_manager: Some(SHARDER_MANAGER.to_owned()),
-            ..PatchParams::default()
-        },
-        &Patch::Merge(&patch),
-    )
-    .await
-    .map(|_| ())
+    patch_labels(api, name, resource_version, labels, SHARDER_MANAGER)
+        .await
+        .map(|_| ())
 }
 
 /// The acknowledgement of a drain: the shard label removed, at the
@@ -636,18 +633,10 @@ pub(crate) async fn acknowledge(
     name: &str,
     resource_version: &str,
 ) -> Result<(), kube::Error> {
-    let patch =
-        json!({"metadata": {"resourceVersion": resource_version, "labels": { SHARD_LABEL: null }}});
-    api.patch(
-        name,
-        &PatchParams {
-            field_manager: Some(SHARD_MANAGER.to_owned()),
-            ..PatchParams::default()
-        },
-        &Patch::Merge(&patch),
-    )
-    .await
-    .map(|_| ())
+    let labels = json!({ SHARD_LABEL: null });
+    patch_labels(api, name, resource_version, labels, SHARD_MANAGER)
+        .await
+        .map(|_| ())
 }
 
 /// Relabels one owned object for shard `to` (a claim), at the
@@ -659,12 +648,30 @@ pub(crate) async fn claim_object(
     resource_version: &str,
     to: &str,
 ) -> Result<kube::api::DynamicObject, kube::Error> {
-    let patch =
-        json!({"metadata": {"resourceVersion": resource_version, "labels": { SHARD_LABEL: to }}});
+    patch_labels(
+        api,
+        name,
+        resource_version,
+        json!({ SHARD_LABEL: to }),
+        CLAIM_MANAGER,
+    )
+    .await
+}
+
+/// A JSON merge patch of `labels` (null removes one) onto the object
+/// `name`, only at `resource_version`, as field manager `manager`.
+async fn patch_labels(
+    api: &Api<kube::api::DynamicObject>,
+    name: &str,
+    resource_version: &str,
+    labels: serde_json::Value,
+    manager: &str,
+) -> Result<kube::api::DynamicObject, kube::Error> {
+    let patch = json!({"metadata": {"resourceVersion": resource_version, "labels": labels}});
     api.patch(
         name,
         &PatchParams {
-            field_manager: Some(SHARD_MANAGER.to_owned()),
+            field_manager: Some(manager.to_owned()),
             ..PatchParams::default()
         },
         &Patch::Merge(&patch),

@@ -137,7 +137,9 @@ impl super::Operator {
 
     /// Gives up `primary` as the sharder asked: removes this shard's label,
     /// at the resourceVersion the drain mark was seen at. Runs as the
-    /// primary's reconcile, so no reconcile of it is running meanwhile.
+    /// primary's reconcile, so no reconcile of it is running meanwhile;
+    /// waits (queues the primary again) while a claim of its owned objects
+    /// is running, so no write of this shard for it is answered after.
     pub(super) async fn acknowledge_drain(
         &self,
         a: &super::Active,
@@ -146,6 +148,16 @@ impl super::Operator {
     ) {
         let Some(s) = self.shard_for(a) else { return };
         if !s.in_term() {
+            return;
+        }
+        if matches!(s.claim(object::uid(primary)), Some(Claim::Requested(_))) {
+            // The claimer may be relabelling its owned objects: each write
+            // passed the fence when it was sent, but may still be on its
+            // way. The hand-over waits until they are answered, so the
+            // next owner never writes before them; the claimer, which now
+            // sees the drain, writes no more and queues the primary again.
+            self.queue
+                .add_after(key.clone(), Duration::from_millis(200));
             return;
         }
         let api: Api<kube::api::DynamicObject> = if key.namespace.is_empty() {

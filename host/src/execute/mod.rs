@@ -755,13 +755,7 @@ mod tests {
     #[test]
     fn a_write_dropped_unanswered_is_reported_as_failed() {
         let reports = Reports::default();
-        let kind = KindRef {
-            group: String::new(),
-            version: "v1".into(),
-            kind: "ConfigMap".into(),
-            plural: "configmaps".into(),
-            namespaced: true,
-        };
+        let kind = KindRef::namespaced("", "v1", "ConfigMap", "configmaps");
         let pending = |name: &str| PendingWrite {
             log: Some(&reports),
             kind: &kind,

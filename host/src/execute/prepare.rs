@@ -153,13 +153,7 @@ mod tests {
     }
 
     fn kind() -> KindRef {
-        KindRef {
-            group: String::new(),
-            version: "v1".into(),
-            kind: "ConfigMap".into(),
-            plural: "configmaps".into(),
-            namespaced: true,
-        }
+        KindRef::namespaced("", "v1", "ConfigMap", "configmaps")
     }
 
     fn labels(obj: &Value) -> BTreeMapOf {

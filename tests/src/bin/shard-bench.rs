@@ -25,8 +25,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
+use wasmop_tests::operator::shard_command;
 use wasmop_tests::widgets::{create_numbered, numbered_widget, widgets_in};
 
 use anyhow::{Context, Result, bail};
@@ -99,20 +99,7 @@ struct Replica {
 impl Replica {
     fn start(bin: &Path, work: &Path, ns: &str, identity: &str) -> Result<Self> {
         let log = work.join(format!("{identity}.log"));
-        let child = tokio::process::Command::new(bin)
-            .args(["--log-format", "json", "run", "--plugins"])
-            .arg(work.join("plugins"))
-            .args(["--namespace", ns])
-            .args(["--leader-elect", "--leader-election-namespace", ns])
-            .args(["--lease-duration-ms", &LEASE.as_millis().to_string()])
-            .arg("--sharding")
-            .env("POD_NAME", identity)
-            .env_remove("POD_NAMESPACE")
-            .env("WASMOP_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(std::fs::File::create(&log)?))
-            .kill_on_drop(true)
+        let child = shard_command(bin, &work.join("plugins"), ns, identity, LEASE, &log)?
             .spawn()
             .context("starting wasmop")?;
         let pid = child.id().context("pid")?;
