@@ -154,7 +154,9 @@ wait_for etcd "etcd /health" 30 curl -fsS "http://127.0.0.1:$ETCD_PORT/health"
 # deploy/rbac.yaml grants. Also the writes (never reads or watches) of the
 # ServiceAccounts in namespace wasmop-audited, as which tests run operator
 # replicas whose writes they check from the API server's side (who wrote
-# what when, told apart by user agent: tests/src/audit.rs).
+# what when, told apart by user agent: tests/src/audit.rs). Up to 2 GB
+# before the log rotates: tests/src/audit.rs reads one file from where it
+# ended, and the sharding bench writes about 70 MB per shard count.
 cat > "$D/audit-policy.yaml" <<'POLICY'
 apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -169,7 +171,7 @@ rules:
 POLICY
 start kube-apiserver "$K8S_BIN/kube-apiserver" \
   --audit-policy-file="$D/audit-policy.yaml" --audit-log-path="$D/logs/audit.log" \
-  --audit-log-format=json --audit-log-maxsize=100 --audit-log-maxbackup=1 \
+  --audit-log-format=json --audit-log-maxsize=2000 --audit-log-maxbackup=1 \
   --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
   --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$API_PORT" \
   --cert-dir="$pki" --tls-cert-file="$pki/serving.crt" --tls-private-key-file="$pki/serving.key" \

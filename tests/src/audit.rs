@@ -287,6 +287,18 @@ struct Holder {
     released: Option<jiff::Timestamp>,
 }
 
+/// The Widget a write is for, by the `good` plugin's naming: the Widget
+/// itself and its status, its ConfigMap `<name>-cm`, its Events
+/// `<name>.<suffix>`; `None` for anything else.
+pub fn widget_of(w: &Write) -> Option<String> {
+    match w.resource.as_str() {
+        "widgets" | "widgets/status" => Some(w.name.clone()),
+        "configmaps" => w.name.strip_suffix("-cm").map(str::to_owned),
+        "events" => w.name.split_once('.').map(|(n, _)| n.to_owned()),
+        _ => None,
+    }
+}
+
 /// Checks, for every primary, that the writes of two shards never
 /// interleave: once shard A wrote for a primary, shard B writes for it
 /// only after A handed it over (A's acknowledgement, fieldManager

@@ -22,7 +22,7 @@ use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
 use wasmop::controller::shard::{DRAIN_LABEL, Ring, SHARD_LABEL};
-use wasmop_tests::audit::{AuditedAccount, Write, check_one_writer};
+use wasmop_tests::audit::{AuditedAccount, Write, check_one_writer, widget_of};
 use wasmop_tests::net::{free_port, round_robin};
 use wasmop_tests::operator::{plugin_path, shard_command};
 use wasmop_tests::status::wait_event;
@@ -152,17 +152,6 @@ async fn wait_placed(
         Ok(Some(placed))
     })
     .await
-}
-
-/// The primary a write of the `good` plugin's shards is for: the Widget
-/// itself, its ConfigMap `<name>-cm`, or an Event about it.
-fn widget_of(w: &Write) -> Option<String> {
-    match w.resource.as_str() {
-        "widgets" | "widgets/status" => Some(w.name.clone()),
-        "configmaps" => w.name.strip_suffix("-cm").map(str::to_owned),
-        "events" => w.name.split_once('.').map(|(n, _)| n.to_owned()),
-        _ => None,
-    }
 }
 
 /// Waits until every Widget is placed on the ring of `shards` and each of

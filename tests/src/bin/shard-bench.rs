@@ -17,6 +17,13 @@
 //! - `double`: Widgets whose reconciles, in time order over every
 //!   replica's log, went back to a shard that had already given them up
 //!   (A, B, A): a primary reconciled by two shards at once. Should be 0.
+//! - `audit`: the same from the API server's side. The replicas run as a
+//!   ServiceAccount whose writes the control plane's audit log records
+//!   (`wasmop_tests::audit`); per primary, no shard writes before the
+//!   one before it handed it over (acknowledged, or its Lease expired)
+//!   and the sharder assigned it. Prints the writes per replica, the
+//!   hand-overs of each kind, and the primaries written by two shards at
+//!   once. Should be 0.
 //!
 //! Usage: `shard-bench [N] [K...]` (default 10000, shard counts 1 2 4).
 //! Needs `KUBECONFIG` of a control plane from `tests/cluster/up.sh`, the
@@ -26,6 +33,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use wasmop_tests::TestNamespace;
+use wasmop_tests::audit::{AuditedAccount, check_one_writer, widget_of};
 use wasmop_tests::operator::shard_command;
 use wasmop_tests::widgets::{create_numbered, numbered_widget, widgets_in};
 
@@ -97,9 +106,11 @@ struct Replica {
 }
 
 impl Replica {
-    fn start(bin: &Path, work: &Path, ns: &str, identity: &str) -> Result<Self> {
+    fn start(bin: &Path, work: &Path, ns: &str, identity: &str, kubeconfig: &Path) -> Result<Self> {
         let log = work.join(format!("{identity}.log"));
         let child = shard_command(bin, &work.join("plugins"), ns, identity, LEASE, &log)?
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
             .spawn()
             .context("starting wasmop")?;
         let pid = child.id().context("pid")?;
@@ -293,6 +304,35 @@ fn double_reconciles(replicas: &[Replica]) -> usize {
         .count()
 }
 
+/// Prints what the API server's audit log says of the replicas' writes
+/// ([`check_one_writer`]): writes per replica, hand-overs by
+/// acknowledgement and by expiry, and the primaries written by two shards
+/// at once (with the first few violations).
+fn audit(k: usize, account: &AuditedAccount) -> Result<()> {
+    let writes = account.writes()?;
+    match check_one_writer(&writes, widget_of, LEASE) {
+        Ok(seen) => println!(
+            "K={k} audit: {} writes ({:?}), hand-overs {} by acknowledgement and {} by expiry, \
+             0 primaries written by two shards at once",
+            writes.len(),
+            seen.writes,
+            seen.acknowledged,
+            seen.expired
+        ),
+        Err(problems) => {
+            println!(
+                "K={k} audit: {} writes, {} primaries written by two shards at once",
+                writes.len(),
+                problems.len()
+            );
+            for p in problems.iter().take(5) {
+                println!("K={k} audit:   {p}");
+            }
+        }
+    }
+    Ok(())
+}
+
 async fn namespace(client: &Client, name: &str) -> Result<()> {
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
     Api::<Namespace>::all(client.clone())
@@ -303,14 +343,23 @@ async fn namespace(client: &Client, name: &str) -> Result<()> {
 
 async fn run_k(client: &Client, bin: &Path, plugin: &Path, n: usize, k: usize) -> Result<()> {
     let stamp = jiff::Timestamp::now().as_second();
-    let ns = format!("shard-bench-{k}-{stamp}");
-    namespace(client, &ns).await?;
+    let test_ns = TestNamespace::new(&format!("shard-bench-{k}")).await?;
+    let ns = test_ns.name.clone();
     let work = std::env::temp_dir().join(&ns);
     std::fs::create_dir_all(work.join("plugins"))?;
     std::fs::copy(plugin, work.join("plugins/good.wasm"))?;
+    // The replicas run as a ServiceAccount whose writes the API server's
+    // audit log records, told apart by their user agents.
+    let account = AuditedAccount::create(&test_ns, &work, false).await?;
     let mut replicas = Vec::new();
     for i in 0..k {
-        replicas.push(Replica::start(bin, &work, &ns, &format!("shard-{i}"))?);
+        replicas.push(Replica::start(
+            bin,
+            &work,
+            &ns,
+            &format!("shard-{i}"),
+            &account.kubeconfig,
+        )?);
     }
     until("replicas running and live", || async {
         Ok(replicas.iter().all(Replica::running) && live(client, &ns).await?.len() == k)
@@ -359,7 +408,7 @@ async fn run_k(client: &Client, bin: &Path, plugin: &Path, n: usize, k: usize) -
             LEASE.as_secs_f64()
         );
         replicas.push(victim);
-        let joined = Replica::start(bin, &work, &ns, &format!("shard-{k}"))?;
+        let joined = Replica::start(bin, &work, &ns, &format!("shard-{k}"), &account.kubeconfig)?;
         let joined_at = jiff::Timestamp::now();
         let mut all = survivors.clone();
         all.insert(joined.identity.clone());
@@ -377,11 +426,11 @@ async fn run_k(client: &Client, bin: &Path, plugin: &Path, n: usize, k: usize) -
         let _ = r.child.start_kill();
         let _ = r.child.wait().await;
     }
-    for name in [&ns, &floor_ns] {
-        let _ = Api::<Namespace>::all(client.clone())
-            .delete(name, &Default::default())
-            .await;
-    }
+    audit(k, &account)?;
+    // The Widgets' namespace goes with `test_ns`.
+    let _ = Api::<Namespace>::all(client.clone())
+        .delete(&floor_ns, &Default::default())
+        .await;
     Ok(())
 }
 
