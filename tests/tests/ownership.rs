@@ -79,6 +79,25 @@ async fn merge_spec(api: &Api<DynamicObject>, name: &str, spec: Value) -> Result
     Ok(())
 }
 
+/// A primary's namespace and a second one (`<prefix>-target`), both
+/// watched by an operator running `plugin` with the settings `settings`
+/// makes from the second one's name.
+async fn two_namespaces(
+    prefix: &str,
+    plugin: &str,
+    settings: impl FnOnce(&str) -> Value,
+) -> Result<(TestNamespace, TestNamespace, RunningOperator)> {
+    let ns = TestNamespace::new(prefix).await?;
+    let other = TestNamespace::new(&format!("{prefix}-target")).await?;
+    let op = start_on(
+        ns.client.clone(),
+        &[&ns.name, &other.name],
+        &[(plugin, settings(&other.name))],
+    )
+    .await?;
+    Ok((ns, other, op))
+}
+
 /// Starts an operator on `client` watching `namespaces` with `plugins`
 /// (name and settings).
 async fn start_on(
@@ -550,12 +569,10 @@ async fn declared_adoption_takes_orphans_only() -> Result<()> {
 /// primary is deleted.
 #[tokio::test]
 async fn label_owned_objects_live_and_die_with_their_primary() -> Result<()> {
-    let ns = TestNamespace::new("own-label").await?;
-    let other = TestNamespace::new("own-label-target").await?;
-    let _op = start_on(
-        ns.client.clone(),
-        &[&ns.name, &other.name],
-        &[("labeller", json!({"targetNamespace": other.name}))],
+    let (ns, other, _op) = two_namespaces(
+        "own-label",
+        "labeller",
+        |target| json!({"targetNamespace": target}),
     )
     .await?;
     let labellers = test_kind(&ns, "Labeller", "labellers");
@@ -706,12 +723,10 @@ async fn label_owned_objects_live_and_die_with_their_primary() -> Result<()> {
 #[tokio::test]
 async fn forged_or_removed_owner_labels_are_refused() -> Result<()> {
     let mut unnamed = Unnamed::default();
-    let ns = TestNamespace::new("own-forged").await?;
-    let other = TestNamespace::new("own-forged-target").await?;
-    let _op = start_on(
-        ns.client.clone(),
-        &[&ns.name, &other.name],
-        &[("labeller", json!({"targetNamespace": other.name}))],
+    let (ns, other, _op) = two_namespaces(
+        "own-forged",
+        "labeller",
+        |target| json!({"targetNamespace": target}),
     )
     .await?;
     let labellers = test_kind(&ns, "Labeller", "labellers");
@@ -1382,14 +1397,7 @@ fn foreign_deployment(name: &str) -> Result<Deployment> {
 /// not written, the foreign Deployment survives.
 #[tokio::test]
 async fn a_kind_narrowed_to_its_primarys_namespace_is_written_nowhere_else() -> Result<()> {
-    let ns = TestNamespace::new("own-scope").await?;
-    let far = TestNamespace::new("own-scope-far").await?;
-    let _op = start_on(
-        ns.client.clone(),
-        &[&ns.name, &far.name],
-        &[("scoped-writer", json!({}))],
-    )
-    .await?;
+    let (ns, far, _op) = two_namespaces("own-scope", "scoped-writer", |_| json!({})).await?;
     let writers = test_kind(&ns, "BadWriter", "badwriters");
     let far_secrets: Api<Secret> = far.api();
     let far_deployments: Api<Deployment> = far.api();

@@ -155,7 +155,6 @@ fn operator_rules(admission: bool, sharding: bool) -> Vec<PolicyRule> {
             &["get", "create", "update"]
         },
     );
-    rbac::grant(&mut g, "", "events".into(), true, &["create", "patch"]);
     rbac::grant(
         &mut g,
         "events.k8s.io",
@@ -225,15 +224,13 @@ fn generate(args: &RbacArgs, plugins: &[PluginRbac]) -> Generated {
     // Events about a cluster-scoped object (a PluginRollout) live in
     // `default`; watching every namespace, the plugins' grants cover it.
     if !watched.is_empty() {
-        for group in ["", "events.k8s.io"] {
-            rbac::grant(
-                roles.entry("default".to_owned()).or_default(),
-                group,
-                "events".into(),
-                true,
-                &["create", "patch"],
-            );
-        }
+        rbac::grant(
+            roles.entry("default".to_owned()).or_default(),
+            "events.k8s.io",
+            "events".into(),
+            true,
+            &["create", "patch"],
+        );
     }
     for p in plugins {
         notes.push(format!(
@@ -313,9 +310,7 @@ fn generate(args: &RbacArgs, plugins: &[PluginRbac]) -> Generated {
                         let verbs: &[&'static str] = if o.is_dependent() {
                             &["get", "delete"]
                         } else {
-                            &[
-                                "get", "list", "watch", "create", "update", "patch", "delete",
-                            ]
+                            &["get", "list", "watch", "create", "patch", "delete"]
                         };
                         if ns == "*" {
                             rbac::grant(&mut cluster, &k.group, k.plural.clone(), true, verbs);

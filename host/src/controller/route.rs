@@ -252,10 +252,25 @@ pub(crate) fn route(routes: &[&Route], change: &Change, lookup: &dyn PrimaryLook
             .collect();
         for ownership in ownerships {
             for obj in &objects {
-                if let Some(uid) = owner_uid(obj, ownership)
-                    && let Some(p) = lookup.by_uid(&r.primary, uid)
-                {
-                    out.keys.push(cached_key_of(&r.id, &p));
+                let Some(uid) = owner_uid(obj, ownership) else {
+                    continue;
+                };
+                match lookup.by_uid(&r.primary, uid) {
+                    Some(p) => out.keys.push(cached_key_of(&r.id, &p)),
+                    // A kind-scoped controller decides all its primaries
+                    // in one call, so an object of its plugin whose owner
+                    // is gone may still matter to the others: a Job the
+                    // garbage collector deletes after its EtcdBackup was
+                    // re-created under the same name unblocks the new
+                    // one. Without this, nothing would call it until the
+                    // next resync.
+                    None if r.spec.scope == wasmop_contract::Scope::Kind
+                        && object::labels_get(obj, wasmop_contract::PLUGIN_LABEL)
+                            == r.id.split('/').next() =>
+                    {
+                        out.keys.push(super::whole_kind_key(&r.id));
+                    }
+                    None => {}
                 }
             }
         }
@@ -448,6 +463,42 @@ mod tests {
         let routed = route(
             &[&by_ref],
             &change(&cm_kind(), None, Some(labelled)),
+            &world(),
+        );
+        assert!(routed.keys.is_empty());
+    }
+
+    #[test]
+    fn an_object_of_a_gone_owner_calls_its_plugins_kind_scoped_controller_again() {
+        let mut spec = Controller::new("widget", widget_kind()).owns(cm_kind());
+        spec.scope = wasmop_contract::Scope::Kind;
+        let kind_scoped = route_of(spec);
+        let orphan = |plugin: &str| {
+            json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "c", "namespace": "a",
+                    "labels": {"wasmop.dev/plugin": plugin},
+                    "ownerReferences": [{"uid": "gone", "controller": true}]}})
+        };
+        let routed = route(
+            &[&kind_scoped],
+            &change(&cm_kind(), Some(orphan("good")), None),
+            &world(),
+        );
+        assert_eq!(
+            routed.keys,
+            [crate::controller::whole_kind_key(&"good/widget".into())]
+        );
+        // Another plugin's object, or a per-object controller: nothing.
+        let routed = route(
+            &[&kind_scoped],
+            &change(&cm_kind(), Some(orphan("other")), None),
+            &world(),
+        );
+        assert!(routed.keys.is_empty());
+        let per_object = route_of(Controller::new("widget", widget_kind()).owns(cm_kind()));
+        let routed = route(
+            &[&per_object],
+            &change(&cm_kind(), Some(orphan("good")), None),
             &world(),
         );
         assert!(routed.keys.is_empty());

@@ -1,16 +1,22 @@
 //! The RBAC rules a plugin needs, derived from its manifest, as
 //! `wasmop inspect` prints them.
 //!
-//! - primary kinds: get, list, watch; update and patch (finalizers and
+//! - primary kinds: get, list, watch; patch (finalizers and
 //!   `primary-fields`); delete when the controller declares
-//!   `delete-primary`; `<plural>/status`: get, update, patch;
+//!   `delete-primary`; `<plural>/status`: patch;
 //!   `<plural>/finalizers`: update (needed to set `blockOwnerDeletion`
 //!   ownerReferences to the primary).
-//! - owned kinds: get, list, watch, create, update, patch, delete;
-//!   dependent kinds (controlled by an owned object): get, delete.
+//! - owned kinds: get, list, watch, create (a server-side apply of a new
+//!   object is authorized as create), patch, delete; dependent kinds
+//!   (controlled by an owned object): get, delete.
 //! - read kinds and HTTP target kinds: get, list, watch; Secrets named by a
 //!   field reference only get (they are read by name, never listed).
-//! - Events (core and `events.k8s.io`): create, patch.
+//! - Events (`events.k8s.io`, what the host's recorder writes): create,
+//!   patch.
+//!
+//! No `update` but on finalizers: the host writes by server-side apply
+//! and merge patch, never by a whole-object PUT (the API server's audit
+//! log of `deploy/run-local.sh --check --rbac` shows it).
 //!
 //! A ClusterRole grants in every namespace; what the manifest confines to
 //! the primary's namespace is enforced by plan validation. Controllers that
@@ -26,7 +32,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::plugin::manifest::Manifest;
 
 const READ: &[&str] = &["get", "list", "watch"];
-const WRITE: &[&str] = &["create", "update", "patch", "delete"];
+const WRITE: &[&str] = &["create", "patch", "delete"];
 
 /// Verbs in the order kubectl users expect to read them.
 const VERB_ORDER: &[&str] = &[
@@ -69,16 +75,11 @@ pub fn grants(manifest: &Manifest) -> Grants {
         let p = &c.primary;
         let ns = p.namespaced;
         grant(&p.group, p.plural.clone(), ns, READ);
-        grant(&p.group, p.plural.clone(), ns, &["update", "patch"]);
+        grant(&p.group, p.plural.clone(), ns, &["patch"]);
         if c.delete_primary {
             grant(&p.group, p.plural.clone(), ns, &["delete"]);
         }
-        grant(
-            &p.group,
-            format!("{}/status", p.plural),
-            ns,
-            &["get", "update", "patch"],
-        );
+        grant(&p.group, format!("{}/status", p.plural), ns, &["patch"]);
         grant(
             &p.group,
             format!("{}/finalizers", p.plural),
@@ -110,7 +111,6 @@ pub fn grants(manifest: &Manifest) -> Grants {
             grant(&k.group, k.plural.clone(), k.namespaced, READ);
         }
     }
-    grant("", "events".to_owned(), true, &["create", "patch"]);
     grant(
         "events.k8s.io",
         "events".to_owned(),
@@ -244,12 +244,11 @@ mod tests {
         assert_eq!(
             as_text(&rules(&manifest())),
             vec![
-                r#"[""] ["configmaps"] ["get", "list", "watch", "create", "update", "patch", "delete"]"#,
-                r#"[""] ["events"] ["create", "patch"]"#,
+                r#"[""] ["configmaps"] ["get", "list", "watch", "create", "patch", "delete"]"#,
                 r#"["events.k8s.io"] ["events"] ["create", "patch"]"#,
-                r#"["test.wasmop.dev"] ["widgets"] ["get", "list", "watch", "update", "patch"]"#,
+                r#"["test.wasmop.dev"] ["widgets"] ["get", "list", "watch", "patch"]"#,
                 r#"["test.wasmop.dev"] ["widgets/finalizers"] ["update"]"#,
-                r#"["test.wasmop.dev"] ["widgets/status"] ["get", "update", "patch"]"#,
+                r#"["test.wasmop.dev"] ["widgets/status"] ["patch"]"#,
             ]
         );
     }
@@ -304,7 +303,7 @@ mod tests {
         let text = as_text(&rules(&m));
         assert!(
             text.contains(
-                &r#"["test.wasmop.dev"] ["widgets"] ["get", "list", "watch", "update", "patch", "delete"]"#
+                &r#"["test.wasmop.dev"] ["widgets"] ["get", "list", "watch", "patch", "delete"]"#
                     .to_owned()
             ),
             "{text:?}"
