@@ -139,9 +139,13 @@ async fn garbage_collector_removes_objects_whose_owner_is_deleted() -> Result<()
     assert!(cms.get_opt("child").await?.is_some());
 
     cms.delete("owner", &DeleteParams::background()).await?;
+    // Longer than the default: late in the suite (twice in CI, after the
+    // chaos tests had restarted the controller manager and other tests had
+    // added and removed CRDs) the collection took more than 60 s; a
+    // collector that never comes still fails here.
     wait_for(
         "the garbage collector to delete the owned ConfigMap",
-        DEFAULT_DEADLINE,
+        Duration::from_secs(180),
         || {
             let cms = cms.clone();
             async move { Ok(cms.get_opt("child").await?.is_none().then_some(())) }
