@@ -178,12 +178,12 @@ set -e
 totals="$(awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed", p, f }' "$test_log")"
 # What failed, repeated at the end: a CI log is often read from its tail,
 # and cargo prints each binary's failures where that binary ran: the name of
-# each failed test, then the first lines of its panic or error.
+# each failed test, then the first twelve lines of its panic or error.
 failed="$(awk '
   /^ *Running / { bin = $2 }
   /^test .* \.\.\. FAILED$/ { names = names "  " bin ": " $2 "\n" }
   /^---- .* stdout ----$/ { test = $2; keep = 0; next }
-  test != "" && keep == 0 && (/panicked at/ || /^Error: /) { keep = 5; detail = detail "  " test ":\n" }
+  test != "" && keep == 0 && (/panicked at/ || /^Error: /) { keep = 12; detail = detail "  " test ":\n" }
   keep > 0 { detail = detail "      " $0 "\n"; keep--; if (keep == 0) test = "" }
   END { printf "%s%s", names, detail }
 ' "$test_log")"

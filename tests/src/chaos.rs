@@ -734,6 +734,11 @@ pub struct Report {
     pub zoo_reconciled: Vec<Duration>,
     /// The zoo's primaries (`Kind/name`), empty without a zoo.
     pub zoo: Vec<String>,
+    /// Zoo primaries not done at a quiet point because Kubernetes' garbage
+    /// collector lost a Pod of their StatefulSet's predecessor, with the
+    /// evidence: the cluster's fault, not a broken invariant (see
+    /// `Zoo::gc_blocked`).
+    pub gc_blocked: Vec<String>,
     /// Quiet points.
     pub quiet_points: usize,
     /// Recovery times (end of the last fault to recovered) at quiet points.
@@ -821,6 +826,15 @@ impl Report {
         let lost = self.broken(Invariant::UnexplainedDeletion).len()
             + self.broken(Invariant::Bystander).len();
         out += &format!("lost or touched objects: {lost}\n");
+        if !self.gc_blocked.is_empty() {
+            out += &format!(
+                "blocked by Kubernetes' garbage collector, not the operator (not violations): {}\n",
+                self.gc_blocked.len()
+            );
+            for b in &self.gc_blocked {
+                out += &format!("  {b}\n");
+            }
+        }
         out += &format!("violations: {}\n", self.violations.len());
         for v in &self.violations {
             out += &format!("  {v}\n");
@@ -1819,6 +1833,7 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
         zoo_convergence: Vec::new(),
         zoo_reconciled: Vec::new(),
         zoo: zoo.as_ref().map(|z| z.primaries()).unwrap_or_default(),
+        gc_blocked: Vec::new(),
         quiet_points: 0,
         recoveries: Vec::new(),
         explained_deletions: 0,
@@ -2013,8 +2028,17 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
                             ),
                         }),
                     }
+                    let blocked_by_gc = if t.done.is_none() && t.reconciled.is_some() {
+                        zoo.gc_blocked(&client).await.remove(name.as_str())
+                    } else {
+                        None
+                    };
                     match t.done {
                         Some(d) => report.zoo_convergence.push(d),
+                        None if let Some(pods) = blocked_by_gc => report.gc_blocked.push(format!(
+                            "quiet point {at}: zoo primary {name} not done within {ZOO_BOUND:?}: {}; {state}",
+                            pods.join("; ")
+                        )),
                         None if t.reconciled.is_some() => report.violations.push(Violation {
                             invariant: Invariant::Convergence,
                             detail: format!(
@@ -2192,7 +2216,13 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
     // Kept when they explain a failure; a soak that breaks the invariants
     // on purpose needs none.
     if !report.violations.is_empty() && config.breach == Breach::None {
-        eprintln!("chaos soak: replica logs: {} (kept)", keep(work).display());
+        let kept = keep(work);
+        // The report beside the logs, for a run whose output is cut.
+        let _ = std::fs::write(kept.join("report.txt"), report.summary());
+        eprintln!(
+            "chaos soak: replica logs and report: {} (kept)",
+            kept.display()
+        );
     }
     Ok(report)
 }

@@ -8,8 +8,10 @@
 //! example primary done within 60 s at every quiet point, nothing left
 //! behind at the end.
 //!
-//! Three soaks: a fixed seed and a random one, both printed, and the fixed
-//! seed once more with the replicas as shards (`--sharding`); replay one
+//! Four soaks: a fixed seed and a random one, both printed, and the fixed
+//! seed twice more with the replicas as shards (`--sharding`), once with
+//! every kind of fault and once through the control plane's faults only
+//! (API server and etcd restarted, frozen, compacted; a shard killed); replay one
 //! with `WASMOP_CHAOS_SEED=<seed>` (the first test then runs that seed
 //! alone); `WASMOP_CHAOS_FAULTS` narrows the kinds of fault, e.g.
 //! `KillLeader,CrashBeforeWrite`. And a soak that
@@ -54,11 +56,20 @@ fn short(seed: u64) -> Result<SoakConfig> {
 
 fn assert_clean(report: &Report) {
     eprintln!("{}", report.summary());
+    // The violations come first: a CI log keeps only the first lines of a
+    // panic.
     assert!(
         report.violations.is_empty(),
-        "seed {} (replay: WASMOP_CHAOS_SEED={}) broke invariants:\n{}",
+        "seed {} (replay: WASMOP_CHAOS_SEED={}) broke {} invariant(s):\n{}\n{}",
         report.seed,
         report.seed,
+        report.violations.len(),
+        report
+            .violations
+            .iter()
+            .map(|v| format!("  {v}"))
+            .collect::<Vec<_>>()
+            .join("\n"),
         report.summary()
     );
     assert!(report.quiet_points >= 1, "no quiet point was measured");
@@ -111,6 +122,44 @@ async fn short_soak_with_the_replicas_as_shards() -> Result<()> {
     })
     .await?;
     assert_clean(&report);
+    Ok(())
+}
+
+/// Sharded again, through the control plane's faults only: the API server
+/// restarted and frozen, etcd restarted and compacted, a shard killed.
+/// Each shard's label-selected watches (its own primaries, the owned
+/// objects it labelled, the leader's watch of unlabelled primaries) must
+/// resume after each, and a primary created while the API server was away
+/// must still be placed and reconciled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_soak_with_the_replicas_as_shards_through_control_plane_faults() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let seed = seed_from_env()?.unwrap_or(FIXED_SEED);
+    let report = soak(SoakConfig {
+        sharding: true,
+        faults: vec![
+            FaultKind::ApiServerRestart,
+            FaultKind::ApiServerFreeze,
+            FaultKind::EtcdRestart,
+            FaultKind::EtcdCompaction,
+            FaultKind::KillLeader,
+            FaultKind::KillFollower,
+        ],
+        ..short(seed)?
+    })
+    .await?;
+    assert_clean(&report);
+    let control_plane = [
+        FaultKind::ApiServerRestart,
+        FaultKind::ApiServerFreeze,
+        FaultKind::EtcdRestart,
+        FaultKind::EtcdCompaction,
+    ];
+    assert!(
+        report.faults.keys().any(|k| control_plane.contains(k)),
+        "no control-plane fault was drawn:\n{}",
+        report.summary()
+    );
     Ok(())
 }
 

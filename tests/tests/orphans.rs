@@ -479,3 +479,130 @@ async fn collections_wait_for_room_in_the_plugins_deletion_budget() -> Result<()
     op.stop().await;
     Ok(())
 }
+
+/// The controller ownerReference's uid of `meta`, if any.
+fn controller_of(meta: &kube::api::ObjectMeta) -> Option<String> {
+    meta.owner_references
+        .as_ref()?
+        .iter()
+        .find(|r| r.controller == Some(true))
+        .map(|r| r.uid.clone())
+}
+
+/// An instance (a StatefulSet, Deployments and their support objects)
+/// deleted and re-created while kube-controller-manager is frozen: the
+/// host collects every object of the old instance (its owner is gone), and
+/// one Event names each of them (a dozen objects: the note is cut to the
+/// API server's 1,024 bytes, not refused). Then the API server restarts and
+/// etcd is compacted, so the thawed controller-manager re-lists instead of
+/// resuming its watches; the instance becomes Ready again with a Pod of its
+/// new StatefulSet, the old one's Pod gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_recreated_while_the_controller_manager_is_frozen_is_ready_again_with_new_pods()
+-> Result<()> {
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::core::{ApiResource, GroupVersionKind};
+    use wasmop_tests::apply_project_crds;
+    use wasmop_tests::faults::component;
+
+    const DEADLINE: Duration = Duration::from_secs(180);
+    let _serial = SERIAL.lock().await;
+    let ns = TestNamespace::new("orphans-workload").await?;
+    apply_project_crds(&ns.client).await?;
+    let op = RunningOperator::start(
+        ns.client.clone(),
+        vec![ns.name.clone()],
+        vec![load_plugin("instance", json!({}))?],
+    )
+    .await?;
+    let gvk = GroupVersionKind::gvk("compute.firebolt.io", "v1alpha1", "FireboltInstance");
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        ns.client.clone(),
+        &ns.name,
+        &ApiResource::from_gvk_with_plural(&gvk, "fireboltinstances"),
+    );
+    let instance: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "compute.firebolt.io/v1alpha1", "kind": "FireboltInstance",
+        "metadata": {"name": "fb"}, "spec": {"metadata": {}, "gateway": {}},
+    }))?;
+    let statefulsets: Api<StatefulSet> = ns.api();
+    let pods: Api<Pod> = ns.api();
+    let (sts, pod) = ("fb-metadata-pg", "fb-metadata-pg-0");
+
+    api.create(&PostParams::default(), &instance).await?;
+    wait_condition(&api, "fb", "Ready", "True", None, DEADLINE).await?;
+    let old_sts = statefulsets
+        .get(sts)
+        .await?
+        .metadata
+        .uid
+        .context("a StatefulSet without a uid")?;
+    let old_pod = pods.get(pod).await?;
+    assert_eq!(controller_of(&old_pod.metadata), Some(old_sts.clone()));
+
+    let kcm = Fault::freeze("kube-controller-manager").await?;
+    let old_uid = uid_of(&api, "fb").await?;
+    api.delete("fb", &DeleteParams::background()).await?;
+    wait_for("the instance gone", DEFAULT_DEADLINE, || async {
+        Ok(api.get_opt("fb").await?.is_none().then_some(()))
+    })
+    .await?;
+    api.create(&PostParams::default(), &instance).await?;
+    let new_uid = uid_of(&api, "fb").await?;
+    assert_ne!(new_uid, old_uid);
+    // The host collects the old objects.
+    wait_for(
+        "a CollectedOrphan Event naming the StatefulSet",
+        DEFAULT_DEADLINE,
+        || async {
+            Ok(events(&ns.client, &ns.name, "fb")
+                .await?
+                .into_iter()
+                .any(|(kind, reason, note)| {
+                    kind == "Normal"
+                        && reason == "CollectedOrphan"
+                        && note.len() <= 1024
+                        && note.contains(&format!("StatefulSet {}/{sts}", ns.name))
+                        && note.contains(&old_uid)
+                })
+                .then_some(()))
+        },
+    )
+    .await?;
+
+    // The controller-manager's watches cannot resume: the API server
+    // restarts and etcd forgets the revisions they were at.
+    component(&["restart", "kube-apiserver", "--down", "0"]).await?;
+    component(&["compact-etcd", "--bump", "3"]).await?;
+    kcm.thaw().await?;
+
+    // The new StatefulSet's own Pod, and the instance Ready again.
+    let new_sts = wait_for(
+        "Pod fb-metadata-pg-0 of a new StatefulSet",
+        DEADLINE,
+        || async {
+            let (Some(s), Some(p)) = (statefulsets.get_opt(sts).await?, pods.get_opt(pod).await?)
+            else {
+                return Ok(None);
+            };
+            let uid = s.metadata.uid.clone().unwrap_or_default();
+            Ok((uid != old_sts
+                && s.metadata.deletion_timestamp.is_none()
+                && p.metadata.deletion_timestamp.is_none()
+                && controller_of(&p.metadata).as_deref() == Some(uid.as_str()))
+            .then_some(uid))
+        },
+    )
+    .await
+    .with_context(|| "the old StatefulSet's Pod stayed: the garbage collector lost it")?;
+    assert_eq!(
+        controller_of(&statefulsets.get(sts).await?.metadata),
+        Some(new_uid.clone()),
+        "the new StatefulSet is the new instance's"
+    );
+    assert_ne!(new_sts, old_sts);
+    wait_condition(&api, "fb", "Ready", "True", None, DEADLINE).await?;
+    op.stop().await;
+    Ok(())
+}

@@ -13,8 +13,9 @@
 //! The host collects such objects itself, in two places:
 //! - **On a refusal.** When every rule a plan breaks is
 //!   `NotControlledByPrimary` on objects it applies, each of those objects
-//!   whose owner is gone is deleted, a Normal Event `CollectedOrphan` naming
-//!   it goes on the primary, and the primary is reconciled again at once.
+//!   whose owner is gone is deleted, one Normal Event `CollectedOrphan`
+//!   naming each goes on the primary, and the primary is reconciled again
+//!   at once. An object already being deleted is left to finish.
 //! - **By a sweep** ([`Operator::sweep_orphans`], every
 //!   [`OperatorConfig::orphan_sweep_interval`](super::OperatorConfig)):
 //!   every object of every owned kind that carries the plugin's labels is
@@ -400,6 +401,12 @@ impl Operator {
         let what = object::describe(obj);
         let claim = claim_of(obj, a.plugin.name(), controllers)
             .map_err(|why| format!("{what} is left alone: {why}"))?;
+        if !obj["metadata"]["deletionTimestamp"].is_null() {
+            // Being deleted already (with a finalizer, or in the
+            // foreground by someone else): its deletion finishes without
+            // another request, and is not counted again.
+            return Ok((Outcome::Left, String::new()));
+        }
         if self.owner_alive(&claim, live).await {
             return Ok((Outcome::Left, String::new()));
         }
@@ -479,6 +486,7 @@ impl Operator {
         let controllers: Vec<&Controller> = actives.iter().map(|a| &a.spec).collect();
         let mut live = LiveUids::default();
         let mut all = true;
+        let mut notes: Vec<String> = Vec::new();
         for planned in refused {
             let Some(owned) = a
                 .spec
@@ -506,17 +514,21 @@ impl Operator {
                 .collect_one(a, &controllers, &found, &mut live, "refusal")
                 .await
             {
-                Ok((Outcome::Collected, message)) => {
-                    self.reporter
-                        .event(primary, false, "CollectedOrphan", &message)
-                        .await;
-                }
+                Ok((Outcome::Collected, message)) => notes.push(message),
                 Ok((Outcome::Left | Outcome::Deferred, _)) => all = false,
                 Err(why) => {
                     tracing::debug!(controller = %a.id, %why, "refused object not collected");
                     all = false;
                 }
             }
+        }
+        // One Event for the refusal: the recorder folds Events of one
+        // reason about one object into a series that keeps the first note,
+        // so one Event per object would show only the first.
+        if !notes.is_empty() {
+            self.reporter
+                .event(primary, false, "CollectedOrphan", &notes.join("; "))
+                .await;
         }
         all
     }

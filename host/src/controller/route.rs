@@ -205,6 +205,42 @@ fn owner_uid<'a>(obj: &'a Value, ownership: &Ownership) -> Option<&'a str> {
     }
 }
 
+/// The primary of `r`'s kind named as `obj`'s controller ownerReference
+/// names its owner, when the cache holds one under that name (it has
+/// another UID: the owner was deleted and re-created).
+fn namesake_of_gone_owner(
+    r: &Route,
+    lookup: &dyn PrimaryLookup,
+    obj: &Value,
+) -> Option<Arc<CachedObject>> {
+    let owner = object::value_at(obj, "metadata.ownerReferences")?
+        .as_array()?
+        .iter()
+        .find(|o| o.get("controller").and_then(Value::as_bool) == Some(true))?;
+    let primary = &r.spec.primary;
+    if owner.get("kind").and_then(Value::as_str) != Some(primary.kind.as_str()) {
+        return None;
+    }
+    let group = owner
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .and_then(|v| v.rsplit_once('/'))
+        .map_or("", |(g, _)| g);
+    if group != primary.group {
+        return None;
+    }
+    let name = owner.get("name").and_then(Value::as_str)?;
+    let namespace = if primary.namespaced {
+        Some(object::namespace(obj)?)
+    } else {
+        None
+    };
+    lookup
+        .list(&r.primary, namespace)
+        .into_iter()
+        .find(|p| p.name() == name)
+}
+
 /// Which primaries of `routes` a cache change concerns.
 pub(crate) fn route(routes: &[&Route], change: &Change, lookup: &dyn PrimaryLookup) -> Routed {
     let mut out = Routed::default();
@@ -269,6 +305,15 @@ pub(crate) fn route(routes: &[&Route], change: &Change, lookup: &dyn PrimaryLook
                             == r.id.split('/').next() =>
                     {
                         out.keys.push(super::whole_kind_key(&r.id));
+                    }
+                    // An object whose owner is gone, changing (the garbage
+                    // collector or a collection in the foreground deleting
+                    // it): a primary re-created under the owner's name may
+                    // be waiting for the name it holds.
+                    None if matches!(ownership, Ownership::OwnerReference) => {
+                        if let Some(p) = namesake_of_gone_owner(r, lookup, obj) {
+                            out.keys.push(cached_key_of(&r.id, &p));
+                        }
                     }
                     None => {}
                 }
@@ -434,6 +479,37 @@ mod tests {
             &world(),
         );
         assert_eq!(names(&routed), ["a/w1"]);
+    }
+
+    #[test]
+    fn an_object_of_a_gone_owner_routes_to_the_primary_re_created_under_its_name() {
+        let r = route_of(Controller::new("widget", widget_kind()).owns(cm_kind()));
+        let owned_by = |kind: &str, api_version: &str, name: &str, ns: &str| {
+            json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "c", "namespace": ns,
+                    "ownerReferences": [{"apiVersion": api_version, "kind": kind,
+                        "name": name, "uid": "gone", "controller": true}]}})
+        };
+        // Its deletion (the garbage collector's, or a foreground
+        // collection finishing) reaches w1, which holds the owner's name.
+        let old = owned_by("Widget", "test.wasmop.dev/v1", "w1", "a");
+        let routed = route(&[&r], &change(&cm_kind(), Some(old), None), &world());
+        assert_eq!(names(&routed), ["a/w1"]);
+        // No primary of that name in that namespace, another kind of the
+        // name, or the name in another group: nothing.
+        for other in [
+            owned_by("Widget", "test.wasmop.dev/v1", "w9", "a"),
+            owned_by("Widget", "test.wasmop.dev/v1", "w1", "b"),
+            owned_by("Gadget", "test.wasmop.dev/v1", "w1", "a"),
+            owned_by("Widget", "other.dev/v1", "w1", "a"),
+        ] {
+            let routed = route(
+                &[&r],
+                &change(&cm_kind(), Some(other.clone()), None),
+                &world(),
+            );
+            assert!(routed.keys.is_empty(), "{other}");
+        }
     }
 
     #[test]

@@ -3,9 +3,11 @@
 //!
 //! # Guarantees
 //!
-//! - Event notes are cut at 1,000 characters and reasons at 128; condition
-//!   messages at [`MAX_CONDITION_MESSAGE`] characters, below the API
-//!   server's limit of 32,768, with a note of how much was left out.
+//! - Event notes are cut to the API server's limit of 1,024 bytes
+//!   ([`MAX_EVENT_NOTE`]) and reasons at 128 characters; condition messages
+//!   to [`MAX_CONDITION_MESSAGE`] bytes, below the API server's limit of
+//!   32,768; each cut at a character boundary, with a note of how much was
+//!   left out that fits within the limit.
 //! - A failure is written only while this replica leads; Events too.
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -18,8 +20,11 @@ use crate::execute::RECONCILED_CONDITION;
 use crate::execute::writer::Writer;
 use crate::object::{self, describe};
 
-/// Longest condition message written, in characters.
+/// Longest condition message written, in bytes.
 pub const MAX_CONDITION_MESSAGE: usize = 8192;
+
+/// Longest Event note written, in bytes: the API server's limit.
+pub const MAX_EVENT_NOTE: usize = 1024;
 
 /// Records Events on primaries.
 #[derive(Clone)]
@@ -62,7 +67,7 @@ impl Reporter {
                 EventType::Normal
             },
             reason: reason.chars().take(128).collect(),
-            note: Some(cap(message, 1000)),
+            note: Some(cap(message, MAX_EVENT_NOTE)),
             action: "Reconcile".into(),
             secondary: None,
         };
@@ -72,15 +77,27 @@ impl Reporter {
     }
 }
 
-/// `text` cut to `max` characters, with a note of how many were left out.
+/// `text` in at most `max` bytes (the API server counts bytes): cut at a
+/// character boundary, with a note of how many characters were left out,
+/// the note included in `max`.
 pub fn cap(text: &str, max: usize) -> String {
-    let total = text.chars().count();
-    if total <= max {
+    if text.len() <= max {
         return text.to_owned();
     }
-    let mut out: String = text.chars().take(max).collect();
-    out.push_str(&format!("… ({} more characters left out)", total - max));
-    out
+    // Room for "… (N more characters left out)" with N of up to 13 digits.
+    const NOTE: usize = 48;
+    let budget = max.saturating_sub(NOTE);
+    let mut end = 0;
+    let mut kept = 0;
+    for (i, c) in text.char_indices() {
+        if i + c.len_utf8() > budget {
+            break;
+        }
+        end = i + c.len_utf8();
+        kept += 1;
+    }
+    let left = text.chars().count() - kept;
+    format!("{}… ({left} more characters left out)", &text[..end])
 }
 
 /// Writes `Reconciled=False` with `reason` and `message` on `primary`
@@ -125,10 +142,31 @@ mod tests {
         assert_eq!(cap("short", 10), "short");
         let long = "x".repeat(40_000);
         let capped = cap(&long, MAX_CONDITION_MESSAGE);
-        assert!(capped.len() < 32_768);
+        assert!(capped.len() <= MAX_CONDITION_MESSAGE);
         assert!(
-            capped.ends_with("(31808 more characters left out)"),
+            capped.ends_with("(31856 more characters left out)"),
             "{capped}"
         );
+    }
+
+    #[test]
+    fn an_event_note_fits_the_api_servers_limit_in_bytes_whatever_its_characters() {
+        // Just over the limit, and far over it in three-byte characters:
+        // the API server refuses a note of more than 1,024 bytes.
+        for text in ["y".repeat(1_025), "…".repeat(2_000), "ab…".repeat(700)] {
+            let capped = cap(&text, MAX_EVENT_NOTE);
+            assert!(capped.len() <= MAX_EVENT_NOTE, "{} bytes", capped.len());
+            assert!(capped.ends_with("more characters left out)"), "{capped}");
+            let kept = capped.split("… (").next().unwrap_or_default();
+            assert!(text.starts_with(kept), "a prefix of the text is kept");
+            let left: usize = capped
+                .rsplit("… (")
+                .next()
+                .and_then(|t| t.split(' ').next())
+                .and_then(|n| n.parse().ok())
+                .expect("a count");
+            assert_eq!(kept.chars().count() + left, text.chars().count());
+        }
+        assert_eq!(cap(&"z".repeat(1_024), MAX_EVENT_NOTE), "z".repeat(1_024));
     }
 }

@@ -438,11 +438,29 @@ impl Zoo {
                         {
                             times.done = Some(at);
                         } else {
+                            // Every condition, so that a failure says what
+                            // the primary waits for (the done condition may
+                            // not exist yet).
+                            let all: Vec<String> = value["status"]["conditions"]
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .map(|c| {
+                                    format!(
+                                        "{}={} {}: {}",
+                                        c["type"].as_str().unwrap_or_default(),
+                                        c["status"].as_str().unwrap_or_default(),
+                                        c["reason"].as_str().unwrap_or_default(),
+                                        c["message"].as_str().unwrap_or_default()
+                                    )
+                                })
+                                .collect();
                             times.state = format!(
-                                "{}={}; {}",
+                                "{}={}; {}; conditions: [{}]",
                                 item.done,
                                 done.map_or_else(|| "absent".to_owned(), |c| c.to_string()),
-                                reconciled.err().unwrap_or_default()
+                                reconciled.err().unwrap_or_default(),
+                                all.join("; ")
                             );
                         }
                     }
@@ -493,6 +511,68 @@ impl Zoo {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         None
+    }
+
+    /// StatefulSets of the zoo's namespace that Kubernetes' garbage
+    /// collector blocks, by the `Kind/name` of the zoo primary controlling
+    /// each: Pod `<statefulset>-<n>` exists, controlled by a StatefulSet
+    /// UID that is not the current `<statefulset>`'s. The old StatefulSet
+    /// is gone and the collector lost track of its Pod (its watches
+    /// re-listed across the deletion and a re-creation under the same
+    /// name, which it takes for an update), so the new StatefulSet cannot
+    /// create that Pod ("already exists") until kube-controller-manager
+    /// restarts. No operator's doing: the Pod is not the operator's to
+    /// delete.
+    pub(super) async fn gc_blocked(&self, client: &Client) -> BTreeMap<String, Vec<String>> {
+        use k8s_openapi::api::apps::v1::StatefulSet;
+        use k8s_openapi::api::core::v1::Pod;
+        let ns = &self.namespace.name;
+        let controller =
+            |refs: Option<&Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>>| {
+                refs.and_then(|rs| rs.iter().find(|r| r.controller == Some(true)).cloned())
+            };
+        let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let (Ok(sets), Ok(pods)) = (
+            Api::<StatefulSet>::namespaced(client.clone(), ns)
+                .list(&ListParams::default())
+                .await,
+            Api::<Pod>::namespaced(client.clone(), ns)
+                .list(&ListParams::default())
+                .await,
+        ) else {
+            return out;
+        };
+        for set in &sets.items {
+            let (Some(name), Some(uid)) = (&set.metadata.name, &set.metadata.uid) else {
+                continue;
+            };
+            let Some(owner) = controller(set.metadata.owner_references.as_ref()) else {
+                continue;
+            };
+            for pod in &pods.items {
+                let pod_name = pod.metadata.name.clone().unwrap_or_default();
+                let ordinal = pod_name
+                    .strip_prefix(name.as_str())
+                    .and_then(|rest| rest.strip_prefix('-'));
+                if !ordinal.is_some_and(|o| !o.is_empty() && o.chars().all(|c| c.is_ascii_digit()))
+                {
+                    continue;
+                }
+                if let Some(r) = controller(pod.metadata.owner_references.as_ref())
+                    && r.kind == "StatefulSet"
+                    && r.name == *name
+                    && r.uid != *uid
+                {
+                    out.entry(format!("{}/{}", owner.kind, owner.name))
+                        .or_default()
+                        .push(format!(
+                            "Pod {pod_name} is controlled by StatefulSet {name} uid {} (gone; {name} is now uid {uid})",
+                            r.uid
+                        ));
+                }
+            }
+        }
+        out
     }
 
     /// The end: every zoo primary deleted with the replicas running; each
