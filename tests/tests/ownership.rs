@@ -291,6 +291,72 @@ async fn user_config_map_is_not_taken_over_and_outlives_the_widget() -> Result<(
     Ok(())
 }
 
+/// A rejection whose reason changes is a new Event, not a repeat of the
+/// first: `kubectl describe` shows what blocks the Widget now. The user's
+/// ConfigMap first has no owner, then is replaced by one controlled by
+/// someone else; the Widget's Events then hold both notes.
+#[tokio::test]
+async fn a_rejection_whose_reason_changes_is_a_new_event() -> Result<()> {
+    let ns = TestNamespace::new("own-events").await?;
+    apply_test_crds(&ns.client).await?;
+    let cms: Api<ConfigMap> = ns.api();
+    cms.create(&PostParams::default(), &user_config_map("w-cm")?)
+        .await?;
+    let _op = start(&ns, &[("good", json!({}))]).await?;
+    let widgets = test_kind(&ns, "Widget", "widgets");
+    create(&widgets, "Widget", "w", json!({"value": "mine"})).await?;
+    let rejected = |needle: &'static str| {
+        let ns = &ns;
+        async move {
+            anyhow::Ok(
+                events(&ns.client, &ns.name, "w")
+                    .await?
+                    .into_iter()
+                    .filter(|(kind, reason, note)| {
+                        kind == "Warning" && reason == "PlanRejected" && note.contains(needle)
+                    })
+                    .count(),
+            )
+        }
+    };
+    wait_for(
+        "a PlanRejected Event: nothing controls it",
+        DEFAULT_DEADLINE,
+        || async { Ok((rejected("nothing controls it").await? > 0).then_some(())) },
+    )
+    .await?;
+    // The same ConfigMap, now controlled by another of the user's objects
+    // (patched in place: never absent, so the Widget cannot create its
+    // own meanwhile; the owner exists, so the garbage collector keeps it).
+    let holder = cms
+        .create(&PostParams::default(), &user_config_map("holder")?)
+        .await?;
+    let holder_uid = holder.metadata.uid.unwrap_or_default();
+    cms.patch(
+        "w-cm",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"ownerReferences": [{
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "name": "holder", "uid": holder_uid,
+            "controller": true, "blockOwnerDeletion": false,
+        }]}})),
+    )
+    .await?;
+    // A refusal for a user's object waits for a change: an edit.
+    merge_spec(&widgets, "w", json!({"value": "mine, again"})).await?;
+    wait_for(
+        "a PlanRejected Event: another owner",
+        DEFAULT_DEADLINE,
+        || async { Ok((rejected("controlled by another owner").await? > 0).then_some(())) },
+    )
+    .await?;
+    assert!(
+        rejected("nothing controls it").await? > 0,
+        "the first rejection's Event is still there"
+    );
+    Ok(())
+}
+
 /// The same with the object in a namespace the operator does not watch:
 /// `labeller` writes its ConfigMap into another namespace, where the user
 /// already has one of that name.

@@ -9,6 +9,9 @@
 //!   32,768; each cut at a character boundary, with a note of how much was
 //!   left out that fits within the limit.
 //! - A failure is written only while this replica leads; Events too.
+//! - Repeats of one Event (same type, reason, note and object) are one
+//!   Event with a count; an Event whose note changed is a new Event
+//!   ([`event_action`]).
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
@@ -60,6 +63,7 @@ impl Reporter {
             uid: primary["metadata"]["uid"].as_str().map(String::from),
             ..ObjectReference::default()
         };
+        let note = cap(message, MAX_EVENT_NOTE);
         let ev = KubeEvent {
             type_: if warning {
                 EventType::Warning
@@ -67,14 +71,31 @@ impl Reporter {
                 EventType::Normal
             },
             reason: reason.chars().take(128).collect(),
-            note: Some(cap(message, MAX_EVENT_NOTE)),
-            action: "Reconcile".into(),
+            action: event_action(&note),
+            note: Some(note),
             secondary: None,
         };
         if let Err(e) = self.recorder.publish(&ev, &reference).await {
             tracing::warn!(object = %describe(primary), error = %e, "could not record an Event");
         }
     }
+}
+
+/// The Event's `action`: `Reconcile`, and a digest of the note.
+///
+/// The recorder folds an Event into an earlier one of the same type,
+/// reason, action and object (a series, counted) and keeps the earlier
+/// note: with the same action for every note, a PlanRejected Warning whose
+/// reason changed would go on showing the first one in `kubectl describe`
+/// for the recorder's six minutes. With the note's digest in the action,
+/// only repeats of the same note are folded, as client-go's recorder does
+/// (its key includes the note).
+pub fn event_action(note: &str) -> String {
+    // FNV-1a: stable across runs and versions, unlike the std hasher.
+    let digest = note.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("Reconcile/{:08x}", digest >> 32)
 }
 
 /// `text` in at most `max` bytes (the API server counts bytes): cut at a
@@ -147,6 +168,15 @@ mod tests {
             capped.ends_with("(31856 more characters left out)"),
             "{capped}"
         );
+    }
+
+    #[test]
+    fn events_fold_only_repeats_of_the_same_note() {
+        let a = event_action("plan rejected: ConfigMap a exists");
+        assert_eq!(a, event_action("plan rejected: ConfigMap a exists"));
+        assert_ne!(a, event_action("plan rejected: ConfigMap b exists"));
+        assert!(a.starts_with("Reconcile/") && a.len() == "Reconcile/".len() + 8);
+        assert!(event_action(&"x".repeat(5_000)).len() <= 128);
     }
 
     #[test]
