@@ -902,6 +902,10 @@ impl PrimaryLookup for CacheSource {
             .map(|kc| kc.list(namespace))
             .unwrap_or_default()
     }
+
+    fn by_name(&self, kind: &KindKey, namespace: &str, name: &str) -> Option<Arc<CachedObject>> {
+        self.cache.kind(kind)?.get(namespace, name)
+    }
 }
 
 impl Operator {

@@ -134,6 +134,9 @@ pub(crate) trait PrimaryLookup {
     fn by_uid(&self, kind: &KindKey, uid: &str) -> Option<Arc<CachedObject>>;
     /// The primaries of `kind` in `namespace` (all for `None`).
     fn list(&self, kind: &KindKey, namespace: Option<&str>) -> Vec<Arc<CachedObject>>;
+    /// The primary of `kind` named `name` in `namespace` (empty for a
+    /// cluster-scoped kind).
+    fn by_name(&self, kind: &KindKey, namespace: &str, name: &str) -> Option<Arc<CachedObject>>;
 }
 
 /// Where a change goes.
@@ -231,14 +234,11 @@ fn namesake_of_gone_owner(
     }
     let name = owner.get("name").and_then(Value::as_str)?;
     let namespace = if primary.namespaced {
-        Some(object::namespace(obj)?)
+        object::namespace(obj)?
     } else {
-        None
+        ""
     };
-    lookup
-        .list(&r.primary, namespace)
-        .into_iter()
-        .find(|p| p.name() == name)
+    lookup.by_name(&r.primary, namespace, name)
 }
 
 /// Which primaries of `routes` a cache change concerns.
@@ -306,10 +306,10 @@ pub(crate) fn route(routes: &[&Route], change: &Change, lookup: &dyn PrimaryLook
                     {
                         out.keys.push(super::whole_kind_key(&r.id));
                     }
-                    // An object whose owner is gone, changing (the garbage
-                    // collector or a collection in the foreground deleting
-                    // it): a primary re-created under the owner's name may
-                    // be waiting for the name it holds.
+                    // An object whose owner is gone, changing (deleted by
+                    // the garbage collector or a collection, or a finalizer
+                    // letting it go): a primary re-created under the
+                    // owner's name may be waiting for the name it holds.
                     None if matches!(ownership, Ownership::OwnerReference) => {
                         if let Some(p) = namesake_of_gone_owner(r, lookup, obj) {
                             out.keys.push(cached_key_of(&r.id, &p));
@@ -428,6 +428,11 @@ mod tests {
                 .map(|p| Arc::new(CachedObject::from_value(p)))
                 .collect()
         }
+        fn by_name(&self, _: &KindKey, namespace: &str, name: &str) -> Option<Arc<CachedObject>> {
+            self.0
+                .get(&format!("{namespace}/{name}"))
+                .map(|p| Arc::new(CachedObject::from_value(p)))
+        }
     }
 
     fn world() -> Primaries {
@@ -490,8 +495,8 @@ mod tests {
                     "ownerReferences": [{"apiVersion": api_version, "kind": kind,
                         "name": name, "uid": "gone", "controller": true}]}})
         };
-        // Its deletion (the garbage collector's, or a foreground
-        // collection finishing) reaches w1, which holds the owner's name.
+        // Its deletion (the garbage collector's, or a collection's)
+        // reaches w1, which holds the owner's name.
         let old = owned_by("Widget", "test.wasmop.dev/v1", "w1", "a");
         let routed = route(&[&r], &change(&cm_kind(), Some(old), None), &world());
         assert_eq!(names(&routed), ["a/w1"]);
