@@ -78,15 +78,18 @@ pub fn resource_version(object: &Value) -> &str {
     str_at(object, "metadata.resourceVersion").unwrap_or_default()
 }
 
-/// The UID of the object's controller: the ownerReference with
+/// The object's controller reference: the ownerReference with
 /// `controller: true`, if any.
-pub fn controller_uid(object: &Value) -> Option<&str> {
+pub fn controller_ref(object: &Value) -> Option<&Value> {
     value_at(object, "metadata.ownerReferences")?
         .as_array()?
         .iter()
-        .find(|r| r.get("controller").and_then(Value::as_bool) == Some(true))?
-        .get("uid")?
-        .as_str()
+        .find(|r| r.get("controller").and_then(Value::as_bool) == Some(true))
+}
+
+/// The UID of the object's controller ([`controller_ref`]), if any.
+pub fn controller_uid(object: &Value) -> Option<&str> {
+    controller_ref(object)?.get("uid")?.as_str()
 }
 
 /// The UIDs that may own the object: its controller ownerReference's and

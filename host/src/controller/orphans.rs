@@ -196,13 +196,7 @@ pub(crate) fn claim_of(
     if owning.is_empty() {
         return Err("its kind is not owned by the plugin's controllers");
     }
-    let controller_ref = object::value_at(obj, "metadata.ownerReferences")
-        .and_then(Value::as_array)
-        .and_then(|refs| {
-            refs.iter()
-                .find(|r| r.get("controller").and_then(Value::as_bool) == Some(true))
-        });
-    if let Some(r) = controller_ref {
+    if let Some(r) = object::controller_ref(obj) {
         let text = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or_default();
         let (ref_version, ref_kind) = (text("apiVersion"), text("kind"));
         let Some((c, _)) = owning.iter().find(|(c, ownership)| {

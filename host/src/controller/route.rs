@@ -216,20 +216,10 @@ fn namesake_of_gone_owner(
     lookup: &dyn PrimaryLookup,
     obj: &Value,
 ) -> Option<Arc<CachedObject>> {
-    let owner = object::value_at(obj, "metadata.ownerReferences")?
-        .as_array()?
-        .iter()
-        .find(|o| o.get("controller").and_then(Value::as_bool) == Some(true))?;
+    let owner = object::controller_ref(obj)?;
+    let text = |k: &str| owner.get(k).and_then(Value::as_str).unwrap_or_default();
     let primary = &r.spec.primary;
-    if owner.get("kind").and_then(Value::as_str) != Some(primary.kind.as_str()) {
-        return None;
-    }
-    let group = owner
-        .get("apiVersion")
-        .and_then(Value::as_str)
-        .and_then(|v| v.rsplit_once('/'))
-        .map_or("", |(g, _)| g);
-    if group != primary.group {
+    if !primary.matches(text("apiVersion"), text("kind")) {
         return None;
     }
     let name = owner.get("name").and_then(Value::as_str)?;
