@@ -117,6 +117,7 @@ impl AdmissionArgs {
             endpoint,
             only_namespaces: watched.to_vec(),
             configuration_name: self.admission_webhook_config.clone(),
+            install: namespace.clone(),
             timeout_seconds: self.admission_timeout_secs,
             cert: CertSource {
                 namespace,
@@ -161,7 +162,10 @@ pub async fn start(
         client,
         operator.cache().clone(),
         plugins,
-        operator.leader_flag(),
+        crate::admission::WriteFence {
+            leader: operator.leader_flag(),
+            lease_until: operator.lease_deadline(),
+        },
     )
     .await
     .map_err(|e| RunError::Config {
