@@ -688,8 +688,10 @@ async fn the_webhook_configuration_is_written_only_within_the_lease_term() -> Re
             "three sync passes outside the term",
             DEFAULT_DEADLINE,
             || async {
-                Ok((counter("wasmop_admission_configuration_outside_term_total", &configuration)
-                    >= 3.0)
+                Ok((counter(
+                    "wasmop_admission_configuration_outside_term_total",
+                    &configuration,
+                ) >= 3.0)
                     .then_some(()))
             },
         )
@@ -703,7 +705,7 @@ async fn the_webhook_configuration_is_written_only_within_the_lease_term() -> Re
         let written = wait_for(
             "the configuration written in the term",
             DEFAULT_DEADLINE,
-            || async { api.get_opt(&configuration).await },
+            || async { Ok(api.get_opt(&configuration).await?) },
         )
         .await?;
         ensure!(
@@ -763,14 +765,21 @@ async fn two_installs_never_overwrite_each_others_webhook_configuration() -> Res
                 .collect::<Vec<_>>()
         };
         let first_url = format!("https://127.0.0.1:{}", first.port);
-        let written = wait_for("the first install's configuration", DEFAULT_DEADLINE, || async {
-            Ok(api
-                .get_opt(&configuration)
-                .await?
-                .filter(|c| url_of(c).iter().any(|u| u.starts_with(&first_url))))
-        })
+        let written = wait_for(
+            "the first install's configuration",
+            DEFAULT_DEADLINE,
+            || async {
+                Ok(api
+                    .get_opt(&configuration)
+                    .await?
+                    .filter(|c| url_of(c).iter().any(|u| u.starts_with(&first_url))))
+            },
+        )
         .await?;
-        let refused_before = counter("wasmop_admission_configuration_refused_total", &configuration);
+        let refused_before = counter(
+            "wasmop_admission_configuration_refused_total",
+            &configuration,
+        );
         let _second = Admission::start(
             ns.client.clone(),
             &op.operator,
@@ -779,8 +788,10 @@ async fn two_installs_never_overwrite_each_others_webhook_configuration() -> Res
         )
         .await?;
         wait_for("the second install to refuse", DEFAULT_DEADLINE, || async {
-            Ok((counter("wasmop_admission_configuration_refused_total", &configuration)
-                > refused_before)
+            Ok((counter(
+                "wasmop_admission_configuration_refused_total",
+                &configuration,
+            ) > refused_before)
                 .then_some(()))
         })
         .await?;

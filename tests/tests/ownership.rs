@@ -1614,9 +1614,10 @@ async fn a_status_decided_for_a_deleted_primary_never_lands_on_its_successor() -
         let w = widgets.get("w").await?;
         Ok((w.uid().unwrap_or_default() == uid
             && w.data["status"]["value"] == "new"
-            && w.data["status"]["conditions"]
-                .as_array()
-                .is_some_and(|c| c.iter().any(|c| c["type"] == "Reconciled" && c["status"] == "True")))
+            && w.data["status"]["conditions"].as_array().is_some_and(|c| {
+                c.iter()
+                    .any(|c| c["type"] == "Reconciled" && c["status"] == "True")
+            }))
         .then_some(()))
     })
     .await?;

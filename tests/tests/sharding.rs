@@ -965,13 +965,15 @@ async fn the_orphan_sweep_never_collects_what_a_primary_made_on_another_shard_du
             .map(|_| ()))
     })
     .await?;
-    wait_for("the sweep held before deleting the orphan", DEADLINE, || async {
-        Ok(held("sweep-before-delete").exists().then_some(()))
-    })
+    wait_for(
+        "the sweep held before deleting the orphan",
+        DEADLINE,
+        || async { Ok(held("sweep-before-delete").exists().then_some(())) },
+    )
     .await?;
 
     // Labellers made while the sweep is held, until two are the other
-    // shard's; each with its Badge.
+    // shard's; each placed as the ring says, with its Badge.
     let labellers = api(&ns, "Labeller", "labellers");
     let badges: Api<DynamicObject> = Api::all_with(
         ns.client.clone(),
@@ -1008,7 +1010,8 @@ async fn the_orphan_sweep_never_collects_what_a_primary_made_on_another_shard_du
             let Some(b) = badges.get_opt(&badge).await? else {
                 return Ok(None);
             };
-            if label(&l, SHARD_LABEL).is_none() {
+            let want = ring.shard_of(l.metadata.uid.as_deref().unwrap_or_default());
+            if label(&l, SHARD_LABEL) != want || label(&l, DRAIN_LABEL).is_some() {
                 return Ok(None);
             }
             uids.insert(badge, b.metadata.uid.unwrap_or_default());

@@ -358,7 +358,9 @@ pub(crate) fn collectable_where_it_is(
     if allowed {
         Ok(())
     } else {
-        Err("it is in a namespace where the plugin's controllers do not write its kind for such an owner")
+        Err(
+            "it is in a namespace where the plugin's controllers do not write its kind for such an owner",
+        )
     }
 }
 
@@ -438,9 +440,9 @@ impl Operator {
                         let key = kind_key(kind).to_string();
                         let reuse = live.0.get(&key).is_some_and(|listed| {
                             !fresh
-                                || listed.as_ref().is_some_and(|l| {
-                                    not_older(&l.resource_version, object_version)
-                                })
+                                || listed
+                                    .as_ref()
+                                    .is_some_and(|l| not_older(&l.resource_version, object_version))
                         });
                         if !reuse {
                             let listed = self.list_uids(kind).await;

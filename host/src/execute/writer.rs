@@ -436,18 +436,20 @@ impl Writer {
                 message: e.to_string(),
             })?;
         request.extensions_mut().insert("patch_status");
-        let answer = match self.client.request_text(request).await {
+        let answer: Result<Written, kube::Error> = match self.client.request_text(request).await {
             Ok(text) => serde_json::from_str(&text).map_err(kube::Error::SerdeError),
             Err(e) => Err(e),
         };
         answer.map_err(|e| match e {
-            kube::Error::Api(status) if is_failed_test(status.code, &status.message) => ApplyError::Conflict {
-                target,
-                message: format!(
-                    "the object under this name is no longer the one with uid {uid}: {}",
-                    status.message
-                ),
-            },
+            kube::Error::Api(status) if is_failed_test(status.code, &status.message) => {
+                ApplyError::Conflict {
+                    target,
+                    message: format!(
+                        "the object under this name is no longer the one with uid {uid}: {}",
+                        status.message
+                    ),
+                }
+            }
             e => ApplyError::from_kube(target, e),
         })
     }
