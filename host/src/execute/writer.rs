@@ -11,8 +11,8 @@
 //! - An apply with a resourceVersion precondition sends it with the apply
 //!   (optimistic concurrency); one that requires absence is a create.
 //! - Fields owned by another field manager are never overwritten unless the
-//!   plan asks for it: an apply is forced only when its op says `force`
-//!   (and the status always, which the plugin owns outright).
+//!   plan asks for it: an apply is forced only when its op says `force`.
+//!   The status is the plugin's outright: its write sets the whole status.
 //! - The status write is fenced by identity: it lands only on the object
 //!   with the UID the status was decided for, never on a successor made
 //!   under the same name ([`Writer::write_status`]).
