@@ -252,7 +252,11 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
     if let Some(cfg) = election.as_ref().filter(|_| args.sharding) {
         crate::controller::shard::check_identity(&cfg.identity).map_err(RunError::ShardIdentity)?;
     }
-    let admission = args.admission.config(&args.namespaces)?;
+    let admission = args.admission.config(&args.namespaces)?.map(|mut a| {
+        // The install: the operator's namespace and its Lease's name.
+        a.install = format!("{}/{}", a.namespace, args.leader_election_id);
+        a
+    });
     let identity = election.as_ref().map(|c| c.identity.as_str());
     let client = client(args.kubeconfig.as_deref(), identity).await?;
     let mut config = OperatorConfig {
