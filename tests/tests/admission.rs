@@ -312,16 +312,18 @@ async fn engines_need_their_class_and_a_used_class_cannot_be_deleted() -> Result
     };
     let result = run.await;
     delete_configuration(&ns.client, &configuration).await?;
-    // The engines' finalizer has no operator to remove it any more.
-    for e in engines(&ns).list(&Default::default()).await?.items {
-        let name = e.metadata.name.clone().unwrap_or_default();
-        engines(&ns)
-            .patch(
+    // The finalizers (the classes' deletion guard) have no operator to
+    // remove them any more.
+    for api in [engines(&ns), classes(&ns)] {
+        for e in api.list(&Default::default()).await?.items {
+            let name = e.metadata.name.clone().unwrap_or_default();
+            api.patch(
                 &name,
                 &PatchParams::default(),
                 &Patch::Merge(json!({"metadata": {"finalizers": null}})),
             )
             .await?;
+        }
     }
     result
 }
