@@ -18,11 +18,16 @@ fn resource(kind: &str, plural: &str) -> ApiResource {
 }
 
 /// A ValidatingAdmissionPolicy and its binding, both named `name`.
-#[derive(Debug)]
 pub struct Policy {
     client: kube::Client,
     /// The name of the policy and of its binding.
     pub name: String,
+}
+
+impl std::fmt::Debug for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Policy").field("name", &self.name).finish()
+    }
 }
 
 impl Policy {

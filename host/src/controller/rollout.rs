@@ -40,7 +40,7 @@
 //!   after [`LIST_FAILURE_GRACE`] of failing lists otherwise, every plugin
 //!   is routed back to its current version, until a list succeeds again.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
