@@ -1310,7 +1310,10 @@ mod tests {
             ..Counts::default()
         };
         let all = combine(&local, [&other]);
-        assert_eq!((all.reconciles, all.primaries, all.deletes, all.errors), (5, 3, 4, 1));
+        assert_eq!(
+            (all.reconciles, all.primaries, all.deletes, all.errors),
+            (5, 3, 4, 1)
+        );
         assert_eq!((all.p99_call_seconds, all.cpu_seconds_per_call), (2.0, 0.3));
         assert_eq!(combine(&local, []), local);
         // Only another shard's entry of the same step start counts.
@@ -1355,5 +1358,4 @@ mod tests {
         r.forget_held_except(&HashSet::new());
         assert_eq!(r.held_rollback("v"), None);
     }
-
 }

@@ -1593,7 +1593,12 @@ async fn a_plan_that_touches_a_host_label_is_rejected_whatever_its_primary_field
         "the protection stays"
     );
     // Asked to delete itself now: the protection refuses it.
-    merge_spec(&relabellers, "strip", json!({"patch": null, "deleteSelf": true})).await?;
+    merge_spec(
+        &relabellers,
+        "strip",
+        json!({"patch": null, "deleteSelf": true}),
+    )
+    .await?;
     let cond = wait_reason(&relabellers, "strip", "PlanRejected").await?;
     expect_rejected(&mut unnamed, &cond, "ProtectedObject", &[protected]);
     assert!(relabellers.get_opt("strip").await?.is_some(), "not deleted");

@@ -1054,7 +1054,12 @@ async fn an_automatic_rollback_whose_status_write_fails_is_held_until_it_is_reco
     )
     .await?;
     let probe = format!("{}-probe", fx.ns.name);
-    create_rollout(&fx.ns, &probe, spec(json!({"plugin": "nothing-here", "steps": [{"percent": 1}]}))).await?;
+    create_rollout(
+        &fx.ns,
+        &probe,
+        spec(json!({"plugin": "nothing-here", "steps": [{"percent": 1}]})),
+    )
+    .await?;
     policy
         .wait_enforced("RolledBack may not be recorded", || async {
             let pp = kube::api::PatchParams {
@@ -1071,10 +1076,15 @@ async fn an_automatic_rollback_whose_status_write_fails_is_held_until_it_is_reco
                 .map(|_| ())
         })
         .await?;
-    rollouts(&fx.ns).delete(&probe, &DeleteParams::default()).await?;
+    rollouts(&fx.ns)
+        .delete(&probe, &DeleteParams::default())
+        .await?;
     let (op, mut plugins) = fx.operator(false).await?;
     fx.widgets().await?;
-    install(&plugin_path("good-pruner")?, &fx.dir.0.join("good.shadow.wasm"))?;
+    install(
+        &plugin_path("good-pruner")?,
+        &fx.dir.0.join("good.shadow.wasm"),
+    )?;
     settle(&mut plugins).await;
     let name = format!("{}-held", fx.ns.name);
     create_rollout(
@@ -1097,14 +1107,21 @@ async fn an_automatic_rollback_whose_status_write_fails_is_held_until_it_is_reco
     )
     .await?;
     // The rollback is written again and again, refused each time.
-    wait_for("the rollback written again three times", DEFAULT_DEADLINE, || async {
-        let refused = status_writes(&fx, &name).iter().filter(|s| **s >= 400).count();
-        if refused >= 3 {
-            Ok(Some(()))
-        } else {
-            bail!("{:?}", status_writes(&fx, &name))
-        }
-    })
+    wait_for(
+        "the rollback written again three times",
+        DEFAULT_DEADLINE,
+        || async {
+            let refused = status_writes(&fx, &name)
+                .iter()
+                .filter(|s| **s >= 400)
+                .count();
+            if refused >= 3 {
+                Ok(Some(()))
+            } else {
+                bail!("{:?}", status_writes(&fx, &name))
+            }
+        },
+    )
     .await?;
     let writes = fx.interposer.writes();
     let is_status = |w: &wasmop_tests::interpose::Recorded| {
@@ -1184,7 +1201,14 @@ async fn a_rollout_recreated_mid_tick_never_inherits_its_predecessors_status() -
         );
         let suffix = format!("/pluginrollouts/{name}/status");
         fx.interposer.before(
-            move |m, path| *m == Method::PATCH && path.split('?').next().unwrap_or_default().ends_with(&suffix),
+            move |m, path| {
+                *m == Method::PATCH
+                    && path
+                        .split('?')
+                        .next()
+                        .unwrap_or_default()
+                        .ends_with(&suffix)
+            },
             move || async move {
                 let api: Api<DynamicObject> = Api::all_with(ns_client, &rollout_resource());
                 let _ = api.delete(&name, &DeleteParams::default()).await;
@@ -1201,24 +1225,28 @@ async fn a_rollout_recreated_mid_tick_never_inherits_its_predecessors_status() -
             },
         );
     }
-    let st = wait_for("the new rollout at its own first step", DEFAULT_DEADLINE, || async {
-        let obj = rollouts(&fx.ns).get(&name).await?;
-        let st = obj.data["status"].clone();
-        let Some(at) = *recreated.lock().expect("lock") else {
-            bail!("not re-created yet")
-        };
-        ensure!(obj.metadata.uid != old_uid, "not re-created yet");
-        let started: jiff::Timestamp = st["stepStartedAt"]
-            .as_str()
-            .unwrap_or_default()
-            .parse()
-            .map_err(|e| anyhow::anyhow!("stepStartedAt of {st}: {e}"))?;
-        if st["phase"] == "Canary" && st["step"] == 1 && started >= at {
-            Ok(Some(st))
-        } else {
-            bail!("{st}")
-        }
-    })
+    let st = wait_for(
+        "the new rollout at its own first step",
+        DEFAULT_DEADLINE,
+        || async {
+            let obj = rollouts(&fx.ns).get(&name).await?;
+            let st = obj.data["status"].clone();
+            let Some(at) = *recreated.lock().expect("lock") else {
+                bail!("not re-created yet")
+            };
+            ensure!(obj.metadata.uid != old_uid, "not re-created yet");
+            let started: jiff::Timestamp = st["stepStartedAt"]
+                .as_str()
+                .unwrap_or_default()
+                .parse()
+                .map_err(|e| anyhow::anyhow!("stepStartedAt of {st}: {e}"))?;
+            if st["phase"] == "Canary" && st["step"] == 1 && started >= at {
+                Ok(Some(st))
+            } else {
+                bail!("{st}")
+            }
+        },
+    )
     .await?;
     ensure!(st["phase"] != "Promoted", "{st}");
     let _ = rollouts(&fx.ns)
@@ -1280,11 +1308,11 @@ async fn a_follower_honours_rollback_and_a_failing_list_does_not_freeze_its_rout
             }})),
         )
         .await?;
-    let routed = |want: bool| {
+    let routed = |want: bool, why: &'static str| {
         let op = op.operator.clone();
         async move {
             wait_for(
-                &format!("the follower routing to the candidate: {want}"),
+                &format!("the follower routing to the candidate: {want} ({why})"),
                 DEFAULT_DEADLINE,
                 || {
                     let op = op.clone();
@@ -1300,7 +1328,7 @@ async fn a_follower_honours_rollback_and_a_failing_list_does_not_freeze_its_rout
             .await
         }
     };
-    routed(true).await?;
+    routed(true, "Canary in the status").await?;
     let set_rollback = |on: bool| {
         let (api, name) = (rollouts(&fx.ns), name.clone());
         async move {
@@ -1313,12 +1341,14 @@ async fn a_follower_honours_rollback_and_a_failing_list_does_not_freeze_its_rout
         }
     };
     set_rollback(true).await?;
-    routed(false).await?;
+    routed(false, "spec.rollback").await?;
     set_rollback(false).await?;
-    routed(true).await?;
+    routed(true, "spec.rollback unset").await?;
     // The rollouts can no longer be listed: back to the current version.
-    bindings.delete(&rbac_name, &DeleteParams::default()).await?;
-    routed(false).await?;
+    bindings
+        .delete(&rbac_name, &DeleteParams::default())
+        .await?;
+    routed(false, "the rollouts cannot be listed").await?;
     roles.delete(&rbac_name, &DeleteParams::default()).await?;
     let _ = rollouts(&fx.ns)
         .delete(&name, &DeleteParams::default())

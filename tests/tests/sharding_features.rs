@@ -908,7 +908,11 @@ async fn each_shard_records_and_shadows_only_its_own_primaries() -> Result<()> {
 
 /// What a person's write of `patch` onto object `name` of `objects` got:
 /// refused by the shard label policy (its message), or accepted.
-async fn person_writes(objects: &Api<DynamicObject>, name: &str, patch: serde_json::Value) -> Result<String> {
+async fn person_writes(
+    objects: &Api<DynamicObject>,
+    name: &str,
+    patch: serde_json::Value,
+) -> Result<String> {
     match objects
         .patch(name, &PatchParams::default(), &Patch::Merge(patch.clone()))
         .await
@@ -931,9 +935,13 @@ async fn only_the_operator_sets_shard_labels_where_the_label_policy_is_installed
     const WIDGETS: usize = 8;
     let t = setup("shardf-policy", "good", false).await?;
     let name = format!("wasmop-shard-labels-{}", t.ns.name);
-    let policy =
-        wasmop_tests::policy::Policy::shard_labels(&t.ns.client, &name, &t.account.user, &t.ns.name)
-            .await?;
+    let policy = wasmop_tests::policy::Policy::shard_labels(
+        &t.ns.client,
+        &name,
+        &t.account.user,
+        &t.ns.name,
+    )
+    .await?;
     let cms_dynamic: Api<DynamicObject> = Api::namespaced_with(
         t.ns.client.clone(),
         &t.ns.name,
@@ -961,16 +969,37 @@ async fn only_the_operator_sets_shard_labels_where_the_label_policy_is_installed
     // claims owned objects.
     let _b = Shard::start(&t, "shard-b", &[]).await?;
     converged(&t.ns, &["shard-a", "shard-b"], WIDGETS, "v0").await?;
-    let placed = wait_placed(&widgets, &["shard-a", "shard-b"], "Widgets placed", |_| true).await?;
+    let placed = wait_placed(&widgets, &["shard-a", "shard-b"], "Widgets placed", |_| {
+        true
+    })
+    .await?;
     let (on_a, _) = placed
         .iter()
         .find(|(_, s)| *s == "shard-a")
         .context("a Widget on shard-a")?;
     // A person's writes are refused.
-    let message = person_writes(&widgets, on_a, json!({"metadata": {"labels": {SHARD_LABEL: "shard-b"}}})).await?;
-    ensure!(message.contains(SHARD_LABEL) || message.contains("shard.wasmop.dev/*"), "{message}");
-    person_writes(&widgets, on_a, json!({"metadata": {"labels": {SHARD_LABEL: null}}})).await?;
-    person_writes(&widgets, on_a, json!({"metadata": {"labels": {DRAIN_LABEL: "true"}}})).await?;
+    let message = person_writes(
+        &widgets,
+        on_a,
+        json!({"metadata": {"labels": {SHARD_LABEL: "shard-b"}}}),
+    )
+    .await?;
+    ensure!(
+        message.contains(SHARD_LABEL) || message.contains("shard.wasmop.dev/*"),
+        "{message}"
+    );
+    person_writes(
+        &widgets,
+        on_a,
+        json!({"metadata": {"labels": {SHARD_LABEL: null}}}),
+    )
+    .await?;
+    person_writes(
+        &widgets,
+        on_a,
+        json!({"metadata": {"labels": {DRAIN_LABEL: "true"}}}),
+    )
+    .await?;
     person_writes(
         &cms_dynamic,
         &format!("{on_a}-cm"),
@@ -996,7 +1025,11 @@ async fn only_the_operator_sets_shard_labels_where_the_label_policy_is_installed
         )
         .await?;
     let w = widgets.get(on_a).await?;
-    ensure!(label(&w, SHARD_LABEL) == Some("shard-a"), "{:?}", w.metadata.labels);
+    ensure!(
+        label(&w, SHARD_LABEL) == Some("shard-a"),
+        "{:?}",
+        w.metadata.labels
+    );
     policy.remove().await?;
     Ok(())
 }
@@ -1030,7 +1063,10 @@ async fn a_candidate_that_fails_only_on_another_shards_primaries_is_rolled_back(
     create_widgets(&t.ns, WIDGETS).await?;
     converged(&t.ns, &["shard-a", "shard-b"], WIDGETS, "v0").await?;
     let widgets = api(&t.ns, "Widget", "widgets");
-    let placed = wait_placed(&widgets, &["shard-a", "shard-b"], "Widgets placed", |_| true).await?;
+    let placed = wait_placed(&widgets, &["shard-a", "shard-b"], "Widgets placed", |_| {
+        true
+    })
+    .await?;
     let canaries = owned_by(&placed, "shard-b");
     ensure!(
         !canaries.is_empty() && canaries.len() < WIDGETS,
@@ -1084,7 +1120,10 @@ async fn a_candidate_that_fails_only_on_another_shards_primaries_is_rolled_back(
         "the candidate's deletes counted: {st}"
     );
     ensure!(
-        st["shards"]["shard-b"]["candidate"]["deletes"].as_u64().unwrap_or(0) > 0,
+        st["shards"]["shard-b"]["candidate"]["deletes"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0,
         "shard-b published the deletes it counted: {st}"
     );
     // The current version gives the canaries their ConfigMaps back.

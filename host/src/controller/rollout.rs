@@ -399,8 +399,7 @@ impl Operator {
 
     /// Sends the JSON patch `ops` to the status of rollout `name`.
     async fn patch_status(&self, name: &str, ops: &[Value]) -> Result<(), kube::Error> {
-        let request =
-            kube::core::Request::new(DynamicObject::url_path(&rollout_resource(), None));
+        let request = kube::core::Request::new(DynamicObject::url_path(&rollout_resource(), None));
         let mut http = request
             .patch_subresource(
                 "status",
@@ -728,18 +727,33 @@ mod tests {
             ..RolloutStatus::default()
         };
         let whole = fenced_status_patch("u-1", leader_status_ops(None, &new));
-        assert_eq!(whole[0], json!({"op": "test", "path": "/metadata/uid", "value": "u-1"}));
+        assert_eq!(
+            whole[0],
+            json!({"op": "test", "path": "/metadata/uid", "value": "u-1"})
+        );
         assert_eq!(whole.len(), 2);
         assert_eq!(whole[1]["path"], "/status");
         assert_eq!(whole[1]["value"]["step"], 2);
         let listed = json!({"phase": "Shadow", "shards": {"b": {}}});
         let fields = leader_status_ops(Some(&listed), &new);
-        assert!(fields.iter().all(|op| op["op"] == "add"
-            && op["path"].as_str().is_some_and(|p| p.starts_with("/status/"))
-            && op["path"] != "/status/shards"), "{fields:?}");
-        assert!(fields.iter().any(|op| op["path"] == "/status/phase" && op["value"] == "Canary"));
+        assert!(
+            fields.iter().all(|op| op["op"] == "add"
+                && op["path"]
+                    .as_str()
+                    .is_some_and(|p| p.starts_with("/status/"))
+                && op["path"] != "/status/shards"),
+            "{fields:?}"
+        );
+        assert!(
+            fields
+                .iter()
+                .any(|op| op["path"] == "/status/phase" && op["value"] == "Canary")
+        );
         let counts = ShardCounts::default();
-        assert_eq!(shard_counts_op(Some(&listed), "b", &counts)["path"], "/status/shards/b");
+        assert_eq!(
+            shard_counts_op(Some(&listed), "b", &counts)["path"],
+            "/status/shards/b"
+        );
         assert_eq!(
             shard_counts_op(Some(&json!({"phase": "Canary"})), "b", &counts)["path"],
             "/status/shards"

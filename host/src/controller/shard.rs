@@ -1018,11 +1018,15 @@ mod tests {
                  \"kubectl-label\" using v1: .metadata.labels.shard.wasmop.dev/shard";
         assert!(forged_label_conflict(e));
         let m = forged_label_message(&e);
-        assert!(m.contains("ConfigMap ns/w-cm") && m.contains(SHARD_LABEL), "{m}");
+        assert!(
+            m.contains("ConfigMap ns/w-cm") && m.contains(SHARD_LABEL),
+            "{m}"
+        );
         assert!(!forged_label_conflict(
             "conflict on ConfigMap ns/w-cm: Operation cannot be fulfilled: the object has been modified"
         ));
-        assert!(!forged_label_conflict("conflict with \"x\" using v1: .data.value"));
+        assert!(!forged_label_conflict(
+            "conflict with \"x\" using v1: .data.value"
+        ));
     }
-
 }

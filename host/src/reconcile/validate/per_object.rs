@@ -201,10 +201,7 @@ impl<'a> Validator<'a> {
                 );
             }
         }
-        for key in labels
-            .keys()
-            .filter(|k| k.starts_with(SHARD_LABEL_PREFIX))
-        {
+        for key in labels.keys().filter(|k| k.starts_with(SHARD_LABEL_PREFIX)) {
             self.push(
                 Rule::HostLabelForged,
                 desc.clone(),

@@ -931,8 +931,13 @@ fn no_plan_sets_changes_or_removes_a_host_label_on_its_primary_or_an_object() {
     for key in ["shard.wasmop.dev/shard", "shard.wasmop.dev/drain"] {
         let mut obj = cm("ns", "a");
         obj["metadata"]["labels"] = json!({key: "shard-b"});
-        let vs = validate(&apply(vec![obj]), &controller(), &primary(), &World::default())
-            .unwrap_err();
+        let vs = validate(
+            &apply(vec![obj]),
+            &controller(),
+            &primary(),
+            &World::default(),
+        )
+        .unwrap_err();
         assert_eq!(vs[0].rule, Rule::HostLabelForged, "{vs:?}");
         assert!(vs[0].message.contains(key), "{vs:?}");
     }

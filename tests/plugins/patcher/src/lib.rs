@@ -28,8 +28,7 @@
 use serde_json::{Value, json};
 use wasmop_sdk::k8s_openapi::api::core::v1::ConfigMap;
 use wasmop_sdk::{
-    Controller, KindRef, Manifest, Plan, Plugin, ReconcileError, SettingsProblem,
-    Snapshot,
+    Controller, KindRef, Manifest, Plan, Plugin, ReconcileError, SettingsProblem, Snapshot,
 };
 
 /// The `patcher` plugin.
@@ -38,24 +37,25 @@ pub struct Patcher;
 
 impl Plugin for Patcher {
     fn manifest() -> Manifest {
-        Manifest::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION")).controller(
-            Controller::new(
-                "patcher",
-                KindRef::namespaced("test.wasmop.dev", "v1", "Patcher", "patchers"),
+        Manifest::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"))
+            .controller(
+                Controller::new(
+                    "patcher",
+                    KindRef::namespaced("test.wasmop.dev", "v1", "Patcher", "patchers"),
+                )
+                .primary_field("metadata.labels.app"),
             )
-            .primary_field("metadata.labels.app"),
-        )
-        .controller(
-            Controller::new(
-                "relabeller",
-                KindRef::namespaced("test.wasmop.dev", "v1", "Relabeller", "relabellers"),
+            .controller(
+                Controller::new(
+                    "relabeller",
+                    KindRef::namespaced("test.wasmop.dev", "v1", "Relabeller", "relabellers"),
+                )
+                .primary_field("metadata.labels.wasmop.dev/protected")
+                .primary_field("metadata.labels.shard.wasmop.dev/shard")
+                .primary_field("metadata.labels.app.kubernetes.io/managed-by")
+                .owns(KindRef::of::<ConfigMap>())
+                .delete_primary(),
             )
-            .primary_field("metadata.labels.wasmop.dev/protected")
-            .primary_field("metadata.labels.shard.wasmop.dev/shard")
-            .primary_field("metadata.labels.app.kubernetes.io/managed-by")
-            .owns(KindRef::of::<ConfigMap>())
-            .delete_primary(),
-        )
     }
 
     fn validate_settings(settings: &Value) -> Result<(), Vec<SettingsProblem>> {
@@ -106,7 +106,10 @@ fn relabel(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         plan = plan.delete_self(snapshot)?;
     }
     if let Some(object_labels) = p.pointer("/spec/objectLabels").filter(|v| v.is_object()) {
-        let name = p.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("x");
+        let name = p
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("x");
         plan = plan.apply(json!({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": format!("{name}-cm"), "namespace": snapshot.primary_namespace(),
