@@ -9,7 +9,8 @@
 #      plugins (no drift), and the API server accepts it.
 #   3. The Helm chart deploy/chart: helm lint, helm template | kubectl
 #      apply --dry-run=server (no warning, restricted namespace), sharding
-#      turned on (its arguments and the RBAC of `wasmop rbac --sharding`),
+#      turned on (its arguments, the RBAC of `wasmop rbac --sharding` and
+#      the shard label policy, also deploy/shard-label-policy.yaml),
 #      and helm install / uninstall.
 #
 # Exits non-zero on the first failure, printing what the API server said.
@@ -167,6 +168,15 @@ if rules "$shipped/chart.yaml" | grep -qx "coordination.k8s.io leases list"; the
   fail "the chart lists Leases without sharding"
 fi
 dry_run_clean -f "$shipped/chart-shard.yaml" || fail "the chart with sharding (above)"
+grep -q "^kind: ValidatingAdmissionPolicy$" "$shipped/chart-shard.yaml" \
+  && grep -q "^kind: ValidatingAdmissionPolicyBinding$" "$shipped/chart-shard.yaml" \
+  || fail "the chart with sharding does not render the shard label policy and its binding"
+grep -q "system:serviceaccount:wasmop-helm:wasmop" "$shipped/chart-shard.yaml" \
+  || fail "the chart's shard label policy does not exempt the release's ServiceAccount"
+if grep -q "^kind: ValidatingAdmissionPolicy" "$shipped/chart.yaml"; then
+  fail "the chart renders the shard label policy without sharding"
+fi
+dry_run_clean -f deploy/shard-label-policy.yaml || fail "deploy/shard-label-policy.yaml (above)"
 ok "the chart shards with sharding.enabled (two or more replicas), with the RBAC wasmop rbac --sharding generates"
 "$HELM" install wasmop deploy/chart -n wasmop-helm >/dev/null || fail "helm install"
 for o in deployment/wasmop serviceaccount/wasmop configmap/wasmop-config role/wasmop-wasmop-operator rolebinding/wasmop-wasmop-operator; do

@@ -31,9 +31,25 @@
 //! - Only a loaded shadow whose digest is the one the rollout recorded is
 //!   routed to; otherwise the primary is reconciled by the current version.
 //! - Counts are kept only for plugins with a rollout this replica drives
-//!   (the leader). A reconcile takes one short lock of the window map,
-//!   empty when nothing is rolled out; the costs of calls (memory, CPU)
-//!   come from the lock-free [`crate::plugin::budget`].
+//!   (the leader) or, with `--sharding`, whose step every shard counts
+//!   (each shard reconciles only its own primaries, so the leader's counts
+//!   alone would miss what the candidate does on the other shards). A
+//!   reconcile takes one short lock of the window map, empty when nothing
+//!   is rolled out; the costs of calls (memory, CPU) come from the
+//!   lock-free [`crate::plugin::budget`].
+//! - With `--sharding`, each shard publishes its counts of the step in the
+//!   rollout's status, under `status.shards.<shard>` ([`ShardCounts`],
+//!   tagged with the step, candidate digest and step start they count),
+//!   and the leader analyses its own counts plus every other shard's entry
+//!   for the same step ([`combine`]): a candidate that fails only on
+//!   another shard's primaries is rolled back like one that fails on the
+//!   leader's.
+//! - A rollback is routed away from the candidate at once, and held by the
+//!   leader ([`Rollouts::hold_rollback`]) until its status is recorded: a
+//!   failed status write is tried again at the next tick, and meanwhile
+//!   nothing is routed to the candidate again. A `spec.rollback` routes
+//!   nothing to the candidate on any replica, before the leader records it
+//!   ([`RolloutStatus::routing`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
@@ -619,6 +635,19 @@ pub struct WindowCounts {
     pub opened: bool,
 }
 
+/// An open window's step, candidate and counts ([`Rollouts::window_counts`]).
+#[derive(Clone, Debug)]
+pub struct OpenWindow {
+    /// The step counted.
+    pub step: u32,
+    /// The candidate counted.
+    pub candidate_digest: String,
+    /// The current version.
+    pub current: Counts,
+    /// The candidate.
+    pub candidate: Counts,
+}
+
 /// The budgets of the two versions an analysis window compares.
 #[derive(Clone, Debug, Default)]
 pub struct Budgets {
@@ -633,9 +662,45 @@ pub struct Budgets {
 pub struct Rollouts {
     routes: RwLock<HashMap<String, Routing>>,
     windows: Mutex<HashMap<String, Window>>,
+    /// Rollbacks decided but not yet recorded in their rollout's status,
+    /// by the rollout's UID.
+    held: Mutex<HashMap<String, RolloutStatus>>,
 }
 
 impl Rollouts {
+    /// Holds the rollback `status` of the rollout with `uid` until
+    /// [`Self::rollback_recorded`]: while held, the rollout routes nothing
+    /// to its candidate on this replica, whatever its status still says.
+    pub fn hold_rollback(&self, uid: &str, status: &RolloutStatus) {
+        self.held
+            .lock()
+            .expect("held rollbacks lock")
+            .insert(uid.to_owned(), status.clone());
+    }
+
+    /// The rollback held for the rollout with `uid`, if any.
+    pub fn held_rollback(&self, uid: &str) -> Option<RolloutStatus> {
+        let held = self.held.lock().expect("held rollbacks lock");
+        if held.is_empty() {
+            return None;
+        }
+        held.get(uid).cloned()
+    }
+
+    /// The rollback of the rollout with `uid` is in its status (or the
+    /// rollout is gone): no longer held.
+    pub fn rollback_recorded(&self, uid: &str) {
+        self.held.lock().expect("held rollbacks lock").remove(uid);
+    }
+
+    /// Forgets the held rollbacks of rollouts whose UID is not in `live`.
+    pub fn forget_held_except(&self, live: &HashSet<String>) {
+        self.held
+            .lock()
+            .expect("held rollbacks lock")
+            .retain(|uid, _| live.contains(uid));
+    }
+
     /// The routing of plugin `name`, if a rollout routes any of it.
     pub fn routing(&self, name: &str) -> Option<Routing> {
         let routes = self.routes.read().expect("rollout routes lock");
@@ -702,6 +767,26 @@ impl Rollouts {
             elapsed: w.started.elapsed(),
             opened,
         }
+    }
+
+    /// The counts of plugin `name`'s open window, without opening one.
+    pub fn window_counts(&self, name: &str) -> Option<OpenWindow> {
+        let windows = self.windows.lock().expect("rollout windows lock");
+        let w = windows.get(name)?;
+        Some(OpenWindow {
+            step: w.step,
+            candidate_digest: w.candidate_digest.clone(),
+            current: w.current.snapshot(),
+            candidate: w.candidate.snapshot(),
+        })
+    }
+
+    /// Stops counting for every plugin not in `keep`.
+    pub fn close_windows_except(&self, keep: &HashSet<String>) {
+        self.windows
+            .lock()
+            .expect("rollout windows lock")
+            .retain(|name, _| keep.contains(name));
     }
 
     /// Stops counting for plugin `name`.
@@ -799,7 +884,74 @@ impl Rollouts {
     }
 }
 
-/// `status` of a `PluginRollout`, as the leader writes it.
+/// What one shard counted in a step's window, as it publishes it under
+/// `status.shards.<shard>` of the rollout (`--sharding`). The leader adds
+/// the entries of the other shards that count the step it analyses (same
+/// step, candidate digest and step start) to its own ([`combine`]).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ShardCounts {
+    /// The step counted.
+    pub step: u32,
+    /// The candidate counted.
+    pub candidate_digest: String,
+    /// The step's `stepStartedAt`, as the status named it.
+    pub step_started_at: String,
+    /// The current version's counts on this shard.
+    pub current: Counts,
+    /// The candidate's counts on this shard.
+    pub candidate: Counts,
+}
+
+impl ShardCounts {
+    /// Whether these counts are of the step `status` is at.
+    pub fn counts_step_of(&self, status: &RolloutStatus) -> bool {
+        self.step == status.step
+            && self.candidate_digest == status.candidate_digest
+            && self.step_started_at == status.step_started_at
+    }
+}
+
+/// The counts of one version over shards: `local` (this replica's) plus
+/// `others`. Counters add up (each shard reconciles its own primaries, so
+/// distinct primaries add up too); the p99s and the CPU per call are the
+/// highest of any shard (a bound on the whole: no shard's calls are
+/// averaged away).
+pub fn combine<'a>(local: &Counts, others: impl IntoIterator<Item = &'a Counts>) -> Counts {
+    let mut out = local.clone();
+    for c in others {
+        out.reconciles += c.reconciles;
+        out.primaries += c.primaries;
+        out.errors += c.errors;
+        out.timeouts += c.timeouts;
+        out.plan_rejected += c.plan_rejected;
+        out.dry_run_refused += c.dry_run_refused;
+        out.deletes += c.deletes;
+        out.shadow_compared += c.shadow_compared;
+        out.shadow_differences += c.shadow_differences;
+        out.p99_call_seconds = out.p99_call_seconds.max(c.p99_call_seconds);
+        out.p99_memory_bytes = out.p99_memory_bytes.max(c.p99_memory_bytes);
+        out.cpu_seconds_per_call = out.cpu_seconds_per_call.max(c.cpu_seconds_per_call);
+    }
+    out
+}
+
+/// The published [`ShardCounts`] of a rollout's status (`status.shards`),
+/// by shard; entries that do not parse are left out.
+pub fn shard_counts(status: Option<&serde_json::Value>) -> BTreeMap<String, ShardCounts> {
+    status
+        .and_then(|s| s.get("shards"))
+        .and_then(serde_json::Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), serde_json::from_value(v.clone()).ok()?)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `status` of a `PluginRollout`, as the leader writes it (the shards'
+/// entries, `status.shards`, are [`ShardCounts`], read apart).
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase", default)]
 pub struct RolloutStatus {
@@ -829,9 +981,11 @@ pub struct RolloutStatus {
 }
 
 impl RolloutStatus {
-    /// The routing this status asks for, if any.
+    /// The routing this status asks for, if any: none once `spec.rollback`
+    /// is set, whatever the status still says (every replica honours it
+    /// before the leader has written `RolledBack`).
     pub fn routing(&self, name: &str, spec: &RolloutSpec) -> Option<Routing> {
-        if self.candidate_digest.is_empty() {
+        if self.candidate_digest.is_empty() || spec.rollback {
             return None;
         }
         let (share_bp, selector) = match self.phase.as_str() {
@@ -1121,5 +1275,87 @@ mod tests {
         let mut no_digest = st(phase::PROMOTED, 2);
         no_digest.candidate_digest.clear();
         assert_eq!(no_digest.routing("r", &s), None);
+    }
+
+    #[test]
+    fn a_rollback_in_the_spec_routes_nothing_whatever_the_status_says() {
+        let mut s = spec(json!({"plugin": "p", "steps": [{"percent": 100}]}));
+        let st = RolloutStatus {
+            phase: phase::CANARY.into(),
+            step: 1,
+            candidate_digest: "d".into(),
+            ..RolloutStatus::default()
+        };
+        assert!(st.routing("r", &s).is_some());
+        s.rollback = true;
+        assert_eq!(st.routing("r", &s), None);
+    }
+
+    #[test]
+    fn shard_counts_add_up_and_the_worst_measure_counts() {
+        let local = Counts {
+            reconciles: 2,
+            primaries: 2,
+            deletes: 0,
+            p99_call_seconds: 0.5,
+            ..Counts::default()
+        };
+        let other = Counts {
+            reconciles: 3,
+            primaries: 1,
+            deletes: 4,
+            errors: 1,
+            p99_call_seconds: 2.0,
+            cpu_seconds_per_call: 0.3,
+            ..Counts::default()
+        };
+        let all = combine(&local, [&other]);
+        assert_eq!(
+            (all.reconciles, all.primaries, all.deletes, all.errors),
+            (5, 3, 4, 1)
+        );
+        assert_eq!((all.p99_call_seconds, all.cpu_seconds_per_call), (2.0, 0.3));
+        assert_eq!(combine(&local, []), local);
+        // Only another shard's entry of the same step start counts.
+        let status = RolloutStatus {
+            step: 1,
+            candidate_digest: "d".into(),
+            step_started_at: "t1".into(),
+            ..RolloutStatus::default()
+        };
+        let published = shard_counts(Some(&json!({"phase": "Canary", "shards": {
+            "b": {"step": 1, "candidateDigest": "d", "stepStartedAt": "t1", "candidate": {"deletes": 4}},
+            "c": {"step": 1, "candidateDigest": "d", "stepStartedAt": "t0", "candidate": {"deletes": 9}},
+            "d": "not counts",
+        }})));
+        assert_eq!(published.len(), 2, "{published:?}");
+        let counted: Vec<&str> = published
+            .iter()
+            .filter(|(_, c)| c.counts_step_of(&status))
+            .map(|(k, _)| k.as_str())
+            .collect();
+        assert_eq!(counted, ["b"]);
+        assert_eq!(published["b"].candidate.deletes, 4);
+        // The shards' entries are not the leader's status.
+        let parsed: RolloutStatus =
+            serde_json::from_value(json!({"phase": "Canary", "shards": {}})).expect("parses");
+        assert_eq!(parsed.phase, "Canary");
+    }
+
+    #[test]
+    fn a_held_rollback_stays_until_recorded_or_its_rollout_is_gone() {
+        let r = Rollouts::default();
+        assert_eq!(r.held_rollback("u"), None);
+        let st = RolloutStatus {
+            phase: phase::ROLLED_BACK.into(),
+            ..RolloutStatus::default()
+        };
+        r.hold_rollback("u", &st);
+        r.hold_rollback("v", &st);
+        assert_eq!(r.held_rollback("u"), Some(st.clone()));
+        r.rollback_recorded("u");
+        assert_eq!(r.held_rollback("u"), None);
+        r.forget_held_except(&HashSet::new());
+        assert_eq!(r.held_rollback("v"), None);
     }
 }

@@ -19,6 +19,7 @@ pub mod interpose;
 pub mod logs;
 pub mod net;
 pub mod operator;
+pub mod policy;
 pub mod registry;
 pub mod status;
 pub mod widgets;

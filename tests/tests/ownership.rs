@@ -1623,3 +1623,90 @@ async fn a_status_decided_for_a_deleted_primary_never_lands_on_its_successor() -
     .await?;
     Ok(())
 }
+
+// ---------------------------------------------------------------------------
+// Labels the host owns (issue 48, item 5)
+
+/// `patcher`'s hostile `relabeller` controller declares the host's own
+/// labels as primary fields and may delete its primary. A plan that takes
+/// `wasmop.dev/protected` off its primary (to delete it next), that moves
+/// its primary to a shard, or that labels an owned object for a shard is
+/// refused whole (`HostLabelForged`, naming the label), and nothing of it
+/// is written: the protected primary stays protected and is not deleted.
+#[tokio::test]
+async fn a_plan_that_touches_a_host_label_is_rejected_whatever_its_primary_fields() -> Result<()> {
+    let mut unnamed = Unnamed::default();
+    let ns = TestNamespace::new("own-hostlabel").await?;
+    let _op = start(&ns, &[("patcher", json!({}))]).await?;
+    let relabellers = test_kind(&ns, "Relabeller", "relabellers");
+    let protected = "wasmop.dev/protected";
+    let shard = "shard.wasmop.dev/shard";
+    // Strip the protection, and delete the primary on a later reconcile.
+    let obj: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "test.wasmop.dev/v1", "kind": "Relabeller",
+        "metadata": {"name": "strip", "labels": {protected: "true"}},
+        "spec": {"patch": {"metadata": {"labels": {protected: null}}}},
+    }))?;
+    relabellers.create(&PostParams::default(), &obj).await?;
+    create(
+        &relabellers,
+        "Relabeller",
+        "move",
+        json!({"patch": {"metadata": {"labels": {shard: "elsewhere"}}}}),
+    )
+    .await?;
+    create(
+        &relabellers,
+        "Relabeller",
+        "forge",
+        json!({"objectLabels": {shard: "elsewhere"}}),
+    )
+    .await?;
+    create(
+        &relabellers,
+        "Relabeller",
+        "managed",
+        json!({"patch": {"metadata": {"labels": {MANAGED_BY_LABEL: "me"}}}}),
+    )
+    .await?;
+
+    let cond = wait_reason(&relabellers, "strip", "PlanRejected").await?;
+    expect_rejected(&mut unnamed, &cond, "HostLabelForged", &[protected]);
+    let strip = relabellers.get("strip").await?;
+    assert_eq!(
+        strip.labels().get(protected).map(String::as_str),
+        Some("true"),
+        "the protection stays"
+    );
+    // Asked to delete itself now: the protection refuses it.
+    merge_spec(
+        &relabellers,
+        "strip",
+        json!({"patch": null, "deleteSelf": true}),
+    )
+    .await?;
+    let cond = wait_reason(&relabellers, "strip", "PlanRejected").await?;
+    expect_rejected(&mut unnamed, &cond, "ProtectedObject", &[protected]);
+    assert!(relabellers.get_opt("strip").await?.is_some(), "not deleted");
+
+    let cond = wait_reason(&relabellers, "move", "PlanRejected").await?;
+    expect_rejected(&mut unnamed, &cond, "HostLabelForged", &[shard]);
+    assert!(!relabellers.get("move").await?.labels().contains_key(shard));
+
+    let cond = wait_reason(&relabellers, "forge", "PlanRejected").await?;
+    expect_rejected(&mut unnamed, &cond, "HostLabelForged", &[shard, "forge-cm"]);
+    let cms: Api<ConfigMap> = Api::namespaced(ns.client.clone(), &ns.name);
+    assert!(cms.get_opt("forge-cm").await?.is_none(), "nothing written");
+
+    let cond = wait_reason(&relabellers, "managed", "PlanRejected").await?;
+    expect_rejected(&mut unnamed, &cond, "HostLabelForged", &[MANAGED_BY_LABEL]);
+    assert!(
+        !relabellers
+            .get("managed")
+            .await?
+            .labels()
+            .contains_key(MANAGED_BY_LABEL)
+    );
+    unnamed.check();
+    Ok(())
+}

@@ -988,3 +988,372 @@ async fn a_rollout_survives_an_operator_restart() -> Result<()> {
     drop(second);
     Ok(())
 }
+
+// ---------------------------------------------------------------------------
+// Rollbacks that must not be lost, routing that must not freeze, and a
+// status fenced by the rollout's identity (issue 48, items 3 and 9).
+
+/// Starts an operator over `fx`'s plugin directory with `client` (a
+/// follower when `follower`).
+async fn operator_with(
+    fx: &Fixture,
+    client: kube::Client,
+    follower: bool,
+) -> Result<(RunningOperator, PluginDir)> {
+    let op = if follower {
+        RunningOperator::start_follower(client, vec![fx.ns.name.clone()], vec![], config(&fx.ns))
+            .await?
+    } else {
+        RunningOperator::start_with(client, vec![fx.ns.name.clone()], vec![], config(&fx.ns))
+            .await?
+    };
+    let options: OptionsFor = Arc::new(|_stem: &str| LoadOptions::default());
+    let mut plugins = PluginDir::new(fx.dir.0.clone(), sandbox(), op.operator.clone(), options);
+    let report = plugins.scan(false).await;
+    ensure!(report.rejected.is_empty(), "{report:?}");
+    Ok((op, plugins))
+}
+
+/// The status writes of rollout `name` the operator sent, in order, with
+/// the API server's answer.
+fn status_writes(fx: &Fixture, name: &str) -> Vec<u16> {
+    fx.interposer
+        .writes()
+        .iter()
+        .filter(|w| w.is(&Method::PATCH, &format!("/pluginrollouts/{name}/status")))
+        .map(|w| w.status)
+        .collect()
+}
+
+/// An automatic rollback whose status write the API server refuses (a
+/// ValidatingAdmissionPolicy refuses `phase: RolledBack` for this test's
+/// rollouts) is not lost: the leader keeps every primary on the current
+/// version and writes the same rollback again each tick (no other status,
+/// no delete of the candidate), and records it once the write goes
+/// through. Before, the next tick re-read the old phase, opened a fresh
+/// window and routed the canary share to the candidate again.
+#[tokio::test]
+async fn an_automatic_rollback_whose_status_write_fails_is_held_until_it_is_recorded() -> Result<()>
+{
+    let mut fx = Fixture::new("rollout-held").await?;
+    let policy = wasmop_tests::policy::Policy::apply(
+        &fx.ns.client,
+        &format!("{}-no-rollback", fx.ns.name),
+        json!({"spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": ["wasmop.dev"], "apiVersions": ["*"],
+                "operations": ["UPDATE"], "resources": ["pluginrollouts/status"],
+            }]},
+            "validations": [{
+                "expression": "!has(object.status) || !has(object.status.phase) || object.status.phase != 'RolledBack'",
+                "message": "test: RolledBack may not be recorded yet",
+            }],
+        }}),
+        json!({"objectSelector": {"matchLabels": {LABEL: fx.ns.name}}}),
+    )
+    .await?;
+    let probe = format!("{}-probe", fx.ns.name);
+    create_rollout(
+        &fx.ns,
+        &probe,
+        spec(json!({"plugin": "nothing-here", "steps": [{"percent": 1}]})),
+    )
+    .await?;
+    policy
+        .wait_enforced("RolledBack may not be recorded", || async {
+            let pp = kube::api::PatchParams {
+                dry_run: true,
+                ..Default::default()
+            };
+            rollouts(&fx.ns)
+                .patch_status(
+                    &probe,
+                    &pp,
+                    &kube::api::Patch::Merge(json!({"status": {"phase": "RolledBack"}})),
+                )
+                .await
+                .map(|_| ())
+        })
+        .await?;
+    rollouts(&fx.ns)
+        .delete(&probe, &DeleteParams::default())
+        .await?;
+    let (op, mut plugins) = fx.operator(false).await?;
+    fx.widgets().await?;
+    install(
+        &plugin_path("good-pruner")?,
+        &fx.dir.0.join("good.shadow.wasm"),
+    )?;
+    settle(&mut plugins).await;
+    let name = format!("{}-held", fx.ns.name);
+    create_rollout(
+        &fx.ns,
+        &name,
+        spec(json!({
+            "shadow": {"reconciles": 3, "seconds": 30, "analyze": false},
+            "steps": [{"percent": fx.percent_for(1)}, {"percent": 100}],
+            "allowDifferences": null,
+        })),
+    )
+    .await?;
+    wait_event(
+        &fx.ns.client,
+        "default",
+        &name,
+        Some("Warning"),
+        "ThresholdCrossed",
+        DEFAULT_DEADLINE,
+    )
+    .await?;
+    // The rollback is written again and again, refused each time.
+    wait_for(
+        "the rollback written again three times",
+        DEFAULT_DEADLINE,
+        || async {
+            let refused = status_writes(&fx, &name)
+                .iter()
+                .filter(|s| **s >= 400)
+                .count();
+            if refused >= 3 {
+                Ok(Some(()))
+            } else {
+                bail!("{:?}", status_writes(&fx, &name))
+            }
+        },
+    )
+    .await?;
+    let writes = fx.interposer.writes();
+    let is_status = |w: &wasmop_tests::interpose::Recorded| {
+        w.is(&Method::PATCH, &format!("/pluginrollouts/{name}/status"))
+    };
+    let first_refused = writes
+        .iter()
+        .position(|w| is_status(w) && w.status >= 400)
+        .context("a refused status write")?;
+    let second_refused = writes
+        .iter()
+        .enumerate()
+        .skip(first_refused + 1)
+        .find(|(_, w)| is_status(w) && w.status >= 400)
+        .map(|(i, _)| i)
+        .context("a second refused status write")?;
+    for w in &writes[first_refused..] {
+        ensure!(
+            !(is_status(w) && w.status < 400),
+            "another status was written while the rollback was held: {w:?}"
+        );
+    }
+    for w in &writes[second_refused..] {
+        ensure!(
+            !(w.method == Method::DELETE && w.path.contains("/configmaps/")),
+            "the candidate deleted again after the rollback: {w:?}"
+        );
+    }
+    ensure!(
+        status_of(&fx.ns, &name).await?["phase"] == "Canary",
+        "not recorded while refused"
+    );
+    // Once the API server takes it, it is recorded, and the current
+    // version gives every Widget its ConfigMap back.
+    policy.remove().await?;
+    let st = wait_phase(&fx.ns, &name, "RolledBack").await?;
+    ensure!(st["conditions"][0]["reason"] == "ThresholdCrossed", "{st}");
+    all_at(&fx.ns.api(), "v1").await?;
+    let _ = rollouts(&fx.ns)
+        .delete(&name, &DeleteParams::default())
+        .await;
+    drop(op);
+    Ok(())
+}
+
+/// A rollout deleted and re-created under its name while the leader
+/// decides its step never inherits what was decided for its predecessor:
+/// the status write is fenced by the rollout's UID, and the new rollout
+/// starts from its first step. Before, the write landed by name on the
+/// new object, which went on from its predecessor's step.
+#[tokio::test]
+async fn a_rollout_recreated_mid_tick_never_inherits_its_predecessors_status() -> Result<()> {
+    let mut fx = Fixture::new("rollout-fence").await?;
+    install(&plugin_path("good-v2")?, &fx.dir.0.join("good.shadow.wasm"))?;
+    let (op, _plugins) = fx.operator(false).await?;
+    fx.widgets().await?;
+    let name = format!("{}-fence", fx.ns.name);
+    create_rollout(
+        &fx.ns,
+        &name,
+        spec(json!({
+            "steps": [{"percent": fx.percent_for(2)}, {"percent": fx.percent_for(4), "holdSeconds": 3600}, {"percent": 100}],
+        })),
+    )
+    .await?;
+    wait_step(&fx.ns, &name, 2).await?;
+    let old_uid = rollouts(&fx.ns).get(&name).await?.metadata.uid;
+    // Just before the next status write of the rollout, it is deleted and
+    // made again (one step, held for an hour).
+    let recreated: Arc<std::sync::Mutex<Option<jiff::Timestamp>>> = Arc::default();
+    {
+        let (ns_client, ns_name, name, recreated) = (
+            fx.ns.client.clone(),
+            fx.ns.name.clone(),
+            name.clone(),
+            recreated.clone(),
+        );
+        let suffix = format!("/pluginrollouts/{name}/status");
+        fx.interposer.before(
+            move |m, path| {
+                *m == Method::PATCH
+                    && path
+                        .split('?')
+                        .next()
+                        .unwrap_or_default()
+                        .ends_with(&suffix)
+            },
+            move || async move {
+                let api: Api<DynamicObject> = Api::all_with(ns_client, &rollout_resource());
+                let _ = api.delete(&name, &DeleteParams::default()).await;
+                *recreated.lock().expect("lock") = Some(jiff::Timestamp::now());
+                let obj: DynamicObject = serde_json::from_value(json!({
+                    "apiVersion": "wasmop.dev/v1alpha1", "kind": "PluginRollout",
+                    "metadata": {"name": name, "labels": {LABEL: ns_name}},
+                    "spec": spec(json!({"steps": [{"percent": 100, "holdSeconds": 3600}]})),
+                }))
+                .expect("a rollout");
+                if let Err(e) = api.create(&PostParams::default(), &obj).await {
+                    eprintln!("re-creating the rollout: {e}");
+                }
+            },
+        );
+    }
+    let st = wait_for(
+        "the new rollout at its own first step",
+        DEFAULT_DEADLINE,
+        || async {
+            let obj = rollouts(&fx.ns).get(&name).await?;
+            let st = obj.data["status"].clone();
+            let Some(at) = *recreated.lock().expect("lock") else {
+                bail!("not re-created yet")
+            };
+            ensure!(obj.metadata.uid != old_uid, "not re-created yet");
+            let started: jiff::Timestamp = st["stepStartedAt"]
+                .as_str()
+                .unwrap_or_default()
+                .parse()
+                .map_err(|e| anyhow::anyhow!("stepStartedAt of {st}: {e}"))?;
+            if st["phase"] == "Canary" && st["step"] == 1 && started >= at {
+                Ok(Some(st))
+            } else {
+                bail!("{st}")
+            }
+        },
+    )
+    .await?;
+    ensure!(st["phase"] != "Promoted", "{st}");
+    let _ = rollouts(&fx.ns)
+        .delete(&name, &DeleteParams::default())
+        .await;
+    drop(op);
+    Ok(())
+}
+
+/// Every replica honours `spec.rollback` at once, before the leader has
+/// recorded it; and a replica that can no longer list the rollouts (its
+/// RBAC for them removed) does not keep routing to the candidate: after
+/// `LIST_FAILURE_GRACE` every plugin goes back to its current version.
+/// A follower (never leading, so nobody writes the status but the test)
+/// routes by a status written by hand.
+#[tokio::test]
+async fn a_follower_honours_rollback_and_a_failing_list_does_not_freeze_its_routing() -> Result<()>
+{
+    let fx = Fixture::new("rollout-follow").await?;
+    install(&plugin_path("good-v2")?, &fx.dir.0.join("good.shadow.wasm"))?;
+    // The follower runs as a ServiceAccount: admin in the namespace, and
+    // PluginRollouts through a ClusterRole the test takes away later.
+    let account = wasmop_tests::audit::AuditedAccount::create(&fx.ns, &fx.dir.0, false).await?;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let rbac_name = format!("{}-rollouts", fx.ns.name);
+    let role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": rbac_name},
+        "rules": [{"apiGroups": ["wasmop.dev"], "resources": ["pluginrollouts", "pluginrollouts/status"],
+                   "verbs": ["get", "list", "watch", "patch", "update"]}],
+    }))?;
+    let roles: Api<ClusterRole> = Api::all(fx.ns.client.clone());
+    roles.create(&PostParams::default(), &role).await?;
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": rbac_name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": rbac_name},
+        "subjects": [{"kind": "ServiceAccount", "name": account.user.rsplit(':').next().unwrap_or_default(),
+                      "namespace": "wasmop-audited"}],
+    }))?;
+    let bindings: Api<ClusterRoleBinding> = Api::all(fx.ns.client.clone());
+    bindings.create(&PostParams::default(), &binding).await?;
+    let kubeconfig = kube::config::Kubeconfig::read_from(&account.kubeconfig)?;
+    let cfg = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    let client = kube::Client::try_from(cfg)?;
+    let (op, _plugins) = operator_with(&fx, client, true).await?;
+    let digest = op
+        .operator
+        .shadow("good")
+        .context("the candidate loaded as a shadow")?
+        .digest()
+        .to_owned();
+    let name = format!("{}-follow", fx.ns.name);
+    create_rollout(&fx.ns, &name, spec(json!({"steps": [{"percent": 100}]}))).await?;
+    rollouts(&fx.ns)
+        .patch_status(
+            &name,
+            &Default::default(),
+            &kube::api::Patch::Merge(json!({"status": {
+                "phase": "Canary", "step": 1, "candidateDigest": digest,
+            }})),
+        )
+        .await?;
+    let routed = |want: bool, why: &'static str| {
+        let op = op.operator.clone();
+        async move {
+            wait_for(
+                &format!("the follower routing to the candidate: {want} ({why})"),
+                DEFAULT_DEADLINE,
+                || {
+                    let op = op.clone();
+                    async move {
+                        if op.rollouts().routing("good").is_some() == want {
+                            Ok(Some(()))
+                        } else {
+                            bail!("not yet")
+                        }
+                    }
+                },
+            )
+            .await
+        }
+    };
+    routed(true, "Canary in the status").await?;
+    let set_rollback = |on: bool| {
+        let (api, name) = (rollouts(&fx.ns), name.clone());
+        async move {
+            api.patch(
+                &name,
+                &Default::default(),
+                &kube::api::Patch::Merge(json!({"spec": {"rollback": on}})),
+            )
+            .await
+        }
+    };
+    set_rollback(true).await?;
+    routed(false, "spec.rollback").await?;
+    set_rollback(false).await?;
+    routed(true, "spec.rollback unset").await?;
+    // The rollouts can no longer be listed: back to the current version.
+    bindings
+        .delete(&rbac_name, &DeleteParams::default())
+        .await?;
+    routed(false, "the rollouts cannot be listed").await?;
+    roles.delete(&rbac_name, &DeleteParams::default()).await?;
+    let _ = rollouts(&fx.ns)
+        .delete(&name, &DeleteParams::default())
+        .await;
+    drop(op);
+    drop(account);
+    Ok(())
+}

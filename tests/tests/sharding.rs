@@ -1057,3 +1057,64 @@ async fn the_orphan_sweep_never_collects_what_a_primary_made_on_another_shard_du
     );
     Ok(())
 }
+
+/// A person labels a primary's owned ConfigMap for another shard by hand
+/// (where the shard label policy of `deploy/` is not installed): the
+/// object leaves its shard's view, and every apply of it conflicts over
+/// that label. The primary says so, naming the object, in its `Reconciled`
+/// condition (reason `ShardLabelForged`) and a Warning Event, instead of
+/// retrying in silence; once the label is removed, the shard writes the
+/// object again.
+#[tokio::test]
+async fn a_forged_shard_label_on_an_owned_object_is_reported_on_its_primary() -> Result<()> {
+    let (ns, work) = setup("shard-forged", "good").await?;
+    let a = first_shard(&ns, &work, "shard-a", 2).await?;
+    let cms: Api<ConfigMap> = ns.api();
+    cms.patch(
+        "w00-cm",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {SHARD_LABEL: "shard-b"}}})),
+    )
+    .await?;
+    set_value(&ns, &["w00".to_owned(), "w01".to_owned()], "v2").await?;
+    let condition = wait_for("w00 reports the forged label", DEADLINE, || async {
+        let w = widgets(&ns).get("w00").await?;
+        let c = w.data["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == "Reconciled"))
+            .cloned()
+            .unwrap_or_default();
+        if c["reason"] == "ShardLabelForged" {
+            Ok(Some(c))
+        } else {
+            bail!("{c}")
+        }
+    })
+    .await?;
+    let message = condition["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("w00-cm") && message.contains(SHARD_LABEL),
+        "{condition}"
+    );
+    assert_eq!(condition["status"], "False", "{condition}");
+    let (_, note) = wasmop_tests::status::wait_event(
+        &ns.client,
+        &ns.name,
+        "w00",
+        Some("Warning"),
+        "ShardLabelForged",
+        DEADLINE,
+    )
+    .await?;
+    assert!(note.contains("w00-cm"), "{note}");
+    // The label removed, the shard writes the object again.
+    cms.patch(
+        "w00-cm",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {SHARD_LABEL: null}}})),
+    )
+    .await?;
+    wait_placed(&ns, &["shard-a"], "v2", DEADLINE).await?;
+    drop(a);
+    Ok(())
+}

@@ -915,3 +915,228 @@ async fn each_shard_records_and_shadows_only_its_own_primaries() -> Result<()> {
     }
     Ok(())
 }
+
+/// What a person's write of `patch` onto object `name` of `objects` got:
+/// refused by the shard label policy (its message), or accepted.
+async fn person_writes(
+    objects: &Api<DynamicObject>,
+    name: &str,
+    patch: serde_json::Value,
+) -> Result<String> {
+    match objects
+        .patch(name, &PatchParams::default(), &Patch::Merge(patch.clone()))
+        .await
+    {
+        Err(kube::Error::Api(e)) if e.message.contains("only the wasmop operator") => Ok(e.message),
+        other => bail!("{patch} on {name}: not refused by the policy: {other:?}"),
+    }
+}
+
+/// The shard label policy as shipped (`deploy/shard-label-policy.yaml`),
+/// for the shards' account and bound to this test's namespace only. A
+/// person's relabel of a primary to the other live shard, a removal of its
+/// label, a drain mark, a Widget created with a shard label, and a relabel
+/// of an owned ConfigMap are refused by the API server with the policy's
+/// message, and the primary stays where it was; the operator's own
+/// assignments, drains, acknowledgements and claims pass while a shard
+/// joins.
+#[tokio::test]
+async fn only_the_operator_sets_shard_labels_where_the_label_policy_is_installed() -> Result<()> {
+    const WIDGETS: usize = 8;
+    let t = setup("shardf-policy", "good", false).await?;
+    let name = format!("wasmop-shard-labels-{}", t.ns.name);
+    let policy = wasmop_tests::policy::Policy::shard_labels(
+        &t.ns.client,
+        &name,
+        &t.account.user,
+        &t.ns.name,
+    )
+    .await?;
+    let cms_dynamic: Api<DynamicObject> = Api::namespaced_with(
+        t.ns.client.clone(),
+        &t.ns.name,
+        &ApiResource::from_gvk(&GroupVersionKind::gvk("", "v1", "ConfigMap")),
+    );
+    let probe: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "probe", "labels": {SHARD_LABEL: "x"}},
+    }))?;
+    policy
+        .wait_enforced("only the wasmop operator", || async {
+            let pp = PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            };
+            cms_dynamic.create(&pp, &probe).await.map(|_| ())
+        })
+        .await?;
+    let widgets = api(&t.ns, "Widget", "widgets");
+    let _a = Shard::start(&t, "shard-a", &[]).await?;
+    wait_leader(&t.ns, "shard-a").await?;
+    create_widgets(&t.ns, WIDGETS).await?;
+    converged(&t.ns, &["shard-a"], WIDGETS, "v0").await?;
+    // The operator's moves pass: a join drains, acknowledges, assigns and
+    // claims owned objects.
+    let _b = Shard::start(&t, "shard-b", &[]).await?;
+    converged(&t.ns, &["shard-a", "shard-b"], WIDGETS, "v0").await?;
+    let placed = wait_placed(&widgets, &["shard-a", "shard-b"], "Widgets placed", |_| {
+        true
+    })
+    .await?;
+    let (on_a, _) = placed
+        .iter()
+        .find(|(_, s)| *s == "shard-a")
+        .context("a Widget on shard-a")?;
+    // A person's writes are refused.
+    let message = person_writes(
+        &widgets,
+        on_a,
+        json!({"metadata": {"labels": {SHARD_LABEL: "shard-b"}}}),
+    )
+    .await?;
+    ensure!(
+        message.contains(SHARD_LABEL) || message.contains("shard.wasmop.dev/*"),
+        "{message}"
+    );
+    person_writes(
+        &widgets,
+        on_a,
+        json!({"metadata": {"labels": {SHARD_LABEL: null}}}),
+    )
+    .await?;
+    person_writes(
+        &widgets,
+        on_a,
+        json!({"metadata": {"labels": {DRAIN_LABEL: "true"}}}),
+    )
+    .await?;
+    person_writes(
+        &cms_dynamic,
+        &format!("{on_a}-cm"),
+        json!({"metadata": {"labels": {SHARD_LABEL: "shard-b"}}}),
+    )
+    .await?;
+    let forged = widget("forged", "v0")?;
+    let mut forged = serde_json::to_value(forged)?;
+    forged["metadata"]["labels"] = json!({SHARD_LABEL: "shard-b"});
+    match widgets
+        .create(&PostParams::default(), &serde_json::from_value(forged)?)
+        .await
+    {
+        Err(kube::Error::Api(e)) if e.message.contains("only the wasmop operator") => {}
+        other => bail!("a Widget created with a shard label: {other:?}"),
+    }
+    // Labels of their own are the person's to write.
+    widgets
+        .patch(
+            on_a,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"team": "x"}}})),
+        )
+        .await?;
+    let w = widgets.get(on_a).await?;
+    ensure!(
+        label(&w, SHARD_LABEL) == Some("shard-a"),
+        "{:?}",
+        w.metadata.labels
+    );
+    policy.remove().await?;
+    Ok(())
+}
+
+/// With `--sharding`, the rollout analysis counts every shard's
+/// reconciles. The candidate (`good-pruner`, which deletes its Widgets'
+/// ConfigMaps) is routed only to Widgets labelled `canary=yes`, and only
+/// the Widgets of the shard that does not lead carry it: the candidate
+/// fails (deletes) only on another shard's primaries than the leader's,
+/// and the rollout is rolled back all the same, by that shard's deletes,
+/// which it published in the rollout's status. Without them the leader
+/// saw no candidate reconcile at all, and the step waited forever.
+#[tokio::test]
+async fn a_candidate_that_fails_only_on_another_shards_primaries_is_rolled_back() -> Result<()> {
+    const WIDGETS: usize = 8;
+    let t = setup("shardf-rollout", "good", true).await?;
+    wasmop_tests::apply_crd_files(
+        &t.ns.client,
+        &[wasmop_tests::repo_root().join("crds/wasmop.dev_pluginrollouts.yaml")],
+    )
+    .await?;
+    let extra = [
+        "--rollout-interval-ms".to_owned(),
+        "200".to_owned(),
+        "--rollout-selector".to_owned(),
+        format!("wasmop.dev/test={}", t.ns.name),
+    ];
+    let _a = Shard::start(&t, "shard-a", &extra).await?;
+    wait_leader(&t.ns, "shard-a").await?;
+    let _b = Shard::start(&t, "shard-b", &extra).await?;
+    create_widgets(&t.ns, WIDGETS).await?;
+    converged(&t.ns, &["shard-a", "shard-b"], WIDGETS, "v0").await?;
+    let widgets = api(&t.ns, "Widget", "widgets");
+    let placed = wait_placed(&widgets, &["shard-a", "shard-b"], "Widgets placed", |_| {
+        true
+    })
+    .await?;
+    let canaries = owned_by(&placed, "shard-b");
+    ensure!(
+        !canaries.is_empty() && canaries.len() < WIDGETS,
+        "both shards own Widgets: {placed:?}"
+    );
+    for w in &canaries {
+        widgets
+            .patch(
+                w,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"canary": "yes"}}})),
+            )
+            .await?;
+    }
+    std::fs::copy(
+        plugin_path("good-pruner")?,
+        t.work.join("plugins").join("good.shadow.wasm"),
+    )?;
+    let rollouts: Api<DynamicObject> = Api::all_with(
+        t.ns.client.clone(),
+        &wasmop::controller::rollout::rollout_resource(),
+    );
+    let name = format!("{}-pruner", t.ns.name);
+    let rollout: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "wasmop.dev/v1alpha1", "kind": "PluginRollout",
+        "metadata": {"name": name, "labels": {"wasmop.dev/test": t.ns.name}},
+        "spec": {
+            "plugin": "good",
+            "holdSeconds": 1,
+            "analysis": {"errors": 1, "p99CallSeconds": 30, "cpuSecondsPerCall": 5},
+            "shadow": {"reconciles": 1, "analyze": false},
+            "steps": [{"percent": 100, "selector": "canary=yes"}, {"percent": 100}],
+        },
+    }))?;
+    rollouts.create(&PostParams::default(), &rollout).await?;
+    let st = wait_for("the rollout rolled back", DEADLINE, || async {
+        let st = rollouts.get(&name).await?.data["status"].clone();
+        ensure!(st["phase"] != "Promoted", "promoted: {st}");
+        if st["phase"] == "RolledBack" {
+            Ok(Some(st))
+        } else {
+            bail!("{st}")
+        }
+    })
+    .await?;
+    ensure!(st["step"] == 1, "rolled back at the canary step: {st}");
+    let message = st["conditions"][0]["message"].as_str().unwrap_or_default();
+    ensure!(message.contains("deletesPerMinute"), "{st}");
+    ensure!(
+        st["candidate"]["deletes"].as_u64().unwrap_or(0) > 0,
+        "the candidate's deletes counted: {st}"
+    );
+    ensure!(
+        st["shards"]["shard-b"]["candidate"]["deletes"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0,
+        "shard-b published the deletes it counted: {st}"
+    );
+    // The current version gives the canaries their ConfigMaps back.
+    wait_cm_version(&t.ns, WIDGETS, "v1").await?;
+    Ok(())
+}

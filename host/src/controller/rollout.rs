@@ -20,20 +20,84 @@
 //! - Only the leader writes a rollout's status and Events. A new leader
 //!   continues from the status (phase, step, candidate digest) and opens a
 //!   fresh analysis window for the step it finds.
+//! - Every status write is fenced by the rollout's identity: a JSON patch
+//!   whose first operation tests `/metadata/uid`, so a rollout deleted and
+//!   re-created under its name while a tick ran never inherits what was
+//!   decided for its predecessor (a `Promoted` above all). The leader
+//!   writes its fields one by one and never `status.shards`.
+//! - With `--sharding`, every shard counts the step the status names and
+//!   publishes its counts as `status.shards.<shard>` (its own entry, by the
+//!   same fenced patch, when they changed); the leader analyses its own
+//!   counts plus the other shards' entries of the same step (see
+//!   [`crate::rollout::combine`]).
+//! - A rollback (automatic or asked) is held until its status is written:
+//!   the routing goes back to the current version first, and a failed
+//!   status write is tried again each tick, the candidate routed nothing
+//!   meanwhile. Every replica routes nothing to the candidate once
+//!   `spec.rollback` is set.
+//! - A list of the rollouts that fails does not keep the routing it last
+//!   read: at once when the resource is gone (404: the CRD deleted), and
+//!   after [`LIST_FAILURE_GRACE`] of failing lists otherwise, every plugin
+//!   is routed back to its current version, until a list succeeds again.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use kube::Api;
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
+use kube::{Api, Resource};
 use serde_json::{Value, json};
 
 use crate::controller::route::Route;
 use crate::controller::{Active, Operator, watched_kinds};
 use crate::object;
-use crate::rollout::{self, RolloutSpec, RolloutStatus, analyze, phase, step_done};
+use crate::rollout::{
+    self, RolloutSpec, RolloutStatus, ShardCounts, analyze, phase, shard_counts, step_done,
+};
 use wasmop_contract::Scope;
+
+/// How long listing the rollouts may fail (other than with a 404) before
+/// every plugin is routed back to its current version.
+pub const LIST_FAILURE_GRACE: Duration = Duration::from_secs(10);
+
+/// The JSON patch of a rollout's status fenced by its identity: a test of
+/// `/metadata/uid` first, then `ops`.
+pub fn fenced_status_patch(uid: &str, ops: impl IntoIterator<Item = Value>) -> Vec<Value> {
+    let mut out = vec![json!({"op": "test", "path": "/metadata/uid", "value": uid})];
+    out.extend(ops);
+    out
+}
+
+/// The operations that write `new` as the leader's part of a status:
+/// field by field when the status exists (`listed` is the status as
+/// listed), so the shards' `status.shards` is kept; whole otherwise.
+pub fn leader_status_ops(listed: Option<&Value>, new: &RolloutStatus) -> Vec<Value> {
+    let value = serde_json::to_value(new).unwrap_or_default();
+    match (listed.filter(|s| s.is_object()), value) {
+        (Some(_), Value::Object(fields)) => fields
+            .into_iter()
+            .map(|(k, v)| json!({"op": "add", "path": format!("/status/{}", pointer_token(&k)), "value": v}))
+            .collect(),
+        (_, v) => vec![json!({"op": "add", "path": "/status", "value": v})],
+    }
+}
+
+/// The operation that writes shard `identity`'s counts into a status
+/// (`listed` is the status as listed).
+pub fn shard_counts_op(listed: Option<&Value>, identity: &str, counts: &ShardCounts) -> Value {
+    let value = serde_json::to_value(counts).unwrap_or_default();
+    match listed.filter(|s| s.is_object()) {
+        Some(st) if st.get("shards").is_some_and(Value::is_object) => json!({"op": "add",
+            "path": format!("/status/shards/{}", pointer_token(identity)), "value": value}),
+        Some(_) => json!({"op": "add", "path": "/status/shards", "value": {identity: value}}),
+        None => json!({"op": "add", "path": "/status", "value": {"shards": {identity: value}}}),
+    }
+}
+
+/// `key` as one JSON pointer token (RFC 6901).
+fn pointer_token(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
 
 /// The `PluginRollout` resource.
 pub fn rollout_resource() -> ApiResource {
@@ -152,24 +216,47 @@ impl Operator {
         if let Some(selector) = &self.config.rollout_selector {
             params = params.labels(selector);
         }
+        let mut failing_since: Option<Instant> = None;
+        // With --sharding: the step start each plugin's window counts.
+        let mut counting: HashMap<String, String> = HashMap::new();
         loop {
             tick.tick().await;
             let leads = self.leads();
-            if !leads {
+            let sharding = self.sharding.get().cloned();
+            if !leads && sharding.is_none() {
                 self.rollouts.close_all();
             }
             let mut items = match api.list(&params).await {
-                Ok(list) => list.items,
+                Ok(list) => {
+                    failing_since = None;
+                    list.items
+                }
                 Err(e) => {
-                    tracing::debug!(error = %e, "cannot list PluginRollouts (is its CRD installed?)");
+                    let gone = matches!(&e, kube::Error::Api(s) if s.code == 404);
+                    let since = *failing_since.get_or_insert_with(Instant::now);
+                    if gone || since.elapsed() >= LIST_FAILURE_GRACE {
+                        let routed = self.rollouts.routed_plugins();
+                        if !routed.is_empty() {
+                            tracing::warn!(error = %e, plugins = ?routed,
+                                "cannot list PluginRollouts; every plugin goes back to its current version");
+                        }
+                        for plugin in routed {
+                            self.rollouts.close_window(&plugin);
+                            self.apply_routing(&plugin, None);
+                        }
+                    } else {
+                        tracing::debug!(error = %e, "cannot list PluginRollouts (is its CRD installed?)");
+                    }
                     continue;
                 }
             };
             items.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
             let mut driven: HashSet<String> = HashSet::new();
+            let mut uids: HashSet<String> = HashSet::new();
             for obj in items {
                 let name = obj.metadata.name.clone().unwrap_or_default();
                 let value = serde_json::to_value(&obj).unwrap_or_default();
+                uids.insert(object::uid(&value).to_owned());
                 let spec: Result<RolloutSpec, _> =
                     serde_json::from_value(value.get("spec").cloned().unwrap_or(Value::Null));
                 let mut status: RolloutStatus = value
@@ -184,7 +271,7 @@ impl Operator {
                             let mut st = status.clone();
                             st.phase = phase::INVALID.into();
                             st.message = format!("spec does not parse: {e}");
-                            self.write_status(&api, &name, &status, &st).await;
+                            self.write_status(&value, &status, &st).await;
                         }
                         continue;
                     }
@@ -200,24 +287,133 @@ impl Operator {
                             "another PluginRollout (first by name) rolls out plugin {}",
                             spec.plugin
                         );
-                        self.write_status(&api, &name, &status, &st).await;
+                        self.write_status(&value, &status, &st).await;
                     }
                     continue;
                 }
                 if leads {
-                    status = self.drive(&api, &name, &value, &spec, status).await;
+                    status = self.drive(&value, &spec, status).await;
+                } else if sharding.is_some() && claims {
+                    self.count_step(&spec, &value, &status, &mut counting);
+                }
+                if let Some(s) = &sharding
+                    && claims
+                {
+                    self.publish_counts(&value, s, &spec, &status).await;
                 }
                 if claims {
-                    self.apply_routing(&spec.plugin, status.routing(&name, &spec));
+                    let routing = if self.rollouts.held_rollback(object::uid(&value)).is_some() {
+                        None
+                    } else {
+                        status.routing(&name, &spec)
+                    };
+                    self.apply_routing(&spec.plugin, routing);
                 }
             }
+            self.rollouts.forget_held_except(&uids);
+            counting.retain(|plugin, _| driven.contains(plugin));
             for plugin in self.rollouts.routed_plugins() {
                 if !driven.contains(&plugin) {
                     self.rollouts.close_window(&plugin);
                     self.apply_routing(&plugin, None);
                 }
             }
+            self.rollouts.close_windows_except(&driven);
         }
+    }
+
+    /// On a shard that does not lead (`--sharding`): counts the step
+    /// `status` names in a window of its own (opened afresh for a new step,
+    /// candidate or step start; closed when nothing is analysed), so it
+    /// can publish its counts ([`Self::publish_counts`]).
+    fn count_step(
+        &self,
+        spec: &RolloutSpec,
+        obj: &Value,
+        status: &RolloutStatus,
+        counting: &mut HashMap<String, String>,
+    ) {
+        let analysed = matches!(status.phase.as_str(), phase::SHADOW | phase::CANARY)
+            && !status.candidate_digest.is_empty()
+            && !spec.rollback
+            && self.rollouts.held_rollback(object::uid(obj)).is_none();
+        if !analysed {
+            self.rollouts.close_window(&spec.plugin);
+            counting.remove(&spec.plugin);
+            return;
+        }
+        if counting.get(&spec.plugin) != Some(&status.step_started_at) {
+            self.rollouts.close_window(&spec.plugin);
+            counting.insert(spec.plugin.clone(), status.step_started_at.clone());
+        }
+        let w = self.rollouts.window(
+            &spec.plugin,
+            status.step,
+            &status.candidate_digest,
+            spec,
+            self.budgets(&spec.plugin),
+        );
+        if w.opened {
+            self.requeue_plugin(&spec.plugin, "rollout analysis window opened on this shard");
+        }
+    }
+
+    /// Publishes this shard's counts of the step `status` names as
+    /// `status.shards.<shard>`, when they changed since the list.
+    async fn publish_counts(
+        &self,
+        obj: &Value,
+        s: &crate::controller::shard::Sharding,
+        spec: &RolloutSpec,
+        status: &RolloutStatus,
+    ) {
+        if !matches!(status.phase.as_str(), phase::SHADOW | phase::CANARY) || !s.in_term() {
+            return;
+        }
+        let Some(w) = self.rollouts.window_counts(&spec.plugin) else {
+            return;
+        };
+        if w.step != status.step || w.candidate_digest != status.candidate_digest {
+            return;
+        }
+        let mine = ShardCounts {
+            step: w.step,
+            candidate_digest: w.candidate_digest,
+            step_started_at: status.step_started_at.clone(),
+            current: w.current,
+            candidate: w.candidate,
+        };
+        let listed = obj.get("status");
+        if shard_counts(listed).get(&s.identity) == Some(&mine) {
+            return;
+        }
+        let ops = fenced_status_patch(
+            object::uid(obj),
+            [shard_counts_op(listed, &s.identity, &mine)],
+        );
+        if let Err(e) = self.patch_status(object::name(obj), &ops).await {
+            tracing::debug!(rollout = object::name(obj), error = %e,
+                "cannot publish this shard's rollout counts; trying again");
+        }
+    }
+
+    /// Sends the JSON patch `ops` to the status of rollout `name`.
+    async fn patch_status(&self, name: &str, ops: &[Value]) -> Result<(), kube::Error> {
+        let request = kube::core::Request::new(DynamicObject::url_path(&rollout_resource(), None));
+        let mut http = request
+            .patch_subresource(
+                "status",
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({})),
+            )
+            .map_err(kube::Error::BuildRequest)?;
+        http.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json-patch+json"),
+        );
+        *http.body_mut() = serde_json::to_vec(ops).map_err(kube::Error::SerdeError)?;
+        self.client.request_text(http).await.map(|_| ())
     }
 
     /// Whether this replica may write now (it leads, its lease is valid).
@@ -232,45 +428,54 @@ impl Operator {
         }
     }
 
-    /// Writes `new` as the status of rollout `name` when it differs from
-    /// `old` and this replica still leads; a failure is logged (the next
-    /// tick tries again).
-    async fn write_status(
-        &self,
-        api: &Api<DynamicObject>,
-        name: &str,
-        old: &RolloutStatus,
-        new: &RolloutStatus,
-    ) {
-        if old == new || !self.leads() {
-            return;
+    /// Writes `new` as the status of rollout `obj` (as listed) when it
+    /// differs from `old` and this replica still leads, fenced by the
+    /// rollout's UID (a rollout re-created under its name meanwhile is not
+    /// written). True when the status holds `new` (written, or nothing to
+    /// write); a failure is logged (the next tick tries again).
+    async fn write_status(&self, obj: &Value, old: &RolloutStatus, new: &RolloutStatus) -> bool {
+        if old == new {
+            return true;
         }
-        let patch = json!({"status": new});
-        if let Err(e) = api
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            tracing::warn!(rollout = name, error = %e, "cannot write the PluginRollout status");
+        if !self.leads() {
+            return false;
+        }
+        let name = object::name(obj);
+        let ops = fenced_status_patch(object::uid(obj), leader_status_ops(obj.get("status"), new));
+        match self.patch_status(name, &ops).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(rollout = name, error = %e, "cannot write the PluginRollout status");
+                false
+            }
         }
     }
 
     /// One step of the leader's work on one rollout; returns the status as
     /// written.
-    async fn drive(
-        &self,
-        api: &Api<DynamicObject>,
-        name: &str,
-        obj: &Value,
-        spec: &RolloutSpec,
-        old: RolloutStatus,
-    ) -> RolloutStatus {
+    async fn drive(&self, obj: &Value, spec: &RolloutSpec, old: RolloutStatus) -> RolloutStatus {
+        let name = object::name(obj);
+        if let Some(held) = self.rollouts.held_rollback(object::uid(obj)) {
+            if old.phase == phase::ROLLED_BACK {
+                self.rollouts.rollback_recorded(object::uid(obj));
+            } else {
+                // Decided, not yet recorded: still routed to nobody, and
+                // written again.
+                self.apply_routing(&spec.plugin, None);
+                self.rollouts.close_window(&spec.plugin);
+                if self.write_status(obj, &old, &held).await {
+                    self.rollouts.rollback_recorded(object::uid(obj));
+                }
+                return held;
+            }
+        }
         let mut st = old.clone();
         let now = jiff::Timestamp::now().to_string();
         let problems = spec.problems();
         if !problems.is_empty() {
             st.phase = phase::INVALID.into();
             st.message = problems.join("; ");
-            self.write_status(api, name, &old, &st).await;
+            self.write_status(obj, &old, &st).await;
             return st;
         }
         if st.phase == phase::ROLLED_BACK {
@@ -292,14 +497,14 @@ impl Operator {
                 st.phase = phase::WAITING.into();
             }
             st.message = format!("plugin {} is not running", spec.plugin);
-            self.write_status(api, name, &old, &st).await;
+            self.write_status(obj, &old, &st).await;
             return st;
         };
         st.current_version = current_version;
         if spec.rollback {
             let message = "rolled back on request (spec.rollback)".to_owned();
             return self
-                .roll_back(api, name, obj, spec, &old, st, "RollbackRequested", message)
+                .roll_back(obj, spec, &old, st, "RollbackRequested", message)
                 .await;
         }
         let candidate = self.shadow(&spec.plugin).filter(|c| {
@@ -325,7 +530,7 @@ impl Operator {
                     crate::shadow::SUFFIX
                 );
                 self.rollouts.close_window(&spec.plugin);
-                self.write_status(api, name, &old, &st).await;
+                self.write_status(obj, &old, &st).await;
                 return st;
             }
             Some(c) if st.candidate_digest != c.digest() || st.phase == phase::WAITING => {
@@ -357,7 +562,7 @@ impl Operator {
         if st.phase == phase::PROMOTED {
             self.rollouts.close_window(&spec.plugin);
             st.share_percent = 100.0;
-            self.write_status(api, name, &old, &st).await;
+            self.write_status(obj, &old, &st).await;
             return st;
         }
         st.share_percent = spec
@@ -376,14 +581,24 @@ impl Operator {
             // only those that happen to change.
             self.requeue_plugin(&spec.plugin, "rollout analysis window opened");
         }
-        st.current = w.current.clone();
-        st.candidate = w.candidate.clone();
+        // With --sharding, what the other shards counted of this step.
+        let published = shard_counts(obj.get("status"));
+        let others: Vec<&ShardCounts> = match self.sharding.get() {
+            Some(s) => published
+                .iter()
+                .filter(|(id, c)| **id != s.identity && c.counts_step_of(&st))
+                .map(|(_, c)| c)
+                .collect(),
+            None => Vec::new(),
+        };
+        st.current = rollout::combine(&w.current, others.iter().map(|c| &c.current));
+        st.candidate = rollout::combine(&w.candidate, others.iter().map(|c| &c.candidate));
         let minutes = w.elapsed.as_secs_f64() / 60.0;
         if let Some(breach) = analyze(
             &spec.analysis,
             spec.shadow_analysis(),
-            &w.current,
-            &w.candidate,
+            &st.current,
+            &st.candidate,
             minutes,
         ) {
             let message = format!(
@@ -396,10 +611,10 @@ impl Operator {
                 }
             );
             return self
-                .roll_back(api, name, obj, spec, &old, st, "ThresholdCrossed", message)
+                .roll_back(obj, spec, &old, st, "ThresholdCrossed", message)
                 .await;
         }
-        match step_done(spec, st.step, &w.candidate, w.elapsed) {
+        match step_done(spec, st.step, &st.candidate, w.elapsed) {
             Some(waits) => st.message = waits,
             None if spec.paused => {
                 st.message = format!(
@@ -453,18 +668,17 @@ impl Operator {
                 }
             }
         }
-        self.write_status(api, name, &old, &st).await;
+        self.write_status(obj, &old, &st).await;
         st
     }
 
-    /// Rolls back at once: this replica's routing first, then the status
-    /// (phase, condition naming the metric, value and threshold) and a
-    /// Warning Event. The candidate keeps running as a shadow.
-    #[allow(clippy::too_many_arguments)]
+    /// Rolls back at once: the rollback held first (so no later tick routes
+    /// to the candidate before it is recorded), this replica's routing,
+    /// then the status (phase, condition naming the metric, value and
+    /// threshold; written again each tick until it lands) and a Warning
+    /// Event. The candidate keeps running as a shadow.
     async fn roll_back(
         &self,
-        api: &Api<DynamicObject>,
-        name: &str,
         obj: &Value,
         spec: &RolloutSpec,
         old: &RolloutStatus,
@@ -472,15 +686,19 @@ impl Operator {
         reason: &str,
         message: String,
     ) -> RolloutStatus {
-        self.apply_routing(&spec.plugin, None);
-        self.rollouts.close_window(&spec.plugin);
+        let name = object::name(obj);
         let now = jiff::Timestamp::now().to_string();
         st.phase = phase::ROLLED_BACK.into();
         st.share_percent = 0.0;
         st.message = message.clone();
         st.conditions = vec![healthy(false, reason, &message, &now)];
+        self.rollouts.hold_rollback(object::uid(obj), &st);
+        self.apply_routing(&spec.plugin, None);
+        self.rollouts.close_window(&spec.plugin);
         tracing::warn!(rollout = name, plugin = %spec.plugin, reason, %message, "rollout rolled back");
-        self.write_status(api, name, old, &st).await;
+        if self.write_status(obj, old, &st).await {
+            self.rollouts.rollback_recorded(object::uid(obj));
+        }
         self.rollout_event(obj, true, reason, &message).await;
         st
     }
@@ -495,4 +713,54 @@ fn healthy(ok: bool, reason: &str, message: &str, now: &str) -> Value {
         "message": message,
         "lastTransitionTime": now,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_status_write_tests_the_uid_first_and_the_leader_keeps_the_shards() {
+        let new = RolloutStatus {
+            phase: phase::CANARY.into(),
+            step: 2,
+            ..RolloutStatus::default()
+        };
+        let whole = fenced_status_patch("u-1", leader_status_ops(None, &new));
+        assert_eq!(
+            whole[0],
+            json!({"op": "test", "path": "/metadata/uid", "value": "u-1"})
+        );
+        assert_eq!(whole.len(), 2);
+        assert_eq!(whole[1]["path"], "/status");
+        assert_eq!(whole[1]["value"]["step"], 2);
+        let listed = json!({"phase": "Shadow", "shards": {"b": {}}});
+        let fields = leader_status_ops(Some(&listed), &new);
+        assert!(
+            fields.iter().all(|op| op["op"] == "add"
+                && op["path"]
+                    .as_str()
+                    .is_some_and(|p| p.starts_with("/status/"))
+                && op["path"] != "/status/shards"),
+            "{fields:?}"
+        );
+        assert!(
+            fields
+                .iter()
+                .any(|op| op["path"] == "/status/phase" && op["value"] == "Canary")
+        );
+        let counts = ShardCounts::default();
+        assert_eq!(
+            shard_counts_op(Some(&listed), "b", &counts)["path"],
+            "/status/shards/b"
+        );
+        assert_eq!(
+            shard_counts_op(Some(&json!({"phase": "Canary"})), "b", &counts)["path"],
+            "/status/shards"
+        );
+        let none = shard_counts_op(None, "a/b~c", &counts);
+        assert_eq!(none["path"], "/status");
+        assert!(none["value"]["shards"]["a/b~c"].is_object());
+        assert_eq!(pointer_token("a/b~c"), "a~1b~0c");
+    }
 }

@@ -679,6 +679,28 @@ async fn patch_labels(
     .await
 }
 
+/// Whether an API server's answer to a write is a server-side apply
+/// conflict over a shard label ([`SHARD_LABEL`], [`DRAIN_LABEL`]): a field
+/// manager other than the plugin's holds it, so someone (a user, by hand)
+/// labelled the owned object for a shard. The object left this shard's
+/// caches with that label, and every apply of it conflicts until the label
+/// goes: the primary is told (`ShardLabelForged`, naming the object) rather
+/// than retried in silence.
+pub fn forged_label_conflict(message: &str) -> bool {
+    message.contains(".metadata.labels.shard.wasmop.dev/")
+}
+
+/// The message of a `ShardLabelForged` failure: the write's error (which
+/// names the object and the field manager holding the label) and what to
+/// do.
+pub fn forged_label_message(e: &impl std::fmt::Display) -> String {
+    format!(
+        "{e}; someone else set the label {SHARD_LABEL} on this owned object (only the \
+         operator sets it: it moved the object out of this shard's view): remove the label \
+         (kubectl label <object> {SHARD_LABEL}-) and the shard writes the object again"
+    )
+}
+
 /// Counts of primaries per shard label value (`""` for none), for logs.
 pub fn tally<'a>(owners: impl IntoIterator<Item = Option<&'a str>>) -> BTreeMap<String, usize> {
     let mut out = BTreeMap::new();
@@ -988,5 +1010,23 @@ mod tests {
         assert!(check_identity("a_b").is_err());
         assert!(check_identity(&"a".repeat(64)).is_err());
         assert!(check_identity("").is_err());
+    }
+
+    #[test]
+    fn an_apply_conflict_over_a_shard_label_is_a_forged_label() {
+        let e = "conflict on ConfigMap ns/w-cm: Apply failed with 1 conflict: conflict with \
+                 \"kubectl-label\" using v1: .metadata.labels.shard.wasmop.dev/shard";
+        assert!(forged_label_conflict(e));
+        let m = forged_label_message(&e);
+        assert!(
+            m.contains("ConfigMap ns/w-cm") && m.contains(SHARD_LABEL),
+            "{m}"
+        );
+        assert!(!forged_label_conflict(
+            "conflict on ConfigMap ns/w-cm: Operation cannot be fulfilled: the object has been modified"
+        ));
+        assert!(!forged_label_conflict(
+            "conflict with \"x\" using v1: .data.value"
+        ));
     }
 }

@@ -474,6 +474,19 @@ impl Operator {
                     }
                     Err(e)
                         if e.is_conflict()
+                            && self.shard_for(a).is_some()
+                            && crate::controller::shard::forged_label_conflict(&e.to_string()) =>
+                    {
+                        // Someone else wrote the shard label of an owned
+                        // object: every apply of it conflicts until that
+                        // label goes. Said on the primary, not retried in
+                        // silence (see `shard::forged_label_conflict`).
+                        let message = crate::controller::shard::forged_label_message(&e);
+                        self.fail(a, key, &primary, "ShardLabelForged", &message, &now_text)
+                            .await;
+                    }
+                    Err(e)
+                        if e.is_conflict()
                             || matches!(e, execute::ExecuteError::LostLeadership) =>
                     {
                         // The world moved since the snapshot (or another

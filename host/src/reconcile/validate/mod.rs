@@ -58,6 +58,7 @@ pub use counts::{
     MAX_GAUGE_LABELS, MAX_GAUGES, PlanLimits, check_counts, check_gauges,
 };
 pub use ownership::{PROTECTED_LABEL, is_primary};
+pub use per_object::{SHARD_LABEL_PREFIX, is_host_label};
 
 /// The rule a [`Violation`] breaks.
 ///
@@ -82,7 +83,10 @@ pub enum Rule {
     DeleteTargetMissing,
     /// The plugin set `metadata.ownerReferences` (the host sets them).
     OwnerReferencesForged,
-    /// The plugin set a label the host owns.
+    /// The plan sets, changes or removes a label the host owns
+    /// ([`is_host_label`]: the shard labels, managed-by, plugin, owner-uid)
+    /// or `wasmop.dev/protected`, on an applied object or on its primary
+    /// (`primaryPatch`), whatever `primary-fields` declares.
     HostLabelForged,
     /// `primaryPatch` touches a field outside `primary-fields`.
     PrimaryFieldNotAllowed,
@@ -178,7 +182,9 @@ impl std::fmt::Display for Violation {
 /// - A delete may name the primary itself (same apiVersion, kind,
 ///   namespace and name, and the primary's uid) only when the controller
 ///   declares `delete-primary`; such a plan may not also patch the primary.
-/// - The plugin sets no ownerReferences and none of the host's labels;
+/// - The plugin sets no ownerReferences and none of the host's labels
+///   (nor `wasmop.dev/protected`), and its `primaryPatch` sets, changes or
+///   removes none of them on the primary;
 ///   names and namespaces are DNS-1123; no object is targeted twice;
 ///   `primaryPatch` only touches `primary-fields`; HTTP requests name
 ///   declared targets and ports with unique ids.

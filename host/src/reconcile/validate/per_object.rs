@@ -2,8 +2,9 @@
 //! (for the controller, and for the kind when it narrows the controller's
 //! write namespaces) and suited to the kind's scope, its name DNS-1123, and it is targeted
 //! once; an applied object is well formed and sets neither ownerReferences
-//! nor the host's labels; `primaryPatch` touches only `primary-fields`;
-//! HTTP requests name declared targets and ports with unique ids.
+//! nor the host's labels; `primaryPatch` touches only `primary-fields` and
+//! none of the host's labels; HTTP requests name declared targets and ports
+//! with unique ids.
 
 use std::collections::BTreeSet;
 
@@ -16,6 +17,21 @@ use super::{
 use crate::names;
 use crate::object;
 use crate::plugin::manifest::{Controller, OwnedKind, Ownership, split_api_version};
+
+/// The prefix of the labels sharding puts on primaries and owned objects
+/// (`shard.wasmop.dev/shard`, `shard.wasmop.dev/drain`): the host owns
+/// every label under it.
+pub const SHARD_LABEL_PREFIX: &str = "shard.wasmop.dev/";
+
+/// Whether the host owns label `key` on every object, the primary included:
+/// the shard labels ([`SHARD_LABEL_PREFIX`]), `app.kubernetes.io/managed-by`,
+/// `wasmop.dev/plugin` and `wasmop.dev/owner-uid`. No plan sets, changes or
+/// removes one ([`super::Rule::HostLabelForged`]); `wasmop.dev/protected`
+/// ([`PROTECTED_LABEL`]) is people's, and no plan touches it either.
+pub fn is_host_label(key: &str) -> bool {
+    key.starts_with(SHARD_LABEL_PREFIX)
+        || [MANAGED_BY_LABEL, PLUGIN_LABEL, OWNER_UID_LABEL].contains(&key)
+}
 
 impl<'a> Validator<'a> {
     /// Checks kind, namespace, name and uniqueness shared by applies and
@@ -185,6 +201,13 @@ impl<'a> Validator<'a> {
                 );
             }
         }
+        for key in labels.keys().filter(|k| k.starts_with(SHARD_LABEL_PREFIX)) {
+            self.push(
+                Rule::HostLabelForged,
+                desc.clone(),
+                format!("the plugin may not set label {key}; the host's sharding sets it"),
+            );
+        }
         if labels.contains_key(PROTECTED_LABEL) {
             // A forced apply could otherwise take the label off a
             // protected object and delete it on the next reconcile.
@@ -206,6 +229,7 @@ impl<'a> Validator<'a> {
             );
             return;
         }
+        self.primary_patch_labels(patch);
         let mut leaves = Vec::new();
         leaf_paths(patch, Vec::new(), &mut leaves);
         let declared: Vec<Vec<String>> = self
@@ -228,6 +252,52 @@ impl<'a> Validator<'a> {
                     ),
                 );
             }
+        }
+    }
+
+    /// The labels a `primaryPatch` (a JSON merge patch) would set, change
+    /// or remove: none of the host's ([`is_host_label`]) nor
+    /// [`PROTECTED_LABEL`], whatever `primary-fields` declares, and never
+    /// `metadata` or `metadata.labels` replaced whole (null or not an
+    /// object), which would remove them all. Otherwise a plugin could take
+    /// the protection off its own primary and delete it on the next
+    /// reconcile, or move its primary to another shard mid-plan.
+    fn primary_patch_labels(&mut self, patch: &Value) {
+        let whole = |what: &str| {
+            format!(
+                "primaryPatch replaces {what} whole, which would remove the host's labels \
+                 and {PROTECTED_LABEL}; patch single labels instead"
+            )
+        };
+        let labels = match patch.get("metadata") {
+            None => return,
+            Some(Value::Object(m)) => match m.get("labels") {
+                None => return,
+                Some(Value::Object(l)) => l,
+                Some(_) => {
+                    let message = whole("metadata.labels");
+                    self.push(Rule::HostLabelForged, "primary".to_owned(), message);
+                    return;
+                }
+            },
+            Some(_) => {
+                let message = whole("metadata");
+                self.push(Rule::HostLabelForged, "primary".to_owned(), message);
+                return;
+            }
+        };
+        for key in labels.keys() {
+            let message = if key == PROTECTED_LABEL {
+                format!(
+                    "primaryPatch may not set, change or remove label {key}: people set it, \
+                     and no plan takes it off"
+                )
+            } else if is_host_label(key) {
+                format!("primaryPatch may not set, change or remove label {key}: the host owns it")
+            } else {
+                continue;
+            };
+            self.push(Rule::HostLabelForged, "primary".to_owned(), message);
         }
     }
 

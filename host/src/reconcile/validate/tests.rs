@@ -878,3 +878,70 @@ fn no_namespace_alias_reaches_past_a_narrowed_kind() {
         "ConfigMap ns/a: the primary is cluster-scoped and controller widget may write ConfigMap in no namespace, not in namespace ns"
     );
 }
+
+#[test]
+fn no_plan_sets_changes_or_removes_a_host_label_on_its_primary_or_an_object() {
+    // Even a controller that declares every label of its primary.
+    let mut c = controller();
+    c.primary_fields = vec!["metadata.labels".into(), "metadata".into()];
+    c.delete_primary = true;
+    let judged = |patch: Value| -> Vec<(Rule, String)> {
+        let plan = Plan {
+            primary_patch: Some(patch),
+            ..Plan::default()
+        };
+        match validate(&plan, &c, &primary(), &World::default()) {
+            Ok(_) => vec![],
+            Err(vs) => vs.into_iter().map(|v| (v.rule, v.message)).collect(),
+        }
+    };
+    assert!(judged(json!({"metadata": {"labels": {"app": "x"}}})).is_empty());
+    assert!(judged(json!({"metadata": {"labels": {}}})).is_empty());
+    for key in [
+        "shard.wasmop.dev/shard",
+        "shard.wasmop.dev/drain",
+        "shard.wasmop.dev/anything",
+        MANAGED_BY_LABEL,
+        PLUGIN_LABEL,
+        OWNER_UID_LABEL,
+        PROTECTED_LABEL,
+    ] {
+        // Set, changed and removed (null, in a merge patch) alike.
+        for value in [json!("x"), Value::Null] {
+            let vs = judged(json!({"metadata": {"labels": {key: value}}}));
+            assert_eq!(vs.len(), 1, "{key}: {vs:?}");
+            assert_eq!(vs[0].0, Rule::HostLabelForged, "{key}: {vs:?}");
+            assert!(vs[0].1.contains(key), "{key}: {vs:?}");
+        }
+    }
+    // Replacing the labels (or metadata) whole would remove them all.
+    for patch in [
+        json!({"metadata": {"labels": null}}),
+        json!({"metadata": null}),
+        json!({"metadata": {"labels": "x"}}),
+    ] {
+        let vs = judged(patch.clone());
+        assert!(
+            vs.iter()
+                .any(|(r, m)| *r == Rule::HostLabelForged && m.contains("whole")),
+            "{patch}: {vs:?}"
+        );
+    }
+    // Applied objects: no shard label either (the host stamps it).
+    for key in ["shard.wasmop.dev/shard", "shard.wasmop.dev/drain"] {
+        let mut obj = cm("ns", "a");
+        obj["metadata"]["labels"] = json!({key: "shard-b"});
+        let vs = validate(
+            &apply(vec![obj]),
+            &controller(),
+            &primary(),
+            &World::default(),
+        )
+        .unwrap_err();
+        assert_eq!(vs[0].rule, Rule::HostLabelForged, "{vs:?}");
+        assert!(vs[0].message.contains(key), "{vs:?}");
+    }
+    assert!(is_host_label("shard.wasmop.dev/shard"));
+    assert!(!is_host_label(PROTECTED_LABEL), "people's, judged apart");
+    assert!(!is_host_label("app"));
+}
