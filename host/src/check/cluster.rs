@@ -27,7 +27,7 @@ use crate::reconcile::decide::{DecideInput, Decided, Decision, decide};
 use crate::reconcile::kind::{KindDecided, KindOutcome, decide_kind};
 use crate::reconcile::snapshot::Observation;
 use crate::reconcile::validate::{ApplyJudgement, Judgement, Plan, Precondition, is_primary};
-use crate::record::{Redactor, kind_recording, recording};
+use crate::record::{offline_kind_recording, offline_recording};
 use wasmop_contract::Scope;
 
 /// One scripted answer to the plan's HTTP requests: the first entry whose
@@ -102,8 +102,6 @@ pub struct Host<'a> {
     pub plugin: &'a LoadedPlugin,
     /// Scripted HTTP answers.
     pub script: &'a [Scripted],
-    /// Redacts Secrets in recordings.
-    pub redactor: &'a Redactor,
 }
 
 /// One write of a plan, in the host's order.
@@ -158,7 +156,7 @@ impl Host<'_> {
             })
             .flatten();
         let recording = match &decided.snapshot {
-            Some(s) => recording(self.redactor, self.plugin, s, &decided.decision),
+            Some(s) => offline_recording(self.plugin, s, &decided.decision),
             None => Value::Null,
         };
         let Decided { decision, .. } = decided;
@@ -220,7 +218,7 @@ impl Host<'_> {
                 (a != b).then(|| first_difference(&a, &b))
             })
             .flatten();
-        let recording = kind_recording(self.redactor, self.plugin, &decided).unwrap_or(Value::Null);
+        let recording = offline_kind_recording(self.plugin, &decided).unwrap_or(Value::Null);
         let label = format!("{} (kind call)", controller.primary.kind);
         let mut out = Reconciled {
             step: Step {

@@ -436,7 +436,7 @@ impl<'a> Explorer<'a> {
                 return Ended::Fixpoint(round);
             }
             if self.on(Property::NoOscillation) && plugin_changed {
-                let pairs: Vec<(ObjKey, Value)> = c.world.content().into_iter().collect();
+                let pairs: Vec<(ObjKey, Value)> = c.world.cycle_content();
                 let text = serde_json::to_string(&pairs).unwrap_or_default();
                 let digest = crate::plugin::digest(text.as_bytes());
                 if !seen.worlds.insert(digest) {
@@ -648,9 +648,11 @@ impl<'a> Explorer<'a> {
             else {
                 continue;
             };
-            points.extend((0..r.writes).map(|n| (i, n)));
+            // A crash before the first write is a reconcile that did not
+            // happen: nothing to check.
+            points.extend((1..r.writes).map(|n| (i, n)));
         }
-        let limit = if self.opts.deep { usize::MAX } else { 48 };
+        let limit = if self.opts.deep { usize::MAX } else { 24 };
         if points.len() > limit {
             let stride = points.len().div_ceil(limit);
             points = points.into_iter().step_by(stride).collect();
@@ -769,7 +771,7 @@ impl<'a> Explorer<'a> {
         seed: u64,
         trace: &Trace,
     ) {
-        let limit = if self.opts.deep { usize::MAX } else { 40 };
+        let limit = if self.opts.deep { usize::MAX } else { 24 };
         let mut tried = 0;
         for (before, round, ctl, key, at) in saved {
             let Some(primary) = before.world.get(key) else {
@@ -896,7 +898,10 @@ impl<'a> Explorer<'a> {
                     ok.1.as_str(),
                     "StatefulSet" | "Deployment" | "Job" | "Certificate"
                 );
-                if !fresh_claims || (variant == "missing" && workload) {
+                // A terminal condition (BackupCompleted) may outlive its
+                // Job; Ready and Available speak of what runs now.
+                let continuous = cond == "Ready" || cond == "Available";
+                if !fresh_claims || (variant == "missing" && workload && continuous) {
                     self.found(
                         Property::Stale,
                         seed,

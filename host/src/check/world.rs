@@ -462,6 +462,32 @@ impl World {
             .collect()
     }
 
+    /// Every object without its resourceVersion and generations (which
+    /// only count writes): two equal ones are the same state, for finding
+    /// a cycle.
+    pub fn cycle_content(&self) -> Vec<(ObjKey, Value)> {
+        fn strip(v: &mut Value) {
+            match v {
+                Value::Object(m) => {
+                    m.retain(|k, _| {
+                        k != "resourceVersion" && k != "generation" && k != "observedGeneration"
+                    });
+                    m.values_mut().for_each(strip);
+                }
+                Value::Array(a) => a.iter_mut().for_each(strip),
+                _ => {}
+            }
+        }
+        self.objects
+            .iter()
+            .map(|(k, v)| {
+                let mut v = v.clone();
+                strip(&mut v);
+                (k.clone(), v)
+            })
+            .collect()
+    }
+
     /// [`World::content`] of the objects `uids` name and what they control.
     pub fn content_of(&self, uids: &BTreeSet<String>) -> BTreeMap<ObjKey, Value> {
         let keys: BTreeSet<ObjKey> = self
@@ -510,6 +536,11 @@ pub fn normalise(v: &mut Value) {
                     || k == "message")
             });
             m.values_mut().for_each(normalise);
+            // Conditions in type order: the order a history added them in
+            // is no part of the state.
+            if let Some(Value::Array(list)) = m.get_mut("conditions") {
+                list.sort_by(|a, b| a["type"].to_string().cmp(&b["type"].to_string()));
+            }
         }
         Value::Array(a) => a.iter_mut().for_each(normalise),
         _ => {}

@@ -24,7 +24,6 @@ use crate::check::properties::Property;
 use crate::cli::{CliError, PluginArgs, read, read_settings};
 use crate::plugin::LoadedPlugin;
 use crate::reconcile::offline;
-use crate::record::Redactor;
 use crate::sandbox::{Sandbox, SandboxConfig};
 
 /// Arguments of `wasmop check`.
@@ -168,13 +167,11 @@ pub fn check_command(args: CheckArgs) -> Result<ExitCode, CliError> {
         schemas: schemas(&crd_docs),
     };
     let manifest = plugin.effective_manifest();
-    let redactor = Redactor::new();
     let mut total = Report::default();
     for (path, input) in &examples {
         let host = Host {
             plugin: &plugin,
             script: &script,
-            redactor: &redactor,
         };
         let mut explorer = Explorer::new(host, manifest, &opts);
         let name = path
