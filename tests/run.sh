@@ -13,6 +13,7 @@
 #      the code compiles rather than in a separate check build of every
 #      dependency); scaffolds a plugin outside the workspace with
 #      `wasmop new`, builds it and checks its plan;
+#      runs `wasmop check` on every shipped plugin (tests/check-plugins.sh);
 #   5. waits for step 2, then starts the local control plane (tests/cluster/up.sh);
 #   6. runs the README's demo unattended, as the operator's ServiceAccount
 #      under deploy/rbac.yaml (`deploy/run-local.sh --check --rbac`: every
@@ -138,6 +139,9 @@ export WASMOP_BIN="$CARGO_TARGET_DIR/debug/wasmop"
 
 step "a plugin crate outside the workspace (wasmop new, build, wasmop plan)"
 bash tests/scaffold-check.sh
+
+step "wasmop check: the eight properties of every shipped plugin, in a modelled cluster"
+bash tests/check-plugins.sh
 
 control_plane_built
 

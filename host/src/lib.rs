@@ -19,6 +19,7 @@
 //!              and failure reports
 //! observe/     HTTP requests plans declare: policy, resolution, transport,
 //!              the results store
+//! check/       `wasmop check`: the plugin explored in a modelled cluster
 //! cli/         the `wasmop` command line and `wasmop run`
 //! ```
 //!
@@ -45,6 +46,9 @@
 //!   and the admission webhook server; all three drive the controller.
 //! - `controller` — routing, the queue, the workers, the running
 //!   controllers: it calls every layer below.
+//! - `check` — `wasmop check`: a plugin explored offline in a modelled
+//!   cluster (its world, built-in controllers, properties), deciding
+//!   through `decide` and writing its traces as recordings.
 //! - `health`, `observe`, `record`, `selfevent`, `shadow` — what follows
 //!   an executed plan (its HTTP requests, recordings, shadow comparisons,
 //!   the operator's own Events) and the process's HTTP endpoint: `health`
@@ -85,6 +89,7 @@
 //! `wasmop-contract` crate's, shared with the plugin SDK.
 
 pub mod admission;
+pub mod check;
 pub mod cli;
 pub mod conditions;
 pub mod controller;

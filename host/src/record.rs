@@ -27,7 +27,10 @@
 //!   annotation is replaced by a token too. Then every string anywhere in
 //!   the recording is scrubbed of each Secret value at least
 //!   [`SCRUB_MIN_LEN`] bytes long, raw or base64, wherever it was copied
-//!   (status, events, ConfigMaps, observations). The same value gives the
+//!   (status, events, ConfigMaps, observations), except `apiVersion` and
+//!   `kind` values, which name types (a Secret value such as `firebolt`
+//!   would otherwise turn `compute.firebolt.io` into a group no replay
+//!   knows). The same value gives the
 //!   same token within one process, so a plugin that copies a Secret
 //!   replays to the same plan.
 //! - **Recording never fails a reconcile.** A write error is logged and
@@ -187,7 +190,12 @@ fn scrub(v: &mut Value, pairs: &[(String, String)]) {
             let keys: Vec<String> = map.keys().cloned().collect();
             for k in keys {
                 if let Some(mut inner) = map.remove(&k) {
-                    scrub(&mut inner, pairs);
+                    // An object's type is never a secret, and a Secret
+                    // value that is a word of it (`firebolt`) must not
+                    // change which kind a replay reads.
+                    if k != "apiVersion" && k != "kind" {
+                        scrub(&mut inner, pairs);
+                    }
                     map.insert(clean(&k).unwrap_or(k), inner);
                 }
             }
@@ -211,7 +219,57 @@ pub fn recording(
         "name": object::name(&snapshot.primary),
         "uid": object::uid(&snapshot.primary),
     });
-    redacted_recording(redactor, plugin, snapshot, primaries, primary, outcome)
+    redacted_recording(
+        Some(redactor),
+        plugin,
+        snapshot,
+        primaries,
+        primary,
+        outcome,
+    )
+}
+
+/// The recording of one reconcile of a modelled cluster (`wasmop check`),
+/// *not* redacted: its Secrets are the examples' and what the plugin
+/// generated offline, and a plugin that derives anything from a Secret
+/// value replays to the same plan only from the value itself.
+pub fn offline_recording(plugin: &LoadedPlugin, snapshot: &Snapshot, decision: &Decision) -> Value {
+    let primaries = std::slice::from_ref(&snapshot.primary);
+    let primary = json!({
+        "kind": object::kind(&snapshot.primary),
+        "namespace": object::namespace(&snapshot.primary),
+        "name": object::name(&snapshot.primary),
+        "uid": object::uid(&snapshot.primary),
+    });
+    redacted_recording(
+        None,
+        plugin,
+        snapshot,
+        primaries,
+        primary,
+        outcome_of(decision),
+    )
+}
+
+/// [`kind_recording`] of a modelled cluster, not redacted (see
+/// [`offline_recording`]).
+pub fn offline_kind_recording(plugin: &LoadedPlugin, decided: &KindDecided) -> Option<Value> {
+    let snapshot = decided.snapshot.as_ref()?;
+    let first = decided.primaries.first()?;
+    let primary = json!({
+        "apiVersion": object::api_version(first),
+        "kind": object::kind(first),
+        "scope": "Kind",
+        "primaries": decided.primaries.len(),
+    });
+    Some(redacted_recording(
+        None,
+        plugin,
+        snapshot,
+        &decided.primaries,
+        primary,
+        kind_outcome_of(decided),
+    ))
 }
 
 /// The recording of one call of a kind-scoped controller, redacted: its
@@ -235,7 +293,7 @@ pub fn kind_recording(
         "primaries": decided.primaries.len(),
     });
     Some(redacted_recording(
-        redactor,
+        Some(redactor),
         plugin,
         snapshot,
         &decided.primaries,
@@ -274,7 +332,7 @@ fn plan_objects(outcome: &mut Value) -> Vec<&mut Value> {
 /// of `snapshot`, and the `Recorded` document of `primary` and `outcome`;
 /// Secrets redacted and their values scrubbed everywhere.
 fn redacted_recording(
-    redactor: &Redactor,
+    redactor: Option<&Redactor>,
     plugin: &LoadedPlugin,
     snapshot: &Snapshot,
     primaries: &[Arc<Value>],
@@ -301,7 +359,10 @@ fn redacted_recording(
         }
     }
     // Unique (collected in a set) and longest first already.
-    let pairs = redactor.redact_secrets(objects.iter_mut().chain(plan_objects(&mut outcome)));
+    let pairs = match redactor {
+        Some(r) => r.redact_secrets(objects.iter_mut().chain(plan_objects(&mut outcome))),
+        None => Vec::new(),
+    };
     let mut doc = json!({
         "apiVersion": "v1",
         "kind": "List",
@@ -539,6 +600,16 @@ mod tests {
         assert_eq!(doc[1]["data"]["b64"], B64.encode(&token));
         // A second redactor (another process) gives other tokens.
         assert_ne!(Redactor::new().token(canary.as_bytes()), token);
+    }
+
+    #[test]
+    fn a_secret_value_that_is_a_word_of_a_kind_leaves_the_kind_as_it_is() {
+        let pairs = vec![("firebolt".to_owned(), "TOKEN".to_owned())];
+        let mut v = json!({"apiVersion": "compute.firebolt.io/v1alpha1", "kind": "FireboltX",
+                           "spec": {"user": "firebolt"}});
+        scrub(&mut v, &pairs);
+        assert_eq!(v["apiVersion"], "compute.firebolt.io/v1alpha1");
+        assert_eq!(v["spec"]["user"], "TOKEN");
     }
 
     #[test]

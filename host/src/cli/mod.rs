@@ -5,6 +5,7 @@
 //! [`execute`]. Errors are [`CliError`]s that display as one line.
 
 pub mod admission;
+pub mod check;
 pub mod config;
 pub mod config_watch;
 pub mod new;
@@ -51,6 +52,9 @@ pub enum Command {
     /// Compute a plugin's plan offline from objects in a YAML file (or, when
     /// the file holds an AdmissionReview, the plugin's admission answer).
     Plan(PlanArgs),
+    /// Explore a plugin offline in a modelled cluster from examples and
+    /// check the eight properties a plugin must hold; exit 1 on a finding.
+    Check(Box<crate::cli::check::CheckArgs>),
     /// Scaffold a plugin crate of its own (SDK as a git or path
     /// dependency), with a golden fixture and a README.
     New(crate::cli::new::NewArgs),
@@ -225,6 +229,12 @@ pub enum CliError {
         /// What went wrong.
         reason: String,
     },
+    /// `wasmop check` cannot use its inputs.
+    #[error("{reason}")]
+    Check {
+        /// What is wrong.
+        reason: String,
+    },
     /// `wasmop replay` cannot use its recordings or allow-list.
     #[error("{reason}")]
     Replay {
@@ -246,8 +256,9 @@ pub enum CliError {
 /// build the same program under another name to spawn it.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    // `replay` exits 1 for "plans differ": its own errors are 2.
-    let error_code = if matches!(cli.command, Command::Replay(_)) {
+    // `replay` exits 1 for "plans differ", `check` for a finding: their
+    // own errors are 2.
+    let error_code = if matches!(cli.command, Command::Replay(_) | Command::Check(_)) {
         ExitCode::from(2)
     } else {
         ExitCode::FAILURE
@@ -282,6 +293,7 @@ pub fn execute(cli: Cli) -> Result<ExitCode, CliError> {
     match cli.command {
         Command::Inspect(args) => inspect(args),
         Command::Plan(args) => plan(args),
+        Command::Check(args) => crate::cli::check::check_command(*args),
         Command::New(args) => crate::cli::new::new_command(args),
         Command::Rbac(args) => crate::cli::rbac::rbac_command(args),
         Command::Run(args) => Ok(crate::cli::run::run(*args)?),

@@ -317,6 +317,9 @@ does through WASI (the host grants no files, network or real clock).
 wasmop inspect target/wasm32-unknown-unknown/release/{crate_ident}.wasm   # manifest and RBAC
 wasmop plan --plugin target/wasm32-unknown-unknown/release/{crate_ident}.wasm \
   -f fixtures/example.yaml | diff - fixtures/example.plan.json
+# its behaviour in a modelled cluster: convergence, idempotence, crashes,
+# stale snapshots, honest Ready, deletion (exit 1 with a trace on a finding)
+wasmop check target/wasm32-unknown-unknown/release/{crate_ident}.wasm -f fixtures/example.yaml
 ```
 
 ## Run and hot-swap

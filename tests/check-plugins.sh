@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# `wasmop check` on every shipped plugin, from its example in deploy/examples
+# with the CRDs of crds/ (run by tests/run.sh; about 2 minutes in all on 2
+# cores). Each line names what the plugin needs besides its example: the
+# settings deploy/run-local.yaml gives it, objects another operator provides
+# (--with), the kinds it documents as outliving its primary (--kept), and
+# the properties whose findings it lists as known deviations in its README
+# (--known). A finding's trace is written under $WASMOP_CHECK_TRACES
+# (default: a temporary directory) and replays with `wasmop replay`.
+#
+# usage: tests/check-plugins.sh [PLUGIN...]   (default: all five)
+#   WASMOP_BIN         the wasmop binary (default: cargo run -p wasmop)
+#   WASMOP_PLUGIN_DIR  the built plugins (default: target/plugins)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+plugins_dir="${WASMOP_PLUGIN_DIR:-$root/target/plugins}"
+traces="${WASMOP_CHECK_TRACES:-$(mktemp -d)}"
+if [[ -n ${WASMOP_BIN:-} ]]; then
+  wasmop=("$WASMOP_BIN")
+else
+  wasmop=(cargo run -q -p wasmop --)
+fi
+fixtures=tests/fixtures/check
+
+check() {
+  local plugin=$1
+  shift
+  echo "--- wasmop check $plugin" >&2
+  "${wasmop[@]}" check "$plugins_dir/$plugin.wasm" --crds crds --trace-dir "$traces" \
+    --budget 25 "$@"
+}
+
+want=("$@")
+[[ ${#want[@]} -gt 0 ]] || want=(instance engine fleet team backup)
+failed=()
+for p in "${want[@]}"; do
+  case $p in
+    # Ready once one pod of each Deployment is available (workload.rs,
+    # deployment_health), not every replica: a node lost under one gateway
+    # Pod of two leaves Ready=True (tests/fixtures/check/findings/).
+    instance) args=(-f deploy/examples/firebolt-instance.yaml --known ready-honesty) ;;
+    # With its StatefulSet missing from the snapshot, Ready=True stays
+    # (tests/fixtures/check/findings/).
+    engine) args=(-f deploy/examples/firebolt-engine.yaml --with "$fixtures/firebolt-instance-provisioned.yaml" --known stale) ;;
+    # plugins/fleet/README.md, "Known deviations from wasmop check".
+    fleet) args=(-f deploy/examples/celld-fleet.yaml --settings "$fixtures/fleet-settings.yaml" --kept CelldStorageReservation --known stale,ready-honesty) ;;
+    team) args=(-f deploy/examples/terdut-team.yaml) ;;
+    backup) args=(-f deploy/examples/etcd-backup.yaml --settings "$fixtures/backup-settings.yaml") ;;
+    *) echo "error: no check of plugin $p" >&2; exit 2 ;;
+  esac
+  check "$p" "${args[@]}" || failed+=("$p")
+done
+if [[ ${#failed[@]} -gt 0 ]]; then
+  echo "error: wasmop check found what the plugins do not document: ${failed[*]} (traces under $traces)" >&2
+  exit 1
+fi
