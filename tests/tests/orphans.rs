@@ -376,7 +376,13 @@ async fn the_sweep_collects_label_owned_objects_whose_owner_is_gone() -> Result<
     cms.create(&PostParams::default(), &lookalike).await?;
     let lookalike_before = identity(&cms, "far-mirror").await?;
 
-    // l goes without its cleanup: its finalizer taken off by hand.
+    // l goes without its cleanup: its finalizer taken off by hand, while
+    // this operator writes nothing (a follower). As the leader it would
+    // reconcile the patch below, put its finalizer back before the delete,
+    // and the plugin's own cleanup would then delete l-mirror: the sweep
+    // would have nothing left to collect.
+    let leader = op.operator.leader_flag();
+    leader.store(false, std::sync::atomic::Ordering::SeqCst);
     labellers
         .patch(
             "l",
@@ -391,6 +397,7 @@ async fn the_sweep_collects_label_owned_objects_whose_owner_is_gone() -> Result<
     .await?;
     assert!(cms.get_opt("l-mirror").await?.is_some());
 
+    leader.store(true, std::sync::atomic::Ordering::SeqCst);
     let (looked, swept) = op.operator.sweep_orphans().await;
     eprintln!("label sweep: looked at {looked} objects, collected {swept}");
     assert!(cms.get_opt("l-mirror").await?.is_none(), "l-mirror leaked");
