@@ -2825,6 +2825,24 @@ mod tests {
     }
 
     #[test]
+    fn an_object_owned_by_label_is_judged_by_its_owner_label() {
+        let cm: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": "l0-mirror", "namespace": "ns", "uid": "c1",
+                "resourceVersion": "1",
+                "labels": {MANAGED_BY: "wasmop", OWNER_UID_LABEL: "owner-1"}},
+        }))
+        .unwrap();
+        let seen = Seen::of(&cm);
+        assert_eq!(seen.controller.as_deref(), Some("owner-1"));
+        let mut l = Ledger::default();
+        assert!(l.observe(&ns(), &[seen], &HashSet::new()).is_empty());
+        // Collected while its owner lives: a violation.
+        let v = l.observe(&ns(), &[], &HashSet::new());
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(v[0].invariant, Invariant::UnexplainedDeletion);
+    }
+
+    #[test]
     fn two_managed_objects_of_one_owner_or_a_change_of_owner_break_ownership() {
         let mut l = Ledger::default();
         let one = [cm("a-cm", "c1", "1", Some("wa"), true)];
