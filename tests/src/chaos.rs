@@ -85,6 +85,15 @@
 //! expired and its primaries re-homed), so convergence within 5 s covers
 //! the reconciles of re-homed primaries; the invariants are the same.
 //!
+//! **Features** ([`SoakConfig::features`], module `features`): the
+//! features run together — a third shard joins and leaves
+//! ([`FaultKind::ShardJoin`]), a staged rollout is rolled back in every
+//! window, the orphan sweep runs every 3 s, Stamps are re-created under
+//! their names mid-call, Labellers (owned by label) churn — with three
+//! more invariants: `StatusUid`, `Rollout` and `OneWriter` (the API
+//! server's audit log); `UnexplainedDeletion` then also covers the objects
+//! owned by label (their owner is the host's owner label).
+//!
 //! [`Breach`] makes the soak break every invariant itself once (touch a
 //! bystander, delete a managed ConfigMap whose Widget lives, forge a second
 //! ConfigMap for one Widget, stop both replicas before a quiet point), to
