@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 use wasmop::admission::rules::Endpoint;
 use wasmop::admission::server::Plugins;
 use wasmop::admission::tls::CertSource;
-use wasmop::admission::{AdmissionConfig, start_on};
+use wasmop::admission::{AdmissionConfig, WriteFence, start_on};
 use wasmop::controller::Operator;
 
 /// One running admission server.
@@ -54,7 +54,7 @@ pub struct AdmissionOptions {
 
 impl Admission {
     /// Starts admission for `operator`'s loaded plugins, writing the
-    /// configuration while `leader` is set.
+    /// configuration while `leader` is set, within `operator`'s Lease term.
     ///
     /// # Errors
     /// When no loopback port can be bound.
@@ -62,6 +62,23 @@ impl Admission {
         client: Client,
         operator: &Arc<Operator>,
         leader: Arc<AtomicBool>,
+        options: AdmissionOptions,
+    ) -> Result<Self> {
+        let lease_until = operator.lease_deadline();
+        Self::start_in_term(client, operator, leader, lease_until, options).await
+    }
+
+    /// As [`Admission::start`], writing the configuration while `leader`
+    /// is set and `lease_until` has not passed (the Lease term). Its
+    /// install is named after `options.operator_namespace`.
+    ///
+    /// # Errors
+    /// When no loopback port can be bound.
+    pub async fn start_in_term(
+        client: Client,
+        operator: &Arc<Operator>,
+        leader: Arc<AtomicBool>,
+        lease_until: wasmop::controller::leader::LeaseDeadline,
         options: AdmissionOptions,
     ) -> Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
@@ -77,6 +94,7 @@ impl Admission {
             ),
             only_namespaces: options.watched,
             configuration_name: options.configuration.clone(),
+            install: format!("{}/wasmop-leader", options.operator_namespace),
             timeout_seconds: 10,
             cert: CertSource {
                 namespace: options.operator_namespace,
@@ -96,7 +114,10 @@ impl Admission {
             client,
             operator.cache().clone(),
             plugins,
-            leader,
+            WriteFence {
+                leader,
+                lease_until,
+            },
         );
         Ok(Self {
             port,

@@ -312,16 +312,18 @@ async fn engines_need_their_class_and_a_used_class_cannot_be_deleted() -> Result
     };
     let result = run.await;
     delete_configuration(&ns.client, &configuration).await?;
-    // The engines' finalizer has no operator to remove it any more.
-    for e in engines(&ns).list(&Default::default()).await?.items {
-        let name = e.metadata.name.clone().unwrap_or_default();
-        engines(&ns)
-            .patch(
+    // The finalizers (the classes' deletion guard) have no operator to
+    // remove them any more.
+    for api in [engines(&ns), classes(&ns)] {
+        for e in api.list(&Default::default()).await?.items {
+            let name = e.metadata.name.clone().unwrap_or_default();
+            api.patch(
                 &name,
                 &PatchParams::default(),
                 &Patch::Merge(json!({"metadata": {"finalizers": null}})),
             )
             .await?;
+        }
     }
     result
 }
@@ -635,6 +637,189 @@ async fn leader_and_follower_both_answer_admission() -> Result<()> {
             Ok(Some(()))
         })
         .await?;
+        anyhow::Ok(())
+    };
+    let result = run.await;
+    delete_configuration(&ns.client, &configuration).await?;
+    result
+}
+
+/// A counter of this process for one configuration (0 when never set).
+fn counter(name: &str, configuration: &str) -> f64 {
+    wasmop::metrics::global()
+        .get(name, &[("configuration", configuration)])
+        .unwrap_or(0.0)
+}
+
+/// The webhook configuration is written only within the Lease term: with
+/// the leader flag set but the term's deadline passed (a replica whose
+/// election loop stalled), nothing is written; once the term runs again,
+/// the configuration is, marked with the install that wrote it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_webhook_configuration_is_written_only_within_the_lease_term() -> Result<()> {
+    let ns = TestNamespace::new("admission-term").await?;
+    let ops = TestNamespace::new("admission-term-ops").await?;
+    apply_test_crds(&ns.client).await?;
+    let configuration = format!("wasmop-admission-{}", ns.name);
+    let run = async {
+        let op = RunningOperator::start(
+            ns.client.clone(),
+            vec![ns.name.clone()],
+            vec![load_plugin("admitter", json!({}))?],
+        )
+        .await?;
+        let term: wasmop::controller::leader::LeaseDeadline =
+            Arc::new(std::sync::Mutex::new(Some(Instant::now())));
+        let _admission = Admission::start_in_term(
+            ns.client.clone(),
+            &op.operator,
+            Arc::new(AtomicBool::new(true)),
+            term.clone(),
+            AdmissionOptions {
+                operator_namespace: ops.name.clone(),
+                watched: vec![ns.name.clone()],
+                configuration: configuration.clone(),
+                url: None,
+                cert_validity: Duration::from_secs(3600),
+            },
+        )
+        .await?;
+        // Sync passes with a certificate and the flag set, but outside the
+        // term: nothing is written (the wait ends early if it is).
+        wait_for(
+            "three sync passes outside the term",
+            DEFAULT_DEADLINE,
+            || async {
+                Ok((counter(
+                    "wasmop_admission_configuration_outside_term_total",
+                    &configuration,
+                ) >= 3.0
+                    || webhook_names(&ns.client, &configuration).await?.is_some())
+                .then_some(()))
+            },
+        )
+        .await?;
+        ensure!(
+            webhook_names(&ns.client, &configuration).await?.is_none(),
+            "the configuration was written outside the Lease term"
+        );
+        *term.lock().expect("term lock") = Some(Instant::now() + Duration::from_secs(3600));
+        let api: Api<ValidatingWebhookConfiguration> = Api::all(ns.client.clone());
+        let written = wait_for(
+            "the configuration written in the term",
+            DEFAULT_DEADLINE,
+            || async { Ok(api.get_opt(&configuration).await?) },
+        )
+        .await?;
+        ensure!(
+            written
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .get(wasmop::admission::INSTALL_ANNOTATION)
+                == Some(&format!("{}/wasmop-leader", ops.name)),
+            "the configuration names its install"
+        );
+        anyhow::Ok(())
+    };
+    let result = run.await;
+    delete_configuration(&ns.client, &configuration).await?;
+    result
+}
+
+/// Two installs given the same configuration name (two operators in two
+/// namespaces, each leading its own Lease): the first writes it, the
+/// second refuses to overwrite it (counted) and the configuration stays
+/// the first's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_installs_never_overwrite_each_others_webhook_configuration() -> Result<()> {
+    let ns = TestNamespace::new("admission-installs").await?;
+    let first_ops = TestNamespace::new("admission-installs-a").await?;
+    let second_ops = TestNamespace::new("admission-installs-b").await?;
+    apply_test_crds(&ns.client).await?;
+    let configuration = format!("wasmop-admission-{}", ns.name);
+    let run = async {
+        let op = RunningOperator::start(
+            ns.client.clone(),
+            vec![ns.name.clone()],
+            vec![load_plugin("admitter", json!({}))?],
+        )
+        .await?;
+        let options = |ops: &TestNamespace| AdmissionOptions {
+            operator_namespace: ops.name.clone(),
+            watched: vec![ns.name.clone()],
+            configuration: configuration.clone(),
+            url: None,
+            cert_validity: Duration::from_secs(3600),
+        };
+        let first = Admission::start(
+            ns.client.clone(),
+            &op.operator,
+            Arc::new(AtomicBool::new(true)),
+            options(&first_ops),
+        )
+        .await?;
+        let api: Api<ValidatingWebhookConfiguration> = Api::all(ns.client.clone());
+        let url_of = |c: &ValidatingWebhookConfiguration| {
+            c.webhooks
+                .iter()
+                .flatten()
+                .filter_map(|w| w.client_config.url.clone())
+                .collect::<Vec<_>>()
+        };
+        let first_url = format!("https://127.0.0.1:{}", first.port);
+        let written = wait_for(
+            "the first install's configuration",
+            DEFAULT_DEADLINE,
+            || async {
+                Ok(api
+                    .get_opt(&configuration)
+                    .await?
+                    .filter(|c| url_of(c).iter().any(|u| u.starts_with(&first_url))))
+            },
+        )
+        .await?;
+        let refused_before = counter(
+            "wasmop_admission_configuration_refused_total",
+            &configuration,
+        );
+        let _second = Admission::start(
+            ns.client.clone(),
+            &op.operator,
+            Arc::new(AtomicBool::new(true)),
+            options(&second_ops),
+        )
+        .await?;
+        // The second install refuses (the wait ends early if it wrote).
+        wait_for("the second install to refuse", DEFAULT_DEADLINE, || async {
+            let rewritten = api.get(&configuration).await?.metadata.resource_version
+                != written.metadata.resource_version;
+            Ok((counter(
+                "wasmop_admission_configuration_refused_total",
+                &configuration,
+            ) > refused_before
+                || rewritten)
+                .then_some(()))
+        })
+        .await?;
+        let now = api.get(&configuration).await?;
+        ensure!(
+            now.metadata.resource_version == written.metadata.resource_version,
+            "the configuration was written again"
+        );
+        ensure!(
+            url_of(&now).iter().all(|u| u.starts_with(&first_url)),
+            "the configuration points elsewhere: {:?}",
+            url_of(&now)
+        );
+        ensure!(
+            now.metadata
+                .annotations
+                .unwrap_or_default()
+                .get(wasmop::admission::INSTALL_ANNOTATION)
+                == Some(&format!("{}/wasmop-leader", first_ops.name)),
+            "the configuration is still the first install's"
+        );
         anyhow::Ok(())
     };
     let result = run.await;

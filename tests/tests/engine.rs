@@ -1006,5 +1006,412 @@ async fn crds_accept_upstream_samples_and_reject_the_stale_test_sample() -> Resu
         engines(&ns).get_opt("engine-test").await?.is_none(),
         "nothing stored"
     );
+
+    // The operator-owned template paths the CRD headers name are refused,
+    // on engines and classes alike.
+    for (template, says) in [
+        (
+            json!({"spec": {"terminationGracePeriodSeconds": 5}}),
+            "terminationGracePeriodSeconds (60 s), hostname and subdomain are set by the operator",
+        ),
+        (
+            json!({"spec": {"hostname": "h"}}),
+            "terminationGracePeriodSeconds (60 s), hostname and subdomain are set by the operator",
+        ),
+        (
+            json!({"metadata": {"labels": {"firebolt.io/generation": "3"}}}),
+            "labels and annotations under firebolt.io/ are set by the operator",
+        ),
+        (
+            json!({"metadata": {"annotations": {"firebolt.io/spec-hash": "x"}}}),
+            "labels and annotations under firebolt.io/ are set by the operator",
+        ),
+    ] {
+        let mut engine = object("FireboltEngine", "owned-paths", engine_spec(1, None))?;
+        engine.data["spec"]["template"] = template.clone();
+        let class = object(
+            "FireboltEngineClass",
+            "owned-paths",
+            json!({"template": template}),
+        )?;
+        let dry = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        for (kind, result) in [
+            (
+                "engine",
+                engines(&ns).create(&dry, &engine).await.map(|_| ()),
+            ),
+            ("class", classes(&ns).create(&dry, &class).await.map(|_| ())),
+        ] {
+            match result {
+                Err(kube::Error::Api(s)) => {
+                    assert_eq!(s.code, 422, "{kind} {template}: {s:?}");
+                    assert!(s.message.contains(says), "{kind} {template}: {}", s.message);
+                }
+                other => bail!("{kind} with template {template} was not refused: {other:?}"),
+            }
+        }
+    }
+    Ok(())
+}
+
+// ---- failure paths of the blue-green machine ----
+
+/// Waits until `engine`'s status satisfies `check` (given the object),
+/// returning it.
+async fn wait_engine(
+    ns: &TestNamespace,
+    engine: &str,
+    what: &str,
+    check: impl Fn(&DynamicObject) -> bool,
+) -> Result<DynamicObject> {
+    let api = engines(ns);
+    let check = &check;
+    wait_for(&format!("{engine}: {what}"), DEADLINE, || {
+        let api = api.clone();
+        async move {
+            let e = api.get(engine).await?;
+            if check(&e) {
+                Ok(Some(e))
+            } else {
+                bail!("status: {}", e.data["status"])
+            }
+        }
+    })
+    .await
+}
+
+/// A class deleted while an engine references it, with no admission
+/// webhook: the deletion-guard finalizer holds it (Ready=False,
+/// DeletionBlocked, naming the engine) and the engine goes on rolling and
+/// scaling, through 0 replicas and back; the class goes once the engine
+/// does.
+#[tokio::test]
+async fn a_class_in_use_outlives_its_delete_and_the_engine_stops_and_resumes() -> Result<()> {
+    let ns = TestNamespace::new("engine-guard").await?;
+    let _op = start(&ns).await?;
+    create_instance(&ns).await?;
+    let classes = classes(&ns);
+    classes
+        .create(
+            &PostParams::default(),
+            &object("FireboltEngineClass", "small", class_spec("engine:v1"))?,
+        )
+        .await?;
+    let api = engines(&ns);
+    api.create(
+        &PostParams::default(),
+        &object("FireboltEngine", "e", engine_spec(2, Some("small")))?,
+    )
+    .await?;
+    assert_eq!(wait_stable(&ns, "e", 0, 2).await?, 0);
+    wait_for("the class's deletion guard", DEADLINE, || {
+        let classes = classes.clone();
+        async move {
+            let c = classes.get("small").await?;
+            let finalizers = c.metadata.finalizers.clone().unwrap_or_default();
+            if finalizers
+                .iter()
+                .any(|f| f == "compute.firebolt.io/fireboltengineclass-deletion-guard")
+            {
+                Ok(Some(()))
+            } else {
+                bail!("finalizers {finalizers:?}")
+            }
+        }
+    })
+    .await?;
+
+    classes.delete("small", &Default::default()).await?;
+    wait_for("the class to report DeletionBlocked", DEADLINE, || {
+        let classes = classes.clone();
+        async move {
+            let c = classes.get("small").await?;
+            let ready = condition(&c, "Ready");
+            if c.metadata.deletion_timestamp.is_some()
+                && ready["status"] == "False"
+                && ready["reason"] == "DeletionBlocked"
+                && ready["message"]
+                    .as_str()
+                    .is_some_and(|m| m.ends_with("1 do: e"))
+            {
+                Ok(Some(()))
+            } else {
+                bail!(
+                    "class: {:?} {}",
+                    c.metadata.deletion_timestamp,
+                    c.data["status"]
+                )
+            }
+        }
+    })
+    .await?;
+    let (_, note) = wasmop_tests::status::wait_event(
+        &ns.client,
+        &ns.name,
+        "small",
+        Some("Warning"),
+        "DeletionBlocked",
+        DEADLINE,
+    )
+    .await?;
+    assert!(note.contains(": e"), "{note}");
+
+    // The engine does not freeze: it stops (2 -> 0) and resumes (0 -> 2),
+    // each through a new generation, with its class still there.
+    patch_merge(&api, "e", json!({"spec": {"replicas": 0}})).await?;
+    let stopped = wait_engine(&ns, "e", "stopped on generation 1", |e| {
+        let s = &e.data["status"];
+        s["phase"] == "stopped"
+            && s["activeGeneration"] == 1
+            && s["drainingGeneration"].is_null()
+            && condition(e, "Ready")["reason"] == "Stopped"
+            && s["observedGeneration"] == e.metadata.generation.unwrap_or(0)
+    })
+    .await?;
+    assert_eq!(condition(&stopped, "Ready")["status"], "False");
+    assert_eq!(statefulsets_of(&ns, "e").await?, ["e-g1"]);
+    assert_eq!(
+        ns.api::<StatefulSet>()
+            .get("e-g1")
+            .await?
+            .spec
+            .and_then(|s| s.replicas),
+        Some(0)
+    );
+    assert_eq!(selected_generation(&ns, "e").await?, Some(1));
+    patch_merge(&api, "e", json!({"spec": {"replicas": 2}})).await?;
+    assert_eq!(wait_stable(&ns, "e", 2, 2).await?, 2);
+    let sts = ns.api::<StatefulSet>().get("e-g2").await?;
+    assert_eq!(engine_image(&sts).as_deref(), Some("engine:v1"));
+    assert!(classes.get_opt("small").await?.is_some(), "still guarded");
+
+    // Once no engine references it, the class goes.
+    api.delete("e", &Default::default()).await?;
+    wait_for("the class to go", DEADLINE, || {
+        let classes = classes.clone();
+        async move {
+            match classes.get_opt("small").await? {
+                None => Ok(Some(())),
+                Some(c) => bail!("class still there: {}", c.data["status"]),
+            }
+        }
+    })
+    .await?;
+    Ok(())
+}
+
+/// Pods of a new generation that stay Pending (no node matches their
+/// nodeSelector, so the scheduler leaves them unscheduled): the Service
+/// keeps the serving generation, Ready=False names the scheduler's
+/// reason, a Warning Event carries it, the progress deadline marks the
+/// engine Degraded, and fixing the spec abandons the stuck generation.
+#[tokio::test]
+async fn a_stuck_generation_says_why_and_fixing_the_spec_rolls_the_next() -> Result<()> {
+    let ns = TestNamespace::new("engine-stuck").await?;
+    let _op = start(&ns).await?;
+    create_instance(&ns).await?;
+    let api = engines(&ns);
+    let mut spec = engine_spec(2, None);
+    spec["progressDeadlineSeconds"] = json!(5);
+    api.create(
+        &PostParams::default(),
+        &object("FireboltEngine", "e", spec)?,
+    )
+    .await?;
+    assert_eq!(wait_stable(&ns, "e", 0, 2).await?, 0);
+
+    patch_merge(
+        &api,
+        "e",
+        json!({"spec": {"template": {"spec": {"nodeSelector": {"wasmop.dev/no-such-node": "true"}}}}}),
+    )
+    .await?;
+    let stuck = wait_engine(&ns, "e", "Degraded on generation 1", |e| {
+        let s = &e.data["status"];
+        s["phase"] == "creating"
+            && s["currentGeneration"] == 1
+            && condition(e, "Ready")["reason"] == "Unschedulable"
+            && condition(e, "Degraded")["status"] == "True"
+    })
+    .await?;
+    let ready = condition(&stuck, "Ready");
+    let message = ready["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("generation 1 has 0 of 2 pod(s) ready; pod e-g1-0: Unschedulable:"),
+        "{message}"
+    );
+    let degraded = condition(&stuck, "Degraded");
+    assert_eq!(degraded["reason"], "ProgressDeadlineExceeded");
+    assert!(
+        degraded["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("Unschedulable")),
+        "{degraded}"
+    );
+    assert_eq!(selected_generation(&ns, "e").await?, Some(0));
+    assert_eq!(
+        sts_ready(&ns, "e", 0).await?,
+        Some(2),
+        "generation 0 serves on"
+    );
+    assert_ne!(
+        stuck.data["status"]["observedGeneration"],
+        json!(stuck.metadata.generation),
+        "the stuck spec is not reported as observed"
+    );
+    let (_, note) = wasmop_tests::status::wait_event(
+        &ns.client,
+        &ns.name,
+        "e",
+        Some("Warning"),
+        "Unschedulable",
+        DEADLINE,
+    )
+    .await?;
+    assert!(note.contains("pod e-g1-"), "{note}");
+    wasmop_tests::status::wait_event(
+        &ns.client,
+        &ns.name,
+        "e",
+        Some("Warning"),
+        "ProgressDeadlineExceeded",
+        DEADLINE,
+    )
+    .await?;
+
+    // Fixing the spec abandons generation 1 and rolls generation 2.
+    patch_merge(
+        &api,
+        "e",
+        json!({"spec": {"template": {"spec": {"nodeSelector": null}}}}),
+    )
+    .await?;
+    assert_eq!(wait_stable(&ns, "e", 2, 2).await?, 2);
+    let e = api.get("e").await?;
+    assert_eq!(condition(&e, "Degraded")["status"], "False");
+    assert_eq!(
+        e.data["status"]["observedGeneration"],
+        json!(e.metadata.generation)
+    );
+    wasmop_tests::status::wait_event(
+        &ns.client,
+        &ns.name,
+        "e",
+        None,
+        "GenerationAbandoned",
+        DEADLINE,
+    )
+    .await?;
+    Ok(())
+}
+
+/// A spec change while the engine switches, drains or cleans is rolled
+/// out before the engine says Ready or observed on that spec; a hand scale
+/// and a hand edit of the live StatefulSet's Pod template each roll a new
+/// generation.
+#[tokio::test]
+async fn a_spec_change_mid_rollout_and_hand_edits_end_on_the_spec() -> Result<()> {
+    let ns = TestNamespace::new("engine-drift").await?;
+    let _op = start(&ns).await?;
+    create_instance(&ns).await?;
+    let api = engines(&ns);
+    api.create(
+        &PostParams::default(),
+        &object("FireboltEngine", "e", engine_spec(2, None))?,
+    )
+    .await?;
+    assert_eq!(wait_stable(&ns, "e", 0, 2).await?, 0);
+
+    // Every status the engine goes through from here, as a watch sees it.
+    let statuses = Arc::new(std::sync::Mutex::new(Vec::<DynamicObject>::new()));
+    let recorder = {
+        let statuses = statuses.clone();
+        let api = api.clone();
+        tokio::spawn(async move {
+            use futures::StreamExt as _;
+            let mut stream = std::pin::pin!(kube::runtime::watcher::watch_object(api, "e"));
+            while let Some(Ok(Some(e))) = stream.next().await {
+                statuses.lock().expect("statuses").push(e);
+            }
+        })
+    };
+    patch_merge(&api, "e", json!({"spec": {"replicas": 3}})).await?;
+    // Past creating: the rollout to 3 replicas has switched.
+    let mid = wait_engine(&ns, "e", "past creating generation 1", |e| {
+        let s = &e.data["status"];
+        s["currentGeneration"] == 1
+            && ["switching", "draining", "cleaning"].contains(&s["phase"].as_str().unwrap_or(""))
+    })
+    .await?;
+    let changed = patch_merge(&api, "e", json!({"spec": {"replicas": 4}})).await?;
+    let new_gen = changed.metadata.generation.context("generation")?;
+    let phase_at_change = mid.data["status"]["phase"].clone();
+    let g = wait_stable(&ns, "e", 2, 4).await?;
+    recorder.abort();
+    let seen = statuses.lock().expect("statuses").clone();
+    for e in seen
+        .iter()
+        .filter(|e| e.metadata.generation == Some(new_gen))
+    {
+        let s = &e.data["status"];
+        let active = s["activeGeneration"].as_i64().unwrap_or(-1);
+        let claims = s["observedGeneration"] == new_gen
+            || (s["phase"] == "stable" && condition(e, "Ready")["status"] == "True");
+        assert!(
+            !claims || active >= 2,
+            "generation {active} (3 replicas) reported for the 4-replica spec \
+             (changed in {phase_at_change}): {s}"
+        );
+    }
+    let e = api.get("e").await?;
+    assert_eq!(e.data["status"]["observedGeneration"], json!(new_gen));
+
+    // kubectl scale sts e-g<N> --replicas=1: a new generation of 4.
+    let sets: Api<StatefulSet> = ns.api();
+    sets.patch(
+        &format!("e-g{g}"),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": 1}})),
+    )
+    .await?;
+    let (_, note) = wasmop_tests::status::wait_event(
+        &ns.client,
+        &ns.name,
+        "e",
+        Some("Warning"),
+        "StatefulSetDrifted",
+        DEADLINE,
+    )
+    .await?;
+    assert!(note.contains("scaled to 1 replica(s)"), "{note}");
+    let g2 = wait_stable(&ns, "e", g + 1, 4).await?;
+
+    // A patch of the live Pod template: a new generation without it.
+    sets.patch(
+        &format!("e-g{g2}"),
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"spec": {"template": {"metadata": {"annotations": {"debug": "on"}}}}}),
+        ),
+    )
+    .await?;
+    let g3 = wait_stable(&ns, "e", g2 + 1, 4).await?;
+    let sts = sets.get(&format!("e-g{g3}")).await?;
+    let annotations = sts
+        .spec
+        .and_then(|s| s.template.metadata)
+        .and_then(|m| m.annotations)
+        .unwrap_or_default();
+    assert!(!annotations.contains_key("debug"), "{annotations:?}");
+    let notes = wasmop_tests::status::events(&ns.client, &ns.name, "e").await?;
+    assert!(
+        notes.iter().any(
+            |(_, r, n)| r == "StatefulSetDrifted" && n.contains("changed outside the operator")
+        ),
+        "{notes:?}"
+    );
     Ok(())
 }

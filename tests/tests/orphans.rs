@@ -613,3 +613,56 @@ async fn an_instance_recreated_while_the_controller_manager_is_frozen_is_ready_a
     op.stop().await;
     Ok(())
 }
+
+/// Collection happens only where the controller writes the kind: a
+/// ConfigMap a user labelled to look like one of `labeller`'s (its
+/// labels, a made-up owner UID) in a watched namespace that is not the
+/// plugin's write namespace stays, while the same look-alike in the write
+/// namespace, whose owner is as gone, is collected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_look_alike_outside_the_write_namespaces_is_never_collected() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let ns = TestNamespace::new("orphans-where").await?;
+    let target = TestNamespace::new("orphans-where-target").await?;
+    apply_test_crds(&ns.client).await?;
+    let op = RunningOperator::start(
+        ns.client.clone(),
+        vec![ns.name.clone(), target.name.clone()],
+        vec![load_plugin(
+            "labeller",
+            json!({"targetNamespace": target.name}),
+        )?],
+    )
+    .await?;
+    let made_up = "00000000-0000-0000-0000-00000000dead";
+    let look_alike = |name: &str| -> Result<ConfigMap> {
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "labels": {
+                "app.kubernetes.io/managed-by": "wasmop", "wasmop.dev/plugin": "labeller",
+                "wasmop.dev/owner-uid": made_up}},
+            "data": {"value": "the user's"},
+        }))?)
+    };
+    let home: Api<ConfigMap> = ns.api();
+    let written: Api<ConfigMap> = target.api();
+    home.create(&PostParams::default(), &look_alike("users-mirror")?)
+        .await?;
+    written
+        .create(&PostParams::default(), &look_alike("gone-mirror")?)
+        .await?;
+    let before = identity(&home, "users-mirror").await?;
+    let (looked, swept) = op.operator.sweep_orphans().await;
+    eprintln!("sweep: looked at {looked} objects, collected {swept}");
+    assert!(
+        written.get_opt("gone-mirror").await?.is_none(),
+        "the look-alike in the write namespace, its owner gone, is collected"
+    );
+    assert_eq!(
+        identity(&home, "users-mirror").await?,
+        before,
+        "a look-alike outside the write namespaces was touched"
+    );
+    op.stop().await;
+    Ok(())
+}

@@ -1537,3 +1537,89 @@ async fn a_kind_narrowed_to_its_primarys_namespace_is_written_nowhere_else() -> 
     unnamed.check();
     Ok(())
 }
+
+// ---------------------------------------------------------------------------
+// Status writes fenced by identity
+
+/// A Widget deleted and made anew under its name just before the status
+/// decided for it is sent: the status write tests the UID it was decided
+/// for, so it fails (a conflict), the successor never holds its
+/// predecessor's status, and it then gets its own.
+#[tokio::test]
+async fn a_status_decided_for_a_deleted_primary_never_lands_on_its_successor() -> Result<()> {
+    let ns = TestNamespace::new("own-status-uid").await?;
+    let (interposer, client) = Interposer::new(ns.client.clone());
+    let widgets = test_kind(&ns, "Widget", "widgets");
+    let status_path = format!("/namespaces/{}/widgets/w/status", ns.name);
+    // What the object under the name held right after the write answered:
+    // its UID and status.
+    let seen: Arc<Mutex<Option<(String, Value)>>> = Arc::default();
+    {
+        let api = widgets.clone();
+        interposer.before(
+            request_to(Method::PATCH, status_path.clone()),
+            move || async move {
+                api.delete("w", &DeleteParams::background())
+                    .await
+                    .expect("deleting w");
+                wait_for("the first w gone", DEFAULT_DEADLINE, || async {
+                    Ok(api.get_opt("w").await?.is_none().then_some(()))
+                })
+                .await
+                .expect("the first w gone");
+                create(&api, "Widget", "w", json!({"value": "new"}))
+                    .await
+                    .expect("re-creating w");
+            },
+        );
+    }
+    {
+        let api = widgets.clone();
+        let seen = seen.clone();
+        interposer.after(
+            request_to(Method::PATCH, status_path.clone()),
+            move || async move {
+                let w = api.get("w").await.expect("reading w");
+                *seen.lock().expect("seen lock") =
+                    Some((w.uid().unwrap_or_default(), w.data["status"].clone()));
+            },
+        );
+    }
+    let _op = start_on(client, &[&ns.name], &[("good", json!({}))]).await?;
+    let old_uid = create(&widgets, "Widget", "w", json!({"value": "old"}))
+        .await?
+        .uid()
+        .unwrap_or_default();
+    wait_for("the race was run", DEFAULT_DEADLINE, || async {
+        Ok(seen.lock().expect("seen lock").clone())
+    })
+    .await?;
+    let (uid, status) = seen.lock().expect("seen lock").clone().expect("seen");
+    ensure!(uid != old_uid, "w was made anew under its name");
+    ensure!(
+        status["value"] != "old",
+        "the successor received the status decided for its predecessor: {status}"
+    );
+    let raced = interposer
+        .writes()
+        .into_iter()
+        .find(|w| w.is(&Method::PATCH, &status_path))
+        .map(|w| w.status);
+    ensure!(
+        matches!(raced, Some(409 | 422)),
+        "the raced status write was refused, not applied: {raced:?}"
+    );
+    // The successor gets its own status.
+    wait_for("w's own status", DEFAULT_DEADLINE, || async {
+        let w = widgets.get("w").await?;
+        Ok((w.uid().unwrap_or_default() == uid
+            && w.data["status"]["value"] == "new"
+            && w.data["status"]["conditions"].as_array().is_some_and(|c| {
+                c.iter()
+                    .any(|c| c["type"] == "Reconciled" && c["status"] == "True")
+            }))
+        .then_some(()))
+    })
+    .await?;
+    Ok(())
+}

@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -882,5 +882,178 @@ async fn a_hot_swap_reaches_every_shard_and_each_reconciles_only_its_own() -> Re
         );
     }
     drop((a, b));
+    Ok(())
+}
+
+/// A `labeller` shard (`wasmop-under-test`, the build with failpoints)
+/// that sweeps for orphans every second, held where the file `failpoint`
+/// says (`WASMOP_FAILPOINT=@failpoint`).
+async fn sweeping_shard(
+    ns: &TestNamespace,
+    work: &Path,
+    identity: &str,
+    failpoint: &Path,
+) -> Result<Shard> {
+    let log = work.join(format!("{identity}.log"));
+    let child = shard_command(
+        Path::new(env!("CARGO_BIN_EXE_wasmop-under-test")),
+        &work.join("plugins"),
+        &ns.name,
+        identity,
+        LEASE,
+        &log,
+    )?
+    .arg("--kubeconfig")
+    .arg(kubeconfig_path())
+    .arg("--config")
+    .arg(work.join("config.yaml"))
+    .args(["--orphan-sweep-interval-secs", "1"])
+    .args(["--metrics-addr", "127.0.0.1:0"])
+    .env("WASMOP_FAILPOINT", format!("@{}", failpoint.display()))
+    .spawn()
+    .context("starting wasmop-under-test")?;
+    let pid = child.id().context("pid")?;
+    Ok(Shard {
+        identity: identity.to_owned(),
+        child,
+        pid,
+        log,
+    })
+}
+
+/// The orphan sweep judges an owner gone only by a read that cannot
+/// predate the object: the leader's sweep is held between its read of the
+/// owners (made for a real orphan, whose owner never existed) and its
+/// deletes; meanwhile Labellers are created, some on the other shard
+/// (whose primaries the leader does not cache), and make their Badges.
+/// When the sweep goes on, it reaches those Badges, listed after its read
+/// of the owners: none is collected (same UID), and the real orphan is.
+#[tokio::test]
+async fn the_orphan_sweep_never_collects_what_a_primary_made_on_another_shard_during_it()
+-> Result<()> {
+    let (ns, work) = setup("shard-sweep", "labeller").await?;
+    std::fs::write(
+        work.join("config.yaml"),
+        format!(
+            "plugins:\n  labeller:\n    settings: {{targetNamespace: {}}}\n",
+            ns.name
+        ),
+    )?;
+    let failpoint = work.join("failpoint");
+    let held = |point: &str| work.join(format!("failpoint.held-{point}"));
+    std::fs::write(&failpoint, "hold:sweep-before-delete\n")?;
+    let cms: Api<ConfigMap> = ns.api();
+    let orphan: ConfigMap = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "orphan-mirror", "labels": {
+            "app.kubernetes.io/managed-by": "wasmop", "wasmop.dev/plugin": "labeller",
+            "wasmop.dev/owner-uid": "00000000-0000-0000-0000-0000000000aa"}},
+    }))?;
+    cms.create(&PostParams::default(), &orphan).await?;
+    let a = sweeping_shard(&ns, &work, "shard-a", &failpoint).await?;
+    wait_for("shard-a leads", DEADLINE, || async {
+        Ok((leader(&ns).await?.as_deref() == Some("shard-a")).then_some(()))
+    })
+    .await?;
+    let b = sweeping_shard(&ns, &work, "shard-b", &failpoint).await?;
+    let leases = Api::<Lease>::namespaced(ns.client.clone(), &ns.name);
+    wait_for("shard-b holds its Lease", DEADLINE, || async {
+        let lease = leases.get_opt(&lease_name("shard-b")).await?;
+        Ok(lease
+            .and_then(|l| l.spec?.holder_identity)
+            .filter(|h| h == "shard-b")
+            .map(|_| ()))
+    })
+    .await?;
+    wait_for(
+        "the sweep held before deleting the orphan",
+        DEADLINE,
+        || async { Ok(held("sweep-before-delete").exists().then_some(())) },
+    )
+    .await?;
+
+    // Labellers made while the sweep is held, until two are the other
+    // shard's; each placed as the ring says, with its Badge.
+    let labellers = api(&ns, "Labeller", "labellers");
+    let badges: Api<DynamicObject> = Api::all_with(
+        ns.client.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("test.wasmop.dev", "v1", "Badge"),
+            "badges",
+        ),
+    );
+    let ring = Ring::new(["shard-a", "shard-b"]);
+    let mut on_b = 0;
+    let mut names = Vec::new();
+    while on_b < 2 {
+        ensure!(names.len() < 20, "no Labeller placed on shard-b");
+        let name = format!("l{:02}", names.len());
+        let made = labellers
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "apiVersion": "test.wasmop.dev/v1", "kind": "Labeller",
+                    "metadata": {"name": name}, "spec": {"value": "v"},
+                }))?,
+            )
+            .await?;
+        if ring.shard_of(made.metadata.uid.as_deref().unwrap_or_default()) == Some("shard-b") {
+            on_b += 1;
+        }
+        names.push(name);
+    }
+    let badge_uids = wait_for("every Labeller's Badge", DEADLINE, || async {
+        let mut uids = BTreeMap::new();
+        for name in &names {
+            let l = labellers.get(name).await?;
+            let badge = format!("{}-{name}", ns.name);
+            let Some(b) = badges.get_opt(&badge).await? else {
+                return Ok(None);
+            };
+            let want = ring.shard_of(l.metadata.uid.as_deref().unwrap_or_default());
+            if label(&l, SHARD_LABEL) != want || label(&l, DRAIN_LABEL).is_some() {
+                return Ok(None);
+            }
+            uids.insert(badge, b.metadata.uid.unwrap_or_default());
+        }
+        Ok(Some(uids))
+    })
+    .await?;
+
+    // The sweep goes on, and is held again at its end.
+    std::fs::write(&failpoint, "hold:sweep-done\n")?;
+    wait_for("the sweep done", DEADLINE, || async {
+        Ok(held("sweep-done").exists().then_some(()))
+    })
+    .await?;
+    let orphan_gone = cms.get_opt("orphan-mirror").await?.is_none();
+    let mut collected = Vec::new();
+    for (badge, uid) in &badge_uids {
+        let now = badges.get_opt(badge).await?;
+        if now.and_then(|b| b.metadata.uid).as_ref() != Some(uid) {
+            collected.push(badge.clone());
+        }
+    }
+    std::fs::write(&failpoint, "")?;
+    // Cleanup: the Labellers go with their finalizer's cleanup while the
+    // shards run.
+    for name in &names {
+        labellers.delete(name, &Default::default()).await?;
+    }
+    wait_for("every Labeller gone", DEADLINE, || async {
+        Ok(labellers
+            .list(&ListParams::default())
+            .await?
+            .items
+            .is_empty()
+            .then_some(()))
+    })
+    .await?;
+    drop((a, b));
+    ensure!(orphan_gone, "the orphan was not collected");
+    ensure!(
+        collected.is_empty(),
+        "Badges of live Labellers collected by the sweep: {collected:?}"
+    );
     Ok(())
 }

@@ -447,6 +447,16 @@ async fn admitting(t: &Setup) -> Result<Admitting> {
     let a = Shard::start(t, "shard-a", &flags(ports[0])).await?;
     wait_leader(&t.ns, "shard-a").await?;
     let b = Shard::start(t, "shard-b", &flags(ports[1])).await?;
+    // A replica serves admission once its plugins are loaded; until then
+    // the front's connection to it fails. Under load shard-b can take
+    // seconds more than shard-a to compile the plugin.
+    wait_for("both shards running their plugins", DEADLINE, || async {
+        Ok([&a, &b]
+            .iter()
+            .all(|s| s.text().contains("operator running"))
+            .then_some(()))
+    })
+    .await?;
     let counts = round_robin(front, ports.to_vec());
     Ok(Admitting {
         a,

@@ -16,8 +16,20 @@
 //! # Guarantees
 //! - Every replica serves admission; only the leader writes the webhook
 //!   configuration (with `--sharding` too: the holder of the leader
-//!   Lease, not every shard). Any replica may create or renew the
-//!   certificate Secret, with preconditions.
+//!   Lease, not every shard), and only within its Lease term, checked
+//!   right before each write as every write of a plan is (the flag and the
+//!   term's deadline on the local clock). Any replica may create or renew
+//!   the certificate Secret, with preconditions.
+//! - The configuration names the install that wrote it (annotation
+//!   [`INSTALL_ANNOTATION`]: the operator's namespace and Lease name). An
+//!   install never writes a configuration of that name that another
+//!   install wrote, nor one that no wasmop install wrote: it reads the
+//!   configuration first and writes only at the resourceVersion it read
+//!   (or only if it is still absent), so two installs given one name
+//!   cannot overwrite each other; the refused one logs an error and
+//!   counts `wasmop_admission_configuration_refused_total`. A
+//!   configuration an older wasmop wrote (field manager
+//!   `wasmop-admission`, no annotation) is taken over.
 //! - Every replica decides a request alike: a rule's cached read is served
 //!   from a watch cache only when that cache holds the whole kind; one
 //!   filtered by label (a shard's own primaries, or only the objects the
@@ -59,6 +71,28 @@ pub const SYNC_INTERVAL: Duration = Duration::from_millis(500);
 const REFRESH_INTERVAL: Duration = Duration::from_secs(30);
 /// Field manager of the configuration.
 const FIELD_MANAGER: &str = "wasmop-admission";
+/// Annotation of the configuration naming the install that writes it.
+pub const INSTALL_ANNOTATION: &str = "wasmop.dev/install";
+/// A resourceVersion no object reaches: an apply carrying it creates an
+/// absent object and conflicts with any existing one.
+const ABSENT_VERSION: &str = "18446744073709551615";
+
+/// When this replica may write the configuration: the leader flag and the
+/// end of its Lease term (see `crate::controller::leader::may_write`).
+#[derive(Clone, Debug)]
+pub struct WriteFence {
+    /// True while this replica leads.
+    pub leader: Arc<AtomicBool>,
+    /// The end of the Lease term on the local clock.
+    pub lease_until: crate::controller::leader::LeaseDeadline,
+}
+
+impl WriteFence {
+    /// True while writes are allowed.
+    pub fn may_write(&self) -> bool {
+        crate::controller::leader::may_write(&self.leader, &self.lease_until)
+    }
+}
 
 /// Everything `wasmop run --admission-port` configures.
 #[derive(Clone, Debug)]
@@ -74,6 +108,9 @@ pub struct AdmissionConfig {
     pub only_namespaces: Vec<String>,
     /// Name of the ValidatingWebhookConfiguration.
     pub configuration_name: String,
+    /// Who this install is (`<namespace>/<Lease name>`), written on the
+    /// configuration ([`INSTALL_ANNOTATION`]).
+    pub install: String,
     /// `timeoutSeconds` of each webhook.
     pub timeout_seconds: u8,
     /// Certificate Secret and how it is maintained.
@@ -123,7 +160,7 @@ pub async fn start(
     client: Client,
     cache: Arc<Cache>,
     plugins: Plugins,
-    leader: Arc<AtomicBool>,
+    fence: WriteFence,
 ) -> Result<Vec<tokio::task::AbortHandle>, AdmissionError> {
     let listener =
         TcpListener::bind(config.listen)
@@ -132,7 +169,7 @@ pub async fn start(
                 addr: config.listen,
                 source,
             })?;
-    Ok(start_on(listener, config, client, cache, plugins, leader))
+    Ok(start_on(listener, config, client, cache, plugins, fence))
 }
 
 /// As [`start`], on a listener already bound (`config.listen` unused).
@@ -142,7 +179,7 @@ pub fn start_on(
     client: Client,
     cache: Arc<Cache>,
     plugins: Plugins,
-    leader: Arc<AtomicBool>,
+    fence: WriteFence,
 ) -> Vec<tokio::task::AbortHandle> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     tracing::info!(addr = ?listener.local_addr().ok(), endpoint = ?config.endpoint, "admission server listening");
@@ -171,8 +208,9 @@ pub fn start_on(
         Api::all(client),
         settings,
         config.only_namespaces.clone(),
+        config.install.clone(),
         plugins,
-        leader,
+        fence,
         ca_rx,
     ));
     vec![
@@ -241,43 +279,133 @@ fn desired(
     config
 }
 
-/// Applies the configuration the loaded plugins call for, while leader.
+/// Why the configuration was not written.
+#[derive(Debug)]
+enum NotWritten {
+    /// Another install's (or no wasmop install's): never written.
+    Refused(String),
+    /// The term ended before the write.
+    NotInTerm,
+    /// The read or the write failed (a conflict included): tried again.
+    Failed(kube::Error),
+}
+
+/// Who wrote `existing`, as far as this install is concerned: `Ok` when
+/// this install may write it (its own, or an older wasmop's without the
+/// annotation), `Err` naming the writer otherwise.
+fn writable_by(existing: &ValidatingWebhookConfiguration, install: &str) -> Result<(), String> {
+    let meta = &existing.metadata;
+    match meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(INSTALL_ANNOTATION))
+    {
+        Some(owner) if owner == install => Ok(()),
+        Some(owner) => Err(format!("the wasmop install {owner}")),
+        None if meta
+            .managed_fields
+            .iter()
+            .flatten()
+            .any(|m| m.manager.as_deref() == Some(FIELD_MANAGER)) =>
+        {
+            Ok(())
+        }
+        None => Err("something other than wasmop".to_owned()),
+    }
+}
+
+/// `want` marked as this install's, at the resourceVersion the
+/// configuration was read at (or [`ABSENT_VERSION`]).
+fn fenced_configuration(want: &Value, install: &str, resource_version: &str) -> Value {
+    let mut body = want.clone();
+    body["metadata"]["annotations"][INSTALL_ANNOTATION] = json!(install);
+    body["metadata"]["resourceVersion"] = json!(resource_version);
+    body
+}
+
+/// Reads the configuration, then applies `want` at the version read, if
+/// it is this install's to write and the term still runs.
+async fn write_configuration(
+    api: &Api<ValidatingWebhookConfiguration>,
+    name: &str,
+    install: &str,
+    want: &Value,
+    fence: &WriteFence,
+) -> Result<(), NotWritten> {
+    let resource_version = match api.get_opt(name).await.map_err(NotWritten::Failed)? {
+        Some(existing) => {
+            writable_by(&existing, install).map_err(NotWritten::Refused)?;
+            existing.metadata.resource_version.unwrap_or_default()
+        }
+        None => ABSENT_VERSION.to_owned(),
+    };
+    if !fence.may_write() {
+        return Err(NotWritten::NotInTerm);
+    }
+    let body = fenced_configuration(want, install, &resource_version);
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    api.patch(name, &params, &Patch::Apply(&body))
+        .await
+        .map(|_| ())
+        .map_err(NotWritten::Failed)
+}
+
+/// Applies the configuration the loaded plugins call for, while this
+/// replica leads and within its term.
 async fn sync_configuration(
     api: Api<ValidatingWebhookConfiguration>,
     settings: WebhookSettings,
     only_namespaces: Vec<String>,
+    install: String,
     plugins: Plugins,
-    leader: Arc<AtomicBool>,
+    fence: WriteFence,
     mut ca: tokio::sync::watch::Receiver<String>,
 ) {
     let mut applied: Option<(Value, Instant)> = None;
+    let name = settings.configuration_name.clone();
+    let leader = fence.leader.clone();
     loop {
         let bundle = ca.borrow_and_update().clone();
-        if leader.load(Ordering::SeqCst) && !bundle.is_empty() {
+        let in_term = fence.may_write();
+        if !in_term && leader.load(Ordering::SeqCst) && !bundle.is_empty() {
+            // Leading by the flag, but the term's deadline has passed (the
+            // election loop is late renewing it): nothing is written.
+            crate::metrics::global().inc(
+                "wasmop_admission_configuration_outside_term_total",
+                &[("configuration", &name)],
+            );
+        }
+        if in_term && !bundle.is_empty() {
             let rules = loaded_rules(&plugins());
             let want = desired(&settings, &only_namespaces, &rules, &bundle);
             let stale = applied
                 .as_ref()
                 .is_none_or(|(had, at)| *had != want || at.elapsed() >= REFRESH_INTERVAL);
             if stale {
-                let params = PatchParams::apply(FIELD_MANAGER).force();
-                match api
-                    .patch(&settings.configuration_name, &params, &Patch::Apply(&want))
-                    .await
-                {
-                    Ok(_) => {
+                match write_configuration(&api, &name, &install, &want, &fence).await {
+                    Ok(()) => {
                         if applied.as_ref().is_none_or(|(had, _)| *had != want) {
-                            tracing::info!(configuration = %settings.configuration_name,
+                            tracing::info!(configuration = %name, install = %install,
                                 webhooks = rules.len(), "admission webhook configuration applied");
                         }
                         applied = Some((want, Instant::now()));
                     }
-                    Err(e) => {
+                    Err(NotWritten::Refused(owner)) => {
+                        crate::metrics::global().inc(
+                            "wasmop_admission_configuration_refused_total",
+                            &[("configuration", &name)],
+                        );
+                        tracing::error!(configuration = %name, install = %install, written_by = %owner,
+                            "the admission webhook configuration of this name belongs to {owner}; \
+                             not writing it (give this install its own --admission-webhook-config)");
+                    }
+                    Err(NotWritten::NotInTerm) => {}
+                    Err(NotWritten::Failed(e)) => {
                         tracing::warn!(error = %e, "cannot apply the admission webhook configuration")
                     }
                 }
             }
-        } else if !leader.load(Ordering::SeqCst) {
+        } else if !in_term {
             // A follower forgets what it applied: when it becomes the
             // leader it applies its view at once.
             applied = None;
@@ -295,6 +423,33 @@ async fn sync_configuration(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_configuration_is_written_only_by_its_own_install_at_the_version_read() {
+        let config = |annotation: Option<&str>, manager: Option<&str>| {
+            let mut c = ValidatingWebhookConfiguration::default();
+            if let Some(a) = annotation {
+                c.metadata.annotations =
+                    Some([(INSTALL_ANNOTATION.to_owned(), a.to_owned())].into());
+            }
+            if let Some(m) = manager {
+                c.metadata.managed_fields = Some(vec![
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry {
+                        manager: Some(m.to_owned()),
+                        ..Default::default()
+                    },
+                ]);
+            }
+            c
+        };
+        assert!(writable_by(&config(Some("ops/l"), None), "ops/l").is_ok());
+        assert!(writable_by(&config(Some("other/l"), None), "ops/l").is_err());
+        assert!(writable_by(&config(None, Some(FIELD_MANAGER)), "ops/l").is_ok());
+        assert!(writable_by(&config(None, Some("kubectl")), "ops/l").is_err());
+        let body = fenced_configuration(&json!({"metadata": {"name": "c"}}), "ops/l", "7");
+        assert_eq!(body["metadata"]["annotations"][INSTALL_ANNOTATION], "ops/l");
+        assert_eq!(body["metadata"]["resourceVersion"], "7");
+    }
 
     #[test]
     fn watched_namespaces_narrow_the_namespace_selector() {

@@ -35,7 +35,8 @@ pub struct AdmissionArgs {
     /// `https://127.0.0.1:9443` when it runs beside the operator.
     #[arg(long, value_name = "URL")]
     pub admission_url: Option<String>,
-    /// Name of the ValidatingWebhookConfiguration.
+    /// Name of the ValidatingWebhookConfiguration; one per install (a
+    /// configuration another install wrote is never overwritten).
     #[arg(long, value_name = "NAME", default_value = "wasmop-admission")]
     pub admission_webhook_config: String,
     /// `timeoutSeconds` of each webhook (1–30); keep it above the plugins'
@@ -117,6 +118,7 @@ impl AdmissionArgs {
             endpoint,
             only_namespaces: watched.to_vec(),
             configuration_name: self.admission_webhook_config.clone(),
+            install: namespace.clone(),
             timeout_seconds: self.admission_timeout_secs,
             cert: CertSource {
                 namespace,
@@ -161,7 +163,10 @@ pub async fn start(
         client,
         operator.cache().clone(),
         plugins,
-        operator.leader_flag(),
+        crate::admission::WriteFence {
+            leader: operator.leader_flag(),
+            lease_until: operator.lease_deadline(),
+        },
     )
     .await
     .map_err(|e| RunError::Config {

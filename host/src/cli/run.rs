@@ -252,7 +252,11 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
     if let Some(cfg) = election.as_ref().filter(|_| args.sharding) {
         crate::controller::shard::check_identity(&cfg.identity).map_err(RunError::ShardIdentity)?;
     }
-    let admission = args.admission.config(&args.namespaces)?;
+    let admission = args.admission.config(&args.namespaces)?.map(|mut a| {
+        // The install: the operator's namespace and its Lease's name.
+        a.install = format!("{}/{}", a.namespace, args.leader_election_id);
+        a
+    });
     let identity = election.as_ref().map(|c| c.identity.as_str());
     let client = client(args.kubeconfig.as_deref(), identity).await?;
     let mut config = OperatorConfig {
@@ -375,8 +379,6 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
         let sharder = tokio::spawn(operator.clone().run_sharder());
         Some((stop, membership, sharder))
     });
-    let admission_tasks =
-        crate::cli::admission::start(admission, client.clone(), &operator).await?;
     let compile_cache = args
         .compile_cache
         .clone()
@@ -409,6 +411,13 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
     }
     let first = dir.scan(false).await;
     scanned.store(true, std::sync::atomic::Ordering::SeqCst);
+    // Admission is served once the first scan has loaded the plugins: a
+    // replica still compiling them would otherwise deny every request for
+    // them ("no loaded plugin is called ..."), and a webhook call can reach
+    // a replica before it is ready (a URL or a front that is not a Service
+    // of ready Pods).
+    let admission_tasks =
+        crate::cli::admission::start(admission, client.clone(), &operator).await?;
     if first.activated.is_empty() {
         tracing::warn!(sources = ?args.plugins, "no plugin active yet; watching the plugin sources");
     }

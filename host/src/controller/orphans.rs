@@ -34,15 +34,29 @@
 //!   ownerReference naming the controller's primary kind (for
 //!   `owner-reference` kinds), or the `wasmop.dev/owner-uid` label and no
 //!   controller ownerReference (for `owner-label` kinds);
-//! - its owner is gone, by a **live** read at that moment: for an
-//!   ownerReference, a read by name finds no object of the primary kind or
-//!   one with another UID; for an owner label, no object of any primary
-//!   kind of the plugin's controllers that own the kind by label has that
-//!   UID in a list of the whole cluster from the API server (not only the
-//!   watched namespaces: another operator may run the same plugin
-//!   elsewhere). For either, an owner the watch cache holds counts as
-//!   alive without a read, so a sweep reads only for the objects whose
-//!   owner the cache lacks;
+//! - it is where the controllers could have written it
+//!   ([`collectable_where_it_is`]): cluster-scoped; or, controlled by an
+//!   ownerReference, in a watched namespace (its owner's) or, for a
+//!   cluster-scoped primary, one the controller declares for the kind;
+//!   or, owned by label, in a namespace the controller declares for the
+//!   kind (`writeNamespaces`), or naming its owner by an ownerReference
+//!   too. A look-alike a user labelled, with a made-up owner, anywhere
+//!   else is left alone;
+//! - its owner is gone, by a **live** read that cannot predate the
+//!   object: for an ownerReference, a read by name (made after the object
+//!   was read) finds no object of the primary kind or one with another
+//!   UID; for an owner label, no object of any primary kind of the
+//!   plugin's controllers that own the kind by label has that UID in a
+//!   list of the whole cluster from the API server (not only the watched
+//!   namespaces: another operator may run the same plugin elsewhere)
+//!   whose resourceVersion is not older than the object's, or that was
+//!   made after the object was read (a sweep lists each kind once, and
+//!   lists again before judging an object newer than its list: an owner
+//!   made after the list, on another shard, is not judged gone). For
+//!   either, an owner the watch cache holds counts as alive without a
+//!   read, so a sweep reads only for the objects whose owner the cache
+//!   lacks; the cache never says "gone" (with sharding it holds only this
+//!   shard's primaries);
 //! - this replica may write (the leader for a sweep; for a refusal, the
 //!   fence of the refused primary's own writes, which with sharding is
 //!   its shard's), and the delete carries the UID and
@@ -260,10 +274,95 @@ pub(crate) fn refused_applies<'p>(plan: &'p Plan, violations: &[Violation]) -> V
     out
 }
 
-/// UIDs of every object of a primary kind, read from the API server once
-/// per sweep (and once per refusal) when an owner label must be checked.
+/// UIDs of every object of a primary kind as a list from the API server
+/// found them, with that list's resourceVersion; read once per sweep (and
+/// once per refusal) when an owner label must be checked, and read again
+/// when it may predate the object judged (see [`Operator::owner_alive`]).
 #[derive(Default)]
-struct LiveUids(HashMap<String, Option<HashSet<String>>>);
+struct LiveUids(HashMap<String, Option<Listed>>);
+
+/// One list of a primary kind's UIDs.
+struct Listed {
+    uids: HashSet<String>,
+    /// The list's resourceVersion.
+    resource_version: String,
+}
+
+/// True when a list at `list_version` cannot predate an object at
+/// `object_version`: both are the API server's (etcd) revisions and the
+/// list's is not older. Versions that are not numbers prove nothing.
+fn not_older(list_version: &str, object_version: &str) -> bool {
+    match (list_version.parse::<u64>(), object_version.parse::<u64>()) {
+        (Ok(list), Ok(object)) => list >= object,
+        _ => false,
+    }
+}
+
+/// Whether `plugin`'s controllers may write an object like `obj` where it
+/// is, for the owner `claim` names: collection is only for objects that a
+/// plan of theirs could have written there. `watched` tells whether a
+/// namespace is one the operator watches (where its primaries may live).
+///
+/// - A cluster-scoped object: yes.
+/// - Controlled by an ownerReference: the owner lives in the object's
+///   namespace (a namespaced primary, in a watched namespace) or, for a
+///   cluster-scoped primary, the namespace is one the controller declares
+///   for the kind (`writeNamespaces`).
+/// - Owned by label: the namespace is one the controller declares for the
+///   kind, or the object names its owner by an ownerReference too (the
+///   `owns_by_label_collected` kinds, in the primary's own namespace),
+///   a namespaced primary in a watched namespace. A label alone does not
+///   say which namespace its owner lived in.
+///
+/// Pure: no reads.
+pub(crate) fn collectable_where_it_is(
+    obj: &Value,
+    claim: &Claim,
+    controllers: &[&Controller],
+    watched: &dyn Fn(&str) -> bool,
+) -> Result<(), &'static str> {
+    let Some(ns) = object::namespace(obj).filter(|n| !n.is_empty()) else {
+        return Ok(());
+    };
+    let (api_version, kind) = (object::api_version(obj), object::kind(obj));
+    let names_owner = |uid: &str| {
+        obj["metadata"]["ownerReferences"]
+            .as_array()
+            .is_some_and(|refs| refs.iter().any(|r| r["uid"].as_str() == Some(uid)))
+    };
+    let allowed = controllers.iter().any(|c| {
+        let Some(owned) = c
+            .owned_kind(api_version, kind)
+            .filter(|o| !o.is_dependent())
+        else {
+            return false;
+        };
+        match claim {
+            Claim::Reference { kind: primary, .. } => {
+                matches!(owned.ownership, Ownership::OwnerReference)
+                    && c.primary.same_type(primary)
+                    && if c.primary.namespaced {
+                        watched(ns)
+                    } else {
+                        c.may_write_kind(owned, None, ns)
+                    }
+            }
+            Claim::Label { kinds, uid } => {
+                matches!(owned.ownership, Ownership::OwnerLabel { .. })
+                    && kinds.iter().any(|k| k.same_type(&c.primary))
+                    && (c.may_write_kind(owned, None, ns)
+                        || (c.primary.namespaced && watched(ns) && names_owner(uid)))
+            }
+        }
+    });
+    if allowed {
+        Ok(())
+    } else {
+        Err(
+            "it is in a namespace where the plugin's controllers do not write its kind for such an owner",
+        )
+    }
+}
 
 /// How one object fared.
 enum Outcome {
@@ -282,8 +381,14 @@ impl Operator {
     }
 
     /// True when the API server still has the owner `claim` names (also
-    /// while it is being deleted), or when that cannot be told.
-    async fn owner_alive(&self, claim: &Claim, live: &mut LiveUids) -> bool {
+    /// while it is being deleted), or when that cannot be told. An owner
+    /// is judged gone only by a read that cannot predate the object (at
+    /// `object_version`): for an ownerReference a GET by name, made after
+    /// the object was read; for an owner label a list whose
+    /// resourceVersion is not older than the object's, or one made after
+    /// the object was read. The watch cache only ever says "alive": with
+    /// sharding it holds only this shard's primaries.
+    async fn owner_alive(&self, claim: &Claim, object_version: &str, live: &mut LiveUids) -> bool {
         match claim {
             Claim::Reference {
                 kind,
@@ -324,16 +429,35 @@ impl Operator {
                         return true;
                     }
                 }
-                for kind in kinds {
-                    let key = kind_key(kind).to_string();
-                    if !live.0.contains_key(&key) {
-                        let uids = self.list_uids(kind).await;
-                        live.0.insert(key.clone(), uids);
+                // The lists of this sweep first; a list that may predate
+                // the object (its owner may have been made after it) is
+                // read again before the owner is judged gone: the list
+                // then cannot predate the object, nor its owner, which
+                // was made before it.
+                for fresh in [false, true] {
+                    let mut stale = false;
+                    for kind in kinds {
+                        let key = kind_key(kind).to_string();
+                        let reuse = live.0.get(&key).is_some_and(|listed| {
+                            !fresh
+                                || listed
+                                    .as_ref()
+                                    .is_some_and(|l| not_older(&l.resource_version, object_version))
+                        });
+                        if !reuse {
+                            let listed = self.list_uids(kind).await;
+                            live.0.insert(key.clone(), listed);
+                        }
+                        match live.0.get(&key) {
+                            Some(Some(l)) if !l.uids.contains(uid) => {
+                                stale |= !not_older(&l.resource_version, object_version);
+                            }
+                            // Present, or the list failed: alive.
+                            _ => return true,
+                        }
                     }
-                    match live.0.get(&key) {
-                        Some(Some(uids)) if !uids.contains(uid) => {}
-                        // Present, or the list failed: alive.
-                        _ => return true,
+                    if !stale {
+                        return false;
                     }
                 }
                 false
@@ -346,9 +470,10 @@ impl Operator {
     /// operator may not list the kind cluster-wide). Every namespace, not
     /// only the watched ones: another operator watching other namespaces
     /// may run the same plugin, and its primaries own by label too.
-    async fn list_uids(&self, kind: &KindRef) -> Option<HashSet<String>> {
+    async fn list_uids(&self, kind: &KindRef) -> Option<Listed> {
         let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &api_resource(kind));
         let mut uids = HashSet::new();
+        let mut resource_version = None;
         let mut params = ListParams::default().limit(SWEEP_PAGE);
         loop {
             let page = match api.list_metadata(&params).await {
@@ -358,13 +483,20 @@ impl Operator {
                     return None;
                 }
             };
+            // Every page of one list is of the first page's version.
+            if resource_version.is_none() {
+                resource_version = Some(page.metadata.resource_version.clone().unwrap_or_default());
+            }
             uids.extend(page.items.into_iter().filter_map(|m| m.metadata.uid));
             match page.metadata.continue_.filter(|c| !c.is_empty()) {
                 Some(token) => params = params.continue_token(&token),
                 None => break,
             }
         }
-        Some(uids)
+        Some(Listed {
+            uids,
+            resource_version: resource_version.unwrap_or_default(),
+        })
     }
 
     /// One API per namespace this operator watches (one for all of them
@@ -401,7 +533,13 @@ impl Operator {
             // another request, and is not counted again.
             return Ok((Outcome::Left, String::new()));
         }
-        if self.owner_alive(&claim, live).await {
+        let watched = |ns: &str| self.cache.watches_namespace(true, Some(ns));
+        collectable_where_it_is(obj, &claim, controllers, &watched)
+            .map_err(|why| format!("{what} is left alone: {why}"))?;
+        if self
+            .owner_alive(&claim, object::resource_version(obj), live)
+            .await
+        {
             return Ok((Outcome::Left, String::new()));
         }
         // A sweep is the leader's; a refusal's collection is the fence of
@@ -412,6 +550,18 @@ impl Operator {
         };
         if !may_write {
             return Ok((Outcome::Left, String::new()));
+        }
+        if found_by == "sweep" {
+            // Tests hold a sweep here, between its reads and its deletes.
+            crate::execute::failpoint::hold(
+                "sweep-before-delete",
+                &format!(
+                    "{}/{}",
+                    object::namespace(obj).unwrap_or_default(),
+                    object::name(obj)
+                ),
+            )
+            .await;
         }
         // claim_of found the kind among the controllers' owned kinds.
         let Some(kind) = controllers
@@ -473,7 +623,13 @@ impl Operator {
         violations: &[Violation],
     ) -> bool {
         let refused = refused_applies(plan, violations);
-        if refused.is_empty() || !self.may_write_for(a, &super::route::key_of(&a.id, primary)) {
+        if refused.is_empty()
+            || !self.may_write_for(
+                a,
+                &super::route::key_of(&a.id, primary),
+                object::uid(primary),
+            )
+        {
             return false;
         }
         let actives = self.plugin_controllers(a.plugin.name());
@@ -595,6 +751,7 @@ impl Operator {
             started.elapsed().as_secs_f64(),
         );
         m.set("wasmop_orphan_sweep_objects", &[], seen as f64);
+        crate::execute::failpoint::hold("sweep-done", "").await;
         tracing::debug!(objects = seen, collected, elapsed = ?started.elapsed(), "orphan sweep");
         (seen, collected)
     }
@@ -766,6 +923,59 @@ mod tests {
             ..foreign
         };
         assert!(refused_applies(&plan, &[delete]).is_empty());
+    }
+
+    #[test]
+    fn a_label_owned_object_is_collectable_only_where_the_controller_writes_its_kind() {
+        let c = Controller::new("widget", widget())
+            .owns(configmap())
+            .owns_by_label(secret(), None)
+            .write_namespace("target");
+        let watched = |ns: &str| ns == "ns" || ns == "target";
+        let mut labels = ours();
+        labels["wasmop.dev/owner-uid"] = json!("gone");
+        let secret_in = |ns: &str, refs: Value| {
+            json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "s", "namespace": ns, "uid": "u", "labels": labels.clone(),
+                    "ownerReferences": refs}})
+        };
+        let claim = Claim::Label {
+            kinds: vec![widget()],
+            uid: "gone".into(),
+        };
+        // In the declared write namespace: yes.
+        assert!(
+            collectable_where_it_is(&secret_in("target", json!(null)), &claim, &[&c], &watched)
+                .is_ok()
+        );
+        // In a watched namespace a primary may live in, by label alone: no
+        // (a made-up owner could be anywhere).
+        assert!(
+            collectable_where_it_is(&secret_in("ns", json!(null)), &claim, &[&c], &watched)
+                .is_err()
+        );
+        // There, naming its owner by a (non-controller) ownerReference too: yes.
+        let named = json!([{"apiVersion": "example.dev/v1", "kind": "Widget", "name": "w",
+            "uid": "gone"}]);
+        assert!(collectable_where_it_is(&secret_in("ns", named), &claim, &[&c], &watched).is_ok());
+        // An ownerReference-controlled object: in a watched namespace only.
+        let claim = claim_of(&cm(ours(), widget_ref("old")), "good", &[&c]).unwrap();
+        assert!(
+            collectable_where_it_is(&cm(ours(), widget_ref("old")), &claim, &[&c], &watched)
+                .is_ok()
+        );
+        let mut far = cm(ours(), widget_ref("old"));
+        far["metadata"]["namespace"] = json!("elsewhere");
+        assert!(collectable_where_it_is(&far, &claim, &[&c], &watched).is_err());
+    }
+
+    #[test]
+    fn only_a_list_at_least_as_new_as_the_object_proves_its_owner_gone() {
+        assert!(not_older("120", "100"));
+        assert!(not_older("100", "100"));
+        assert!(!not_older("99", "100"));
+        assert!(!not_older("", "100"));
+        assert!(!not_older("100", "x"));
     }
 
     #[test]

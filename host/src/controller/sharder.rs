@@ -113,24 +113,36 @@ impl super::Operator {
             .map(|s| &**s)
     }
 
-    /// How this shard stands to `key` as its watch shows it now.
+    /// How this shard stands to the primary `key` of UID `uid` as its
+    /// watch shows it now. The object cached under the name counts only
+    /// while it has that UID: a successor made under the same name is
+    /// another primary, and its assignment says nothing of this one's.
     pub(super) fn standing(
         &self,
         s: &Sharding,
         a: &super::Active,
         key: &super::PrimaryKey,
+        uid: &str,
     ) -> Standing {
         self.cache
             .kind(&a.primary)
             .and_then(|kc| kc.get(&key.namespace, &key.name))
+            .filter(|o| !uid.is_empty() && o.uid() == uid)
             .map_or(Standing::NotMine, |o| s.standing(&o.labels()))
     }
 
-    /// True while writes for `key` of `a` are allowed: the shard fence
-    /// with sharding, the leader fence otherwise.
-    pub(super) fn may_write_for(&self, a: &super::Active, key: &super::PrimaryKey) -> bool {
+    /// True while writes for the primary `key` of `a` whose UID is `uid`
+    /// are allowed: the shard fence with sharding (the primary cached
+    /// under the name is still that one, assigned here), the leader fence
+    /// otherwise.
+    pub(super) fn may_write_for(
+        &self,
+        a: &super::Active,
+        key: &super::PrimaryKey,
+        uid: &str,
+    ) -> bool {
         match self.shard_for(a) {
-            Some(s) => s.in_term() && self.standing(s, a, key) == Standing::Mine,
+            Some(s) => s.in_term() && self.standing(s, a, key, uid) == Standing::Mine,
             None => leader::may_write(&self.leader, &self.lease_until),
         }
     }
@@ -363,7 +375,7 @@ impl super::Operator {
         }
         let written: Vec<(String, String, Result<String, ()>)> = futures::stream::iter(writes)
             .map(|(owner, key, kind, target, name, rv)| async move {
-                if !self.may_write_for(a, &key) {
+                if !self.may_write_for(a, &key, &owner) {
                     return (owner, kind, Err(()));
                 }
                 match claim_object(&target, &name, &rv, &s.identity).await {

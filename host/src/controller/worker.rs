@@ -356,11 +356,12 @@ impl Operator {
             Decision::Planned { plan, judgement } => {
                 tracing::debug!(primary = %key, plugin_version = %a.plugin.version(), ?elapsed,
                     applied = plan.apply.len(), deleted = plan.delete.len(), "plan");
-                if !self.may_write_for(a, key) {
+                let uid = object::uid(&primary);
+                if !self.may_write_for(a, key, uid) {
                     return;
                 }
                 let shard = self.shard_for(a);
-                let owns = || self.may_write_for(a, key);
+                let owns = || self.may_write_for(a, key, uid);
                 let (leader, lease_until) = match shard {
                     Some(s) => (&*s.flag, &*s.until),
                     None => (&*self.leader, &*self.lease_until),
@@ -425,7 +426,7 @@ impl Operator {
                         // HTTP calls are writes to the outside world: only
                         // while this replica still leads.
                         if !plan.http_requests.is_empty()
-                            && self.may_write_for(a, key)
+                            && self.may_write_for(a, key, uid)
                             && let Some(snapshot) = snapshot
                         {
                             // Each object with the kind of the read that
@@ -489,11 +490,14 @@ impl Operator {
                         self.requeue(a, key, delay);
                     }
                     Err(e) => {
-                        // Re-read: the failed write may have been preceded by others.
+                        // Re-read: the failed write may have been preceded
+                        // by others. Only the same primary: a successor
+                        // made under its name is not the one that failed.
                         let current = self
                             .cache
                             .kind(&a.primary)
                             .and_then(|kc| kc.get(&key.namespace, &key.name))
+                            .filter(|o| o.uid() == object::uid(&primary))
                             .map(|o| Arc::new(o.value()));
                         let primary = current.unwrap_or(primary);
                         self.fail(a, key, &primary, e.reason(), &e.to_string(), &now_text)
@@ -712,7 +716,7 @@ impl Operator {
         tracing::warn!(primary = %key, plugin_version = %a.plugin.version(), reason,
             message = %report::cap(message, report::MAX_CONDITION_MESSAGE), retry_in = ?delay,
             "reconcile failed");
-        if self.may_write_for(a, key) {
+        if self.may_write_for(a, key, object::uid(primary)) {
             report::failure(
                 &a.writer,
                 &a.primary_resource,

@@ -17,6 +17,14 @@
 //!   so a running process can be armed (and a missing or empty file arms
 //!   nothing).
 //!
+//! - `hold:POINT` or `hold:POINT:KEY` (one per line, in the `@FILE` form
+//!   only) holds the host where it calls [`hold`] with that point (and
+//!   key) until the line is gone: it writes `FILE.held-POINT` while it
+//!   waits and removes it when it goes on. The points are
+//!   `sweep-before-delete` (key `namespace/name` of the object, right
+//!   before the orphan sweep deletes an object it judged orphaned) and
+//!   `sweep-done` (the end of an orphan sweep).
+//!
 //! The writes of a plan are counted in the order [`super::execute`] makes
 //! them, each right before it is sent, once its leadership check passed (a
 //! replica that may not write never reaches the failpoint): the
@@ -64,6 +72,50 @@ fn parse(text: &str) -> Option<usize> {
         .parse()
         .ok()
 }
+
+/// True while `point` (or `point:key`) is held by the file
+/// `WASMOP_FAILPOINT` names; marks it held (`FILE.held-POINT`) meanwhile.
+#[cfg(feature = "failpoints")]
+fn held(point: &str, key: &str) -> bool {
+    let names = [point.to_owned(), format!("{point}:{key}")];
+    let Some(file) = std::env::var("WASMOP_FAILPOINT")
+        .ok()
+        .and_then(|v| v.strip_prefix('@').map(str::to_owned))
+    else {
+        return false;
+    };
+    let text = std::fs::read_to_string(&file).unwrap_or_default();
+    let armed = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("hold:"))
+        .any(|h| names.iter().any(|n| n == h));
+    let marker = format!("{file}.held-{point}");
+    if armed {
+        let _ = std::fs::write(&marker, key);
+    } else {
+        let _ = std::fs::remove_file(&marker);
+    }
+    armed
+}
+
+/// Waits here while `point` (or `point:key`) is held (see the module
+/// docs).
+#[cfg(feature = "failpoints")]
+pub async fn hold(point: &str, key: &str) {
+    if !held(point, key) {
+        return;
+    }
+    tracing::warn!(point, key, "failpoint: holding");
+    while held(point, key) {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    tracing::warn!(point, key, "failpoint: going on");
+}
+
+/// Nothing (no failpoints in this build).
+#[cfg(not(feature = "failpoints"))]
+#[inline]
+pub async fn hold(_point: &str, _key: &str) {}
 
 /// Called right before each write of a plan (not of a dry run): aborts the
 /// process when this is the write `WASMOP_FAILPOINT` names.

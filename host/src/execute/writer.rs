@@ -11,8 +11,11 @@
 //! - An apply with a resourceVersion precondition sends it with the apply
 //!   (optimistic concurrency); one that requires absence is a create.
 //! - Fields owned by another field manager are never overwritten unless the
-//!   plan asks for it: an apply is forced only when its op says `force`
-//!   (and the status always, which the plugin owns outright).
+//!   plan asks for it: an apply is forced only when its op says `force`.
+//!   The status is the plugin's outright: its write sets the whole status.
+//! - The status write is fenced by identity: it lands only on the object
+//!   with the UID the status was decided for, never on a successor made
+//!   under the same name ([`Writer::write_status`]).
 //! - A [`Writer::dry_run`] writer sends every call with `dryRun=All`: the
 //!   API server runs validation, CEL rules, admission and quota and
 //!   persists nothing.
@@ -197,6 +200,21 @@ fn apply_params(field_manager: &str, force: bool) -> PatchParams {
     if force { params.force() } else { params }
 }
 
+/// The JSON patch of a status write: a test of the object's UID, then the
+/// whole status.
+fn status_patch(uid: &str, status: &Value) -> Value {
+    json!([
+        {"op": "test", "path": "/metadata/uid", "value": uid},
+        {"op": "add", "path": "/status", "value": status},
+    ])
+}
+
+/// True when the API server refused a JSON patch because its `test`
+/// operation failed (422; the message names the tested path).
+fn is_failed_test(code: u16, message: &str) -> bool {
+    code == 422 && message.contains("/metadata/uid")
+}
+
 /// Writes objects for one field manager.
 #[derive(Clone)]
 pub struct Writer {
@@ -372,33 +390,68 @@ impl Writer {
         }
     }
 
-    /// Writes `status` of `primary` through the status subresource
-    /// (server-side apply, forced: the status belongs to the plugin) and
-    /// returns the primary's UID and new resourceVersion.
+    /// Writes `status` of `primary` through the status subresource, only
+    /// while the object of that name is still the one with `primary`'s
+    /// UID, and returns its UID and new resourceVersion.
+    ///
+    /// The write is a JSON patch whose first operation tests
+    /// `/metadata/uid`: the API server applies it to the object it holds
+    /// under the name, so a primary deleted and made anew under its name
+    /// since it was read fails the test and receives nothing (a `uid` in an
+    /// apply body would not fence it: the status subresource resets
+    /// metadata). The second operation sets the whole status: the status
+    /// belongs to the plugin.
     ///
     /// # Errors
-    /// [`ApplyError::Api`] when the API server refuses it.
+    /// [`ApplyError::Conflict`] when the object under the name has another
+    /// UID; [`ApplyError::Api`] when the API server refuses it otherwise
+    /// (a primary that is gone is a 404).
     pub async fn write_status(
         &self,
         resource: &ApiResource,
         primary: &Value,
         status: &Value,
     ) -> Result<Written, ApplyError> {
-        let body = json!({
-            "apiVersion": primary["apiVersion"],
-            "kind": primary["kind"],
-            "metadata": {"name": primary["metadata"]["name"], "namespace": primary["metadata"]["namespace"]},
-            "status": status,
-        });
-        self.send_apply(
-            resource,
-            primary,
-            Some("status"),
-            PatchParams::apply(&self.field_manager).force(),
-            &body,
-        )
-        .await
-        .map_err(|e| ApplyError::from_kube(describe(primary), e))
+        let uid = primary["metadata"]["uid"].as_str().unwrap_or_default();
+        let patch = status_patch(uid, status);
+        let target = describe(primary);
+        let mut url = format!(
+            "{}/{}/status?fieldManager={}",
+            DynamicObject::url_path(resource, ns_of(primary).filter(|n| !n.is_empty())),
+            name_of(primary),
+            self.field_manager
+        );
+        if self.dry_run {
+            url.push_str("&dryRun=All");
+        }
+        let body = serde_json::to_vec(&patch).map_err(|e| ApplyError::Api {
+            target: target.clone(),
+            message: e.to_string(),
+        })?;
+        let mut request = http::Request::patch(url)
+            .header(http::header::CONTENT_TYPE, "application/json-patch+json")
+            .body(body)
+            .map_err(|e| ApplyError::Api {
+                target: target.clone(),
+                message: e.to_string(),
+            })?;
+        request.extensions_mut().insert("patch_status");
+        let answer: Result<Written, kube::Error> = match self.client.request_text(request).await {
+            Ok(text) => serde_json::from_str(&text).map_err(kube::Error::SerdeError),
+            Err(e) => Err(e),
+        };
+        answer.map_err(|e| match e {
+            kube::Error::Api(status) if is_failed_test(status.code, &status.message) => {
+                ApplyError::Conflict {
+                    target,
+                    message: format!(
+                        "the object under this name is no longer the one with uid {uid}: {}",
+                        status.message
+                    ),
+                }
+            }
+            e => ApplyError::from_kube(target, e),
+        })
     }
 
     /// JSON-merge-patches `patch` into `obj` under this field manager (an
@@ -510,6 +563,26 @@ mod tests {
             "the object has been modified",
             "wasmop-x"
         ));
+    }
+
+    #[test]
+    fn a_status_write_tests_the_uid_first_and_a_failed_test_is_a_conflict() {
+        let patch = status_patch("u-1", &json!({"value": "x"}));
+        assert_eq!(
+            patch[0],
+            json!({"op": "test", "path": "/metadata/uid", "value": "u-1"})
+        );
+        assert_eq!(
+            patch[1],
+            json!({"op": "add", "path": "/status", "value": {"value": "x"}})
+        );
+        assert_eq!(patch.as_array().map(Vec::len), Some(2));
+        assert!(is_failed_test(
+            422,
+            "testing value /metadata/uid failed: test failed"
+        ));
+        assert!(!is_failed_test(422, "status.value: Invalid value"));
+        assert!(!is_failed_test(404, "/metadata/uid"));
     }
 
     #[test]

@@ -7,11 +7,14 @@
 //! | phase | does | next |
 //! | --- | --- | --- |
 //! | (none) | writes the intent: generation 0, no active generation | creating |
-//! | creating | applies generation N's ConfigMap, headless Service and StatefulSet (and the cluster Service if absent); a spec change meanwhile abandons N for N+1 | switching, once every pod of N is Ready and N's StatefulSet reports them ready |
-//! | switching | points `<e>-service` at N | draining (or stable/stopped on the first generation), once the Service selects N |
-//! | draining | polls the old generation's query counters through host observations (skipped for `drainCheckEnabled: false` or `rollout: recreate`) | cleaning, once drained |
-//! | cleaning | deletes the old generation with preconditions | stable / stopped |
-//! | stable, stopped | re-creates a missing ConfigMap, headless Service or cluster Service in place; drift writes the intent N+1 | creating on drift |
+//! | creating | applies generation N's ConfigMap, headless Service and StatefulSet (forced) (and the cluster Service if absent); a spec change meanwhile abandons N for N+1; Pods not Ready name their cause on `Ready` (Warning Event per cause), past `spec.progressDeadlineSeconds` `Degraded=True` | switching, once every pod of N is Ready and N's StatefulSet reports them ready |
+//! | switching | points `<e>-service` (the whole Service) at N | draining (or, on the first generation, as cleaning ends), once the Service selects N |
+//! | draining | polls every running old Pod on every pass, judged on readings younger than the window ([`crate::drain`]; skipped for `drainCheckEnabled: false` or `rollout: recreate`) | cleaning, once drained |
+//! | cleaning | deletes the old generation with preconditions | creating N+1 if the spec moved meanwhile; else stable / stopped (not Ready when the gate blocks) |
+//! | stable, stopped | re-creates a missing ConfigMap, headless Service or cluster Service in place; drift (spec, missing StatefulSet, re-issued certificate, a hand scale or edit of the StatefulSet) writes the intent N+1 | creating on drift |
+//!
+//! The plugin's README lists every transition with its condition and
+//! Event.
 //!
 //! # Guarantees
 //!
@@ -23,8 +26,13 @@
 //!   pods were seen Ready and its StatefulSet's `readyReplicas` says so.
 //! - Deletes carry the uid and resourceVersion of the object seen.
 //! - A steady engine yields an empty plan.
-//! - Only creating, stable and stopped (and the first pass) consult the
-//!   instance; switching, draining and cleaning act on existing objects.
+//! - Only creating, stable and stopped (and the first pass) wait for the
+//!   instance; switching, draining and cleaning act on existing objects
+//!   (they read the instance and class only to know whether the spec
+//!   moved).
+//! - `status.observedGeneration` moves only in a pass that ends stable or
+//!   stopped on a StatefulSet built from the current spec; every other
+//!   pass holds it (`Plan::not_yet_applied`).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -37,9 +45,10 @@ use wasmop_sdk::{Plan, ReconcileError, Snapshot};
 use crate::drain::{self, PodDrain};
 use crate::gate;
 use crate::names::{ENGINE_LABEL, METRICS_PORT, Names};
-use crate::render::{Desired, generation_of};
+use crate::render::{Desired, cluster_service, generation_of};
 use crate::settings::Settings;
 use crate::spec::{EngineStatus, FireboltEngine, FireboltEngineClass, resolve};
+use crate::stuck;
 use crate::{CLASS_READ, INSTANCE_READ, POD_READ, POD_TARGET};
 
 /// Phase names, as upstream spells them.
@@ -76,7 +85,16 @@ pub mod condition {
     pub const READY: &str = "Ready";
     /// The instance gate.
     pub const INSTANCE_READY: &str = "InstanceReady";
+    /// A generation missed its progress deadline.
+    pub const DEGRADED: &str = "Degraded";
 }
+
+/// Status field: `metadata.generation` of the active StatefulSet as the
+/// operator last saw it; a higher one is a hand edit of its spec.
+pub const STS_GENERATION: &str = "statefulSetGeneration";
+
+/// Default of `spec.progressDeadlineSeconds`.
+pub const DEFAULT_PROGRESS_DEADLINE: Duration = Duration::from_secs(600);
 
 /// What a phase step decided.
 struct Step {
@@ -85,8 +103,12 @@ struct Step {
     current: i64,
     active: i64,
     draining: Option<i64>,
-    ready: (bool, &'static str, String),
+    ready: (bool, String, String),
     requeue: Option<Duration>,
+    /// Why the rollout is past its progress deadline (`Degraded=True`).
+    degraded: Option<String>,
+    /// `metadata.generation` of the active StatefulSet to record.
+    sts_generation: Option<i64>,
 }
 
 impl Step {
@@ -102,6 +124,8 @@ impl Step {
             draining: status.draining_generation,
             ready: rolling(phase),
             requeue: None,
+            degraded: None,
+            sts_generation: None,
         }
     }
 }
@@ -131,16 +155,62 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
     let spec = &engine.spec;
     let mut conditions = conditions_of(&snapshot.primary);
 
+    // What a generation is built from: the instance (gate), the class and
+    // the resolved settings. Every phase computes it when it can, so the
+    // phases that do not consult the gate still know whether the
+    // generation they roll out matches the spec.
+    let override_ = spec.metadata_endpoint_override.as_deref();
+    let instance = gate::check(
+        &spec.instance_ref,
+        snapshot.related(INSTANCE_READ).next(),
+        override_,
+    );
+    let class = match spec.engine_class_ref.as_deref().filter(|c| !c.is_empty()) {
+        None => Ok(None),
+        Some(name) => match snapshot.related_one::<FireboltEngineClass>(CLASS_READ) {
+            Ok(Some(c)) => Ok(Some(c)),
+            Ok(None) => Err(format!(
+                "FireboltEngineClass {name} does not exist in namespace {namespace}"
+            )),
+            Err(e) => Err(format!("FireboltEngineClass {name} cannot be read: {e}")),
+        },
+    };
+    let resolved = class
+        .as_ref()
+        .ok()
+        .map(|c| resolve(spec, c.as_ref().map(|c| &c.spec)));
+    let desired = match (&instance, &class, &resolved) {
+        (Ok(instance), Ok(class), Some(Ok(resolved))) => Some(Desired {
+            names: &names,
+            settings: &settings,
+            replicas: spec.replicas,
+            class_template: class.as_ref().and_then(|c| c.spec.template.as_ref()),
+            engine_template: spec.template.as_ref(),
+            resolved,
+            instance,
+            metadata_override: override_.filter(|o| !o.is_empty()),
+        }),
+        _ => None,
+    };
+    let want_hash = desired.as_ref().map(Desired::hash);
+    let ending = Ending {
+        want_hash: want_hash.as_deref(),
+        unknown: match (&instance, &class, &resolved) {
+            (Err(why), _, _) => ("InstanceNotReady", why.as_str()),
+            (_, Err(why), _) => ("FireboltEngineClassUnready", why.as_str()),
+            (_, _, Some(Err(why))) => ("InvalidSpec", why.as_str()),
+            _ => ("", ""),
+        },
+    };
+
     let step = match status.phase.as_str() {
-        phase::SWITCHING => switching(snapshot, &names, &engine)?,
+        phase::SWITCHING => switching(snapshot, &names, &engine, &ending)?,
         phase::DRAINING => draining(snapshot, &names, &engine)?,
-        phase::CLEANING => cleaning(snapshot, &names, &engine)?,
+        phase::CLEANING => cleaning(snapshot, &names, &engine, &ending)?,
         _ => {
             // Gated phases: "", creating, stable, stopped.
-            let override_ = spec.metadata_endpoint_override.as_deref();
-            let instance = snapshot.related(INSTANCE_READ).next();
-            let instance = match gate::check(&spec.instance_ref, instance, override_) {
-                Ok(i) => {
+            match &instance {
+                Ok(_) => {
                     set_condition(
                         &mut conditions,
                         condition::INSTANCE_READY,
@@ -150,7 +220,6 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
                         generation,
                         &now,
                     );
-                    i
                 }
                 Err(why) => {
                     set_condition(
@@ -158,7 +227,7 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
                         condition::INSTANCE_READY,
                         false,
                         "InstanceNotReady",
-                        &why,
+                        why,
                         generation,
                         &now,
                     );
@@ -167,41 +236,26 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
                         &engine,
                         conditions,
                         "InstanceNotReady",
-                        &why,
+                        why,
                         &now,
                     ));
                 }
-            };
-            let class = match spec.engine_class_ref.as_deref().filter(|c| !c.is_empty()) {
-                None => None,
-                Some(name) => match snapshot.related_one::<FireboltEngineClass>(CLASS_READ)? {
-                    Some(c) => Some(c),
-                    None => {
-                        let why = format!(
-                            "FireboltEngineClass {name} does not exist in namespace {namespace}"
-                        );
-                        return Ok(blocked(
-                            snapshot,
-                            &engine,
-                            conditions,
-                            "FireboltEngineClassUnready",
-                            &why,
-                            &now,
-                        ));
-                    }
-                },
-            };
-            let resolved = resolve(spec, class.as_ref().map(|c| &c.spec))
-                .map_err(ReconcileError::invalid_spec)?;
-            let desired = Desired {
-                names: &names,
-                settings: &settings,
-                replicas: spec.replicas,
-                class_template: class.as_ref().and_then(|c| c.spec.template.as_ref()),
-                engine_template: spec.template.as_ref(),
-                resolved: &resolved,
-                instance: &instance,
-                metadata_override: override_.filter(|o| !o.is_empty()),
+            }
+            if let Err(why) = &class {
+                return Ok(blocked(
+                    snapshot,
+                    &engine,
+                    conditions,
+                    "FireboltEngineClassUnready",
+                    why,
+                    &now,
+                ));
+            }
+            if let Some(Err(why)) = &resolved {
+                return Err(ReconcileError::invalid_spec(why.clone()));
+            }
+            let Some(desired) = &desired else {
+                return Err(ReconcileError::internal("no desired state"));
             };
             match status.phase.as_str() {
                 "" => Step {
@@ -210,11 +264,13 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
                     current: 0,
                     active: -1,
                     draining: None,
-                    ready: (false, "Initializing", "creating generation 0".into()),
+                    ready: (false, "Initializing".into(), "creating generation 0".into()),
                     requeue: Some(STEP_REQUEUE),
+                    degraded: None,
+                    sts_generation: None,
                 },
-                phase::CREATING => creating(snapshot, &names, &engine, &desired)?,
-                _ => steady(snapshot, &names, &engine, &desired)?,
+                phase::CREATING => creating(snapshot, &names, &engine, desired, &now)?,
+                _ => steady(snapshot, &names, &engine, desired)?,
             }
         }
     };
@@ -227,17 +283,50 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         draining,
         ready,
         requeue,
+        degraded,
+        sts_generation,
     } = step;
     let (ok, reason, message) = ready;
     set_condition(
         &mut conditions,
         condition::READY,
         ok,
-        reason,
+        &reason,
         &message,
         generation,
         &now,
     );
+    let was_degraded = conditions
+        .iter()
+        .any(|c| c.type_ == condition::DEGRADED && c.status == "True");
+    match &degraded {
+        Some(why) => {
+            if !was_degraded {
+                plan = plan.warning("ProgressDeadlineExceeded", why.clone());
+            }
+            set_condition(
+                &mut conditions,
+                condition::DEGRADED,
+                true,
+                "ProgressDeadlineExceeded",
+                why,
+                generation,
+                &now,
+            );
+        }
+        None if was_degraded => {
+            set_condition(
+                &mut conditions,
+                condition::DEGRADED,
+                false,
+                "Progressing",
+                &format!("Engine is in {phase} phase on generation {current}"),
+                generation,
+                &now,
+            );
+        }
+        None => {}
+    }
     let keep: BTreeSet<i64> = [
         status.current_generation,
         status.active_generation,
@@ -257,7 +346,8 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         );
     }
     let mut new_status = status_object(&snapshot.primary);
-    if phase == phase::STABLE || phase == phase::STOPPED {
+    let terminal = phase == phase::STABLE || phase == phase::STOPPED;
+    if terminal {
         observe_hashes(&mut new_status, snapshot, &names, active);
         observe_serving_cert(&mut new_status, snapshot, &names, active);
     }
@@ -268,10 +358,25 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         Some(d) => new_status.insert("drainingGeneration".into(), json!(d)),
         None => new_status.remove("drainingGeneration"),
     };
+    if let Some(g) = sts_generation {
+        new_status.insert(STS_GENERATION.into(), json!(g));
+    }
     new_status.insert("conditions".into(), json!(conditions));
     let new_status = Value::Object(new_status);
     if new_status != snapshot.primary["status"] {
         plan = plan.status(new_status);
+    }
+    // `status.observedGeneration` is the spec generation last rolled out
+    // (upstream: "last fully reconciled to stable"): only a terminal pass
+    // whose serving StatefulSet was built from the current spec moves it.
+    let rolled_out = terminal
+        && want_hash.as_deref().is_some_and(|want| {
+            snapshot
+                .owned_named("StatefulSet", &names.statefulset(active))
+                .is_some_and(|sts| spec_hash(sts) == want)
+        });
+    if !rolled_out {
+        plan = plan.not_yet_applied();
     }
     let requeue = if more { Some(SWEEP_REQUEUE) } else { requeue };
     if let Some(r) = requeue {
@@ -407,7 +512,8 @@ fn blocked(
     }
     status.insert("conditions".into(), json!(conditions));
     let status = Value::Object(status);
-    let mut plan = Plan::new().requeue_after(BLOCKED_REQUEUE);
+    // Nothing of the current spec is rolled out while blocked.
+    let mut plan = Plan::new().requeue_after(BLOCKED_REQUEUE).not_yet_applied();
     if status != snapshot.primary["status"] {
         plan = plan.status(status);
     }
@@ -419,6 +525,7 @@ fn creating(
     names: &Names,
     engine: &FireboltEngine,
     desired: &Desired<'_>,
+    now: &Time,
 ) -> Result<Step, ReconcileError> {
     let s = &engine.status;
     let g = s.current_generation;
@@ -426,8 +533,9 @@ fn creating(
     if let Some(sts) = sts
         && spec_hash(sts) != desired.hash()
     {
-        // The spec moved while N was being built: abandon N (the sweep
-        // deletes it once status no longer names it) and build N+1.
+        // The spec moved while N was being built (or N is stuck and the
+        // spec was fixed): abandon N (the sweep deletes it once status no
+        // longer names it) and build N+1.
         return Ok(Step {
             plan: Plan::new().event(
                 "GenerationAbandoned",
@@ -441,6 +549,7 @@ fn creating(
             ..Step::keeping(phase::CREATING, s)
         });
     }
+    let deadline = progress_deadline(engine);
     let mut plan = Plan::new()
         .apply(desired.config_map(g))
         .apply(desired.headless_service(g));
@@ -462,14 +571,12 @@ fn creating(
         }
         let issued = tls_secret.is_some_and(|s| crate::security::issued(s, &TLS_KEYS));
         if !issued {
+            let why = format!("waiting for cert-manager to issue Secret {}", names.tls(g));
             return Ok(Step {
                 plan,
                 current: g,
-                ready: (
-                    false,
-                    "CertificatePending",
-                    format!("waiting for cert-manager to issue Secret {}", names.tls(g)),
-                ),
+                degraded: past_deadline(snapshot, names, g, deadline, now, &why),
+                ready: (false, "CertificatePending".into(), why),
                 requeue: Some(PODS_REQUEUE),
                 ..Step::keeping(phase::CREATING, s)
             });
@@ -485,22 +592,22 @@ fn creating(
                 .filter(|f| !tls.rolled_trust.contains(f))
                 .collect();
             if !untrusted.is_empty() || cas.is_empty() {
-                plan = plan.apply(desired.statefulset(g));
+                plan = plan.apply_forced(desired.statefulset(g));
+                let why = format!("generation {g} waits for the gateway to trust its CA");
                 return Ok(Step {
                     plan,
                     current: g,
-                    ready: (
-                        false,
-                        "TrustPending",
-                        format!("generation {g} waits for the gateway to trust its CA"),
-                    ),
+                    degraded: past_deadline(snapshot, names, g, deadline, now, &why),
+                    ready: (false, "TrustPending".into(), why),
                     requeue: Some(PODS_REQUEUE),
                     ..Step::keeping(phase::CREATING, s)
                 });
             }
         }
     }
-    plan = plan.apply(desired.statefulset(g));
+    // Forced: a hand edit of the StatefulSet being built is taken back
+    // (kubectl's fields would otherwise make the apply a conflict).
+    plan = plan.apply_forced(desired.statefulset(g));
     if snapshot.owned_named("Service", &names.service()).is_none() {
         let target = if s.active_generation >= 0 {
             s.active_generation
@@ -529,29 +636,92 @@ fn creating(
             ..Step::keeping(phase::SWITCHING, s)
         });
     }
+    let counts = if ready == want && sts.is_some() {
+        format!(
+            "generation {g} has {ready} of {want} pod(s) ready; its StatefulSet reports {sts_ready}"
+        )
+    } else {
+        format!("generation {g} has {ready} of {want} pod(s) ready")
+    };
+    let (reason, message) = match stuck::cause(&pods_of(snapshot, names, g)) {
+        Some(cause) => {
+            let message = format!("{counts}; {}", cause.message);
+            // A Warning Event each time the cause (or the count) changes,
+            // not on every pass.
+            if !ready_condition_is(snapshot, &cause.reason, &message) {
+                plan = plan.warning(&cause.reason, message.clone());
+            }
+            (cause.reason, message)
+        }
+        None => ("PodsNotReady".to_owned(), counts),
+    };
+    let degraded = past_deadline(snapshot, names, g, deadline, now, &message);
     Ok(Step {
         plan,
         current: g,
-        ready: (
-            false,
-            "PodsNotReady",
-            if ready == want && sts.is_some() {
-                format!(
-                    "generation {g} has {ready} of {want} pod(s) ready; its StatefulSet reports {sts_ready}"
-                )
-            } else {
-                format!("generation {g} has {ready} of {want} pod(s) ready")
-            },
-        ),
+        ready: (false, reason, message),
         requeue: Some(PODS_REQUEUE),
+        degraded,
         ..Step::keeping(phase::CREATING, s)
     })
+}
+
+/// `spec.progressDeadlineSeconds`, or [`DEFAULT_PROGRESS_DEADLINE`].
+fn progress_deadline(engine: &FireboltEngine) -> Duration {
+    engine
+        .spec
+        .progress_deadline_seconds
+        .and_then(|s| u64::try_from(s).ok())
+        .map_or(DEFAULT_PROGRESS_DEADLINE, Duration::from_secs)
+}
+
+/// Why generation `g` is past its progress deadline, if it is: the
+/// deadline counts from the creation of the generation's ConfigMap (the
+/// first object a generation gets).
+fn past_deadline(
+    snapshot: &Snapshot,
+    names: &Names,
+    g: i64,
+    deadline: Duration,
+    now: &Time,
+    why: &str,
+) -> Option<String> {
+    let created = snapshot
+        .owned_named("ConfigMap", &names.config(g))?
+        .pointer("/metadata/creationTimestamp")?
+        .as_str()?
+        .parse::<wasmop_sdk::k8s_openapi::jiff::Timestamp>()
+        .ok()?;
+    let elapsed = now.0.as_second().saturating_sub(created.as_second());
+    let limit = i64::try_from(deadline.as_secs()).unwrap_or(i64::MAX);
+    let active = snapshot.primary["status"]["activeGeneration"]
+        .as_i64()
+        .filter(|a| *a >= 0);
+    let serving = match active {
+        Some(a) => format!("; {} keeps serving generation {a}", names.service()),
+        None => String::new(),
+    };
+    (elapsed > limit).then(|| {
+        format!(
+            "generation {g} did not become ready within its progress deadline ({limit}s, \
+             started {elapsed}s ago){serving}: {why}"
+        )
+    })
+}
+
+/// True when the engine's `Ready` condition already has this reason and
+/// message.
+fn ready_condition_is(snapshot: &Snapshot, reason: &str, message: &str) -> bool {
+    conditions_of(&snapshot.primary)
+        .iter()
+        .any(|c| c.type_ == condition::READY && c.reason == reason && c.message == message)
 }
 
 fn switching(
     snapshot: &Snapshot,
     names: &Names,
     engine: &FireboltEngine,
+    end: &Ending<'_>,
 ) -> Result<Step, ReconcileError> {
     let s = &engine.status;
     let g = s.current_generation;
@@ -561,20 +731,19 @@ fn switching(
         ..Step::keeping(phase::SWITCHING, s)
     };
     if selected_generation(snapshot, names) != Some(g) {
-        // Only the selector changes; the rest of the Service is as the
-        // creating phase applied it.
-        let service = json!({
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": names.service(), "namespace": names.namespace(),
-                         "labels": names.engine_labels()},
-            "spec": {"selector": names.generation_labels(g)},
-        });
-        step.plan = step.plan.apply(service);
+        // The whole Service, not just its selector: it may have been
+        // deleted by hand, and a Service needs its ports.
+        step.plan = step.plan.apply(cluster_service(names, g));
         return Ok(step);
     }
     let old = s.active_generation;
     step.active = g;
+    // What the StatefulSet now serving looks like to the operator; a later
+    // change of its spec is a hand edit.
+    step.sts_generation = snapshot
+        .owned_named("StatefulSet", &names.statefulset(g))
+        .and_then(|sts| sts.pointer("/metadata/generation"))
+        .and_then(Value::as_i64);
     step.plan = step.plan.event(
         "Switched",
         format!("{} now selects generation {g}", names.service()),
@@ -584,7 +753,7 @@ fn switching(
         step.draining = Some(old);
         step.ready = rolling(phase::DRAINING);
     } else {
-        terminal(&mut step, snapshot, names, engine);
+        finish(&mut step, snapshot, names, engine, end);
     }
     Ok(step)
 }
@@ -614,24 +783,29 @@ fn draining(
         step.ready = rolling(phase::CLEANING);
         return Ok(step);
     }
+    let running: Vec<&str> = pods_of(snapshot, names, old)
+        .into_iter()
+        .filter(|pod| {
+            pod["status"]["phase"] == "Running"
+                && pod["status"]["podIP"]
+                    .as_str()
+                    .is_some_and(|ip| !ip.is_empty())
+        })
+        .filter_map(|pod| pod["metadata"]["name"].as_str())
+        .collect();
+    // Every running old Pod is judged on a reading younger than the
+    // window, every pass: a Pod drained once may take queries again.
+    let window = drain::window(resolved.drain_check_interval, running.len());
     let mut failing = Vec::new();
     let mut pending = Vec::new();
-    for pod in pods_of(snapshot, names, old) {
-        let name = pod["metadata"]["name"].as_str().unwrap_or_default();
-        let running = pod["status"]["phase"] == "Running"
-            && pod["status"]["podIP"]
-                .as_str()
-                .is_some_and(|ip| !ip.is_empty());
-        if !running {
-            continue;
-        }
-        match drain::judge(snapshot.observation(&drain::observation_id(name))) {
+    for name in &running {
+        match drain::judge(drain::fresh(&snapshot.observations, name, window)) {
             PodDrain::Drained => {}
             PodDrain::Failing(why) => {
                 failing.push(format!("{name}: {why}"));
-                pending.push(name.to_owned());
+                pending.push(*name);
             }
-            PodDrain::Busy(_) | PodDrain::Unknown => pending.push(name.to_owned()),
+            PodDrain::Busy(_) | PodDrain::Unknown => pending.push(*name),
         }
     }
     if pending.is_empty() {
@@ -643,23 +817,27 @@ fn draining(
         );
         return Ok(step);
     }
-    for pod in &pending {
-        step.plan = step.plan.http_get(
-            &drain::observation_id(pod),
-            POD_TARGET,
-            pod,
-            METRICS_PORT as u16,
-            "/metrics",
+    let now_ms = snapshot.now()?.0.as_millisecond();
+    for pod in &running {
+        step.plan = step.plan.http(
+            wasmop_sdk::HttpRequest::get(
+                &drain::request_id(pod, now_ms, window),
+                POD_TARGET,
+                pod,
+                METRICS_PORT as u16,
+                "/metrics",
+            )
+            .max_age(window * 2),
         );
     }
     if !failing.is_empty() {
         step.ready = (
             false,
-            "DrainCheckFailing",
+            "DrainCheckFailing".into(),
             format!("drain check of generation {old}: {}", failing.join("; ")),
         );
     }
-    step.requeue = Some(resolved.drain_check_interval);
+    step.requeue = Some(window);
     Ok(step)
 }
 
@@ -667,6 +845,7 @@ fn cleaning(
     snapshot: &Snapshot,
     names: &Names,
     engine: &FireboltEngine,
+    end: &Ending<'_>,
 ) -> Result<Step, ReconcileError> {
     let s = &engine.status;
     let mut step = Step {
@@ -689,12 +868,67 @@ fn cleaning(
             .plan
             .event("Cleaned", format!("deleted generation {old}"));
     }
-    terminal(&mut step, snapshot, names, engine);
+    finish(&mut step, snapshot, names, engine, end);
     Ok(step)
 }
 
+/// What the end of a rollout checks the generation it rolled out against.
+struct Ending<'a> {
+    /// The hash of the current spec, when the instance and class allow
+    /// computing it.
+    want_hash: Option<&'a str>,
+    /// Why it cannot be computed (reason, message).
+    unknown: (&'a str, &'a str),
+}
+
+/// Ends a rollout (switching without an old generation, cleaning): when
+/// the spec moved while the generation was switched to or the old one
+/// drained, the next generation starts at once instead of reporting a
+/// stale generation as stable and Ready; when the spec cannot be checked
+/// (the instance gate or the class blocks), the phase is terminal but not
+/// Ready.
+fn finish(
+    step: &mut Step,
+    snapshot: &Snapshot,
+    names: &Names,
+    engine: &FireboltEngine,
+    end: &Ending<'_>,
+) {
+    let g = step.active;
+    let built = snapshot
+        .owned_named("StatefulSet", &names.statefulset(g))
+        .map(spec_hash);
+    match end.want_hash {
+        Some(want) if built.is_some_and(|b| b != want) => {
+            step.phase = phase::CREATING.into();
+            step.current = g + 1;
+            step.ready = rolling(phase::CREATING);
+            step.requeue = Some(STEP_REQUEUE);
+            step.plan = std::mem::take(&mut step.plan).event(
+                "GenerationStarted",
+                format!(
+                    "the spec changed while generation {g} was rolled out; creating generation {}",
+                    g + 1
+                ),
+            );
+        }
+        Some(_) => terminal(step, snapshot, names, engine),
+        None => {
+            terminal(step, snapshot, names, engine);
+            if step.phase == phase::STABLE {
+                let (reason, why) = end.unknown;
+                step.ready = (false, reason.into(), why.into());
+                step.requeue = Some(BLOCKED_REQUEUE);
+            }
+        }
+    }
+}
+
 /// stable and stopped: repair in place, or write the intent of the next
-/// generation on drift.
+/// generation on drift. A StatefulSet edited by hand (its replicas, or a
+/// spec generation above the one recorded when it started serving) rolls a
+/// new generation, as upstream does: the edit may already have restarted
+/// Pods, and a fresh generation replaces them blue-green.
 fn steady(
     snapshot: &Snapshot,
     names: &Names,
@@ -704,17 +938,56 @@ fn steady(
     let s = &engine.status;
     let g = s.current_generation;
     let sts = snapshot.owned_named("StatefulSet", &names.statefulset(g));
-    let drift = match sts {
-        None => Some(format!("StatefulSet {} is missing", names.statefulset(g))),
+    let recorded = snapshot.primary["status"][STS_GENERATION].as_i64();
+    let live = sts
+        .and_then(|sts| sts.pointer("/metadata/generation"))
+        .and_then(Value::as_i64);
+    let (drift, edited) = match sts {
+        None => (
+            Some(format!("StatefulSet {} is missing", names.statefulset(g))),
+            false,
+        ),
         Some(sts) if spec_hash(sts) != desired.hash() => {
-            Some(format!("the spec of generation {g} changed"))
+            (Some(format!("the spec of generation {g} changed")), false)
         }
-        Some(_) => None,
+        Some(sts) => {
+            let replicas = sts.pointer("/spec/replicas").and_then(Value::as_i64);
+            if replicas != Some(desired.replicas) {
+                (
+                    Some(format!(
+                        "StatefulSet {} was scaled to {} replica(s) outside the operator (the engine asks for {})",
+                        names.statefulset(g),
+                        replicas.map_or_else(|| "no".to_owned(), |r| r.to_string()),
+                        desired.replicas
+                    )),
+                    true,
+                )
+            } else if let (Some(r), Some(l)) = (recorded, live)
+                && l > r
+            {
+                (
+                    Some(format!(
+                        "the spec of StatefulSet {} was changed outside the operator (its generation went from {r} to {l})",
+                        names.statefulset(g)
+                    )),
+                    true,
+                )
+            } else {
+                (None, false)
+            }
+        }
     };
     let drift = drift.or_else(|| reissued(snapshot, names, g));
     if let Some(why) = drift {
+        let mut plan = Plan::new();
+        if edited {
+            plan = plan.warning(
+                "StatefulSetDrifted",
+                format!("{why}; rolling a new generation"),
+            );
+        }
         return Ok(Step {
-            plan: Plan::new().event(
+            plan: plan.event(
                 "GenerationStarted",
                 format!("{why}; creating generation {}", g + 1),
             ),
@@ -753,6 +1026,8 @@ fn steady(
         plan,
         current: g,
         active: g,
+        // An engine from before this field records what it serves now.
+        sts_generation: if recorded.is_none() { live } else { None },
         ..Step::keeping(&s.phase, s)
     };
     terminal(&mut step, snapshot, names, engine);
@@ -766,7 +1041,11 @@ fn terminal(step: &mut Step, snapshot: &Snapshot, names: &Names, engine: &Firebo
     let g = step.active;
     if want == 0 {
         step.phase = phase::STOPPED.into();
-        step.ready = (false, "Stopped", "Engine is stopped (0 replicas)".into());
+        step.ready = (
+            false,
+            "Stopped".into(),
+            "Engine is stopped (0 replicas)".into(),
+        );
         return;
     }
     step.phase = phase::STABLE.into();
@@ -774,20 +1053,24 @@ fn terminal(step: &mut Step, snapshot: &Snapshot, names: &Names, engine: &Firebo
     step.ready = if ready >= want {
         (
             true,
-            "EngineReady",
+            "EngineReady".into(),
             format!("Engine is serving traffic on generation {g}"),
         )
     } else {
         (
             false,
-            "PodsNotReady",
+            "PodsNotReady".into(),
             format!("generation {g} has {ready} of {want} pod(s) ready"),
         )
     };
 }
 
-fn rolling(phase: &str) -> (bool, &'static str, String) {
-    (false, "Rolling", format!("Engine is in {phase} phase"))
+fn rolling(phase: &str) -> (bool, String, String) {
+    (
+        false,
+        "Rolling".into(),
+        format!("Engine is in {phase} phase"),
+    )
 }
 
 fn status_object(primary: &Value) -> Map<String, Value> {

@@ -8,7 +8,7 @@
 //! | controller | primary | module |
 //! | --- | --- | --- |
 //! | `engine` | FireboltEngine | [`engine`] (phase machine), [`gate`], [`render`], [`merge`], [`drain`] |
-//! | `engineclass` | FireboltEngineClass | [`class`] |
+//! | `engineclass` | FireboltEngineClass | [`class`] (deletion guard finalizer) |
 //!
 //! The engine controller reads its instance and class through field
 //! references (`spec.instanceRef`, `spec.engineClassRef`), so the host
@@ -31,6 +31,7 @@ pub mod render;
 pub mod security;
 pub mod settings;
 pub mod spec;
+pub mod stuck;
 
 #[cfg(test)]
 mod tests;
@@ -98,11 +99,13 @@ impl Plugin for EnginePlugin {
                 ),
         )
         .controller(
-            Controller::new(CLASS_CONTROLLER, spec::class_kind()).reads(Read::new(
-                ENGINES_READ,
-                spec::engine_kind(),
-                Selector::SameNamespace,
-            )),
+            Controller::new(CLASS_CONTROLLER, spec::class_kind())
+                .reads(Read::new(
+                    ENGINES_READ,
+                    spec::engine_kind(),
+                    Selector::SameNamespace,
+                ))
+                .finalizer(class::DELETION_GUARD),
         )
     }
 

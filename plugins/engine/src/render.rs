@@ -30,6 +30,12 @@ pub const CONFIG_DIR: &str = "/etc/firebolt";
 pub const DATA_DIR: &str = "/var/lib/firebolt";
 /// Name of the UI sidecar container (reserved).
 pub const UI_CONTAINER: &str = "engine-web";
+/// `terminationGracePeriodSeconds` of every engine Pod (upstream's).
+pub const TERMINATION_GRACE_SECONDS: i64 = 60;
+/// Label and annotation prefix owned by the operator.
+pub const OPERATOR_PREFIX: &str = "firebolt.io/";
+/// Env names of the engine container the operator sets.
+pub const RESERVED_ENV: [&str; 1] = ["POD_INDEX"];
 
 /// Instance data the engine's config is rendered from.
 #[derive(Clone, Debug, PartialEq)]
@@ -236,14 +242,53 @@ impl Desired<'_> {
     }
 
     /// The pod template of generation `g`: operator defaults < class <
-    /// engine, then the operator's labels on top.
+    /// engine, then the operator-owned paths on top: the `firebolt.io/`
+    /// labels and annotations are the operator's alone (its generation
+    /// labels), `terminationGracePeriodSeconds` is
+    /// [`TERMINATION_GRACE_SECONDS`], `hostname` and `subdomain` are the
+    /// StatefulSet's, and the engine container's reserved env
+    /// ([`RESERVED_ENV`]) is the operator's. The CRDs reject all but the
+    /// env at admission; this also holds for objects stored before those
+    /// rules.
     pub fn pod_template(&self, g: i64) -> Value {
         let defaults = self.default_template(g);
         let mut template =
             merge_templates([Some(&defaults), self.class_template, self.engine_template]);
+        for key in ["labels", "annotations"] {
+            if let Some(map) = template["metadata"]
+                .get_mut(key)
+                .and_then(Value::as_object_mut)
+            {
+                map.retain(|k, _| !k.starts_with(OPERATOR_PREFIX));
+            }
+        }
         let labels = &mut template["metadata"]["labels"];
         for (k, v) in self.names.generation_labels(g) {
             labels[k] = json!(v);
+        }
+        if let Some(spec) = template["spec"].as_object_mut() {
+            spec.remove("hostname");
+            spec.remove("subdomain");
+            spec.insert(
+                "terminationGracePeriodSeconds".into(),
+                json!(TERMINATION_GRACE_SECONDS),
+            );
+        }
+        if let Some(containers) = template["spec"]["containers"].as_array_mut() {
+            for c in containers
+                .iter_mut()
+                .filter(|c| c["name"] == ENGINE_CONTAINER)
+            {
+                if let Some(env) = c["env"].as_array_mut() {
+                    // The operator's own entries come first in the merge;
+                    // a later entry of the same name would win in the Pod.
+                    let mut seen = std::collections::BTreeSet::new();
+                    env.retain(|e| {
+                        let name = e["name"].as_str().unwrap_or_default();
+                        !RESERVED_ENV.contains(&name) || seen.insert(name.to_owned())
+                    });
+                }
+            }
         }
         if self.resolved.ui_sidecar {
             let containers = &mut template["spec"]["containers"];
@@ -357,24 +402,7 @@ impl Desired<'_> {
 
     /// The cluster Service `<e>-service`, selecting generation `g`.
     pub fn cluster_service(&self, g: i64) -> Value {
-        json!({
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {
-                "name": self.names.service(),
-                "namespace": self.names.namespace(),
-                "labels": self.names.engine_labels(),
-            },
-            "spec": {
-                "clusterIP": "None",
-                "publishNotReadyAddresses": false,
-                "selector": self.names.generation_labels(g),
-                "ports": [
-                    {"name": "http-query", "port": QUERY_PORT, "targetPort": QUERY_PORT},
-                    {"name": "health", "port": HEALTH_PORT, "targetPort": HEALTH_PORT},
-                ],
-            },
-        })
+        cluster_service(self.names, g)
     }
 
     fn meta(&self, name: &str, g: i64) -> Value {
@@ -384,6 +412,29 @@ impl Desired<'_> {
             "labels": self.names.generation_labels(g),
         })
     }
+}
+
+/// The cluster Service `<e>-service`, selecting generation `g` (it needs
+/// nothing but names, so the switching phase renders it whole).
+pub fn cluster_service(names: &Names, g: i64) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": names.service(),
+            "namespace": names.namespace(),
+            "labels": names.engine_labels(),
+        },
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": false,
+            "selector": names.generation_labels(g),
+            "ports": [
+                {"name": "http-query", "port": QUERY_PORT, "targetPort": QUERY_PORT},
+                {"name": "health", "port": HEALTH_PORT, "targetPort": HEALTH_PORT},
+            ],
+        },
+    })
 }
 
 /// The generation a per-generation object or Service selector names.

@@ -88,6 +88,10 @@ pub struct EngineSpec {
     /// Fragment deep-merged into the rendered `config.yaml`.
     #[serde(default)]
     pub custom_engine_config: Option<Value>,
+    /// Seconds a new generation may take to become ready before the engine
+    /// reports `Degraded` (default 600).
+    #[serde(default)]
+    pub progress_deadline_seconds: Option<i64>,
 }
 
 /// `status` of a FireboltEngine, the fields the phase machine reads.

@@ -48,6 +48,12 @@ struct World {
     sts_lag: bool,
     /// Plays cert-manager: fills empty TLS Secrets with this CA (PEM).
     issuer: Option<&'static str>,
+    /// The snapshot time (RFC 3339).
+    now: String,
+    /// Pods that stay Pending (by name), with this status.
+    stuck: BTreeMap<String, Value>,
+    /// Plans of the passes so far.
+    plans: Vec<Plan>,
 }
 
 impl World {
@@ -63,11 +69,22 @@ impl World {
             selected_ready: Vec::new(),
             sts_lag: false,
             issuer: None,
+            now: wasmop_sdk::testing::DEFAULT_NOW.to_owned(),
+            stuck: BTreeMap::new(),
+            plans: Vec::new(),
         }
     }
 
+    /// Moves the clock `secs` seconds on.
+    fn advance(&mut self, secs: i64) {
+        let t: wasmop_sdk::k8s_openapi::jiff::Timestamp = self.now.parse().unwrap();
+        self.now = (t + wasmop_sdk::k8s_openapi::jiff::SignedDuration::from_secs(secs)).to_string();
+    }
+
     fn snapshot(&self) -> Snapshot {
-        let mut b = SnapshotBuilder::new(ENGINE_CONTROLLER).primary(&self.engine);
+        let mut b = SnapshotBuilder::new(ENGINE_CONTROLLER)
+            .primary(&self.engine)
+            .now(&self.now);
         for o in self.owned.values() {
             b = b.owned(o);
         }
@@ -102,8 +119,20 @@ impl World {
                 o["kind"].as_str().unwrap().to_owned(),
                 o["metadata"]["name"].as_str().unwrap().to_owned(),
             );
-            let mut merged = self.owned.get(&key).cloned().unwrap_or(json!({}));
+            let before = self.owned.get(&key).cloned();
+            let mut merged = before.clone().unwrap_or(json!({}));
             crate::merge::deep_merge(&mut merged, o);
+            // The API server: the spec generation moves when the spec
+            // does; the creation time is set once.
+            let generation = before
+                .as_ref()
+                .and_then(|b| b["metadata"]["generation"].as_i64())
+                .unwrap_or(0);
+            let changed = before.as_ref().is_none_or(|b| b["spec"] != merged["spec"]);
+            merged["metadata"]["generation"] = json!(generation + i64::from(changed));
+            if before.is_none() {
+                merged["metadata"]["creationTimestamp"] = json!(self.now);
+            }
             merged["metadata"]["uid"] = json!(format!("uid-{}", key.1));
             merged["metadata"]["resourceVersion"] = json!(self.rv.to_string());
             self.owned.insert(key, merged);
@@ -129,11 +158,27 @@ impl World {
                 continue;
             }
             let replicas = sts["spec"]["replicas"].as_i64().unwrap();
+            let stuck = (0..replicas)
+                .filter(|i| self.stuck.contains_key(&format!("{name}-{i}")))
+                .count();
             if !self.sts_lag {
-                sts["status"] = json!({"replicas": replicas, "readyReplicas": replicas});
+                let ready = replicas - i64::try_from(stuck).unwrap();
+                sts["status"] = json!({"replicas": replicas, "readyReplicas": ready});
             }
             for i in 0..replicas {
                 let pod = format!("{name}-{i}");
+                if let Some(status) = self.stuck.get(&pod) {
+                    self.pods.insert(
+                        pod.clone(),
+                        json!({
+                            "apiVersion": "v1", "kind": "Pod",
+                            "metadata": {"name": pod, "namespace": NS,
+                                         "labels": sts["spec"]["template"]["metadata"]["labels"]},
+                            "status": status,
+                        }),
+                    );
+                    continue;
+                }
                 self.pods.insert(
                     pod.clone(),
                     json!({
@@ -155,6 +200,7 @@ impl World {
                 .count();
             self.selected_ready.push((g, ready));
         }
+        self.plans.push(plan.clone());
         plan
     }
 
@@ -348,8 +394,22 @@ fn a_spec_change_while_creating_abandons_the_generation_and_the_sweep_deletes_it
     assert_eq!(w.selected(), Some(2));
 }
 
-#[test]
-fn draining_polls_old_pods_and_waits_for_zero_queries() {
+fn reading(id: &str, body: &str, status: u16, age_ms: u64) -> Observation {
+    Observation {
+        id: id.into(),
+        status: Some(status),
+        body: body.into(),
+        error: None,
+        observed_at: "2025-01-01T00:00:00Z".into(),
+        age_ms,
+        outcome: None,
+    }
+}
+
+const IDLE: &str = "firebolt_running_queries 0\nfirebolt_suspended_queries 0";
+
+/// An engine with the drain check on (3 s), run into draining generation 0.
+fn draining_world() -> World {
     let mut spec = base_spec();
     spec["drainCheckEnabled"] = json!(true);
     spec["drainCheckInterval"] = json!("3s");
@@ -363,43 +423,89 @@ fn draining_polls_old_pods_and_waits_for_zero_queries() {
         }
     }
     assert_eq!(w.phase(), phase::DRAINING);
+    w
+}
+
+#[test]
+fn draining_polls_every_old_pod_each_pass_and_waits_for_zero_queries() {
+    let mut w = draining_world();
     let plan = w.reconcile();
+    // DEFAULT_NOW is 1735689600 s: window 578563200 of 3 s.
     let ids: Vec<&str> = plan.http_requests.iter().map(|r| r.id.as_str()).collect();
-    assert_eq!(ids, ["drain-e-g0-0", "drain-e-g0-1"]);
+    assert_eq!(ids, ["drain-e-g0-0-578563200", "drain-e-g0-1-578563200"]);
     assert!(plan.http_requests.iter().all(|r| r.port == 9090
+        && r.max_age_ms == 6000
         && matches!(&r.target, RequestTarget::Declared { id, .. } if id == "pods")));
     assert_eq!(plan.requeue_after_ms, Some(3000));
-    let obs = |id: &str, body: &str, status: u16| Observation {
-        id: id.into(),
-        status: Some(status),
-        body: body.into(),
-        error: None,
-        observed_at: "2025-01-01T00:00:00Z".into(),
-        age_ms: 0,
-        outcome: None,
-    };
     w.observations = vec![
-        obs(
-            "drain-e-g0-0",
-            "firebolt_running_queries 0\nfirebolt_suspended_queries 0",
-            200,
-        ),
-        obs("drain-e-g0-1", "", 503),
+        reading("drain-e-g0-0-578563200", IDLE, 200, 10),
+        reading("drain-e-g0-1-578563200", "", 503, 10),
     ];
     let plan = w.reconcile();
     assert_eq!(w.phase(), phase::DRAINING);
     assert_eq!(
         plan.http_requests.len(),
-        1,
-        "only the pod not drained is polled again"
+        2,
+        "a pod read as drained is polled again"
     );
     assert_eq!(condition(&w.engine, "Ready")["reason"], "DrainCheckFailing");
-    w.observations[1] = obs("drain-e-g0-1", "firebolt_running_queries 2", 200);
+    w.observations[1] = reading(
+        "drain-e-g0-1-578563200",
+        "firebolt_running_queries 2",
+        200,
+        10,
+    );
     w.reconcile();
     assert_eq!(w.phase(), phase::DRAINING);
-    w.observations[1] = obs("drain-e-g0-1", "firebolt_running_queries 0", 200);
+    w.observations[1] = reading("drain-e-g0-1-578563200", IDLE, 200, 10);
     w.settle(10);
     assert_eq!(w.names("StatefulSet"), ["e-g1"]);
+}
+
+#[test]
+fn a_pod_idle_at_t0_and_busy_at_t1_holds_the_engine_in_draining() {
+    let mut w = draining_world();
+    // t0: pod 0 idle, pod 1 busy.
+    w.observations = vec![
+        reading("drain-e-g0-0-578563200", IDLE, 200, 10),
+        reading(
+            "drain-e-g0-1-578563200",
+            "firebolt_running_queries 1",
+            200,
+            10,
+        ),
+    ];
+    w.reconcile();
+    assert_eq!(w.phase(), phase::DRAINING);
+    // t1, the next window: pod 1 idle now, pod 0 took a query.
+    w.advance(3);
+    w.observations = vec![
+        reading("drain-e-g0-0-578563200", IDLE, 200, 3010),
+        reading(
+            "drain-e-g0-0-578563201",
+            "firebolt_suspended_queries 1",
+            200,
+            10,
+        ),
+        reading("drain-e-g0-1-578563201", IDLE, 200, 10),
+    ];
+    let plan = w.reconcile();
+    assert_eq!(w.phase(), phase::DRAINING, "pod 0's idle reading is stale");
+    let ids: Vec<&str> = plan.http_requests.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, ["drain-e-g0-0-578563201", "drain-e-g0-1-578563201"]);
+    // A reading older than the interval does not count, even an idle one.
+    w.observations = vec![
+        reading("drain-e-g0-0-578563200", IDLE, 200, 3010),
+        reading("drain-e-g0-1-578563201", IDLE, 200, 10),
+    ];
+    w.reconcile();
+    assert_eq!(w.phase(), phase::DRAINING);
+    w.observations = vec![
+        reading("drain-e-g0-0-578563201", IDLE, 200, 10),
+        reading("drain-e-g0-1-578563201", IDLE, 200, 10),
+    ];
+    w.reconcile();
+    assert_eq!(w.phase(), phase::CLEANING);
 }
 
 #[test]
@@ -509,6 +615,470 @@ fn the_class_counts_the_engines_that_reference_it() {
         .build();
     let plan = run::<EnginePlugin>(&again).unwrap();
     assert_eq!(plan.status.unwrap()["boundEngines"], 0);
+}
+
+// ---- failure paths ----
+
+/// Runs passes until `phase` (at most `max`).
+fn run_to(w: &mut World, phase: &str, max: usize) {
+    for _ in 0..max {
+        if w.phase() == phase {
+            return;
+        }
+        w.reconcile();
+    }
+    assert_eq!(w.phase(), phase, "status {}", w.engine["status"]);
+}
+
+/// Sets the engine's spec at `path` and bumps `metadata.generation`, as
+/// the API server does.
+fn edit(w: &mut World, path: &str, value: Value) {
+    let field = path.strip_prefix("/spec/").unwrap();
+    w.engine["spec"][field] = value;
+    let g = w.engine["metadata"]["generation"].as_i64().unwrap();
+    w.engine["metadata"]["generation"] = json!(g + 1);
+}
+
+fn sts_replicas(w: &World, name: &str) -> i64 {
+    w.owned[&("StatefulSet".to_owned(), name.to_owned())]["spec"]["replicas"]
+        .as_i64()
+        .unwrap()
+}
+
+/// True when some pass reported the engine's current spec generation as
+/// observed (did not hold it) while reporting Ready=True, and the serving
+/// StatefulSet does not have `replicas`.
+fn check_never_ready_on_stale(w: &mut World, replicas: i64, passes: usize) {
+    for _ in 0..passes {
+        let plan = w.reconcile();
+        let ready = condition(&w.engine, "Ready")["status"] == "True";
+        let active = w.engine["status"]["activeGeneration"].as_i64().unwrap();
+        let served = sts_replicas(w, &format!("e-g{active}"));
+        if !plan.hold_observed_generation || ready && w.phase() == phase::STABLE {
+            assert_eq!(
+                served,
+                replicas,
+                "generation {active} ({served} replicas) reported as the rolled-out spec \
+                 (hold {}, Ready {ready}, phase {})",
+                plan.hold_observed_generation,
+                w.phase()
+            );
+        }
+    }
+}
+
+#[test]
+fn a_spec_change_mid_switch_is_rolled_out_before_ready_or_observed() {
+    let mut w = World::new(engine(base_spec()));
+    w.settle(20);
+    assert!(!w.plans.last().unwrap().hold_observed_generation);
+    edit(&mut w, "/spec/replicas", json!(3));
+    run_to(&mut w, phase::SWITCHING, 10);
+    edit(&mut w, "/spec/replicas", json!(4));
+    check_never_ready_on_stale(&mut w, 4, 30);
+    assert_eq!(w.phase(), phase::STABLE);
+    assert_eq!(w.names("StatefulSet"), ["e-g2"]);
+    assert_eq!(sts_replicas(&w, "e-g2"), 4);
+    assert_eq!(condition(&w.engine, "Ready")["status"], "True");
+    let started = w.plans.iter().flat_map(|p| &p.events).any(|e| {
+        e.reason == "GenerationStarted" && e.message.contains("while generation 1 was rolled out")
+    });
+    assert!(started, "cleaning went on to generation 2 directly");
+}
+
+#[test]
+fn a_spec_change_mid_drain_is_rolled_out_before_ready_or_observed() {
+    let mut spec = base_spec();
+    spec["drainCheckEnabled"] = json!(true);
+    let mut w = World::new(engine(spec));
+    w.settle(20);
+    edit(&mut w, "/spec/replicas", json!(3));
+    run_to(&mut w, phase::DRAINING, 10);
+    edit(
+        &mut w,
+        "/spec/template",
+        json!({"spec": {"containers": [{"name": "engine", "image": "engine:2"}]}}),
+    );
+    // Draining waits for readings; every pass holds observedGeneration.
+    for _ in 0..3 {
+        assert!(w.reconcile().hold_observed_generation);
+        assert_ne!(condition(&w.engine, "Ready")["status"], "True");
+    }
+    w.engine["spec"]["drainCheckEnabled"] = json!(false);
+    check_never_ready_on_stale(&mut w, 3, 30);
+    assert_eq!(w.phase(), phase::STABLE);
+    let image = &w.owned[&("StatefulSet".to_owned(), "e-g2".to_owned())]["spec"]["template"]["spec"]
+        ["containers"][0]["image"];
+    assert_eq!(image, "engine:2");
+    assert!(!w.plans.last().unwrap().hold_observed_generation);
+}
+
+#[test]
+fn an_engine_blocked_or_creating_holds_its_observed_generation() {
+    let mut w = World::new(engine(base_spec()));
+    w.instance = None;
+    assert!(w.reconcile().hold_observed_generation);
+    w.instance = Some(instance(true));
+    w.reconcile();
+    assert_eq!(w.phase(), phase::CREATING);
+    assert!(w.plans.last().unwrap().hold_observed_generation);
+    w.settle(20);
+    assert!(!w.plans.last().unwrap().hold_observed_generation);
+}
+
+fn image_pull_backoff() -> Value {
+    json!({"phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "True"}],
+        "containerStatuses": [{"name": "engine", "ready": false,
+            "state": {"waiting": {"reason": "ImagePullBackOff",
+                "message": "Back-off pulling image \"engine:nope\""}}}]})
+}
+
+#[test]
+fn a_stuck_generation_says_why_keeps_the_service_and_degrades_past_its_deadline() {
+    let mut spec = base_spec();
+    spec["progressDeadlineSeconds"] = json!(120);
+    let mut w = World::new(engine(spec));
+    w.settle(20);
+    for i in 0..2 {
+        w.stuck.insert(format!("e-g1-{i}"), image_pull_backoff());
+    }
+    edit(
+        &mut w,
+        "/spec/template",
+        json!({"spec": {"containers": [{"name": "engine", "image": "engine:nope"}]}}),
+    );
+    for _ in 0..6 {
+        w.reconcile();
+    }
+    assert_eq!(w.phase(), phase::CREATING);
+    assert_eq!(
+        w.selected(),
+        Some(0),
+        "the Service keeps the serving generation"
+    );
+    let ready = condition(&w.engine, "Ready");
+    assert_eq!(ready["reason"], "ImagePullBackOff");
+    let message = ready["message"].as_str().unwrap();
+    assert!(
+        message.contains("generation 1 has 0 of 2 pod(s) ready; pod e-g1-0: container engine: ImagePullBackOff: Back-off pulling image"),
+        "{message}"
+    );
+    let warnings = |w: &World, reason: &str| {
+        w.plans
+            .iter()
+            .flat_map(|p| &p.events)
+            .filter(|e| e.reason == reason && e.event_type == wasmop_sdk::EventType::Warning)
+            .count()
+    };
+    assert_eq!(warnings(&w, "ImagePullBackOff"), 1, "once per cause");
+    assert!(condition(&w.engine, "Degraded").is_null());
+    w.advance(100);
+    w.reconcile();
+    assert!(
+        condition(&w.engine, "Degraded").is_null(),
+        "within the deadline"
+    );
+    w.advance(30);
+    w.reconcile();
+    w.reconcile();
+    let degraded = condition(&w.engine, "Degraded");
+    assert_eq!(degraded["status"], "True");
+    assert_eq!(degraded["reason"], "ProgressDeadlineExceeded");
+    assert!(
+        degraded["message"]
+            .as_str()
+            .unwrap()
+            .contains("ImagePullBackOff")
+    );
+    assert_eq!(warnings(&w, "ProgressDeadlineExceeded"), 1);
+    assert_eq!(w.selected(), Some(0));
+    // Fixing the spec abandons generation 1 and rolls generation 2.
+    edit(
+        &mut w,
+        "/spec/template",
+        json!({"spec": {"containers": [{"name": "engine", "image": "engine:2"}]}}),
+    );
+    w.settle(20);
+    assert_eq!(w.names("StatefulSet"), ["e-g2"]);
+    assert_eq!(w.selected(), Some(2));
+    assert_eq!(condition(&w.engine, "Degraded")["status"], "False");
+    assert_eq!(condition(&w.engine, "Ready")["status"], "True");
+    assert!(
+        w.plans
+            .iter()
+            .flat_map(|p| &p.events)
+            .any(|e| e.reason == "GenerationAbandoned")
+    );
+}
+
+#[test]
+fn the_progress_deadline_defaults_to_ten_minutes() {
+    let mut w = World::new(engine(base_spec()));
+    w.settle(20);
+    w.stuck.insert(
+        "e-g1-0".into(),
+        json!({"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/1 nodes are available"}]}),
+    );
+    edit(&mut w, "/spec/replicas", json!(1));
+    for _ in 0..4 {
+        w.reconcile();
+    }
+    assert_eq!(condition(&w.engine, "Ready")["reason"], "Unschedulable");
+    w.advance(590);
+    w.reconcile();
+    assert!(condition(&w.engine, "Degraded").is_null());
+    w.advance(20);
+    w.reconcile();
+    assert_eq!(condition(&w.engine, "Degraded")["status"], "True");
+}
+
+/// Edits the live StatefulSet `name` as a person would: `f` changes it,
+/// and the API server bumps its generation.
+fn hand_edit(w: &mut World, name: &str, f: impl FnOnce(&mut Value)) {
+    let sts = w
+        .owned
+        .get_mut(&("StatefulSet".to_owned(), name.to_owned()))
+        .unwrap();
+    f(sts);
+    let g = sts["metadata"]["generation"].as_i64().unwrap();
+    sts["metadata"]["generation"] = json!(g + 1);
+}
+
+#[test]
+fn a_hand_scaled_statefulset_rolls_a_new_generation() {
+    let mut w = World::new(engine(base_spec()));
+    w.settle(20);
+    assert_eq!(w.engine["status"]["statefulSetGeneration"], 1);
+    hand_edit(&mut w, "e-g0", |s| s["spec"]["replicas"] = json!(1));
+    let plan = w.reconcile();
+    assert_eq!(plan.status.unwrap()["currentGeneration"], 1);
+    let drifted = plan
+        .events
+        .iter()
+        .find(|e| e.reason == "StatefulSetDrifted")
+        .unwrap();
+    assert!(
+        drifted.message.contains("scaled to 1 replica(s)"),
+        "{}",
+        drifted.message
+    );
+    w.settle(20);
+    assert_eq!(w.names("StatefulSet"), ["e-g1"]);
+    assert_eq!(sts_replicas(&w, "e-g1"), 2);
+}
+
+#[test]
+fn a_hand_edited_pod_template_rolls_a_new_generation() {
+    let mut w = World::new(engine(base_spec()));
+    w.settle(20);
+    hand_edit(&mut w, "e-g0", |s| {
+        s["spec"]["template"]["metadata"]["annotations"] = json!({"debug": "true"});
+    });
+    let plan = w.reconcile();
+    let drifted = plan
+        .events
+        .iter()
+        .find(|e| e.reason == "StatefulSetDrifted")
+        .unwrap();
+    assert!(
+        drifted.message.contains("generation went from 1 to 2"),
+        "{}",
+        drifted.message
+    );
+    w.settle(20);
+    assert_eq!(w.names("StatefulSet"), ["e-g1"]);
+    let template = &w.owned[&("StatefulSet".to_owned(), "e-g1".to_owned())]["spec"]["template"];
+    assert!(template["metadata"]["annotations"].get("debug").is_none());
+    // The new generation is recorded: no further roll.
+    assert_eq!(w.engine["status"]["activeGeneration"], 1);
+    assert!(w.reconcile().is_empty());
+}
+
+#[test]
+fn an_engine_from_before_the_recorded_generation_records_it_without_rolling() {
+    let mut w = World::new(engine(base_spec()));
+    w.settle(20);
+    w.engine["status"]
+        .as_object_mut()
+        .unwrap()
+        .remove("statefulSetGeneration");
+    hand_edit(&mut w, "e-g0", |_| {});
+    let plan = w.reconcile();
+    assert_eq!(plan.status.unwrap()["statefulSetGeneration"], 2);
+    assert_eq!(w.phase(), phase::STABLE);
+    assert!(w.reconcile().is_empty());
+}
+
+#[test]
+fn switching_recreates_a_service_deleted_by_hand_whole() {
+    let mut w = World::new(engine(base_spec()));
+    w.settle(20);
+    edit(&mut w, "/spec/replicas", json!(3));
+    run_to(&mut w, phase::SWITCHING, 10);
+    w.owned
+        .remove(&("Service".to_owned(), "e-service".to_owned()));
+    let plan = w.reconcile();
+    let service = plan
+        .apply
+        .iter()
+        .map(|a| &a.object)
+        .find(|o| o["metadata"]["name"] == "e-service")
+        .unwrap();
+    assert_eq!(service["spec"]["clusterIP"], "None");
+    assert_eq!(service["spec"]["ports"].as_array().unwrap().len(), 2);
+    assert_eq!(service["spec"]["selector"]["firebolt.io/generation"], "1");
+    w.settle(20);
+    assert_eq!(w.phase(), phase::STABLE);
+    assert_eq!(w.selected(), Some(1));
+}
+
+#[test]
+fn two_to_zero_to_two_replicas_stops_then_resumes_through_a_new_generation() {
+    let mut w = World::new(engine(base_spec()));
+    w.settle(20);
+    edit(&mut w, "/spec/replicas", json!(0));
+    w.settle(20);
+    assert_eq!(w.phase(), phase::STOPPED);
+    assert_eq!(condition(&w.engine, "Ready")["reason"], "Stopped");
+    assert_eq!(w.names("StatefulSet"), ["e-g1"]);
+    assert_eq!(sts_replicas(&w, "e-g1"), 0);
+    assert!(!w.plans.last().unwrap().hold_observed_generation);
+    edit(&mut w, "/spec/replicas", json!(2));
+    w.settle(20);
+    assert_eq!(w.phase(), phase::STABLE);
+    assert_eq!(w.names("StatefulSet"), ["e-g2"]);
+    assert_eq!(w.selected(), Some(2));
+    assert_eq!(condition(&w.engine, "Ready")["status"], "True");
+    // The Service never selected a generation with fewer ready pods than
+    // the spec asked for at the time, other than the stopped one.
+    assert!(
+        w.selected_ready
+            .iter()
+            .all(|(g, ready)| *g == 1 || *ready == 2)
+    );
+}
+
+#[test]
+fn operator_owned_template_paths_are_stamped_whatever_the_templates_say() {
+    let mut spec = base_spec();
+    spec["template"] = json!({
+        "metadata": {"labels": {"firebolt.io/generation": "7", "firebolt.io/x": "y", "team": "a"},
+                     "annotations": {"firebolt.io/spec-hash": "forged", "note": "n"}},
+        "spec": {"terminationGracePeriodSeconds": 5, "hostname": "h", "subdomain": "s",
+                 "containers": [{"name": "engine", "env": [{"name": "POD_INDEX", "value": "9"},
+                                                           {"name": "OTHER", "value": "1"}]}]},
+    });
+    let mut w = World::new(engine(spec));
+    w.settle(20);
+    let t = &w.owned[&("StatefulSet".to_owned(), "e-g0".to_owned())]["spec"]["template"];
+    assert_eq!(t["spec"]["terminationGracePeriodSeconds"], 60);
+    assert!(t["spec"].get("hostname").is_none() && t["spec"].get("subdomain").is_none());
+    assert_eq!(
+        t["metadata"]["labels"],
+        json!({"firebolt.io/engine": "e", "firebolt.io/generation": "0", "team": "a"})
+    );
+    assert_eq!(t["metadata"]["annotations"], json!({"note": "n"}));
+    let env: Vec<&str> = t["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(env, ["POD_INDEX", "OTHER"]);
+    assert!(
+        t["spec"]["containers"][0]["env"][0]
+            .get("valueFrom")
+            .is_some()
+    );
+}
+
+fn class_object(deleting: bool) -> Value {
+    let mut c = json!({"apiVersion": "compute.firebolt.io/v1alpha1", "kind": "FireboltEngineClass",
+        "metadata": {"name": "small", "namespace": NS, "generation": 1,
+                     "finalizers": [crate::class::DELETION_GUARD]}, "spec": {"template": {}}});
+    if deleting {
+        c["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:00:00Z");
+    }
+    c
+}
+
+fn class_snapshot(class: &Value, engines: &[(&str, bool)]) -> Snapshot {
+    let mut b = SnapshotBuilder::new(CLASS_CONTROLLER)
+        .primary(class)
+        .deleting(class["metadata"]["deletionTimestamp"].is_string());
+    for (name, deleting) in engines {
+        let mut e =
+            engine(json!({"instanceRef": "firebolt", "replicas": 1, "engineClassRef": "small"}));
+        e["metadata"]["name"] = json!(name);
+        if *deleting {
+            e["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:00:00Z");
+        }
+        b = b.related(crate::ENGINES_READ, e);
+    }
+    b.build()
+}
+
+#[test]
+fn the_class_declares_its_deletion_guard() {
+    use wasmop_sdk::Plugin as _;
+    let m = EnginePlugin::manifest();
+    let c = m
+        .controllers
+        .iter()
+        .find(|c| c.name == CLASS_CONTROLLER)
+        .unwrap();
+    assert_eq!(
+        c.finalizer.as_deref(),
+        Some("compute.firebolt.io/fireboltengineclass-deletion-guard")
+    );
+}
+
+#[test]
+fn a_class_in_use_is_not_let_go_and_names_its_engines() {
+    let mut class = class_object(true);
+    let plan = run::<EnginePlugin>(&class_snapshot(
+        &class,
+        &[("b", false), ("a", false), ("c", true)],
+    ))
+    .unwrap();
+    assert!(!plan.cleanup_complete);
+    let status = plan.status.clone().unwrap();
+    let ready = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .unwrap();
+    assert_eq!(ready["status"], "False");
+    assert_eq!(ready["reason"], "DeletionBlocked");
+    assert!(
+        ready["message"].as_str().unwrap().ends_with("2 do: a, b"),
+        "{ready}"
+    );
+    assert_eq!(plan.events.len(), 1);
+    assert_eq!(plan.events[0].event_type, wasmop_sdk::EventType::Warning);
+    // The same blockers again: no new Event, no status write.
+    class["status"] = status;
+    let again =
+        run::<EnginePlugin>(&class_snapshot(&class, &[("a", false), ("b", false)])).unwrap();
+    assert!(again.is_empty(), "{again:?}");
+    // Engines being deleted do not hold it.
+    let plan = run::<EnginePlugin>(&class_snapshot(&class, &[("a", true), ("b", true)])).unwrap();
+    assert!(plan.cleanup_complete);
+    let plan = run::<EnginePlugin>(&class_snapshot(&class_object(true), &[])).unwrap();
+    assert!(plan.cleanup_complete);
+}
+
+#[test]
+fn a_class_not_being_deleted_is_admissible() {
+    let plan = run::<EnginePlugin>(&class_snapshot(&class_object(false), &[("a", false)])).unwrap();
+    assert!(!plan.cleanup_complete);
+    let status = plan.status.unwrap();
+    assert_eq!(status["boundEngines"], 1);
+    assert_eq!(status["conditions"][0]["reason"], "Admissible");
 }
 
 /// Writes the snapshots behind the golden fixtures that need objects the

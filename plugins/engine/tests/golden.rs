@@ -11,20 +11,25 @@
 
 use std::path::{Path, PathBuf};
 
-const FIXTURES: [&str; 15] = [
+const FIXTURES: [&str; 20] = [
     "admission-class-in-use",
     "admission-class-present",
     "admission-missing-class",
+    "class-deletion-blocked",
+    "class-deletion-released",
     "class-merge",
     "cleaning",
     "cleaning-reports-hashes",
     "draining",
     "first-creation",
+    "hand-edited-pod-template",
+    "hand-scaled-statefulset",
     "instance-without-metadata-endpoint",
     "missing-instance",
     "replica-change-mid-switch",
     "steady-state",
     "stopped-missing-configmap",
+    "stuck-generation",
     "tls-certificate-pending",
     "tls-trust-pending",
 ];
