@@ -6,7 +6,13 @@
 # faults survived, operations, convergence (worst included), anything lost.
 # Exits non-zero when an invariant broke.
 #
-# usage: tests/chaos-soak.sh [--minutes N] [--seed SEED]
+# usage: tests/chaos-soak.sh [--minutes N] [--seed SEED] [--sharding | --features]
+#
+# --sharding runs the replicas as shards; --features runs the features
+# together (shards joining and killed, a staged rollout rolled back in every
+# window, the orphan sweep every 3 s, primaries re-created under their names
+# mid-call; the status-UID, collection and audit-log one-writer checks:
+# tests/src/chaos/features.rs).
 #
 # WASMOP_CHAOS_SEED=<seed> replays a soak (same faults, timing and load;
 # the cluster's answers may interleave differently); WASMOP_CHAOS_FAULTS

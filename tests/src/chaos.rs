@@ -85,6 +85,15 @@
 //! expired and its primaries re-homed), so convergence within 5 s covers
 //! the reconciles of re-homed primaries; the invariants are the same.
 //!
+//! **Features** ([`SoakConfig::features`], module `features`): the
+//! features run together — a third shard joins and leaves
+//! ([`FaultKind::ShardJoin`]), a staged rollout is rolled back in every
+//! window, the orphan sweep runs every 3 s, Stamps are re-created under
+//! their names mid-call, Labellers (owned by label) churn — with three
+//! more invariants: `StatusUid`, `Rollout` and `OneWriter` (the API
+//! server's audit log); `UnexplainedDeletion` then also covers the objects
+//! owned by label (their owner is the host's owner label).
+//!
 //! [`Breach`] makes the soak break every invariant itself once (touch a
 //! bystander, delete a managed ConfigMap whose Widget lives, forge a second
 //! ConfigMap for one Widget, stop both replicas before a quiet point), to
@@ -135,6 +144,8 @@ const BACKUP_PVC: &str = "etcd-backup-pvc";
 const CHAOS_LABEL: &str = "wasmop.dev/chaos";
 /// The label every object the host writes carries.
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// The host's owner label on an object owned by label.
+pub const OWNER_UID_LABEL: &str = wasmop::reconcile::validate::OWNER_UID_LABEL;
 /// Name of the replicas' Lease.
 const LEASE: &str = "wasmop-chaos";
 /// Writes of a `good` plan: the ConfigMap, the status.
@@ -151,7 +162,10 @@ pub const ZOO_WRITE_MAX: usize = 5;
 /// generation, the host's own part, is held to [`CONVERGE_BOUND`].
 pub const ZOO_BOUND: Duration = Duration::from_secs(60);
 
+mod features;
 mod zoo;
+use features::Features;
+pub use features::stamp_uid_problem;
 use zoo::Zoo;
 
 /// Deterministic random numbers from the seed (splitmix64).
@@ -214,21 +228,32 @@ pub fn seed_from_env() -> Result<Option<u64>> {
 /// # Errors
 /// When it names an unknown kind.
 pub fn faults_from_env() -> Result<Vec<FaultKind>> {
+    faults_from_env_or(&FaultKind::ALL)
+}
+
+/// [`faults_from_env`] with `default` when the variable is not set (the
+/// features mode's [`FaultKind::FEATURES`]).
+///
+/// # Errors
+/// When it names an unknown kind.
+pub fn faults_from_env_or(default: &[FaultKind]) -> Result<Vec<FaultKind>> {
     let Ok(text) = std::env::var("WASMOP_CHAOS_FAULTS") else {
-        return Ok(FaultKind::ALL.to_vec());
+        return Ok(default.to_vec());
     };
+    let known: Vec<FaultKind> = FaultKind::ALL
+        .into_iter()
+        .chain([FaultKind::ShardJoin])
+        .collect();
     text.split(',')
         .map(str::trim)
         .filter(|t| !t.is_empty())
         .map(|t| {
-            FaultKind::ALL
-                .into_iter()
+            known
+                .iter()
+                .copied()
                 .find(|k| format!("{k:?}") == t)
                 .with_context(|| {
-                    format!(
-                        "WASMOP_CHAOS_FAULTS: unknown fault {t:?}; one of {:?}",
-                        FaultKind::ALL
-                    )
+                    format!("WASMOP_CHAOS_FAULTS: unknown fault {t:?}; one of {known:?}")
                 })
         })
         .collect()
@@ -269,6 +294,11 @@ pub enum FaultKind {
     /// The OCI registry the plugin comes from stopped for
     /// [`REGISTRY_OUTAGE`] (soaks that deliver it by `oci://` only).
     RegistryStopped,
+    /// A third shard joins (its share handed over by drain and
+    /// acknowledgement), or, when it runs, is SIGKILLed and stays away
+    /// (its primaries re-homed once its shard Lease expired). Features
+    /// mode only (not in [`FaultKind::ALL`]).
+    ShardJoin,
 }
 
 impl FaultKind {
@@ -284,6 +314,22 @@ impl FaultKind {
         FaultKind::HotSwap,
         FaultKind::CrashBeforeWrite,
         FaultKind::RegistryStopped,
+    ];
+
+    /// The kinds of the features mode ([`SoakConfig::features`]): every
+    /// kind but the hot swap (the rollout's candidate is the plugin's
+    /// shadow beside it) and the registry (the plugins come from a
+    /// directory), plus [`FaultKind::ShardJoin`].
+    pub const FEATURES: [FaultKind; 9] = [
+        FaultKind::KillLeader,
+        FaultKind::KillFollower,
+        FaultKind::ShardJoin,
+        FaultKind::ApiServerRestart,
+        FaultKind::ApiServerFreeze,
+        FaultKind::EtcdRestart,
+        FaultKind::EtcdCompaction,
+        FaultKind::GcStopped,
+        FaultKind::CrashBeforeWrite,
     ];
 }
 
@@ -301,6 +347,15 @@ pub enum Invariant {
     Convergence,
     /// A replica exited without being killed by the soak.
     ReplicaExited,
+    /// Features mode: a status names a UID other than its object's (a
+    /// status decided for a primary landed on a successor of its name).
+    StatusUid,
+    /// Features mode: a primary written by two shards without a hand-over
+    /// between (the API server's audit log, [`crate::audit::check_one_writer`]).
+    OneWriter,
+    /// Features mode: a rollout not rolled back when asked, promoted, or
+    /// a primary left on the candidate after the rollback.
+    Rollout,
 }
 
 /// One broken invariant.
@@ -357,12 +412,20 @@ impl Seen {
             name: m.name.clone().unwrap_or_default(),
             uid: m.uid.clone().unwrap_or_default(),
             resource_version: m.resource_version.clone().unwrap_or_default(),
+            // A controller ownerReference, else the host's owner label
+            // (a kind owned by label: `labeller`'s ConfigMaps).
             controller: m
                 .owner_references
                 .iter()
                 .flatten()
                 .find(|r| r.controller == Some(true))
-                .map(|r| r.uid.clone()),
+                .map(|r| r.uid.clone())
+                .or_else(|| {
+                    m.labels
+                        .as_ref()
+                        .and_then(|l| l.get(OWNER_UID_LABEL))
+                        .cloned()
+                }),
             managed: m
                 .labels
                 .as_ref()
@@ -403,6 +466,14 @@ impl Ledger {
             seen.key(),
             (seen.uid.clone(), seen.resource_version.clone()),
         );
+    }
+
+    /// Records a violation another check found (the features mode's),
+    /// once under `key`; true when it is new.
+    pub fn note(&mut self, key: String, invariant: Invariant, detail: String) -> bool {
+        let before = self.violations.len();
+        self.report(key, invariant, detail);
+        self.violations.len() > before
     }
 
     fn report(&mut self, key: String, invariant: Invariant, detail: String) {
@@ -665,6 +736,15 @@ pub struct SoakConfig {
     /// Lease holder also the sharder (see "Sharding" above). Default:
     /// false.
     pub sharding: bool,
+    /// The features mode ([`features`]): the replicas are shards (a third
+    /// joins and leaves), a staged rollout of `good-v2` goes on and is
+    /// rolled back in every window, the orphan sweep runs every
+    /// [`features::SWEEP_SECS`] s, Stamps (`stamper`) are deleted and
+    /// created again under their names while a call holds, Labellers
+    /// (`labeller`, owned by label) churn; the replicas run as an audited
+    /// ServiceAccount. Needs `sharding`; the plugins come from a
+    /// directory. Default: false.
+    pub features: bool,
 }
 
 impl SoakConfig {
@@ -684,6 +764,7 @@ impl SoakConfig {
             backup: true,
             zoo: true,
             sharding: false,
+            features: false,
         }
     }
 }
@@ -739,6 +820,12 @@ pub struct Report {
     /// evidence: the cluster's fault, not a broken invariant (see
     /// `Zoo::gc_blocked`).
     pub gc_blocked: Vec<String>,
+    /// Features mode: what its load and checks did (rollouts created, on
+    /// their canary step, rolled back; Stamps re-created; statuses
+    /// checked), by what.
+    pub features: BTreeMap<String, usize>,
+    /// Features mode: the audit log's one-writer check, in a line.
+    pub audit: Option<String>,
     /// Quiet points.
     pub quiet_points: usize,
     /// Recovery times (end of the last fault to recovered) at quiet points.
@@ -819,6 +906,12 @@ impl Report {
                 );
             }
         }
+        if !self.features.is_empty() {
+            out += &format!("features: {:?}\n", self.features);
+        }
+        if let Some(a) = &self.audit {
+            out += &format!("{a}\n");
+        }
         out += &format!(
             "managed objects deleted, each explained by its owner's deletion: {}\n",
             self.explained_deletions
@@ -877,6 +970,16 @@ struct Replicas {
     starts: usize,
     /// `--sharding`.
     sharding: bool,
+    /// The kubeconfig the replicas use.
+    kubeconfig: PathBuf,
+    /// `--orphan-sweep-interval-secs`.
+    sweep_secs: u64,
+    /// The slots that should run a replica (the third, in the features
+    /// mode, only while joined).
+    wanted: Vec<bool>,
+    /// More primaries whose placement on a running shard recovery waits
+    /// for (the features mode's Stamps and Labellers).
+    extra_primaries: Vec<Api<DynamicObject>>,
 }
 
 /// An error a fault explains: the API server unreachable, restarting,
@@ -981,6 +1084,7 @@ impl Replicas {
                 .join(format!("replica-{slot}-start-{}.log", self.starts)),
         )?;
         let mut cmd = tokio::process::Command::new(&self.bin);
+        self.wanted[slot] = true;
         cmd.arg("run").arg("--plugins").arg(&self.plugins);
         if let Some(host) = &self.registry {
             cmd.arg("--plugins")
@@ -996,7 +1100,7 @@ impl Replicas {
         }
         let child = cmd
             .arg("--kubeconfig")
-            .arg(kubeconfig_path())
+            .arg(&self.kubeconfig)
             .arg("--namespace")
             .arg(&self.namespace)
             .arg("--leader-elect")
@@ -1008,10 +1112,10 @@ impl Replicas {
             .arg(format!("127.0.0.1:{port}"))
             .arg("--poll-interval-ms")
             .arg("500")
-            // What the garbage collector misses while it is stopped and
-            // restarted is the host's to collect: often enough to be seen
-            // within the soak.
-            .args(["--orphan-sweep-interval-secs", "15"])
+            .args([
+                "--orphan-sweep-interval-secs".to_owned(),
+                self.sweep_secs.to_string(),
+            ])
             .args(self.sharding.then_some("--sharding"))
             .args(&self.extra)
             .env_remove("POD_NAME")
@@ -1041,6 +1145,14 @@ impl Replicas {
         if let Some(mut r) = self.slots[slot].take() {
             r.child.start_kill()?;
             r.child.wait().await?;
+        }
+        Ok(())
+    }
+
+    /// SIGKILLs every replica.
+    async fn kill_all(&mut self) -> Result<()> {
+        for slot in 0..self.slots.len() {
+            self.kill(slot).await?;
         }
         Ok(())
     }
@@ -1105,6 +1217,19 @@ impl Replicas {
         if !list.items.iter().all(|w| zoo::placed(w, &running)) {
             return false;
         }
+        for api in &self.extra_primaries {
+            let Ok(list) = api.list(&ListParams::default()).await else {
+                return false;
+            };
+            if !list
+                .items
+                .iter()
+                .filter(|o| o.metadata.deletion_timestamp.is_none())
+                .all(|o| zoo::placed(o, &running))
+            {
+                return false;
+            }
+        }
         match zoo {
             Some(zoo) => zoo.unplaced(&running).await.is_empty(),
             None => true,
@@ -1114,7 +1239,10 @@ impl Replicas {
     /// Every replica runs, answers `/readyz`, and runs `version` of the
     /// plugin.
     async fn ready(&self, version: &str) -> bool {
-        for s in &self.slots {
+        for (s, wanted) in self.slots.iter().zip(&self.wanted) {
+            if !wanted {
+                continue;
+            }
             let Some(r) = s else { return false };
             if !matches!(http_get(r.metrics_port, "/readyz").await, Ok((200, _))) {
                 return false;
@@ -1177,9 +1305,17 @@ impl Injector {
         let detail = match kind {
             FaultKind::KillLeader | FaultKind::KillFollower => {
                 let leader = self.replicas.leader(&self.client).await;
+                // The follower: another running replica, by the seed.
+                let others: Vec<usize> = (0..self.replicas.slots.len())
+                    .filter(|s| Some(*s) != leader && self.replicas.slots[*s].is_some())
+                    .collect();
                 let slot = match (kind, leader) {
                     (FaultKind::KillLeader, Some(l)) => l,
-                    (_, Some(l)) => 1 - l,
+                    (_, Some(_)) if others.len() == 1 => others[0],
+                    (_, Some(_)) if others.len() > 1 => {
+                        others[self.rng.below(others.len() as u64) as usize]
+                    }
+                    (_, Some(l)) => 1 - l.min(1),
                     (_, None) => self.rng.below(2) as usize,
                 };
                 self.replicas.kill(slot).await?;
@@ -1291,6 +1427,21 @@ impl Injector {
                     format!("OCI registry stopped for {REGISTRY_OUTAGE:?}")
                 }
             },
+            FaultKind::ShardJoin => {
+                let third = 2;
+                if self.replicas.slots.len() <= third {
+                    "no third slot in this soak, skipped".to_owned()
+                } else if self.replicas.wanted[third] {
+                    self.replicas.kill(third).await?;
+                    self.replicas.wanted[third] = false;
+                    format!(
+                        "SIGKILL replica {third} (the third shard), left out: its primaries go back to the others once its shard Lease expires"
+                    )
+                } else {
+                    self.replicas.start(third).await?;
+                    format!("replica {third} started: a third shard joins")
+                }
+            }
             FaultKind::CrashBeforeWrite => {
                 // Every write index of the plan, one crash each.
                 let mut done = Vec::new();
@@ -1602,7 +1753,8 @@ async fn load_step(
         None => create(value)
             .await
             .map(|()| shared.ops.lock().unwrap().created += 1),
-        Some(_) if roll < 55 => api
+        // A kept Widget `k<i>` (features mode) is edited, never deleted.
+        Some(_) if roll < 55 || name.starts_with('k') => api
             .patch(
                 name,
                 &PatchParams::default(),
@@ -1645,6 +1797,9 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
     {
         bail!("no fault to draw: {:?} without a registry", config.faults);
     }
+    if config.features && (!config.sharding || config.oci) {
+        bail!("the features mode needs sharding and the plugins from a directory (oci: false)");
+    }
     let mut rng = Rng::new(config.seed);
     let ns = TestNamespace::new("chaos").await?;
     let elsewhere = TestNamespace::new("chaos-elsewhere").await?;
@@ -1659,9 +1814,11 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
     });
 
     // Bystanders, before any replica runs.
+    let kept = if config.features { features::KEPT } else { 0 };
     let widget_names: Vec<String> = (0..config.widgets)
         .map(|i| format!("w{i}"))
         .chain((0..config.blocked).map(|i| format!("b{i}")))
+        .chain((0..kept).map(|i| format!("k{i}")))
         .collect();
     let blocked: HashSet<String> = (0..config.blocked).map(|i| format!("b{i}")).collect();
     let mut bystander_names: Vec<(String, String)> = blocked
@@ -1725,6 +1882,11 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
     } else {
         None
     };
+    let features = if config.features {
+        Some(Arc::new(Features::setup(&ns, &work.0, &plugins).await?))
+    } else {
+        None
+    };
     let registry = if config.oci {
         let registry = Registry::start().await?;
         push(&registry, &plugin_path("good")?).await?;
@@ -1748,17 +1910,40 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
             registry: registry.as_ref().map(|r| r.host.clone()),
             work: work.0.clone(),
             namespace: ns.name.clone(),
-            extra: zoo.as_ref().map_or_else(Vec::new, |z| {
-                vec![
-                    "--namespace".to_owned(),
-                    z.namespace.name.clone(),
-                    "--allow-url".to_owned(),
-                    z.standin.url().to_owned(),
-                ]
-            }),
-            slots: vec![None, None],
+            extra: zoo
+                .as_ref()
+                .map_or_else(Vec::new, |z| {
+                    vec![
+                        "--namespace".to_owned(),
+                        z.namespace.name.clone(),
+                        "--allow-url".to_owned(),
+                        z.standin.url().to_owned(),
+                    ]
+                })
+                .into_iter()
+                .chain(features.iter().flat_map(|f| f.args()))
+                .collect(),
+            slots: (0..if features.is_some() { 3 } else { 2 })
+                .map(|_| None)
+                .collect(),
             starts: 0,
             sharding: config.sharding,
+            kubeconfig: features
+                .as_ref()
+                .map_or_else(kubeconfig_path, |f| f.account.kubeconfig.clone()),
+            // What the garbage collector misses while it is stopped and
+            // restarted is the host's to collect: often enough to be seen
+            // within the soak; in the features mode every few seconds.
+            sweep_secs: if features.is_some() {
+                features::SWEEP_SECS
+            } else {
+                15
+            },
+            wanted: vec![false; if features.is_some() { 3 } else { 2 }],
+            extra_primaries: features
+                .iter()
+                .flat_map(|f| [f.stamps.clone(), f.labellers.clone()])
+                .collect(),
         },
         kinds: config
             .faults
@@ -1822,6 +2007,10 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
             }
         })
     };
+    // Features mode: every version of every Stamp checked for its UID.
+    let stamp_watch = features
+        .as_ref()
+        .map(|f| f.watch_stamps(shared.clone(), stop.clone()));
 
     let mut report = Report {
         seed: config.seed,
@@ -1834,6 +2023,8 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
         zoo_reconciled: Vec::new(),
         zoo: zoo.as_ref().map(|z| z.primaries()).unwrap_or_default(),
         gc_blocked: Vec::new(),
+        features: BTreeMap::new(),
+        audit: None,
         quiet_points: 0,
         recoveries: Vec::new(),
         explained_deletions: 0,
@@ -1913,6 +2104,29 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
                     }
                 })
             });
+            // Features mode: Stamps re-created mid-call, Labellers
+            // churned, and the window's rollout.
+            let features_load = features.as_ref().map(|f| {
+                let (f, shared, load_stop) = (f.clone(), shared.clone(), load_stop.clone());
+                let mut rng = Rng::new(rng.next_u64());
+                tokio::spawn(async move {
+                    while !load_stop.load(Ordering::SeqCst) {
+                        if f.stamp_step(&mut rng, &shared).await.is_err() {
+                            shared.ops.lock().unwrap().failed += 1;
+                        }
+                        if rng.below(3) == 0 && f.labeller_step(&mut rng, &shared).await.is_err() {
+                            shared.ops.lock().unwrap().failed += 1;
+                        }
+                        *shared.last_op.lock().unwrap() = Instant::now();
+                        // The load's pace, not a synchronisation.
+                        tokio::time::sleep(Duration::from_millis(200 + rng.below(400))).await;
+                    }
+                })
+            });
+            let rollout_run = features.as_ref().map(|f| {
+                let rollback_after = Duration::from_millis(1000 + rng.below(8000));
+                f.run_rollout(rollback_after, shared.clone(), load_stop.clone())
+            });
             // Faults until the window ends.
             let mut next = window_start + injector.rng.jitter(config.fault_every) / 2;
             while next < window_start + window {
@@ -1940,6 +2154,13 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
             if let Some(l) = zoo_load {
                 l.await?;
             }
+            if let Some(l) = features_load {
+                l.await?;
+            }
+            let rollout_run = match rollout_run {
+                Some(r) => Some(r.await?),
+                None => None,
+            };
             let fault_over = Instant::now();
             let recovered = if config.breach == Breach::Every && !breached {
                 breached = true;
@@ -1953,6 +2174,12 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
                 injector.recovered(&mut report.violations).await?
             };
             report.recoveries.push(recovered - fault_over);
+            if let (Some(f), Some(run)) = (&features, &rollout_run) {
+                let found = f
+                    .finish_rollout(run, report.quiet_points + 1, &shared)
+                    .await?;
+                report.violations.extend(found);
+            }
             let since = recovered.max(*shared.last_op.lock().unwrap());
             // Every Widget edited once more after recovery, so each
             // convergence timed includes a reconcile made after it.
@@ -1996,6 +2223,40 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
                             report.quiet_points
                         ),
                     }),
+                }
+            }
+            if let Some(f) = &features
+                && config.breach == Breach::None
+            {
+                // Every Widget back on the current version, then every
+                // Stamp and Labeller edited and converged.
+                let at = report.quiet_points;
+                let found = f.versions_back(&client, &api, at, &shared).await?;
+                report.violations.extend(found);
+                let since = Instant::now();
+                for (name, took, state) in f
+                    .measure(&mut rng, &shared, since, Duration::from_secs(60))
+                    .await?
+                {
+                    match took {
+                        Some(t) => {
+                            report.convergence.push(t);
+                            if t > CONVERGE_BOUND {
+                                report.violations.push(Violation {
+                                    invariant: Invariant::Convergence,
+                                    detail: format!(
+                                        "quiet point {at}: {name} converged {t:.2?} after its edit, over {CONVERGE_BOUND:?}"
+                                    ),
+                                });
+                            }
+                        }
+                        None => report.violations.push(Violation {
+                            invariant: Invariant::Convergence,
+                            detail: format!(
+                                "quiet point {at}: {name} did not converge within 60 s of its edit: {state}"
+                            ),
+                        }),
+                    }
                 }
             }
             if let Some(zoo) = &zoo
@@ -2061,11 +2322,12 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
                 report.quiet_points,
                 recovered - fault_over
             );
-            if injector.replicas.slots.iter().any(Option::is_none) {
-                for slot in 0..2 {
-                    if injector.replicas.slots[slot].is_none() {
-                        injector.replicas.start(slot).await?;
-                    }
+            let down: Vec<usize> = (0..injector.replicas.slots.len())
+                .filter(|s| injector.replicas.wanted[*s] && injector.replicas.slots[*s].is_none())
+                .collect();
+            if !down.is_empty() {
+                for slot in down {
+                    injector.replicas.start(slot).await?;
                 }
                 injector.recovered(&mut report.violations).await?;
             }
@@ -2084,6 +2346,11 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
                     ),
                 });
             }
+        }
+        // The features mode's Stamps and Labellers, likewise.
+        if let Some(f) = &features {
+            let found = f.delete_all(&shared).await?;
+            report.violations.extend(found);
         }
         // The soak's EtcdBackups deleted while the replicas run (their
         // finalizer's cleanup), then whatever the garbage collector owes
@@ -2153,13 +2420,18 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
     .await;
     stop.store(true, Ordering::SeqCst);
     observer.await?;
+    if let Some(w) = stamp_watch {
+        w.await?;
+    }
     if let Err(e) = soak_result {
         // The soak could not go on: what it leaves is put right as far as
         // it can be, and this error, not a later one, is what it returns.
-        let _ = injector.replicas.kill(0).await;
-        let _ = injector.replicas.kill(1).await;
+        let _ = injector.replicas.kill_all().await;
         if let Some(zoo) = &zoo {
             zoo.forget_cluster_scoped().await;
+        }
+        if let Some(f) = &features {
+            f.forget().await;
         }
         if let Some(t) = injector.gc_outage.take() {
             let _ = t.await;
@@ -2190,10 +2462,23 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
             detail: format!("replica {slot} exited by itself ({status})"),
         });
     }
-    injector.replicas.kill(0).await?;
-    injector.replicas.kill(1).await?;
+    injector.replicas.kill_all().await?;
     if let Some(zoo) = &zoo {
         zoo.forget_cluster_scoped().await;
+    }
+    if let Some(f) = &features {
+        f.forget().await;
+        // Every replica is gone: the audit log holds all their writes.
+        let (found, line) = f.one_writer()?;
+        report.violations.extend(found);
+        report.audit = Some(line);
+        report.features = f
+            .counts
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), *v))
+            .collect();
     }
     if let Some((api, lp)) = &backup_api {
         // Cluster-scoped: nothing deletes them with the namespace. With
@@ -2546,6 +2831,24 @@ mod tests {
         assert_eq!(v.len(), 1, "{v:?}");
         assert_eq!(v[0].invariant, Invariant::UnexplainedDeletion);
         assert!(v[0].detail.contains("b-cm"), "{}", v[0].detail);
+    }
+
+    #[test]
+    fn an_object_owned_by_label_is_judged_by_its_owner_label() {
+        let cm: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": "l0-mirror", "namespace": "ns", "uid": "c1",
+                "resourceVersion": "1",
+                "labels": {MANAGED_BY: "wasmop", OWNER_UID_LABEL: "owner-1"}},
+        }))
+        .unwrap();
+        let seen = Seen::of(&cm);
+        assert_eq!(seen.controller.as_deref(), Some("owner-1"));
+        let mut l = Ledger::default();
+        assert!(l.observe(&ns(), &[seen], &HashSet::new()).is_empty());
+        // Collected while its owner lives: a violation.
+        let v = l.observe(&ns(), &[], &HashSet::new());
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert_eq!(v[0].invariant, Invariant::UnexplainedDeletion);
     }
 
     #[test]
