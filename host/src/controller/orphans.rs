@@ -742,6 +742,7 @@ mod tests {
                     "metadata": {"name": "w-cm", "namespace": "ns"}}),
                 precondition: None,
                 force: false,
+                generate: Vec::new(),
             }],
             ..Plan::default()
         };

@@ -13,8 +13,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-const FIXTURES: [&str; 28] = [
+const FIXTURES: [&str; 29] = [
     "all-ready",
+    "auth-ring-lost",
     "auth-key-pending",
     "auth-preflight-failed",
     "auth-spec-invalid",

@@ -42,8 +42,8 @@ use crate::object;
 use crate::plugin::manifest::Controller;
 
 pub use wasmop_contract::plan::{
-    ApplyOp, CaBundle, DeleteOp, Event, EventType, HttpMethod, HttpRequest, ObjectRef, Plan,
-    Precondition, RequestTarget, SecretHeader,
+    ApplyOp, CaBundle, DeleteOp, Event, EventType, GeneratedKey, HttpMethod, HttpRequest,
+    ObjectRef, Plan, Precondition, RequestTarget, SecretEncoding, SecretHeader,
 };
 pub use wasmop_contract::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, OWNER_UID_LABEL, PLUGIN_LABEL};
 
@@ -58,6 +58,7 @@ pub use counts::{
     MAX_GAUGE_LABELS, MAX_GAUGES, PlanLimits, check_counts, check_gauges,
 };
 pub use ownership::{PROTECTED_LABEL, is_primary};
+pub use per_object::GENERATED_BYTES;
 
 /// The rule a [`Violation`] breaks.
 ///
@@ -110,6 +111,10 @@ pub enum Rule {
     /// a value that is not finite, too many labels, or more than
     /// [`MAX_GAUGES`] gauges.
     GaugeInvalid,
+    /// An apply's `generate` list is not usable: the object is not a `v1`
+    /// Secret, a key is not a valid Secret key, repeats, is set by the
+    /// plugin itself, or asks for fewer than 16 or more than 1024 bytes.
+    GeneratedKeyInvalid,
 }
 
 impl Rule {
@@ -134,6 +139,7 @@ impl Rule {
             Rule::TooManyHttpRequests => "TooManyHttpRequests",
             Rule::GaugeInvalid => "GaugeInvalid",
             Rule::ProtectedObject => "ProtectedObject",
+            Rule::GeneratedKeyInvalid => "GeneratedKeyInvalid",
         }
     }
 }
@@ -178,6 +184,9 @@ impl std::fmt::Display for Violation {
 /// - A delete may name the primary itself (same apiVersion, kind,
 ///   namespace and name, and the primary's uid) only when the controller
 ///   declares `delete-primary`; such a plan may not also patch the primary.
+/// - A `generate` list names only keys of a `v1` Secret, each once, each
+///   a valid Secret key the object does not set itself, 16 to 1024 bytes
+///   ([`GENERATED_BYTES`]).
 /// - The plugin sets no ownerReferences and none of the host's labels;
 ///   names and namespaces are DNS-1123; no object is targeted twice;
 ///   `primaryPatch` only touches `primary-fields`; HTTP requests name
@@ -232,6 +241,9 @@ pub fn validate_with_owned(
     for op in &plan.apply {
         let judged = v.apply(&op.object, op.precondition.as_ref());
         v.judgement.applies.push(judged);
+        if !op.generate.is_empty() {
+            v.generated(&op.object, &op.generate);
+        }
     }
     for op in &plan.delete {
         if is_primary(&op.target, controller, primary) {
