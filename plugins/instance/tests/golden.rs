@@ -15,9 +15,9 @@ use serde_json::Value;
 
 const FIXTURES: [&str; 29] = [
     "all-ready",
-    "auth-ring-lost",
     "auth-key-pending",
     "auth-preflight-failed",
+    "auth-ring-lost",
     "auth-spec-invalid",
     "engine-tls-converging",
     "engine-tls-crl",
