@@ -159,6 +159,7 @@ pub fn localize(config: &Value, ports: Ports, metrics_port: u16) -> Result<Value
 }
 
 /// A DNS server on loopback answering `name` (type A) with `addresses`.
+#[derive(Debug)]
 pub struct Dns {
     /// Its port on 127.0.0.1.
     pub port: u16,
@@ -236,6 +237,7 @@ fn answer(q: &[u8], name: &str, addresses: &[[u8; 4]]) -> Option<Vec<u8>> {
 }
 
 /// An HTTP/1.1 server standing in for one engine pod.
+#[derive(Debug)]
 pub struct Backend {
     /// Requests answered (or being answered).
     pub requests: Arc<AtomicUsize>,
@@ -322,6 +324,7 @@ async fn serve(
 }
 
 /// An Envoy process; killed when dropped.
+#[derive(Debug)]
 pub struct Envoy {
     child: tokio::process::Child,
     /// Its log file.
@@ -395,24 +398,21 @@ pub struct Answer {
     pub body: String,
 }
 
-/// Sends `GET path` to `127.0.0.1:port` over a new connection (closed
-/// after the answer) and reads the answer.
+/// Sends `GET path` to `127.0.0.1:port` over a new connection and reads
+/// the answer (by its length, as a client does: a draining Envoy closes
+/// the connection only a while after the answer), then drops the
+/// connection.
 ///
 /// # Errors
 /// When the connection fails or the answer is not HTTP.
 pub async fn request(port: u16, path: &str) -> Result<Answer> {
-    let mut conn = TcpStream::connect(("127.0.0.1", port)).await?;
-    conn.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await?;
-    let mut text = Vec::new();
-    conn.read_to_end(&mut text).await?;
-    parse(&String::from_utf8_lossy(&text))
+    let mut conn = BufReader::new(TcpStream::connect(("127.0.0.1", port)).await?);
+    request_on(&mut conn, path).await
 }
 
 /// Sends `GET path` on the keep-alive connection `conn` and reads one
-/// answer (by its content-length), leaving the connection open.
+/// answer (by its content-length, or its chunks), leaving the connection
+/// open.
 ///
 /// # Errors
 /// When the connection fails or the answer is not HTTP.
@@ -422,25 +422,41 @@ pub async fn request_on(conn: &mut BufReader<TcpStream>, path: &str) -> Result<A
         .await?;
     let mut head = String::new();
     let mut length = 0usize;
+    let mut chunked = false;
     loop {
         let mut line = String::new();
         if conn.read_line(&mut line).await? == 0 {
             bail!("connection closed before the answer ended: {head}");
         }
-        if let Some(v) = line
-            .to_ascii_lowercase()
-            .strip_prefix("content-length:")
-            .map(|v| v.trim().to_owned())
-        {
-            length = v.parse()?;
+        let lower = line.to_ascii_lowercase();
+        if let Some(v) = lower.strip_prefix("content-length:") {
+            length = v.trim().parse()?;
+        }
+        if lower.starts_with("transfer-encoding:") && lower.contains("chunked") {
+            chunked = true;
         }
         head.push_str(&line);
         if line == "\r\n" {
             break;
         }
     }
-    let mut body = vec![0u8; length];
-    conn.read_exact(&mut body).await?;
+    let mut body = Vec::new();
+    if chunked {
+        loop {
+            let mut size = String::new();
+            conn.read_line(&mut size).await?;
+            let n = usize::from_str_radix(size.trim(), 16)?;
+            let mut chunk = vec![0u8; n + 2];
+            conn.read_exact(&mut chunk).await?;
+            if n == 0 {
+                break;
+            }
+            body.extend_from_slice(&chunk[..n]);
+        }
+    } else {
+        body.resize(length, 0);
+        conn.read_exact(&mut body).await?;
+    }
     parse(&format!("{head}{}", String::from_utf8_lossy(&body)))
 }
 

@@ -1253,7 +1253,15 @@ async fn a_gateway_roll_does_not_cut_a_query_in_flight() -> Result<()> {
     if let Err(e) = ready {
         bail!("{e}\nenvoy log:\n{}", gw.envoy.log_tail());
     }
-    let during = envoy::request(gw.ports.queries, "/?engine=eng").await?;
+    let during = envoy::request(gw.ports.queries, "/?engine=eng")
+        .await
+        .with_context(|| {
+            format!(
+                "a request {:?} into the hold\nenvoy log:\n{}",
+                began.elapsed(),
+                gw.envoy.log_tail()
+            )
+        })?;
     assert_eq!(during.status, 200, "served during the hold: {during:?}");
     let status = tokio::time::timeout(
         Duration::from_secs(u64::try_from(grace).unwrap_or(30)),
