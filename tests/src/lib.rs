@@ -13,6 +13,7 @@ pub mod admission;
 pub mod apiwrites;
 pub mod audit;
 pub mod chaos;
+pub mod envoy;
 pub mod faults;
 pub mod injector;
 pub mod interpose;

@@ -14,6 +14,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
+use wasmop_tests::envoy;
 use wasmop_tests::operator::{RunningOperator, load_plugin};
 use wasmop_tests::{TestNamespace, apply_project_crds, wait_for};
 
@@ -528,6 +529,195 @@ async fn external_postgres_secret_is_reported_until_it_exists() -> Result<()> {
     Ok(())
 }
 
+/// The `password` of the provisioned PostgreSQL's Secret, once it is there.
+async fn generated_password(secrets: &Api<Secret>) -> Result<Option<Vec<u8>>> {
+    let Some(s) = secrets.get_opt("fb-metadata-postgres-creds").await? else {
+        return Ok(None);
+    };
+    Ok(s.data
+        .and_then(|mut d| d.remove("password"))
+        .map(|b| b.0)
+        .filter(|b| !b.is_empty()))
+}
+
+/// The fields of `f:data` that field manager `manager` owns in `secret`.
+fn data_fields_of(secret: &Secret, manager: &str) -> Vec<String> {
+    secret
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| m.manager.as_deref() == Some(manager))
+        .filter_map(|m| m.fields_v1.as_ref())
+        .flat_map(|f| {
+            f.0.get("f:data")
+                .and_then(Value::as_object)
+                .map(|d| d.keys().cloned().collect::<Vec<_>>())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// The provisioned PostgreSQL password is random bytes the host makes once
+/// (the plan names the key, never a value): nothing a reader of the
+/// instance sees derives it, and restarts, hot swaps and later applies
+/// keep it. A key a person deletes is made again.
+#[tokio::test]
+async fn the_postgres_password_is_generated_once_by_the_host_and_kept() -> Result<()> {
+    let ns = TestNamespace::new("instance-password").await?;
+    let op = start(&ns).await?;
+    let api = instances(&ns);
+    let secrets: Api<Secret> = ns.api();
+    api.create(
+        &PostParams::default(),
+        &instance_object("fb", json!({"metadata": {}, "gateway": {"replicas": 1}}))?,
+    )
+    .await?;
+    let password = wait_for("the generated password", DEADLINE, || {
+        generated_password(&secrets)
+    })
+    .await?;
+    assert_eq!(password.len(), 48, "24 random bytes as hex");
+    assert!(password.iter().all(u8::is_ascii_hexdigit));
+    let uid = api.get("fb").await?.metadata.uid.context("uid")?;
+    assert!(
+        !String::from_utf8_lossy(&password).contains(&uid[..8]),
+        "nothing of the UID in it"
+    );
+    let secret = secrets.get("fb-metadata-postgres-creds").await?;
+    owned_by(&secret.metadata, &uid, "postgres")?;
+    assert_eq!(
+        secret
+            .metadata
+            .annotations
+            .clone()
+            .unwrap_or_default()
+            .get("wasmop.dev/generated-keys")
+            .map(String::as_str),
+        Some("password")
+    );
+    // The plugin's manager owns the username it renders, never the
+    // password: no later apply of it can rewrite or drop the value.
+    let plugin_fields = data_fields_of(&secret, "wasmop-instance");
+    assert!(
+        plugin_fields.contains(&"f:username".to_owned()),
+        "{plugin_fields:?}"
+    );
+    assert!(
+        !plugin_fields.contains(&"f:password".to_owned()),
+        "{plugin_fields:?}"
+    );
+    assert_eq!(
+        data_fields_of(&secret, "wasmop-instance-generated"),
+        ["f:password"]
+    );
+    wait_condition(&api, "fb", "PostgresReady", "True").await?;
+
+    // Later applies (a spec edit reconciles everything), a hot swap (the
+    // plugin loaded again, with other settings) and a restart keep it.
+    api.patch(
+        "fb",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"gateway": {"metricsPort": 9092}}})),
+    )
+    .await?;
+    op.operator
+        .add_plugin(load_plugin(
+            "instance",
+            json!({"credentialSeed": "ignored"}),
+        )?)
+        .await?;
+    wait_for("the edit to be reconciled", DEADLINE, || {
+        let api = api.clone();
+        async move {
+            let fb = api.get("fb").await?;
+            let done = fb.data["status"]["observedGeneration"] == json!(fb.metadata.generation)
+                && condition(&fb, "Ready")["status"] == "True";
+            Ok(done.then_some(()))
+        }
+    })
+    .await?;
+    op.stop().await;
+    let op = start(&ns).await?;
+    // The restarted operator reconciles the instance (a label edit is a
+    // change it sees) and leaves the password as it is.
+    api.patch(
+        "fb",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"touched": "1"}}})),
+    )
+    .await?;
+    let before = secrets
+        .get("fb-metadata-postgres-creds")
+        .await?
+        .metadata
+        .resource_version;
+    api.patch(
+        "fb",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"gateway": {"metricsPort": 9093}}})),
+    )
+    .await?;
+    wait_for(
+        "the restarted operator to reconcile the edit",
+        DEADLINE,
+        || {
+            let api = api.clone();
+            let deployments: Api<Deployment> = ns.api();
+            async move {
+                let d = deployments.get("fb-gateway").await?;
+                let ports: Vec<i32> = d
+                    .spec
+                    .iter()
+                    .flat_map(|s| &s.template.spec)
+                    .flat_map(|p| &p.containers)
+                    .flat_map(|c| c.ports.iter().flatten())
+                    .map(|p| p.container_port)
+                    .collect();
+                let fb = api.get("fb").await?;
+                let observed =
+                    fb.data["status"]["observedGeneration"] == json!(fb.metadata.generation);
+                Ok((ports.contains(&9093) && observed).then_some(()))
+            }
+        },
+    )
+    .await?;
+    let kept = secrets.get("fb-metadata-postgres-creds").await?;
+    assert_eq!(
+        kept.data
+            .clone()
+            .unwrap_or_default()
+            .get("password")
+            .map(|b| b.0.clone()),
+        Some(password.clone()),
+        "restarts, swaps and applies keep the password"
+    );
+    assert_eq!(
+        kept.metadata.resource_version, before,
+        "a converged Secret is not written again"
+    );
+
+    // A person removes the key: the host makes a new one (the old value is
+    // gone; nothing could bring it back), and only then.
+    secrets
+        .patch(
+            "fb-metadata-postgres-creds",
+            &PatchParams::default(),
+            &Patch::Json::<()>(serde_json::from_value(json!([
+                {"op": "remove", "path": "/data/password"}
+            ]))?),
+        )
+        .await?;
+    let refilled = wait_for("a new password for the removed key", DEADLINE, || {
+        generated_password(&secrets)
+    })
+    .await?;
+    assert_eq!(refilled.len(), 48);
+    assert_ne!(refilled, password);
+    drop(op);
+    Ok(())
+}
+
 /// The FireboltInstance objects of upstream's samples
 /// (`config/samples/…-basic.yaml`, `examples/instance-basic.yaml`,
 /// `examples/instance-full.yaml`, `examples/instance-auth-tls.yaml`),
@@ -776,6 +966,60 @@ async fn crd_accepts_upstream_samples_and_refuses_what_its_rules_forbid() -> Res
         .await,
         "spec.metadata.postgres cannot be added or removed",
     )?;
+
+    // The three transition rules of auth and TLS, on upstream's auth-tls
+    // sample: the signing algorithm and key size are frozen once set, and
+    // so is the engine issuer while engine TLS stays enabled.
+    let edit = |patch: Value| {
+        let api = api.clone();
+        async move {
+            api.patch(
+                "firebolt-auth-tls",
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            )
+            .await
+        }
+    };
+    refused(
+        edit(json!({"spec": {"auth": {"local": {"signingAlgorithm": "ES256"}}}})).await,
+        "spec.auth.local.signingAlgorithm cannot change once set",
+    )?;
+    refused(
+        edit(json!({"spec": {"auth": {"local": {"signingKeys": {"certManager": {"size": 256}}}}}}))
+            .await,
+        "spec.auth.local.signingKeys.certManager.size cannot change once set",
+    )?;
+    refused(
+        edit(json!({"spec": {"tls": {"engine": {"certManager": {"issuerRef": {"name": "other-ca"}}}}}}))
+            .await,
+        "spec.tls.engine.certManager.issuerRef cannot change while engine TLS stays enabled",
+    )?;
+    // Each rule is about the transition only: other edits go through, and
+    // so does the issuer once engine TLS is being disabled.
+    edit(json!({"spec": {"auth": {"local": {"signingKeys": {"rotationInterval": "360h"}}}}}))
+        .await
+        .context("an unfrozen auth field can change")?;
+    edit(json!({"spec": {"tls": {"engine": {"enabled": false,
+                                              "certManager": {"issuerRef": {"name": "other-ca"}}}}}}))
+        .await
+        .context("the issuer can change while engine TLS is being disabled")?;
+
+    // metricScrapeMode: only PodIP is served.
+    refused(
+        create(
+            json!({"metadata": {}, "gateway": {}, "metricScrapeMode": "ApiserverProxy"}),
+            "x",
+        )
+        .await?,
+        "spec.metricScrapeMode ApiserverProxy is not supported",
+    )?;
+    create(
+        json!({"metadata": {}, "gateway": {}, "metricScrapeMode": "PodIP"}),
+        "x",
+    )
+    .await?
+    .context("PodIP is accepted")?;
     Ok(())
 }
 
@@ -791,4 +1035,298 @@ fn contains(have: &Value, want: &Value) -> bool {
         }
         (h, w) => h == w,
     }
+}
+
+/// The gateway as an instance renders it, run by a real Envoy on loopback
+/// (see `wasmop_tests::envoy`): two "ready pods" of engine `eng`, the
+/// gateway Deployment's container, the Envoy process.
+struct LoopbackGateway {
+    envoy: envoy::Envoy,
+    ports: envoy::Ports,
+    backends: Vec<envoy::Backend>,
+    deployment: Deployment,
+    _dns: envoy::Dns,
+    _op: RunningOperator,
+}
+
+impl LoopbackGateway {
+    /// The gateway container of the rendered Deployment.
+    fn container(&self) -> Result<k8s_openapi::api::core::v1::Container> {
+        self.deployment
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .and_then(|p| p.containers.iter().find(|c| c.name == "envoy"))
+            .cloned()
+            .context("no envoy container")
+    }
+}
+
+/// Creates instance `fb` on the API server, takes the gateway config and
+/// Deployment the plugin wrote, and runs them in a real Envoy whose engine
+/// `eng` resolves to two loopback "pods" answering `slow` paths after
+/// `slow`.
+async fn loopback_gateway(ns: &TestNamespace, slow: Duration) -> Result<LoopbackGateway> {
+    let binary = envoy::binary()?;
+    let op = start(ns).await?;
+    let api = instances(ns);
+    api.create(
+        &PostParams::default(),
+        &instance_object("fb", json!({"metadata": {}, "gateway": {"replicas": 1}}))?,
+    )
+    .await?;
+    let configmaps: Api<ConfigMap> = ns.api();
+    let deployments: Api<Deployment> = ns.api();
+    let (config, deployment) = wait_for("the gateway config and Deployment", DEADLINE, || {
+        let (configmaps, deployments) = (configmaps.clone(), deployments.clone());
+        async move {
+            let (Some(cm), Some(d)) = (
+                configmaps.get_opt("fb-gateway-config").await?,
+                deployments.get_opt("fb-gateway").await?,
+            ) else {
+                return Ok(None);
+            };
+            let text = cm
+                .data
+                .unwrap_or_default()
+                .remove("envoy.json")
+                .context("no envoy.json")?;
+            Ok(Some((serde_json::from_str::<Value>(&text)?, d)))
+        }
+    })
+    .await?;
+    // Two ready pods of one engine Service, on loopback addresses of their
+    // own (the engine query port is fixed: 3473).
+    let seed = u8::try_from(std::process::id() % 200).unwrap_or(7) + 20;
+    let pods = [[127, seed, 47, 2], [127, seed, 47, 3]];
+    let mut backends = Vec::new();
+    for p in pods {
+        backends.push(envoy::Backend::start(p, 3473, slow).await?);
+    }
+    let dns = envoy::Dns::start(
+        &format!("eng-service.{}.svc.cluster.local", ns.name),
+        pods.to_vec(),
+    )
+    .await?;
+    let ports = envoy::Ports::free(dns.port)?;
+    let local = envoy::localize(&config, ports, 9090)?;
+    let gateway = deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.containers.iter().find(|c| c.name == "envoy"))
+        .context("no envoy container")?;
+    let dir = std::env::temp_dir().join(format!("wasmop-envoy-{}", ns.name));
+    let mut proxy = envoy::Envoy::start(
+        &binary,
+        &dir,
+        &local,
+        gateway.args.as_deref().unwrap_or_default(),
+    )?;
+    let ready = wait_for("Envoy to be ready", DEADLINE, || {
+        let running = proxy.running();
+        async move {
+            if !running {
+                bail!("envoy exited");
+            }
+            Ok(envoy::request(ports.metrics, "/ready")
+                .await
+                .ok()
+                .filter(|a| a.status == 200))
+        }
+    })
+    .await;
+    if let Err(e) = ready {
+        bail!("{e}\nenvoy log:\n{}", proxy.log_tail());
+    }
+    Ok(LoopbackGateway {
+        envoy: proxy,
+        ports,
+        backends,
+        deployment,
+        _dns: dns,
+        _op: op,
+    })
+}
+
+/// Queries for one engine reach every ready pod behind its Service, not
+/// one address: per-engine sub-clusters of every resolved address.
+#[tokio::test]
+async fn the_gateway_spreads_queries_over_every_ready_pod_of_an_engine() -> Result<()> {
+    let ns = TestNamespace::new("instance-spread").await?;
+    let gw = loopback_gateway(&ns, Duration::from_millis(1)).await?;
+    for _ in 0..20 {
+        let a = envoy::request(gw.ports.queries, "/?engine=eng").await?;
+        if a.status != 200 {
+            bail!("{a:?}\nenvoy log:\n{}", gw.envoy.log_tail());
+        }
+    }
+    let counts: Vec<usize> = gw.backends.iter().map(envoy::Backend::count).collect();
+    assert_eq!(counts.iter().sum::<usize>(), 20, "{counts:?}");
+    assert!(
+        counts.iter().all(|c| *c >= 5),
+        "both ready pods get queries: {counts:?}"
+    );
+    let no_engine = envoy::request(gw.ports.queries, "/").await?;
+    assert_eq!(no_engine.status, 400, "{no_engine:?}");
+    Ok(())
+}
+
+/// A gateway pod that stops (a roll) runs its preStop as the kubelet does,
+/// then gets SIGTERM: a query in flight completes, an idle keep-alive
+/// connection does not hold the pod, new connections are served during
+/// the hold and refused after the drain, the metrics listener keeps
+/// answering, and the grace period covers it all.
+#[tokio::test]
+async fn a_gateway_roll_does_not_cut_a_query_in_flight() -> Result<()> {
+    let ns = TestNamespace::new("instance-drain").await?;
+    let slow = Duration::from_secs(8);
+    let mut gw = loopback_gateway(&ns, slow).await?;
+    let container = gw.container()?;
+    let grace = gw
+        .deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.termination_grace_period_seconds)
+        .unwrap_or(30);
+    let command = container
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.pre_stop.as_ref())
+        .and_then(|h| h.exec.as_ref())
+        .and_then(|e| e.command.clone())
+        .context("no preStop command")?;
+    // The pod's admin port is 9901; this Envoy's is another.
+    let command: Vec<String> = command
+        .iter()
+        .map(|part| part.replace("admin_port=9901", &format!("admin_port={}", gw.ports.admin)))
+        .collect();
+
+    // A client with an idle keep-alive connection, and a query in flight.
+    let mut idle = tokio::io::BufReader::new(
+        tokio::net::TcpStream::connect(("127.0.0.1", gw.ports.queries)).await?,
+    );
+    assert_eq!(
+        envoy::request_on(&mut idle, "/?engine=eng").await?.status,
+        200
+    );
+    let slow_started = [
+        gw.backends[0].slow_started.clone(),
+        gw.backends[1].slow_started.clone(),
+    ];
+    let queries = gw.ports.queries;
+    let in_flight = tokio::spawn(async move {
+        let mut conn = tokio::io::BufReader::new(
+            tokio::net::TcpStream::connect(("127.0.0.1", queries)).await?,
+        );
+        let answer = envoy::request_on(&mut conn, "/slow?engine=eng").await;
+        let answered = std::time::Instant::now();
+        // Drained: the gateway closes the connection after the answer.
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio::io::AsyncReadExt::read_to_end(&mut conn, &mut rest),
+        )
+        .await
+        .is_ok();
+        anyhow::Ok((answer?, answered, closed))
+    });
+    tokio::select! {
+        () = slow_started[0].notified() => {}
+        () = slow_started[1].notified() => {}
+        () = tokio::time::sleep(DEADLINE) => bail!("the slow query never reached an engine pod"),
+    }
+
+    // The kubelet runs the preStop hook ...
+    let began = std::time::Instant::now();
+    let mut hook = tokio::process::Command::new(&command[0])
+        .args(&command[1..])
+        .kill_on_drop(true)
+        .spawn()?;
+    // ... during the hold, readiness fails and queries are still served.
+    let ready = wait_for("readiness to fail", Duration::from_secs(4), || async {
+        let a = envoy::request(gw.ports.metrics, "/ready").await?;
+        Ok((a.status == 503).then_some(()))
+    })
+    .await;
+    if let Err(e) = ready {
+        bail!("{e}\nenvoy log:\n{}", gw.envoy.log_tail());
+    }
+    let during = envoy::request(gw.ports.queries, "/?engine=eng")
+        .await
+        .with_context(|| {
+            format!(
+                "a request {:?} into the hold\nenvoy log:\n{}",
+                began.elapsed(),
+                gw.envoy.log_tail()
+            )
+        })?;
+    assert_eq!(during.status, 200, "served during the hold: {during:?}");
+    let status = tokio::time::timeout(
+        Duration::from_secs(u64::try_from(grace).unwrap_or(30)),
+        hook.wait(),
+    )
+    .await
+    .context("the preStop hook outlived the grace period")??;
+    let hook_done = std::time::Instant::now();
+    assert!(status.success(), "preStop: {status}");
+
+    // The query in flight was answered in full, before the hook returned.
+    let (answer, answered, closed) = in_flight.await??;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert!(
+        answer.body.starts_with("slow answer from 127."),
+        "{answer:?}"
+    );
+    assert!(
+        answered <= hook_done,
+        "the hook returned {:?} before the query was answered",
+        answered.duration_since(hook_done)
+    );
+    assert!(closed, "the drained connection is closed after its answer");
+    assert!(
+        hook_done.duration_since(answered) < Duration::from_secs(4),
+        "the hook returns soon after the last connection: {:?}",
+        hook_done.duration_since(answered)
+    );
+    assert!(
+        hook_done.duration_since(began) >= Duration::from_secs(5),
+        "the hold"
+    );
+    assert!(
+        i64::try_from(hook_done.duration_since(began).as_secs()).unwrap_or(i64::MAX) < grace,
+        "the grace period ({grace} s) covers the drain"
+    );
+    // The idle keep-alive connection (no query on it) did not hold the
+    // hook; new connections are not taken; the metrics listener still
+    // answers.
+    assert!(
+        envoy::request(gw.ports.queries, "/?engine=eng")
+            .await
+            .is_err(),
+        "no new connection after the drain"
+    );
+    let metrics = envoy::request(gw.ports.metrics, "/stats/prometheus").await?;
+    assert_eq!(metrics.status, 200);
+
+    // Then SIGTERM: Envoy exits.
+    let pid = gw.envoy.id().context("envoy pid")?;
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()?;
+    wait_for("Envoy to exit on SIGTERM", Duration::from_secs(10), || {
+        let running = gw.envoy.running();
+        async move { Ok((!running).then_some(())) }
+    })
+    .await?;
+    let mut rest = Vec::new();
+    let idle_closed = tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::io::AsyncReadExt::read_to_end(&mut idle, &mut rest),
+    )
+    .await
+    .is_ok();
+    assert!(idle_closed, "the idle connection ends with Envoy");
+    Ok(())
 }

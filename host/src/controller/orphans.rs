@@ -899,6 +899,7 @@ mod tests {
                     "metadata": {"name": "w-cm", "namespace": "ns"}}),
                 precondition: None,
                 force: false,
+                generate: Vec::new(),
             }],
             ..Plan::default()
         };

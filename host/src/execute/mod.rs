@@ -36,6 +36,11 @@
 //!   object, as judged, already holds the body (and its digest) is skipped,
 //!   and so is a `primaryPatch` the primary already holds. A reconcile of a
 //!   converged primary makes no API write.
+//! - Secret keys a plan marks as generated ([`generated`]) are filled with
+//!   random bytes by the host once, when the Secret lacks them, in a
+//!   separate write fenced by the resourceVersion at which they were seen
+//!   missing and owned by another field manager than the plugin's: never
+//!   overwritten, never removed by a later apply, never in a plan or log.
 //! - Before each write the leadership fence is checked; a replica that
 //!   lost the Lease stops mid-plan.
 //! - Before the first write the plugin's per-minute deletion budget is
@@ -58,6 +63,7 @@
 pub mod budget;
 pub mod economy;
 pub mod failpoint;
+pub mod generated;
 pub mod prepare;
 pub mod report;
 pub mod writer;
@@ -602,14 +608,25 @@ async fn apply_one(
         }));
     };
     let mut obj = prepare::prepare_apply(&op.object, primary, t.plugin.name(), owned);
+    generated::mark(&mut obj, &op.generate);
     economy::stamp(&mut obj);
     if let Some(shard) = &t.shard {
         prepare::stamp_shard(&mut obj, primary, &shard.sharding.identity, owned);
     }
-    if already_holds(t, &owned.kind, op, judged, &obj) {
+    let resource = api_resource(&owned.kind);
+    if let Some(current) = already_holds(t, &owned.kind, op, judged, &obj) {
+        // Nothing to apply; a generated key the Secret lacks is still filled.
+        fill_generated(
+            t,
+            owned,
+            op,
+            &resource,
+            &obj,
+            &writer::Written::of(&current),
+        )
+        .await?;
         return Ok(None);
     }
-    let resource = api_resource(&owned.kind);
     still_leader(t)?;
     let pending = pending_write(t, &owned.kind, &obj);
     let written = match (&op.precondition, &judged.existing) {
@@ -617,21 +634,16 @@ async fn apply_one(
         (Some(Precondition::Absent), _) => w
             .create(&resource, &obj)
             .await
-            .map(|created| object::resource_version(&created).to_owned()),
+            .map(|created| writer::Written::of(&created)),
         // Judged absent: a server-side apply that creates it, and
         // conflicts if it appeared meanwhile.
-        (None, None) => w
-            .apply(&resource, &obj, Fence::ABSENT, op.force)
-            .await
-            .map(|a| a.resource_version),
+        (None, None) => w.apply(&resource, &obj, Fence::ABSENT, op.force).await,
         (Some(Precondition::ResourceVersion(rv)), judged) => {
             let fence = Fence {
                 uid: judged.as_ref().map(|j| j.uid.as_str()),
                 resource_version: Some(rv),
             };
-            w.apply(&resource, &obj, fence, op.force)
-                .await
-                .map(|a| a.resource_version)
+            w.apply(&resource, &obj, fence, op.force).await
         }
         (None, Some(j)) => {
             // Our own object: it must still be the one judged (same
@@ -640,40 +652,72 @@ async fn apply_one(
                 uid: Some(&j.uid),
                 resource_version: judged.adopts.then_some(j.resource_version.as_str()),
             };
-            w.apply(&resource, &obj, fence, op.force)
-                .await
-                .map(|a| a.resource_version)
+            w.apply(&resource, &obj, fence, op.force).await
         }
     };
-    pending.answered(&written?);
+    let written = written?;
+    pending.answered(&written.resource_version);
+    fill_generated(t, owned, op, &resource, &obj, &written).await?;
     Ok(judged.adopts.then(|| describe(&obj)))
 }
 
-/// True when the object `op` applies is, as judged (same UID and
-/// resourceVersion, not being adopted), already what `obj` would make it.
+/// Fills the generated keys of `op` (see [`generated`]) that the Secret
+/// lacks as `seen` shows it, fenced by `seen`'s resourceVersion. A dry run
+/// fills nothing (a dry-run create leaves no object to fill).
+async fn fill_generated(
+    t: &Target<'_>,
+    owned: &crate::plugin::manifest::OwnedKind,
+    op: &plan::ApplyOp,
+    resource: &ApiResource,
+    obj: &Value,
+    seen: &writer::Written,
+) -> Result<(), ExecuteError> {
+    let missing = generated::missing(&op.generate, &seen.data_keys);
+    if missing.is_empty() || t.writer.is_dry_run() || seen.resource_version.is_empty() {
+        return Ok(());
+    }
+    let values = generated::values(&missing).map_err(|e| {
+        ExecuteError::Write(ApplyError::Api {
+            target: describe(obj),
+            message: format!("cannot read random bytes for its generated keys: {e}"),
+        })
+    })?;
+    still_leader(t)?;
+    let pending = pending_write(t, &owned.kind, obj);
+    let filled = t
+        .writer
+        .fill_data(resource, obj, &seen.resource_version, &values)
+        .await?;
+    pending.answered(&filled.resource_version);
+    Ok(())
+}
+
+/// The object `op` applies as the cache holds it, when it is, as judged
+/// (same UID and resourceVersion, not being adopted), already what `obj`
+/// would make it: the apply can be skipped.
 fn already_holds(
     t: &Target<'_>,
     kind: &KindRef,
     op: &plan::ApplyOp,
     judged: &ApplyJudgement,
     obj: &Value,
-) -> bool {
+) -> Option<std::sync::Arc<Value>> {
     let (Some(source), Some(j)) = (t.current, &judged.existing) else {
-        return false;
+        return None;
     };
     if judged.adopts
         || matches!(&op.precondition, Some(Precondition::ResourceVersion(rv)) if *rv != j.resource_version)
         || matches!(&op.precondition, Some(Precondition::Absent))
     {
-        return false;
+        return None;
     }
     let ns = obj["metadata"]["namespace"]
         .as_str()
         .filter(|_| kind.namespaced);
-    source.get(kind, ns, object::name(obj)).is_some_and(|cur| {
-        object::uid(&cur) == j.uid
-            && object::resource_version(&cur) == j.resource_version
-            && economy::holds(obj, &cur)
+    source.get(kind, ns, object::name(obj)).filter(|cur| {
+        object::uid(cur) == j.uid
+            && object::resource_version(cur) == j.resource_version
+            && economy::holds(obj, cur)
     })
 }
 

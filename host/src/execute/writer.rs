@@ -136,19 +136,57 @@ impl ApplyError {
 }
 
 /// What the host reads of the API server's answer to an apply: the
-/// object's identity after the write. The rest of the answer (the whole
-/// object, managedFields included) is skipped unparsed: the cache gets the
-/// object from its watch.
+/// object's identity after the write, and the names of the non-empty keys
+/// of its `data` (a Secret's, for [`GeneratedKey`](crate::reconcile::validate::GeneratedKey)s;
+/// never the values). The rest of the answer (the whole object,
+/// managedFields included) is skipped unparsed: the cache gets the object
+/// from its watch.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Written {
     /// The object's UID.
     pub uid: String,
     /// The object's resourceVersion after the write.
     pub resource_version: String,
+    /// The keys of `data` with a non-empty value.
+    pub data_keys: std::collections::BTreeSet<String>,
+}
+
+impl Written {
+    /// What [`Written`] reads of `obj`, an object as JSON.
+    pub fn of(obj: &Value) -> Self {
+        Written {
+            uid: obj["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            resource_version: obj["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            data_keys: obj["data"]
+                .as_object()
+                .map(|m| {
+                    m.iter()
+                        .filter(|(_, v)| v.as_str().is_some_and(|v| !v.is_empty()))
+                        .map(|(k, _)| k.clone())
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
+    }
 }
 
 impl<'de> Deserialize<'de> for Written {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        /// A data value: only whether it is empty is kept.
+        struct Filled(bool);
+        impl<'de> Deserialize<'de> for Filled {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                Ok(Filled(
+                    Option::<String>::deserialize(d)?.is_some_and(|v| !v.is_empty()),
+                ))
+            }
+        }
         #[derive(Deserialize)]
         struct Meta {
             #[serde(default)]
@@ -159,11 +197,20 @@ impl<'de> Deserialize<'de> for Written {
         #[derive(Deserialize)]
         struct Answer {
             metadata: Meta,
+            #[serde(default)]
+            data: Option<std::collections::BTreeMap<String, Filled>>,
         }
         let a = Answer::deserialize(d)?;
         Ok(Written {
             uid: a.metadata.uid,
             resource_version: a.metadata.resource_version,
+            data_keys: a
+                .data
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|(_, f)| f.0)
+                .map(|(k, _)| k)
+                .collect(),
         })
     }
 }
@@ -357,6 +404,45 @@ impl Writer {
             .map_err(|e| ApplyError::from_kube(describe(obj), e))
     }
 
+    /// The field manager of the values the host generates
+    /// ([`Writer::fill_data`]): `<field manager>-generated`, so the
+    /// plugin's own manager never owns them.
+    pub fn generated_manager(&self) -> String {
+        format!("{}-generated", self.field_manager)
+    }
+
+    /// Sets `data` keys of `obj` (a Secret; `data` holds the base64 values)
+    /// under [`Writer::generated_manager`], only while `obj` is still at
+    /// `resource_version`: a merge patch (an update, so no later apply of
+    /// the plugin's manager owns or removes them). The values are never
+    /// logged.
+    ///
+    /// # Errors
+    /// [`ApplyError::Conflict`] when the object changed since
+    /// `resource_version`; [`ApplyError::Api`] when the API server refuses
+    /// it.
+    pub async fn fill_data(
+        &self,
+        resource: &ApiResource,
+        obj: &Value,
+        resource_version: &str,
+        data: &serde_json::Map<String, Value>,
+    ) -> Result<Written, ApplyError> {
+        let patch = json!({
+            "metadata": {"resourceVersion": resource_version},
+            "data": data,
+        });
+        let api = api_for(&self.client, resource, ns_of(obj));
+        let pp = self.patch_params(PatchParams {
+            field_manager: Some(self.generated_manager()),
+            ..PatchParams::default()
+        });
+        api.patch(name_of(obj), &pp, &Patch::Merge(&patch))
+            .await
+            .map(|o| Written::of(&serde_json::to_value(o).unwrap_or_default()))
+            .map_err(|e| ApplyError::from_kube(describe(obj), e))
+    }
+
     /// Deletes an object if it still has this UID and resourceVersion.
     /// An object that is already gone counts as deleted.
     ///
@@ -536,7 +622,8 @@ mod tests {
             written,
             Written {
                 uid: "u-1".into(),
-                resource_version: "42".into()
+                resource_version: "42".into(),
+                data_keys: ["value".to_owned()].into(),
             }
         );
         // An answer that is no object is an error, not an empty identity.

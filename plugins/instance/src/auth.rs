@@ -134,6 +134,20 @@ pub fn evaluate(ctx: &Context<'_>, engines: &[Engine], anchor: Anchor) -> AuthEv
         .unwrap_or_default();
 
     let (mut ring, recorded) = ring_from_status(previous, ctx.now_seconds(), &cm);
+    // Keys the status does not know but the instance owns (a restore
+    // without status, a stale status): the ring is rebuilt from them, or
+    // parked, and no key is deleted.
+    let found = owned_keys(ctx);
+    let mut rebuilt = false;
+    if found.keys().any(|n| *n > ring.generation) {
+        match rebuild(spec, &found, engines, ctx.now_seconds()) {
+            Ok(r) => {
+                ring = r;
+                rebuilt = true;
+            }
+            Err(why) => return failed(Failure::new("SigningKeyRingLost", why)),
+        }
+    }
     ring.observe_issued(|k| {
         ctx.owned_secret_with(&k.secret_name, &certs::SERVING_KEYS)
             .is_some()
@@ -182,7 +196,25 @@ pub fn evaluate(ctx: &Context<'_>, engines: &[Engine], anchor: Anchor) -> AuthEv
     let names = ctx.names;
     let namer = |n: u64| (format!("signing-{n}"), names.auth_signing(n));
     let now = ctx.now_seconds();
-    let advance = rotation::step(&ring, &policy, now, &lagging, &namer);
+    let advance = if rebuilt {
+        // The pass that rebuilds only records the ring: no rotation step.
+        events.push((
+            EventType::Warning,
+            "SigningKeyRingRebuilt".to_owned(),
+            format!(
+                "status.auth did not list the signing keys the instance owns; rebuilt the ring from them: {}",
+                describe(&ring)
+            ),
+        ));
+        rotation::Advance {
+            ring: ring.clone(),
+            step: None,
+            pending: None,
+            awaiting_issuer: false,
+        }
+    } else {
+        rotation::step(&ring, &policy, now, &lagging, &namer)
+    };
     let ring = advance.ring;
 
     if let Some(step) = advance.step {
@@ -375,6 +407,174 @@ fn preflight(ctx: &Context<'_>, name: &str, key: &str) -> Result<(), String> {
         return Err(format!("Secret {name:?} has no non-empty key {key:?}"));
     }
     Ok(())
+}
+
+/// A signing key the instance owns (its Certificate or Secret
+/// `<i>-auth-signing-<N>`), by `N`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct FoundKey {
+    secret_name: String,
+    issued: bool,
+    created_at: Option<i64>,
+}
+
+/// The signing keys among the instance's owned objects.
+fn owned_keys(ctx: &Context<'_>) -> BTreeMap<u64, FoundKey> {
+    let prefix = format!("{}-auth-signing-", ctx.names.instance());
+    let mut found: BTreeMap<u64, FoundKey> = BTreeMap::new();
+    for o in &ctx.snapshot.owned {
+        let kind = o["kind"].as_str().unwrap_or_default();
+        if kind != "Secret" && kind != "Certificate" {
+            continue;
+        }
+        if o.pointer("/metadata/labels")
+            .and_then(|l| l.get(crate::names::COMPONENT_LABEL))
+            .and_then(Value::as_str)
+            != Some(Component::AuthSigning.label())
+        {
+            continue;
+        }
+        let name = o["metadata"]["name"].as_str().unwrap_or_default();
+        let Some(n) = name
+            .strip_prefix(&prefix)
+            .and_then(|n| n.parse::<u64>().ok())
+            .filter(|n| *n > 0)
+        else {
+            continue;
+        };
+        let created = o["metadata"]["creationTimestamp"]
+            .as_str()
+            .and_then(duration::parse_rfc3339);
+        let entry = found.entry(n).or_insert_with(|| FoundKey {
+            secret_name: name.to_owned(),
+            issued: false,
+            created_at: created,
+        });
+        entry.created_at = match (entry.created_at, created) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if kind == "Secret" {
+            entry.issued = ctx.owned_secret_with(name, &certs::SERVING_KEYS).is_some();
+        }
+    }
+    found
+}
+
+/// Most issued keys a rebuild considers (it tries every render of them).
+const MAX_REBUILT_KEYS: usize = 8;
+
+/// The ring rebuilt from the keys the instance owns, when the status lost
+/// it. What each key did is not recorded anywhere else, so the render the
+/// engines run decides: with no engine, nothing signs, and the newest
+/// issued key becomes Active; otherwise the one render (Active key and
+/// validate-only keys, among the issued ones) whose hash every engine
+/// reports is taken, every other key kept (newer: validate-only, older:
+/// Removing, gated as usual). Without such a render the rotation parks.
+///
+/// # Errors
+///
+/// Why it parks.
+fn rebuild(
+    spec: &AuthSpec,
+    found: &BTreeMap<u64, FoundKey>,
+    engines: &[Engine],
+    now: i64,
+) -> Result<Ring, String> {
+    let key = |n: u64, f: &FoundKey, phase: KeyPhase, active: u64| Key {
+        id: format!("signing-{n}"),
+        secret_name: f.secret_name.clone(),
+        created_at: f.created_at.unwrap_or(now),
+        phase,
+        demoted_at: (phase != KeyPhase::Active && n < active).then_some(now),
+        retire_eligible_at: None,
+        issued: f.issued,
+        outdated: false,
+    };
+    let generation = found.keys().copied().max().unwrap_or(0);
+    let issued: Vec<u64> = found
+        .iter()
+        .filter(|(_, f)| f.issued)
+        .map(|(n, _)| *n)
+        .collect();
+    let ring_of = |active: u64, rendered: &[u64]| Ring {
+        generation,
+        keys: found
+            .iter()
+            .map(|(n, f)| {
+                let phase = if *n == active {
+                    KeyPhase::Active
+                } else if rendered.contains(n) || *n > active {
+                    KeyPhase::ValidationOnly
+                } else {
+                    KeyPhase::Removing
+                };
+                key(*n, f, phase, active)
+            })
+            .collect(),
+    };
+    if engines.is_empty() {
+        let active = issued
+            .last()
+            .or_else(|| found.keys().last())
+            .copied()
+            .unwrap_or(generation);
+        let all: Vec<u64> = found.keys().copied().collect();
+        return Ok(ring_of(active, &all));
+    }
+    let names = found
+        .values()
+        .map(|f| f.secret_name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let hashes: std::collections::BTreeSet<&str> =
+        engines.iter().map(|e| e.auth_hash.as_str()).collect();
+    let reported = match hashes.iter().next() {
+        Some(h) if hashes.len() == 1 && !h.is_empty() => *h,
+        _ => {
+            return Err(format!(
+                "status.auth lost the signing-key ring and the engines do not all report one render                  (observedAuthHash); keeping every key ({names}) and waiting for them to agree"
+            ));
+        }
+    };
+    if issued.len() > MAX_REBUILT_KEYS {
+        return Err(format!(
+            "status.auth lost the signing-key ring and {} issued keys are too many to rebuild it from;              keeping every key ({names})",
+            issued.len()
+        ));
+    }
+    for &active in &issued {
+        let others: Vec<u64> = issued.iter().copied().filter(|n| *n != active).collect();
+        for mask in 0u32..(1 << others.len()) {
+            let rendered: Vec<u64> = others
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| (mask >> *i) & 1 == 1)
+                .map(|(_, n)| *n)
+                .collect();
+            let candidate = Ring {
+                generation,
+                keys: found
+                    .iter()
+                    .filter(|(n, _)| **n == active || rendered.contains(n))
+                    .map(|(n, f)| {
+                        let phase = if *n == active {
+                            KeyPhase::Active
+                        } else {
+                            KeyPhase::ValidationOnly
+                        };
+                        key(*n, f, phase, active)
+                    })
+                    .collect(),
+            };
+            if auth_hash(spec, &candidate) == reported {
+                return Ok(ring_of(active, &rendered));
+            }
+        }
+    }
+    Err(format!(
+        "status.auth lost the signing-key ring and no render of the keys the instance owns          matches what the engines report; keeping every key ({names})"
+    ))
 }
 
 /// The ring recorded in `status.auth`, and the recorded entries by kid.

@@ -22,6 +22,14 @@ pub const API_VERSION: &str = "cert-manager.io/v1";
 pub const KIND: &str = "Certificate";
 /// Keys a serving certificate's Secret holds once issued.
 pub const SERVING_KEYS: [&str; 2] = ["tls.crt", "tls.key"];
+/// Lifetime of a serving certificate (engine TLS anchor, gateway) unless
+/// `certManager.duration` says otherwise: 90 days, renewed by cert-manager
+/// a third before it ends.
+pub const DEFAULT_SERVING_DURATION: &str = "2160h";
+/// Lifetime of a JWT signing keypair's certificate unless
+/// `certManager.duration` says otherwise: one year (the key itself is
+/// replaced by rotation, `rotationPolicy: Never`).
+pub const DEFAULT_SIGNING_DURATION: &str = "8760h";
 
 /// The Certificate kind, for the manifest.
 pub fn kind_ref() -> wasmop_sdk::KindRef {
@@ -84,9 +92,20 @@ pub fn certificate(
             spec["usages"] = json!(["server auth", "digital signature", "key encipherment"]);
         }
     }
-    if let Some(d) = cm.duration.as_ref().filter(|d| !d.is_empty()) {
-        spec["duration"] = json!(d);
-    }
+    // Bounded by default, per use: a serving key is not valid for long if
+    // it leaks; the signing keypair's certificate is never presented and
+    // its rotation is the operator's, so it may live longer, but not for
+    // ever.
+    let default_duration = match usage {
+        Usage::Signing { .. } => DEFAULT_SIGNING_DURATION,
+        Usage::Server { .. } => DEFAULT_SERVING_DURATION,
+    };
+    spec["duration"] = json!(
+        cm.duration
+            .as_deref()
+            .filter(|d| !d.is_empty())
+            .unwrap_or(default_duration)
+    );
     if let Some(r) = cm.renew_before.as_ref().filter(|r| !r.is_empty()) {
         spec["renewBefore"] = json!(r);
     }
@@ -163,5 +182,29 @@ mod tests {
             "Always"
         );
         assert_eq!(server.object["spec"]["dnsNames"][0], "x.ns.svc");
+    }
+
+    #[test]
+    fn lifetimes_are_bounded_by_default_and_the_spec_wins() {
+        let labels = BTreeMap::new();
+        let duration = |cm: &CertManagerSpec, usage: Usage| {
+            let [_, cert] = certificate("x", "ns", &labels, cm, &usage);
+            cert.object["spec"]["duration"].clone()
+        };
+        let signing = || Usage::Signing {
+            common_name: "s".into(),
+        };
+        let server = || Usage::Server {
+            dns_names: vec!["x".into()],
+        };
+        let unset = CertManagerSpec::default();
+        assert_eq!(duration(&unset, signing()), "8760h");
+        assert_eq!(duration(&unset, server()), "2160h");
+        let set = CertManagerSpec {
+            duration: Some("720h".into()),
+            ..CertManagerSpec::default()
+        };
+        assert_eq!(duration(&set, signing()), "720h");
+        assert_eq!(duration(&set, server()), "720h");
     }
 }

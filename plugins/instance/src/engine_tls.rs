@@ -25,6 +25,14 @@
 //!   also in the previous list. Empty while the gateway does not
 //!   re-encrypt (engines then need no trust to switch).
 //!
+//! - **A failure keeps the posture**: once provisioned, an invalid
+//!   `spec.tls.engine` or an anchor Secret that lost its keys is reported
+//!   on `EngineTLSReady` (`TLSSpecInvalid`, `SecretPending`) while
+//!   `status.engineTLS` and the gateway's upstream side (re-encryption, the
+//!   trust bundle as written, the revocation list it mounts) stay as they
+//!   were: the gateway neither stops re-encrypting to engines that serve
+//!   TLS nor rolls with an empty trust list.
+//!
 //! `EngineTLSReady` is `True` only when the whole fleet is re-encrypted
 //! (or TLS is off and every engine is plaintext).
 
@@ -185,16 +193,11 @@ pub fn evaluate(ctx: &Context<'_>, engines: &[Engine]) -> EngineTlsEval {
 
     let problems = crate::validate::tls(crate::validate::ListenerKind::Engine, spec);
     if !problems.is_empty() {
-        return EngineTlsEval {
-            result: Err(Failure::new(
-                "TLSSpecInvalid",
-                crate::validate::message(&problems),
-            )),
-            status: previous.cloned(),
-            reencrypting: was_reencrypting,
-            bundle: None,
-            crl: None,
-        };
+        return failed(
+            ctx,
+            previous,
+            Failure::new("TLSSpecInvalid", crate::validate::message(&problems)),
+        );
     }
     let (secret_name, objects) = match spec.user_secret() {
         Some(name) => (name.to_owned(), Vec::new()),
@@ -208,6 +211,22 @@ pub fn evaluate(ctx: &Context<'_>, engines: &[Engine]) -> EngineTlsEval {
             .filter(|s| pem::has_keys(s, &ANCHOR_KEYS)),
         None => ctx.owned_secret_with(&secret_name, &ANCHOR_KEYS),
     };
+    if anchor.is_none() && previous.is_some() {
+        // Provisioned before: engines serve TLS under it and the gateway
+        // may re-encrypt. A Secret that lost its keys must not turn
+        // re-encryption off or empty the gateway's trust.
+        return failed(
+            ctx,
+            previous,
+            Failure::new(
+                "SecretPending",
+                format!(
+                    "Secret {secret_name} no longer holds tls.crt, tls.key and ca.crt; \
+                     engines and the gateway keep their TLS posture until it does"
+                ),
+            ),
+        );
+    }
     if anchor.is_none() {
         return EngineTlsEval {
             result: Ok(Outcome {
@@ -273,6 +292,64 @@ pub fn evaluate(ctx: &Context<'_>, engines: &[Engine]) -> EngineTlsEval {
         bundle: Some(bundle),
         crl,
     }
+}
+
+/// The step failed after engine TLS was provisioned: it reports
+/// `failure`, keeps `status.engineTLS` as it was, and hands the gateway
+/// the upstream posture it has now — re-encrypting as the status says,
+/// trusting the bundle Secret as last written, loading the revocation list
+/// it mounts — so the gateway's config hash, trust annotation and CRL
+/// mount stay as they were.
+fn failed(ctx: &Context<'_>, previous: Option<&Value>, failure: Failure) -> EngineTlsEval {
+    let reencrypting = previous
+        .and_then(|p| p.get("reencrypting"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    EngineTlsEval {
+        result: Err(failure),
+        status: previous.cloned(),
+        reencrypting,
+        bundle: reencrypting.then(|| written_bundle(ctx)),
+        crl: reencrypting.then(|| mounted_crl(ctx)).flatten(),
+    }
+}
+
+/// The trust bundle as the bundle Secret holds it (what the gateway pods
+/// mount), in the form [`bundle`] makes it.
+fn written_bundle(ctx: &Context<'_>) -> (String, Vec<String>) {
+    let mut cas: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    if let Some(ca) = ctx
+        .snapshot
+        .owned_named("Secret", &ctx.names.engine_ca_bundle())
+        .and_then(|s| pem::secret_bytes(s, "ca.crt"))
+    {
+        for der in pem::certificates(&ca) {
+            cas.insert(pem::fingerprint(&der), der);
+        }
+    }
+    let text: String = cas.values().map(|der| pem::to_pem(der)).collect();
+    (text, cas.into_keys().collect())
+}
+
+/// The engine revocation list the gateway Deployment mounts now, if any
+/// (its version as the read shows that Secret).
+fn mounted_crl(ctx: &Context<'_>) -> Option<Crl> {
+    let gateway = ctx
+        .snapshot
+        .owned_named("Deployment", &ctx.names.gateway())?;
+    let secret = gateway
+        .pointer("/spec/template/spec/volumes")
+        .and_then(Value::as_array)?
+        .iter()
+        .find(|v| v["name"] == crate::gateway::ENGINE_CRL_VOLUME)?
+        .pointer("/secret/secretName")
+        .and_then(Value::as_str)?
+        .to_owned();
+    let version = crl_of(ctx, CRL_READ)
+        .filter(|c| c.secret == secret)
+        .map(|c| c.version)
+        .unwrap_or_default();
+    Some(Crl { secret, version })
 }
 
 fn previous_secret(previous: Option<&Value>) -> Option<String> {

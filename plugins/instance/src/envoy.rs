@@ -8,10 +8,24 @@
 //! the request at that engine's query Service,
 //! `<name>-service.<namespace>.svc.<domain>:3473`; a request without a
 //! valid engine name gets `400`. All engine traffic goes through one
-//! `dynamic_forward_proxy` cluster, which resolves the (headless) engine
-//! Service to the ready engine pods and spreads connections over them.
-//! Route timeouts are off: queries run as long as they run. Per-connection
-//! buffers are capped at 2 MiB, listener and cluster alike.
+//! `dynamic_forward_proxy` cluster in sub-cluster mode: for each engine
+//! authority Envoy makes a `STRICT_DNS` sub-cluster (a copy of the
+//! `engines` cluster, transport socket included) that resolves the
+//! headless engine Service to **every** ready engine pod address,
+//! re-resolved every 5 s (Envoy's default), and balances requests over them
+//! round robin. (A DNS cache, `dns_cache_config`, would pin one address
+//! per engine.) Route timeouts are off: queries run as long as they run.
+//! Per-connection buffers are capped at 2 MiB, listener and cluster alike.
+//!
+//! # Draining
+//!
+//! The client listener is marked `INBOUND` and the metrics listener
+//! `OUTBOUND`, so `POST /drain_listeners?inboundonly&graceful` (the
+//! gateway's preStop, [`crate::gateway`]) stops new client connections
+//! while probes and metrics keep being served; a connection that carried a
+//! request is closed one second (`drain_timeout`) after its answer. The
+//! client listener's stats carry the prefix `queries`
+//! ([`ACTIVE_REQUESTS_STAT`]), whatever its port.
 //!
 //! # Metrics and probes
 //!
@@ -40,6 +54,8 @@ use crate::names::GATEWAY_LISTEN_PORT;
 pub const ADMIN_PORT: i32 = 9901;
 /// Per-connection buffer limit (2 MiB).
 pub const BUFFER_LIMIT_BYTES: u32 = 2 * 1024 * 1024;
+/// The admin stat counting the client requests in flight.
+pub const ACTIVE_REQUESTS_STAT: &str = "http.queries.downstream_rq_active";
 
 const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const ROUTER: &str = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router";
@@ -87,16 +103,9 @@ pub struct EnvoyInputs {
 
 /// The bootstrap configuration.
 pub fn bootstrap(inputs: &EnvoyInputs) -> Value {
-    let dns_cache = json!({
-        "name": "engines",
-        "dns_lookup_family": "V4_ONLY",
-        "dns_refresh_rate": "5s",
-        "host_ttl": "300s",
-        "max_hosts": 1024,
-    });
     let mut listeners = Vec::new();
     if inputs.client != ClientListener::Closed {
-        listeners.push(client_listener(inputs, &dns_cache));
+        listeners.push(client_listener(inputs));
     }
     listeners.push(metrics_listener(inputs.metrics_port));
     let mut engines = json!({
@@ -104,11 +113,18 @@ pub fn bootstrap(inputs: &EnvoyInputs) -> Value {
         "connect_timeout": "5s",
         "lb_policy": "CLUSTER_PROVIDED",
         "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
+        // Inherited by every sub-cluster (STRICT_DNS): every A record of
+        // the headless engine Service is an endpoint.
+        "dns_lookup_family": "V4_ONLY",
         "cluster_type": {
             "name": "envoy.clusters.dynamic_forward_proxy",
             "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.clusters.dynamic_forward_proxy.v3.ClusterConfig",
-                "dns_cache_config": dns_cache,
+                "sub_clusters_config": {
+                    "lb_policy": "ROUND_ROBIN",
+                    "max_sub_clusters": 1024,
+                    "sub_cluster_ttl": "300s",
+                },
             },
         },
     });
@@ -165,8 +181,8 @@ fn socket(address: &str, port: i32) -> Value {
     json!({"socket_address": {"address": address, "port_value": port}})
 }
 
-fn client_listener(inputs: &EnvoyInputs, dns_cache: &Value) -> Value {
-    let mut listener = plain_client_listener(inputs, dns_cache);
+fn client_listener(inputs: &EnvoyInputs) -> Value {
+    let mut listener = plain_client_listener(inputs);
     if matches!(inputs.client, ClientListener::Tls | ClientListener::Mutual) {
         let mutual = inputs.client == ClientListener::Mutual;
         let mut common = json!({
@@ -195,9 +211,11 @@ fn client_listener(inputs: &EnvoyInputs, dns_cache: &Value) -> Value {
     listener
 }
 
-fn plain_client_listener(inputs: &EnvoyInputs, dns_cache: &Value) -> Value {
+fn plain_client_listener(inputs: &EnvoyInputs) -> Value {
     json!({
         "name": "queries",
+        "stat_prefix": "queries",
+        "traffic_direction": "INBOUND",
         "address": socket("0.0.0.0", GATEWAY_LISTEN_PORT),
         "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
         "filter_chains": [{"filters": [{
@@ -205,6 +223,8 @@ fn plain_client_listener(inputs: &EnvoyInputs, dns_cache: &Value) -> Value {
             "typed_config": {
                 "@type": HCM,
                 "stat_prefix": "queries",
+                // Draining: close a connection soon after its last answer.
+                "drain_timeout": "1s",
                 "route_config": {
                     "name": "engines",
                     "virtual_hosts": [{
@@ -228,7 +248,7 @@ fn plain_client_listener(inputs: &EnvoyInputs, dns_cache: &Value) -> Value {
                         "name": "envoy.filters.http.dynamic_forward_proxy",
                         "typed_config": {
                             "@type": "type.googleapis.com/envoy.extensions.filters.http.dynamic_forward_proxy.v3.FilterConfig",
-                            "dns_cache_config": dns_cache,
+                            "sub_cluster_config": {"cluster_init_timeout": "5s"},
                         },
                     },
                     {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER}},
@@ -242,6 +262,8 @@ fn metrics_listener(port: i32) -> Value {
     let to_admin = |path: &str| json!({"match": {"path": path}, "route": {"cluster": "admin"}});
     json!({
         "name": "metrics",
+        // Not drained with the client listener: probes keep working.
+        "traffic_direction": "OUTBOUND",
         "address": socket("0.0.0.0", port),
         "filter_chains": [{"filters": [{
             "name": "envoy.filters.network.http_connection_manager",
@@ -409,6 +431,38 @@ mod tests {
             c["static_resources"]["clusters"][0]["cluster_type"]["name"],
             "envoy.clusters.dynamic_forward_proxy"
         );
+    }
+
+    #[test]
+    fn each_engine_gets_a_sub_cluster_of_every_resolved_address() {
+        let c = bootstrap(&inputs(true));
+        let engines = &c["static_resources"]["clusters"][0];
+        let config = &engines["cluster_type"]["typed_config"];
+        // Sub-clusters (STRICT_DNS: every address, balanced), not a DNS
+        // cache (one address per host).
+        assert_eq!(config["sub_clusters_config"]["lb_policy"], "ROUND_ROBIN");
+        assert!(config.get("dns_cache_config").is_none());
+        assert_eq!(engines["lb_policy"], "CLUSTER_PROVIDED");
+        assert_eq!(engines["dns_lookup_family"], "V4_ONLY");
+        let filters = &c["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+            ["http_filters"];
+        let dfp = &filters[1]["typed_config"];
+        assert!(dfp.get("dns_cache_config").is_none());
+        assert_eq!(dfp["sub_cluster_config"]["cluster_init_timeout"], "5s");
+    }
+
+    #[test]
+    fn only_the_client_listener_drains() {
+        let c = bootstrap(&inputs(true));
+        let listeners = &c["static_resources"]["listeners"];
+        assert_eq!(listeners[0]["traffic_direction"], "INBOUND");
+        assert_eq!(listeners[0]["stat_prefix"], "queries");
+        assert_eq!(listeners[1]["traffic_direction"], "OUTBOUND");
+        assert_eq!(
+            listeners[0]["filter_chains"][0]["filters"][0]["typed_config"]["stat_prefix"],
+            "queries"
+        );
+        assert!(ACTIVE_REQUESTS_STAT.starts_with("http.queries."));
     }
 
     #[test]

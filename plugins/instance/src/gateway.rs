@@ -4,9 +4,25 @@
 //! Objects: ConfigMap `<i>-gateway-config` (key `envoy.json`, see
 //! [`crate::envoy`]), Deployment `<i>-gateway` (default 2 replicas,
 //! container `envoy`, client listener 8080, metrics and probes on
-//! `spec.gateway.metricsPort`, a short `preStop` pause so endpoints drop a
-//! pod before Envoy stops), ClusterIP Service `<i>-gateway` (`http` 80 →
+//! `spec.gateway.metricsPort`), ClusterIP Service `<i>-gateway` (`http` 80 →
 //! 8080) and PodDisruptionBudget `<i>-gateway` (`maxUnavailable: 1`).
+//!
+//! # Shutdown without cutting queries
+//!
+//! A gateway pod that stops (a roll on a config, certificate or CRL
+//! change, a scale-down, an eviction) drains first: its `preStop`
+//! ([`pre_stop_script`], bash over `/dev/tcp` to Envoy's loopback admin
+//! port; the image has no curl) fails readiness (`POST
+//! /healthcheck/fail`), keeps serving for [`DRAIN_HOLD_SECONDS`] while
+//! the Service and clients stop sending it new connections, stops the
+//! client listener (`POST /drain_listeners?inboundonly&graceful`; Envoy
+//! runs with `--drain-time-s 0 --drain-strategy immediate`, so a
+//! connection closes once its request is answered) and returns when
+//! Envoy reports no client request in flight. Only then does the kubelet
+//! send SIGTERM (which closes idle keep-alive connections: no query is
+//! on them). `terminationGracePeriodSeconds` defaults to
+//! [`DEFAULT_GRACE_SECONDS`] (the template may set its own): a query
+//! still running after it is cut.
 //! Ready when the Deployment has an available pod and the gateway serves
 //! clients; only then does the status publish `gatewayEndpoint`.
 
@@ -48,6 +64,50 @@ pub const STEP: StepDef = StepDef {
     in_ready_rollup: true,
     run,
 };
+
+/// How long a stopping gateway pod keeps accepting connections after it
+/// failed readiness, so endpoints and clients catch up.
+pub const DRAIN_HOLD_SECONDS: u32 = 5;
+/// The gateway pods' `terminationGracePeriodSeconds` unless the template
+/// sets one: the hold plus the longest query a roll waits for.
+pub const DEFAULT_GRACE_SECONDS: i64 = 300;
+
+/// The gateway container's `preStop` script (run with `bash -c`): fail
+/// readiness, hold, drain the client listener, wait until no client
+/// request is in flight (twice in a row, a second apart: an idle
+/// keep-alive connection holds no query, and Envoy's exit closes it).
+/// Admin calls that fail are retried; the grace period bounds the whole.
+pub fn pre_stop_script() -> String {
+    format!(
+        r#"# Drains the gateway before Envoy stops (the gateway plugin's preStop).
+admin_port={admin}
+admin() {{
+  exec 3<>"/dev/tcp/127.0.0.1/$admin_port" || return 1
+  printf '%s %s HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\nConnection: close\r\n\r\n' "$1" "$2" >&3
+  reply=$(cat <&3)
+  exec 3<&-
+  case "$reply" in "HTTP/1.1 200 "*) return 0 ;; *) return 1 ;; esac
+}}
+until admin POST /healthcheck/fail; do sleep 0.2; done
+sleep {hold}
+until admin POST '/drain_listeners?inboundonly&graceful'; do sleep 0.2; done
+idle=0
+while [ "$idle" -lt 2 ]; do
+  sleep 0.5
+  admin GET '/stats?filter=^{stat}$' || continue
+  active=${{reply##*{stat}: }}
+  active=${{active%%[!0-9]*}}
+  if [ "${{active:-0}}" = 0 ]; then idle=$((idle + 1)); else idle=0; fi
+done
+"#,
+        admin = crate::envoy::ADMIN_PORT,
+        hold = DRAIN_HOLD_SECONDS,
+        stat = crate::envoy::ACTIVE_REQUESTS_STAT,
+    )
+}
+
+/// Name of the volume of the engine revocation list.
+pub const ENGINE_CRL_VOLUME: &str = "engine-crl";
 
 /// Name of the operator's container.
 pub const CONTAINER: &str = "envoy";
@@ -116,7 +176,7 @@ fn run(ctx: &Context<'_>) -> Result<Outcome, Failure> {
         .as_ref()
         .filter(|_| security.reencrypt);
     if let Some(crl) = upstream_crl {
-        secrets.push(("engine-crl", crl.secret.clone(), ENGINE_CRL_DIR));
+        secrets.push((ENGINE_CRL_VOLUME, crl.secret.clone(), ENGINE_CRL_DIR));
         versions.push(crl.version.clone());
     }
     let client_crl = matches!(&security.listener, Listener::Mutual { crl: Some(_), .. });
@@ -172,6 +232,11 @@ fn run(ctx: &Context<'_>) -> Result<Outcome, Failure> {
     };
     let mut template = merge(gateway.template.as_ref(), operator)
         .map_err(|e| Failure::rejected("TemplateRejected", e.to_string()))?;
+    if let Some(pod) = template.spec.as_mut() {
+        // Long enough for the preStop drain (see the module docs).
+        pod.termination_grace_period_seconds
+            .get_or_insert(DEFAULT_GRACE_SECONDS);
+    }
     let annotations = template
         .metadata
         .get_or_insert_with(Default::default)
@@ -288,6 +353,11 @@ fn container(ctx: &Context<'_>, metrics_port: i32, secrets: &[(&str, String, &st
             format!("{CONFIG_DIR}/{CONFIG_KEY}"),
             "--log-level".to_owned(),
             "info".to_owned(),
+            // A drained connection closes once its request is answered.
+            "--drain-time-s".to_owned(),
+            "0".to_owned(),
+            "--drain-strategy".to_owned(),
+            "immediate".to_owned(),
         ]),
         ports: Some(vec![
             container_port("http", GATEWAY_LISTEN_PORT),
@@ -298,7 +368,11 @@ fn container(ctx: &Context<'_>, metrics_port: i32, secrets: &[(&str, String, &st
         lifecycle: Some(Lifecycle {
             pre_stop: Some(LifecycleHandler {
                 exec: Some(ExecAction {
-                    command: Some(vec!["sleep".to_owned(), "5".to_owned()]),
+                    command: Some(vec![
+                        "/bin/bash".to_owned(),
+                        "-c".to_owned(),
+                        pre_stop_script(),
+                    ]),
                 }),
                 ..LifecycleHandler::default()
             }),

@@ -8,19 +8,10 @@
 //!   per object, so IDs are unique per instance; reconciling the same
 //!   snapshot twice yields the same ID. It is generated once: after it is
 //!   written to the spec it is only ever read.
-//! - [`postgres_password`]: the provisioned PostgreSQL's password,
-//!   SHA-256 over the operator's `credentialSeed` setting and the
-//!   primary's UID. It is written once (create-only) and never rewritten;
-//!   if the Secret is deleted, the same password is derived again, which
-//!   still matches the database.
 //!
-//! # Caveats
-//!
-//! A UID is not a secret: anyone who can read the FireboltInstance can
-//! compute the password of an operator whose `credentialSeed` is empty.
-//! Set `credentialSeed` to a random value kept out of users' reach. A
-//! random password needs a host randomness capability, which the host does
-//! not offer yet.
+//! Credentials are not derived: the provisioned PostgreSQL's password is
+//! random bytes the host generates once (see [`crate::postgres`]), which no
+//! reader of the instance can compute.
 
 use sha2::{Digest, Sha256};
 
@@ -45,23 +36,6 @@ pub fn ulid(unix_ms: i64, uid: &str) -> String {
             let index = usize::try_from((value >> shift) & 0x1f).unwrap_or_default();
             char::from(CROCKFORD[index])
         })
-        .collect()
-}
-
-/// The password of the provisioned PostgreSQL of the instance with UID
-/// `uid`: 32 hex characters (128 bits) of SHA-256 over a purpose tag,
-/// `seed` and `uid`.
-pub fn postgres_password(uid: &str, seed: &str) -> String {
-    let mut hasher = Sha256::new();
-    for part in ["wasmop/instance/postgres-password", seed, uid] {
-        hasher.update((part.len() as u64).to_be_bytes());
-        hasher.update(part.as_bytes());
-    }
-    hasher
-        .finalize()
-        .iter()
-        .take(16)
-        .map(|b| format!("{b:02x}"))
         .collect()
 }
 
@@ -91,17 +65,5 @@ mod tests {
     #[test]
     fn ulids_sort_by_time() {
         assert!(ulid(1_000, "z") < ulid(2_000, "a"));
-    }
-
-    #[test]
-    fn password_depends_on_seed_and_uid_only() {
-        let p = postgres_password("uid-1", "");
-        assert_eq!(p.len(), 32);
-        assert!(p.bytes().all(|b| b.is_ascii_hexdigit()));
-        assert_eq!(p, postgres_password("uid-1", ""));
-        assert_ne!(p, postgres_password("uid-2", ""));
-        assert_ne!(p, postgres_password("uid-1", "seed"));
-        // Length-prefixed parts: moving bytes between seed and uid changes it.
-        assert_ne!(postgres_password("b", "a"), postgres_password("", "ab"));
     }
 }

@@ -2,8 +2,10 @@
 //! metadata service.
 //!
 //! - **Provisioned** (no `spec.metadata.postgres`): a credentials Secret
-//!   `<i>-metadata-postgres-creds` created once and never rewritten (its
-//!   password is derived, see [`crate::ids`]), a one-replica StatefulSet
+//!   `<i>-metadata-postgres-creds` (`username`, and a `password` the host
+//!   generates: [`PASSWORD_BYTES`] random bytes as hex, made once when the
+//!   Secret lacks it and never rewritten, so no reader of the instance can
+//!   derive it), a one-replica StatefulSet
 //!   `<i>-metadata-pg` (container `postgresql`, uid 70, a `data` volume
 //!   claim removed with the StatefulSet) and its headless Service. Ready
 //!   when the StatefulSet reports a ready replica.
@@ -19,6 +21,8 @@
 use std::collections::BTreeMap;
 
 use serde_json::json;
+use wasmop_sdk::GeneratedKey;
+use wasmop_sdk::k8s_openapi::ByteString;
 use wasmop_sdk::k8s_openapi::api::apps::v1::{
     StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
 };
@@ -30,7 +34,6 @@ use wasmop_sdk::k8s_openapi::api::core::v1::{
 use wasmop_sdk::k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use wasmop_sdk::k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::ids::postgres_password;
 use crate::names::{Component, POSTGRES_PORT};
 use crate::spec::ExternalPostgres;
 use crate::step::{Context, Desired, Failure, Health, Outcome, StepDef};
@@ -59,6 +62,10 @@ pub const DATABASE: &str = "firebolt_metadata";
 pub const USER: &str = "firebolt";
 /// Keys the credentials Secret holds (provisioned or external).
 pub const CREDENTIAL_KEYS: [&str; 2] = ["username", "password"];
+
+/// Random bytes of the generated PostgreSQL password (written as
+/// 2 × this many hex characters).
+pub const PASSWORD_BYTES: u16 = 24;
 
 /// uid and gid of the `postgres` user in the alpine image.
 const POSTGRES_UID: i64 = 70;
@@ -176,16 +183,15 @@ fn provision(ctx: &Context<'_>) -> Result<Outcome, Failure> {
     let labels = names.labels(Component::Postgres);
     let name = names.postgres();
 
+    // The password is the host's to make (see PASSWORD_BYTES): only its
+    // name is in the plan.
     let secret = Secret {
         metadata: meta(names.postgres_secret(), ns, &labels),
         type_: Some("Opaque".to_owned()),
-        string_data: Some(BTreeMap::from([
-            ("username".to_owned(), USER.to_owned()),
-            (
-                "password".to_owned(),
-                postgres_password(ctx.uid, &ctx.settings.credential_seed),
-            ),
-        ])),
+        data: Some(BTreeMap::from([(
+            "username".to_owned(),
+            ByteString(USER.as_bytes().to_vec()),
+        )])),
         ..Secret::default()
     };
 
@@ -223,7 +229,7 @@ fn provision(ctx: &Context<'_>) -> Result<Outcome, Failure> {
 
     Ok(Outcome {
         objects: vec![
-            Desired::create_only(secret),
+            Desired::generating(secret, vec![GeneratedKey::hex("password", PASSWORD_BYTES)]),
             Desired::apply(service),
             Desired::apply(statefulset),
         ],

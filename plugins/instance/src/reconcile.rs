@@ -8,8 +8,9 @@
 //! - A step that fails changes nothing of its own objects: they are
 //!   neither written nor deleted; the other steps' objects are written as
 //!   usual.
-//! - Create-only objects (the generated credentials) are in the plan only
-//!   while the snapshot does not have them.
+//! - Create-only objects are in the plan only while the snapshot does not
+//!   have them. Generated credentials are applied on every pass with the
+//!   names of their generated keys; the host makes the values once.
 //! - An owned object is deleted only when the step of its component ran
 //!   successfully and no longer wants it; objects without a known
 //!   component label are never touched.
@@ -112,6 +113,14 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
     let update = status::compute(&ctx, &ran);
     plan = crate::auth::rotation_gauges(plan, update.status.get("auth"), ctx.now_seconds());
     plan = plan.status(update.status);
+    if instance.spec.metric_scrape_mode.as_deref() == Some("ApiserverProxy") {
+        // The CRD refuses it; an instance stored before that is told why
+        // it has no effect.
+        plan = plan.warning(
+            "MetricScrapeModeUnsupported",
+            "spec.metricScrapeMode ApiserverProxy is not supported: engine metrics are scraped by Pod IP",
+        );
+    }
     for (kind, reason, message) in update.events {
         plan = match kind {
             EventType::Normal => plan.event(&reason, message),
@@ -125,7 +134,14 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
 fn write(mut plan: Plan, snapshot: &Snapshot, ran: &[Ran]) -> Plan {
     for outcome in ran.iter().filter_map(|r| r.result.as_ref().ok()) {
         for desired in &outcome.objects {
-            if !desired.create_only {
+            if !desired.generate.is_empty() {
+                // Its generated keys are the host's (another field manager);
+                // forcing takes back only the fields the plugin renders.
+                plan = plan.apply_generating(&desired.object, desired.generate.clone());
+                if let Some(op) = plan.apply.last_mut() {
+                    op.force = true;
+                }
+            } else if !desired.create_only {
                 // As upstream: the operator owns what it renders, so a field
                 // another manager took over (say `kubectl scale`) is taken back.
                 plan = plan.apply_forced(&desired.object);

@@ -8,7 +8,7 @@
 //! | `envoyImage` | [`DEFAULT_ENVOY_IMAGE`] | gateway image, unless the instance's template names one |
 //! | `postgresStorageSize` | `10Gi` | size of the provisioned PostgreSQL volume (used when the StatefulSet is created) |
 //! | `clusterDomain` | `cluster.local` | DNS domain of the cluster, for the endpoints the plugin publishes |
-//! | `credentialSeed` | empty | secret mixed into generated PostgreSQL passwords (see [`crate::ids`]) |
+//! | `credentialSeed` | empty | ignored (accepted so existing configurations load): the PostgreSQL password is random bytes the host generates |
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -20,7 +20,7 @@ pub const DEFAULT_POSTGRES_IMAGE: &str = "postgres:16-alpine";
 /// Default image of the metadata service.
 pub const DEFAULT_METADATA_IMAGE: &str = "ghcr.io/firebolt-db/metadata:latest";
 /// Default image of the gateway.
-pub const DEFAULT_ENVOY_IMAGE: &str = "envoyproxy/envoy:v1.34.1";
+pub const DEFAULT_ENVOY_IMAGE: &str = "envoyproxy/envoy:v1.36.4";
 /// Default size of the provisioned PostgreSQL volume.
 pub const DEFAULT_POSTGRES_STORAGE_SIZE: &str = "10Gi";
 /// Default cluster DNS domain.
@@ -49,7 +49,9 @@ pub struct Settings {
     pub postgres_storage_size: String,
     /// The cluster's DNS domain.
     pub cluster_domain: String,
-    /// Secret mixed into generated passwords.
+    /// Ignored: once mixed into a derived PostgreSQL password, which the
+    /// host now generates at random. Accepted so configurations that set it
+    /// still load.
     pub credential_seed: String,
 }
 

@@ -67,6 +67,10 @@ pub struct InstanceSpec {
     /// Experimental next-generation metadata configuration.
     #[serde(default, rename = "metadataNG")]
     pub metadata_ng: bool,
+    /// How engine metrics are scraped: only `PodIP` is supported (the CRD
+    /// refuses `ApiserverProxy`; one stored before is reported).
+    #[serde(default)]
+    pub metric_scrape_mode: Option<String>,
 }
 
 /// `spec.metadata`.

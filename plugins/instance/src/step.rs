@@ -17,7 +17,7 @@
 use serde::Serialize;
 use serde_json::Value;
 use wasmop_sdk::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use wasmop_sdk::{ReconcileError, Snapshot};
+use wasmop_sdk::{GeneratedKey, ReconcileError, Snapshot};
 
 use crate::names::{Component, Names};
 use crate::pem;
@@ -91,8 +91,11 @@ impl Context<'_> {
 pub struct Desired {
     /// The object (apiVersion, kind, metadata.name and namespace set).
     pub object: Value,
-    /// Create it when missing, never update it (generated credentials).
+    /// Create it when missing, never update it.
     pub create_only: bool,
+    /// Keys of this Secret whose values the host generates once (random
+    /// bytes; the plan carries only their names).
+    pub generate: Vec<GeneratedKey>,
 }
 
 impl Desired {
@@ -101,6 +104,16 @@ impl Desired {
         Desired {
             object: to_value(object),
             create_only: false,
+            generate: Vec::new(),
+        }
+    }
+
+    /// A Secret to apply whose `keys` the host fills with random bytes
+    /// once and never rewrites.
+    pub fn generating(object: impl Serialize, keys: Vec<GeneratedKey>) -> Self {
+        Desired {
+            generate: keys,
+            ..Desired::apply(object)
         }
     }
 
@@ -109,6 +122,7 @@ impl Desired {
         Desired {
             object: to_value(object),
             create_only: true,
+            generate: Vec::new(),
         }
     }
 

@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 use wasmop_sdk::testing::{SnapshotBuilder, run};
-use wasmop_sdk::{EventType, Plan, Precondition, ReconcileError, Snapshot};
+use wasmop_sdk::{EventType, Plan, ReconcileError, Snapshot};
 
 use crate::InstancePlugin;
 use crate::names::CONFIG_HASH_ANNOTATION;
@@ -177,8 +177,7 @@ fn fresh_instance_gets_an_id_and_every_component() {
             "PodDisruptionBudget/fb-gateway",
         ]
     );
-    assert_eq!(p.apply[0].precondition, Some(Precondition::Absent));
-    assert!(p.apply[1..].iter().all(|op| op.precondition.is_none()));
+    assert!(p.apply.iter().all(|op| op.precondition.is_none()));
     // The config written in the same plan already uses the new ID.
     let config = applied(&p, "ConfigMap", "fb-metadata-config").unwrap()["data"]["config.xml"]
         .as_str()
@@ -222,18 +221,45 @@ fn an_id_once_set_is_never_patched_again() {
 }
 
 #[test]
-fn generated_credentials_are_created_once_and_then_left_alone() {
-    let p = plan(basic(), vec![]);
-    let secret = applied(&p, "Secret", "fb-metadata-postgres-creds").unwrap();
-    assert_eq!(secret["stringData"]["username"], "firebolt");
-    assert_eq!(secret["stringData"]["password"].as_str().unwrap().len(), 32);
-
-    let p = plan(basic(), vec![credentials()]);
-    assert!(applied(&p, "Secret", "fb-metadata-postgres-creds").is_none());
-    assert!(
-        p.delete.is_empty(),
-        "an existing Secret is wanted, not pruned"
-    );
+fn the_postgres_password_is_generated_by_the_host_and_never_in_the_plan() {
+    for owned in [vec![], vec![credentials()]] {
+        let p = plan(basic(), owned);
+        let op = p
+            .apply
+            .iter()
+            .find(|op| op.object["metadata"]["name"] == "fb-metadata-postgres-creds")
+            .expect("the Secret is applied on every pass");
+        // Only the key's name: the host makes the value once.
+        assert_eq!(
+            serde_json::to_value(&op.generate).unwrap(),
+            json!([{"key": "password", "bytes": 24, "encoding": "hex"}])
+        );
+        assert_eq!(op.object["data"], json!({"username": "ZmlyZWJvbHQ="}));
+        assert!(op.object.get("stringData").is_none());
+        let text = serde_json::to_string(&p).unwrap();
+        assert!(
+            !text.contains("c2VjcmV0"),
+            "no value of the Secret in the plan"
+        );
+        assert!(
+            p.delete.is_empty(),
+            "an existing Secret is wanted, not pruned"
+        );
+    }
+    // Plugins have no randomness: two instances' plans differ only by name.
+    let other = {
+        let mut i = basic();
+        i["metadata"]["uid"] = json!("another-uid");
+        plan(i, vec![])
+    };
+    let secret = |p: &Plan| {
+        p.apply
+            .iter()
+            .find(|op| op.object["kind"] == "Secret")
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(secret(&plan(basic(), vec![])), secret(&other));
 }
 
 #[test]
@@ -540,8 +566,76 @@ fn user_templates_set_images_and_scheduling() {
     assert_eq!(md["containers"][0]["image"], "registry/metadata:1");
     assert_eq!(md["containers"][0]["ports"][0]["containerPort"], 7000);
     let gw = &applied(&p, "Deployment", "fb-gateway").unwrap()["spec"]["template"]["spec"];
-    assert_eq!(gw["containers"][0]["image"], "envoyproxy/envoy:v1.34.1");
+    assert_eq!(gw["containers"][0]["image"], "envoyproxy/envoy:v1.36.4");
     assert_eq!(gw["containers"][0]["resources"]["requests"]["cpu"], "100m");
+}
+
+#[test]
+fn the_gateway_drains_before_it_stops_within_its_grace_period() {
+    let p = plan(basic(), vec![]);
+    let pod = &applied(&p, "Deployment", "fb-gateway").unwrap()["spec"]["template"]["spec"];
+    let envoy = &pod["containers"][0];
+    let args: Vec<&str> = envoy["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(
+        args.windows(2).any(|w| w == ["--drain-time-s", "0"])
+            && args
+                .windows(2)
+                .any(|w| w == ["--drain-strategy", "immediate"]),
+        "{args:?}"
+    );
+    let command = &envoy["lifecycle"]["preStop"]["exec"]["command"];
+    assert_eq!(command[0], "/bin/bash");
+    assert_eq!(command[1], "-c");
+    let script = command[2].as_str().unwrap();
+    // Fail readiness, hold, drain the client listener, wait for its
+    // connections: in that order.
+    let at = |needle: &str| {
+        script
+            .find(needle)
+            .unwrap_or_else(|| panic!("{needle} in {script}"))
+    };
+    assert!(at("/healthcheck/fail") < at("sleep 5"));
+    assert!(at("sleep 5") < at("/drain_listeners?inboundonly&graceful"));
+    assert!(at("/drain_listeners?inboundonly&graceful") < at("http.queries.downstream_rq_active"));
+    assert!(script.contains("admin_port=9901"));
+    // The grace period covers the hold and the drain; a template's wins.
+    assert_eq!(pod["terminationGracePeriodSeconds"], 300);
+    let custom = plan(
+        instance(
+            json!({"id": ID, "metadata": {}, "gateway": {"template": {"spec": {
+            "terminationGracePeriodSeconds": 3600}}}}),
+        ),
+        vec![],
+    );
+    assert_eq!(
+        applied(&custom, "Deployment", "fb-gateway").unwrap()["spec"]["template"]["spec"]["terminationGracePeriodSeconds"],
+        3600
+    );
+}
+
+#[test]
+fn an_apiserver_proxy_scrape_mode_is_reported_as_unsupported() {
+    let mut i = basic();
+    i["spec"]["metricScrapeMode"] = json!("ApiserverProxy");
+    let p = plan(i, vec![]);
+    assert!(
+        p.events.iter().any(
+            |e| e.event_type == EventType::Warning && e.reason == "MetricScrapeModeUnsupported"
+        )
+    );
+    let mut i = basic();
+    i["spec"]["metricScrapeMode"] = json!("PodIP");
+    assert!(
+        plan(i, vec![])
+            .events
+            .iter()
+            .all(|e| e.reason != "MetricScrapeModeUnsupported")
+    );
 }
 
 #[test]

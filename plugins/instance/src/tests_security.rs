@@ -459,6 +459,114 @@ fn a_removed_key_is_deleted_once_every_engine_dropped_it() {
     );
 }
 
+#[test]
+fn a_lost_ring_is_rebuilt_from_the_owned_keys_and_nothing_is_deleted() {
+    // Status as a rotation left it: signing-1 Active, signing-2 fresh.
+    let kept = json!({"auth": {"signingKeyGeneration": 2, "signingKeys": [
+        {"id": "signing-1", "secretName": "fb-auth-signing-1", "createdAt": "2024-11-01T00:00:00Z",
+         "phase": "Active", "issued": true},
+        {"id": "signing-2", "secretName": "fb-auth-signing-2", "createdAt": "2024-12-31T00:00:00Z",
+         "phase": "ValidationOnly", "issued": true}]}});
+    let keys = |status: Value| {
+        Case::new(auth(true), status)
+            .related("admin-password", admin_secret())
+            .owned(issued("fb-auth-signing-1", "auth-signing", CA))
+            .owned(issued("fb-auth-signing-2", "auth-signing", CA))
+            .owned(owned(
+                "Certificate",
+                "fb-auth-signing-1",
+                "auth-signing",
+                json!({}),
+            ))
+            .owned(owned(
+                "Certificate",
+                "fb-auth-signing-2",
+                "auth-signing",
+                json!({}),
+            ))
+    };
+    // The hash of that render (an engine that lags holds the promotion).
+    let hash = status(
+        &keys(kept.clone())
+            .related("engines", engine("a", "old", ""))
+            .plan(),
+    )["auth"]["authHash"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let phases = |p: &Plan| -> Vec<(String, String)> {
+        status(p)["auth"]["signingKeys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| {
+                (
+                    k["id"].as_str().unwrap().to_owned(),
+                    k["phase"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    };
+    let pair = |a: &str, b: &str| (a.to_owned(), b.to_owned());
+
+    // Engines run signing-1 Active: the rebuild finds that render.
+    let rebuilt = keys(json!({}))
+        .related("engines", engine("a", &hash, ""))
+        .related("engines", engine("b", &hash, ""))
+        .plan();
+    assert!(rebuilt.delete.is_empty(), "{:?}", rebuilt.delete);
+    assert_eq!(
+        phases(&rebuilt),
+        [
+            pair("signing-1", "Active"),
+            pair("signing-2", "ValidationOnly")
+        ]
+    );
+    assert_eq!(status(&rebuilt)["auth"]["authHash"], hash.as_str());
+    assert_eq!(status(&rebuilt)["auth"]["signingKeyGeneration"], 2);
+    assert!(
+        rebuilt
+            .events
+            .iter()
+            .any(|e| e.reason == "SigningKeyRingRebuilt")
+    );
+    for n in [1, 2] {
+        let name = format!("fb-auth-signing-{n}");
+        assert!(
+            applied(&rebuilt, "Certificate", &name).is_some(),
+            "{name} kept"
+        );
+    }
+
+    // No engine: nothing signs, the newest issued key becomes Active.
+    let alone = keys(json!({})).plan();
+    assert!(alone.delete.is_empty());
+    assert_eq!(
+        phases(&alone),
+        [
+            pair("signing-1", "ValidationOnly"),
+            pair("signing-2", "Active")
+        ]
+    );
+
+    // Engines that disagree: parked and reported, every key kept.
+    let parked = keys(json!({}))
+        .related("engines", engine("a", &hash, ""))
+        .related("engines", engine("b", "other", ""))
+        .plan();
+    assert!(parked.delete.is_empty(), "{:?}", parked.delete);
+    assert_eq!(
+        condition(&parked, "AuthReady"),
+        ("False", "SigningKeyRingLost")
+    );
+    assert!(
+        status(&parked)
+            .get("auth")
+            .is_none_or(|a| a.get("authHash").is_none()),
+        "engines wait"
+    );
+}
+
 // ---- engine TLS ----
 
 fn engine_tls() -> Value {
@@ -609,6 +717,102 @@ fn disabling_engine_tls_keeps_re_encrypting_until_every_engine_is_plaintext() {
     assert_eq!(condition(&done, "EngineTLSReady"), ("True", "Disabled"));
     assert!(envoy(&done)["static_resources"]["clusters"][0]["transport_socket"].is_null());
     assert!(done.delete.iter().any(|d| d.target.kind == "Certificate"));
+}
+
+#[test]
+fn an_engine_tls_failure_keeps_the_gateway_upstream_posture() {
+    let spec = json!({"tls": {"engine": {"enabled": true, "certManager": {"issuerRef": {"name": "ca"}},
+                                         "crlSecretRef": {"name": "engine-crl"}}}});
+    let crl = json!({"apiVersion": "v1", "kind": "Secret",
+                     "metadata": {"name": "engine-crl", "namespace": "ns", "resourceVersion": "31"},
+                     "data": {"crl.pem": encode(b"a list")}});
+    let first = Case::new(spec.clone(), json!({}))
+        .owned(issued("fb-engine-tls", "engine-tls", CA))
+        .plan();
+    let tls_hash = status(&first)["engineTLS"]["tlsHash"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let was = json!({"engineTLS": {"secretName": "fb-engine-tls", "createdAt": NOW,
+                                   "reencrypting": true, "tlsHash": tls_hash}});
+    let converged = |spec: Value, anchor: Value, bundle: Option<&Value>, gw: Option<&Value>| {
+        let mut case = Case::new(spec, was.clone())
+            .owned(anchor)
+            .related("engines", engine("a", "", &tls_hash))
+            .related("engine-tls-secrets", engine_tls_secret("a", 3, CA2))
+            .related("engine-tls-crl", crl.clone());
+        for o in bundle.into_iter().chain(gw) {
+            let mut o = o.clone();
+            o["metadata"]["uid"] =
+                json!(format!("uid-{}", o["metadata"]["name"].as_str().unwrap()));
+            o["metadata"]["resourceVersion"] = json!("9");
+            case = case.owned(o);
+        }
+        case.plan()
+    };
+    let healthy = converged(
+        spec.clone(),
+        issued("fb-engine-tls", "engine-tls", CA),
+        None,
+        None,
+    );
+    assert_eq!(condition(&healthy, "EngineTLSReady"), ("True", "Ready"));
+    let bundle = applied(&healthy, "Secret", "fb-engine-ca-bundle")
+        .unwrap()
+        .clone();
+    let mut gateway = applied(&healthy, "Deployment", "fb-gateway")
+        .unwrap()
+        .clone();
+    gateway["status"] = json!({"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2,
+                               "availableReplicas": 2});
+    gateway["metadata"]["generation"] = json!(1);
+    let posture = |p: &Plan| {
+        let d = applied(p, "Deployment", "fb-gateway").unwrap();
+        let t = &d["spec"]["template"];
+        (
+            t["metadata"]["annotations"].clone(),
+            t["spec"]["volumes"].clone(),
+            envoy(p)["static_resources"]["clusters"][0]["transport_socket"].clone(),
+        )
+    };
+    let before = posture(&healthy);
+    assert!(!before.2.is_null(), "re-encrypting");
+
+    // The anchor Secret loses its keys.
+    let emptied = owned(
+        "Secret",
+        "fb-engine-tls",
+        "engine-tls",
+        json!({"type": "kubernetes.io/tls", "data": {}}),
+    );
+    let lost = converged(spec.clone(), emptied, Some(&bundle), Some(&gateway));
+    assert_eq!(
+        condition(&lost, "EngineTLSReady"),
+        ("False", "SecretPending")
+    );
+    assert_eq!(
+        posture(&lost),
+        before,
+        "hash, trust and CRL mount as they were"
+    );
+    assert_eq!(status(&lost)["engineTLS"], was["engineTLS"]);
+    assert!(lost.delete.is_empty(), "{:?}", lost.delete);
+
+    // spec.tls.engine becomes invalid (certManager and secretRef both).
+    let mut invalid = spec.clone();
+    invalid["tls"]["engine"]["secretRef"] = json!({"name": "mine"});
+    let refused = converged(
+        invalid,
+        issued("fb-engine-tls", "engine-tls", CA),
+        Some(&bundle),
+        Some(&gateway),
+    );
+    assert_eq!(
+        condition(&refused, "EngineTLSReady"),
+        ("False", "TLSSpecInvalid")
+    );
+    assert_eq!(posture(&refused), before);
+    assert_eq!(status(&refused)["engineTLS"], was["engineTLS"]);
 }
 
 // ---- gateway TLS ----

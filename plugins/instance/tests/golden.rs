@@ -13,10 +13,11 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-const FIXTURES: [&str; 28] = [
+const FIXTURES: [&str; 29] = [
     "all-ready",
     "auth-key-pending",
     "auth-preflight-failed",
+    "auth-ring-lost",
     "auth-spec-invalid",
     "engine-tls-converging",
     "engine-tls-crl",

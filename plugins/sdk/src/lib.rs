@@ -112,8 +112,8 @@ pub use manifest::{
     Selector,
 };
 pub use plan::{
-    ApplyOp, CaBundle, DeleteOp, Event, EventType, Gauge, HttpMethod, HttpRequest, ObjectPlan,
-    ObjectRef, Plan, Precondition, RequestTarget, SecretHeader,
+    ApplyOp, CaBundle, DeleteOp, Event, EventType, Gauge, GeneratedKey, HttpMethod, HttpRequest,
+    ObjectPlan, ObjectRef, Plan, Precondition, RequestTarget, SecretEncoding, SecretHeader,
 };
 pub use settings::SettingsProblem;
 pub use snapshot::{Observation, ObservationOutcome, RelatedObject, Snapshot};

@@ -49,8 +49,8 @@ pub use manifest::{
 };
 pub use observation::{Observation, ObservationOutcome};
 pub use plan::{
-    ApplyOp, CaBundle, DeleteOp, Event, EventType, Gauge, HttpMethod, HttpRequest, ObjectPlan,
-    ObjectRef, Plan, Precondition, RequestTarget, SecretHeader,
+    ApplyOp, CaBundle, DeleteOp, Event, EventType, Gauge, GeneratedKey, HttpMethod, HttpRequest,
+    ObjectPlan, ObjectRef, Plan, Precondition, RequestTarget, SecretEncoding, SecretHeader,
 };
 
 /// The WIT package this crate's types belong to.

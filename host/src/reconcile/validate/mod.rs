@@ -42,8 +42,8 @@ use crate::object;
 use crate::plugin::manifest::Controller;
 
 pub use wasmop_contract::plan::{
-    ApplyOp, CaBundle, DeleteOp, Event, EventType, HttpMethod, HttpRequest, ObjectRef, Plan,
-    Precondition, RequestTarget, SecretHeader,
+    ApplyOp, CaBundle, DeleteOp, Event, EventType, GeneratedKey, HttpMethod, HttpRequest,
+    ObjectRef, Plan, Precondition, RequestTarget, SecretEncoding, SecretHeader,
 };
 pub use wasmop_contract::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, OWNER_UID_LABEL, PLUGIN_LABEL};
 
@@ -58,6 +58,7 @@ pub use counts::{
     MAX_GAUGE_LABELS, MAX_GAUGES, PlanLimits, check_counts, check_gauges,
 };
 pub use ownership::{PROTECTED_LABEL, is_primary};
+pub use per_object::GENERATED_BYTES;
 pub use per_object::{SHARD_LABEL_PREFIX, is_host_label};
 
 /// The rule a [`Violation`] breaks.
@@ -114,6 +115,10 @@ pub enum Rule {
     /// a value that is not finite, too many labels, or more than
     /// [`MAX_GAUGES`] gauges.
     GaugeInvalid,
+    /// An apply's `generate` list is not usable: the object is not a `v1`
+    /// Secret, a key is not a valid Secret key, repeats, is set by the
+    /// plugin itself, or asks for fewer than 16 or more than 1024 bytes.
+    GeneratedKeyInvalid,
 }
 
 impl Rule {
@@ -138,6 +143,7 @@ impl Rule {
             Rule::TooManyHttpRequests => "TooManyHttpRequests",
             Rule::GaugeInvalid => "GaugeInvalid",
             Rule::ProtectedObject => "ProtectedObject",
+            Rule::GeneratedKeyInvalid => "GeneratedKeyInvalid",
         }
     }
 }
@@ -182,6 +188,9 @@ impl std::fmt::Display for Violation {
 /// - A delete may name the primary itself (same apiVersion, kind,
 ///   namespace and name, and the primary's uid) only when the controller
 ///   declares `delete-primary`; such a plan may not also patch the primary.
+/// - A `generate` list names only keys of a `v1` Secret, each once, each
+///   a valid Secret key the object does not set itself, 16 to 1024 bytes
+///   ([`GENERATED_BYTES`]).
 /// - The plugin sets no ownerReferences and none of the host's labels
 ///   (nor `wasmop.dev/protected`), and its `primaryPatch` sets, changes or
 ///   removes none of them on the primary;
@@ -238,6 +247,9 @@ pub fn validate_with_owned(
     for op in &plan.apply {
         let judged = v.apply(&op.object, op.precondition.as_ref());
         v.judgement.applies.push(judged);
+        if !op.generate.is_empty() {
+            v.generated(&op.object, &op.generate);
+        }
     }
     for op in &plan.delete {
         if is_primary(&op.target, controller, primary) {

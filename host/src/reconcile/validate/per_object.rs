@@ -11,8 +11,8 @@ use std::collections::BTreeSet;
 use serde_json::Value;
 
 use super::{
-    HttpRequest, MANAGED_BY_LABEL, OWNER_UID_LABEL, PLUGIN_LABEL, PROTECTED_LABEL, RequestTarget,
-    Rule, Validator,
+    GeneratedKey, HttpRequest, MANAGED_BY_LABEL, OWNER_UID_LABEL, PLUGIN_LABEL, PROTECTED_LABEL,
+    RequestTarget, Rule, Validator,
 };
 use crate::names;
 use crate::object;
@@ -33,7 +33,66 @@ pub fn is_host_label(key: &str) -> bool {
         || [MANAGED_BY_LABEL, PLUGIN_LABEL, OWNER_UID_LABEL].contains(&key)
 }
 
+/// How many random bytes a generated Secret key may ask for.
+pub const GENERATED_BYTES: std::ops::RangeInclusive<u16> = 16..=1024;
+
+/// True for a valid Secret data key: 1 to 253 of `[-._a-zA-Z0-9]`.
+fn secret_key_valid(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 253
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+}
+
 impl<'a> Validator<'a> {
+    /// Checks an apply's `generate` list (see [`GeneratedKey`]): a `v1`
+    /// Secret, valid keys, each once, none set by the plugin, a bounded
+    /// number of bytes.
+    pub(super) fn generated(&mut self, obj: &Value, keys: &[GeneratedKey]) {
+        let desc = object::describe(obj);
+        if object::api_version(obj) != "v1" || object::kind(obj) != "Secret" {
+            self.push(
+                Rule::GeneratedKeyInvalid,
+                desc,
+                "only the keys of a v1 Secret can be generated".to_owned(),
+            );
+            return;
+        }
+        let mut seen = BTreeSet::new();
+        for g in keys {
+            let problem = if !secret_key_valid(&g.key) {
+                Some(format!(
+                    "generated key {:?} is not a valid Secret key (1 to 253 of a-z, A-Z, 0-9, '-', '.', '_')",
+                    g.key
+                ))
+            } else if !seen.insert(g.key.as_str()) {
+                Some(format!("generated key {:?} is listed twice", g.key))
+            } else if ["data", "stringData"]
+                .iter()
+                .any(|field| obj.get(field).and_then(|m| m.get(&g.key)).is_some())
+            {
+                Some(format!(
+                    "generated key {:?} is also set by the plugin; the host makes its value",
+                    g.key
+                ))
+            } else if !GENERATED_BYTES.contains(&g.bytes) {
+                Some(format!(
+                    "generated key {:?} asks for {} bytes; between {} and {} are allowed",
+                    g.key,
+                    g.bytes,
+                    GENERATED_BYTES.start(),
+                    GENERATED_BYTES.end()
+                ))
+            } else {
+                None
+            };
+            if let Some(message) = problem {
+                self.push(Rule::GeneratedKeyInvalid, desc.clone(), message);
+            }
+        }
+    }
+
     /// Checks kind, namespace, name and uniqueness shared by applies and
     /// deletes; returns the owned kind when the target is acceptable so far.
     pub(super) fn target(

@@ -81,6 +81,7 @@ fn apply(objects: Vec<Value>) -> Plan {
                 object,
                 precondition: None,
                 force: false,
+                generate: Vec::new(),
             })
             .collect(),
         ..Plan::default()
@@ -575,6 +576,7 @@ fn protected_objects_are_never_deleted_and_plugins_cannot_unprotect_them() {
             object: obj,
             precondition: None,
             force: true,
+            generate: Vec::new(),
         }],
         ..Plan::default()
     };
@@ -684,6 +686,7 @@ fn plan_json_uses_the_documented_shape() {
             object: cm("ns", "a"),
             precondition: Some(Precondition::Absent),
             force: false,
+            generate: Vec::new(),
         }],
         events: vec![Event {
             event_type: EventType::Warning,
@@ -944,4 +947,64 @@ fn no_plan_sets_changes_or_removes_a_host_label_on_its_primary_or_an_object() {
     assert!(is_host_label("shard.wasmop.dev/shard"));
     assert!(!is_host_label(PROTECTED_LABEL), "people's, judged apart");
     assert!(!is_host_label("app"));
+}
+
+#[test]
+fn generated_keys_are_only_for_secret_keys_the_plugin_leaves_to_the_host() {
+    let mut c = controller();
+    c.owns.push(OwnedKind::reference(KindRef::namespaced(
+        "", "v1", "Secret", "secrets",
+    )));
+    let secret = json!({"apiVersion": "v1", "kind": "Secret",
+                        "metadata": {"name": "creds", "namespace": "ns"},
+                        "data": {"username": "dQ=="}, "stringData": {"token": "t"}});
+    let with = |object: Value, keys: Vec<GeneratedKey>| Plan {
+        apply: vec![ApplyOp {
+            object,
+            precondition: None,
+            force: false,
+            generate: keys,
+        }],
+        ..Plan::default()
+    };
+    let world = World::default();
+    let ok = with(secret.clone(), vec![GeneratedKey::hex("password", 32)]);
+    assert_eq!(rules(&ok, &c, &world), []);
+    let messages = |plan: &Plan| -> Vec<String> {
+        validate(plan, &c, &primary(), &world)
+            .err()
+            .unwrap_or_default()
+            .iter()
+            .map(|v| format!("{} ({})", v, v.rule.as_str()))
+            .collect()
+    };
+    assert_eq!(
+        messages(&with(cm("ns", "c"), vec![GeneratedKey::hex("k", 32)])),
+        ["ConfigMap ns/c: only the keys of a v1 Secret can be generated (GeneratedKeyInvalid)"]
+    );
+    let bad = with(
+        secret,
+        vec![
+            GeneratedKey::hex("username", 32),
+            GeneratedKey::hex("token", 32),
+            GeneratedKey::hex("no/slash", 32),
+            GeneratedKey::hex("short", 8),
+            GeneratedKey::hex("password", 32),
+            GeneratedKey::hex("password", 32),
+        ],
+    );
+    let found = messages(&bad);
+    assert_eq!(found.len(), 5, "{found:#?}");
+    for needle in [
+        "\"username\" is also set by the plugin",
+        "\"token\" is also set by the plugin",
+        "\"no/slash\" is not a valid Secret key",
+        "\"short\" asks for 8 bytes; between 16 and 1024",
+        "\"password\" is listed twice",
+    ] {
+        assert!(
+            found.iter().any(|m| m.contains(needle)),
+            "{needle}: {found:#?}"
+        );
+    }
 }
