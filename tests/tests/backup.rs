@@ -1771,7 +1771,8 @@ async fn the_example_lets_runs_request_backups_and_a_failed_run_shows_on_the_bac
     objects.record(etcd_backup_resource(), &requested);
 
     // A Backup whose run fails: Scheduled False, with a Warning Event, until
-    // a later run succeeds.
+    // a later run succeeds (its Pod mounts the PVC).
+    create_bound_pvc(&ns, "etcd-backup-pvc").await?;
     let _op = start_operator(&ns).await?;
     let name = format!("{}-nightly", ns.name);
     let backup: DynamicObject = serde_json::from_value(json!({

@@ -304,14 +304,29 @@ impl Cluster {
             .find_map(|b| {
                 let r = b.backup_job.as_ref()?;
                 let shown = seen.contains(&(r.namespace.as_str(), r.name.as_str()));
+                // Its own reconcile declares the Job lost when the grace is
+                // up; nothing else may wake the queue then (a status write
+                // does not), so the waiting backups look again at that time.
+                let lost_at = self
+                    .pending_since(b)
+                    .checked_add(MISSING_JOB_GRACE)
+                    .unwrap_or(self.now);
                 (r.namespace == self.settings.target_namespace && !shown).then(|| Running {
                     backup: b.name().to_owned(),
                     job: r.name.clone(),
                     deleting: false,
                     pod: None,
-                    until: None,
+                    until: Some(lost_at),
                 })
             })
+    }
+
+    /// When `b`'s `BackupPending` last turned True (its start, for a started
+    /// backup), else now.
+    fn pending_since(&self, b: &EtcdBackup) -> Timestamp {
+        find_condition(&b.conditions, BACKUP_PENDING)
+            .filter(|c| c.status == "True")
+            .map_or(self.now, |c| c.last_transition_time.0)
     }
 
     /// The queue of backups waiting to start, in order: unfinished, not
@@ -417,7 +432,9 @@ pub struct Running {
     pub deleting: bool,
     /// The Pod that holds the slot when its Job no longer does.
     pub pod: Option<String>,
-    /// When that Pod, being deleted, counts as lost if still shown.
+    /// When the holder stops holding if nothing else changes: a Pod being
+    /// deleted counts as lost, a started backup's missing Job is declared
+    /// lost.
     pub until: Option<Timestamp>,
 }
 
@@ -640,9 +657,7 @@ pub fn next_step(world: &World) -> Step {
         };
     }
     if let Some(job) = &backup.backup_job {
-        let since = find_condition(&backup.conditions, BACKUP_PENDING)
-            .filter(|c| c.status == "True")
-            .map_or(cluster.now, |c| c.last_transition_time.0);
+        let since = cluster.pending_since(backup);
         let waited = cluster.now.duration_since(since);
         let waited = Duration::try_from(waited).unwrap_or_default();
         return match MISSING_JOB_GRACE.checked_sub(waited) {
@@ -1282,6 +1297,9 @@ mod tests {
                 .unwrap()
                 .starts_with("waiting for backup a ")
         );
+        // b looks again when a's Job is declared lost (a minute after a
+        // started): a's status write alone would not wake the queue.
+        assert_eq!(plan.requeue_after_ms, Some(59_000));
     }
 
     #[test]
