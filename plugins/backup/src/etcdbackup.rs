@@ -593,7 +593,12 @@ pub fn next_step(world: &World) -> Step {
                 requester_uid: uid.to_owned(),
             };
         }
-        Requester::Unconfirmed { name, wait } if !backup.finished() => {
+        // Not started yet: it waits for its run to show up. Started or
+        // finished: it goes on as usual, and is looked at again when the
+        // grace is up ([`planned`]).
+        Requester::Unconfirmed { name, wait }
+            if !backup.finished() && backup.backup_job.is_none() && world.own_jobs.is_empty() =>
+        {
             return Step::AwaitRequester {
                 requester: name.to_owned(),
                 wait,
@@ -817,7 +822,7 @@ pub fn reconcile_kind(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
             backup,
             own_jobs: own_jobs.remove(backup.uid()).unwrap_or_default(),
         };
-        plan = plan.object(item, self::plan(&world, &next_step(&world)));
+        plan = plan.object(item, planned(&world));
     }
     Ok(plan)
 }
@@ -851,7 +856,24 @@ pub fn reconcile_one(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         backup: &cluster.backups[0],
         own_jobs: snapshot.owned_of_kind::<Job>()?,
     };
-    Ok(plan(&world, &next_step(&world)))
+    Ok(planned(&world))
+}
+
+/// The plan of the backup of `world`: the plan of its next step, looked
+/// at again when the grace for its requesting Job is up, if it is running.
+fn planned(world: &World) -> Plan {
+    let mut plan = plan(world, &next_step(world));
+    if let Requester::Unconfirmed { wait, .. } = world.cluster.requester(world.backup)
+        && plan
+            .delete
+            .iter()
+            .all(|d| d.target.kind != etcd_backup_kind().kind)
+    {
+        let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        let sooner = plan.requeue_after_ms.map_or(wait_ms, |ms| ms.min(wait_ms));
+        plan.requeue_after_ms = Some(sooner);
+    }
+    plan
 }
 
 /// The plan that carries out `step`.
@@ -1960,6 +1982,13 @@ mod tests {
         // Its run shows up: queued like any other.
         let s = snapshot(&fresh, &[&fresh], &[]).related(READ_RUNS, run_job("daily-1", "late-uid"));
         assert_eq!(plan_of(s).apply.len(), 1);
+
+        // Finished, its run gone a moment ago: kept until the grace is up,
+        // and looked at again then.
+        let done = with_condition(fresh.clone(), BACKUP_COMPLETED, BACKUP_COMPLETED, NOW);
+        let plan = plan_of(snapshot(&done, &[&done], &[]));
+        assert!(plan.delete.is_empty());
+        assert_eq!(plan.requeue_after_ms, Some(40_000));
 
         // A shorter grace, passed: deleted.
         let s = snapshot(&fresh, &[&fresh], &[]).settings(json!({"orphanGraceSeconds": 10}));
