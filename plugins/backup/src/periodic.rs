@@ -498,7 +498,7 @@ mod tests {
         );
         let running = run_job("nightly-3", "nightly", "2025-01-03T02:00:00Z", None);
 
-        let plan = nightly_with_runs(&[ok.clone()]);
+        let plan = nightly_with_runs(std::slice::from_ref(&ok));
         assert_eq!(scheduled(&plan)["status"], "True");
         assert!(plan.events.is_empty());
 
