@@ -93,7 +93,9 @@
 //! [`Breach`] makes the soak break every invariant itself once (touch a
 //! bystander, delete a managed ConfigMap whose Widget lives, forge a second
 //! ConfigMap for one Widget, stop both replicas before a quiet point), to
-//! show each check can fail.
+//! show each check can fail; `SerialBackups` is shown to fail by
+//! `tests/tests/backup.rs` (two backup Jobs made by hand, one of them
+//! being deleted, then its Pod alone), which calls [`backup_slot_holders`].
 //!
 //! The soak disturbs the whole cluster: only a test binary of its own may
 //! run it (`tests/chaos.rs`), or `tests/chaos-soak.sh`.

@@ -1966,3 +1966,111 @@ async fn a_schedule_the_cronjob_api_refuses_is_reported_and_recovers_when_fixed(
     assert_eq!(cj.spec.map(|s| s.schedule).as_deref(), Some("0 3 * * *"));
     Ok(())
 }
+
+/// Item 8, the chaos soak's `SerialBackups` check
+/// (`wasmop_tests::chaos::backup_slot_holders`) against the API server: two
+/// unfinished backup Jobs are two holders; a Job being deleted still holds
+/// the slot, and so does its Pod once the Job is gone; a Job that ended
+/// holds nothing.
+#[tokio::test]
+async fn the_soak_sees_two_backups_holding_the_slot() -> Result<()> {
+    const HOLD: &str = "wasmop.dev/test-hold";
+    let _serial = SERIAL.lock().await;
+    let ns = TestNamespace::new("backup-slotcheck").await?;
+    let jobs: Api<Job> = ns.api();
+    // Jobs whose Pods are never scheduled: they run on.
+    let job = |name: &str| -> Result<Job> {
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "labels": {"app": "cluster-backup-job"}, "finalizers": [HOLD]},
+            "spec": {"template": {"metadata": {"labels": {"app": "cluster-backup-job"}},
+                "spec": {"restartPolicy": "Never", "nodeSelector": {"wasmop.dev/no-such-node": "x"},
+                    "containers": [{"name": "c", "image": "registry.invalid/etcd-backup-tools:test"}]}}},
+        }))?)
+    };
+    jobs.create(&PostParams::default(), &job("first")?).await?;
+    let holders = || async { wasmop_tests::chaos::backup_slot_holders(&ns.client, &ns.name).await };
+    ensure!(holders().await?.len() == 1, "one Job, one holder");
+    jobs.create(&PostParams::default(), &job("second")?).await?;
+    ensure!(
+        holders().await?.len() == 2,
+        "two unfinished Jobs are two holders"
+    );
+
+    // The second goes: while it is being deleted (our finalizer) it holds.
+    jobs.delete("second", &DeleteParams::background()).await?;
+    ensure!(
+        holders().await?.len() == 2,
+        "a Job being deleted still holds the slot"
+    );
+    // Its Pod, kept by a finalizer of ours, holds it once the Job is gone.
+    let pods: Api<Pod> = ns.api();
+    let pod = wait_for("the second Job's Pod", DEFAULT_DEADLINE, || {
+        let pods = pods.clone();
+        async move {
+            Ok(pods
+                .list(&ListParams::default().labels("job-name=second"))
+                .await?
+                .items
+                .into_iter()
+                .next())
+        }
+    })
+    .await?;
+    let finalizers: Vec<String> = pod
+        .metadata
+        .finalizers
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .chain([HOLD.to_owned()])
+        .collect();
+    pods.patch(
+        &pod.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": finalizers}})),
+    )
+    .await?;
+    jobs.patch(
+        "second",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await?;
+    wait_for("the second Job gone", DEFAULT_DEADLINE, || {
+        let jobs = jobs.clone();
+        async move { Ok(jobs.get_opt("second").await?.is_none().then_some(())) }
+    })
+    .await?;
+    let seen = holders().await?;
+    ensure!(
+        seen.len() == 2 && seen.values().any(|h| h.contains(&pod.name_any())),
+        "the gone Job's Pod still holds the slot: {seen:?}"
+    );
+    // Released, the Pod goes (deleted by the garbage collector or by us).
+    let _ = pods
+        .delete(&pod.name_any(), &DeleteParams::background())
+        .await;
+    pods.patch(
+        &pod.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await?;
+    wait_for("one holder again", DEFAULT_DEADLINE, || async {
+        let seen = holders().await?;
+        if seen.len() == 1 {
+            Ok(Some(()))
+        } else {
+            bail!("holders: {seen:?}")
+        }
+    })
+    .await?;
+    jobs.patch(
+        "first",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await?;
+    Ok(())
+}
