@@ -45,6 +45,11 @@
 //!   under its finalizer); neither plugin deletes otherwise here.
 //! - `Ownership`: no two managed ConfigMaps have the same controller, and
 //!   none changes controller.
+//! - `SerialBackups`: at most one backup Job in the `backup` plugin's target
+//!   namespace holds the slot, as its README promises: a Job holds it while
+//!   it has not ended (also while it is being deleted), and then while a
+//!   Pod of it may still run (not ended; being deleted, until a minute past
+//!   its deletion's due time), also once the Job is gone.
 //! - `Convergence`: at every quiet point (load paused, every fault over and
 //!   the operator led again) every Widget is edited once more, and each
 //!   converges within 5 s of the later of the last fault's recovery and the
@@ -97,7 +102,9 @@
 //! [`Breach`] makes the soak break every invariant itself once (touch a
 //! bystander, delete a managed ConfigMap whose Widget lives, forge a second
 //! ConfigMap for one Widget, stop both replicas before a quiet point), to
-//! show each check can fail.
+//! show each check can fail; `SerialBackups` is shown to fail by
+//! `tests/tests/backup.rs` (two backup Jobs made by hand, one of them
+//! being deleted, then its Pod alone), which calls [`backup_slot_holders`].
 //!
 //! The soak disturbs the whole cluster: only a test binary of its own may
 //! run it (`tests/chaos.rs`), or `tests/chaos-soak.sh`.
@@ -356,6 +363,9 @@ pub enum Invariant {
     /// Features mode: a rollout not rolled back when asked, promoted, or
     /// a primary left on the candidate after the rollback.
     Rollout,
+    /// Two backups held the `backup` plugin's single slot at once (see
+    /// [`backup_slot_holders`]).
+    SerialBackups,
 }
 
 /// One broken invariant.
@@ -1701,6 +1711,77 @@ async fn list_jobs(client: &Client, namespace: &str) -> Result<Vec<Seen>> {
         .collect())
 }
 
+/// The backup Jobs (by uid, with their names) holding the `backup`
+/// plugin's slot in `namespace` now: a Job labelled `app=cluster-backup-job`
+/// without a `Complete`, `Failed` or `FailureTarget` condition (being
+/// deleted or not), and the Job of every Pod so labelled that may still run
+/// (not `Succeeded` or `Failed`, and if being deleted, not more than a
+/// minute past its deletion's due time: the plugin takes such a Pod for
+/// lost), whether or not its Job still exists.
+///
+/// # Errors
+/// When the API server cannot be reached.
+pub async fn backup_slot_holders(
+    client: &Client,
+    namespace: &str,
+) -> Result<BTreeMap<String, String>> {
+    use k8s_openapi::api::core::v1::Pod;
+    let lp = ListParams::default().labels("app=cluster-backup-job");
+    let jobs = Api::<Job>::namespaced(client.clone(), namespace)
+        .list(&lp)
+        .await?
+        .items;
+    let pods = Api::<Pod>::namespaced(client.clone(), namespace)
+        .list(&lp)
+        .await?
+        .items;
+    let mut holders = BTreeMap::new();
+    for job in &jobs {
+        let ended = job
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    matches!(c.type_.as_str(), "Complete" | "Failed" | "FailureTarget")
+                        && c.status == "True"
+                })
+            });
+        if !ended {
+            holders.insert(
+                job.metadata.uid.clone().unwrap_or_default(),
+                format!("Job {}", job.name_any()),
+            );
+        }
+    }
+    let now = k8s_openapi::jiff::Timestamp::now();
+    for pod in &pods {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed")) {
+            continue;
+        }
+        let lost = pod.metadata.deletion_timestamp.as_ref().is_some_and(|t| {
+            t.0.checked_add(Duration::from_secs(60))
+                .is_ok_and(|due| now > due)
+        });
+        let Some(owner) = pod
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true))
+        else {
+            continue;
+        };
+        if !lost {
+            holders
+                .entry(owner.uid.clone())
+                .or_insert_with(|| format!("Job {} (its Pod {})", owner.name, pod.name_any()));
+        }
+    }
+    Ok(holders)
+}
+
 /// Everything the checks look at: the ConfigMaps of `namespaces`, and the
 /// Jobs of the first (the `backup` plugin's target namespace) when `jobs`.
 async fn list_watched(client: &Client, namespaces: &[String], jobs: bool) -> Result<Vec<Seen>> {
@@ -1992,6 +2073,26 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
         let jobs = backup_api.is_some();
         tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
+                if jobs
+                    && let Some(target) = watched.first()
+                    && let Ok(holders) = backup_slot_holders(&client, target).await
+                    && holders.len() > 1
+                {
+                    let names: Vec<String> = holders.into_values().collect();
+                    let detail = format!(
+                        "{} backups held the single backup slot at once: {}",
+                        names.len(),
+                        names.join(", ")
+                    );
+                    let mut ledger = shared.ledger.lock().unwrap();
+                    ledger.report(
+                        format!("serial {names:?}"),
+                        Invariant::SerialBackups,
+                        detail.clone(),
+                    );
+                    drop(ledger);
+                    eprintln!("chaos soak: VIOLATION SerialBackups: {detail}");
+                }
                 if let Ok(seen) = list_watched(&client, &watched, jobs).await {
                     let deleted = shared.deleted_owners.lock().unwrap().clone();
                     let found = shared

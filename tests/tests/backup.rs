@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{Event, Node, PersistentVolumeClaim, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -184,7 +184,31 @@ fn backup_settings(ns: &TestNamespace) -> Value {
         "image": "registry.invalid/etcd-backup-tools:test",
         // kwok's node; backups normally run on etcd's (master) nodes.
         "nodeSelector": {"type": "kwok"},
+        // A request whose run is gone is deleted 5 s after it was made
+        // (a minute by default).
+        "orphanGraceSeconds": 5,
     })
+}
+
+/// [`backup_settings`] with the keys of `extra` set.
+fn backup_settings_with(ns: &TestNamespace, extra: Value) -> Value {
+    let mut settings = backup_settings(ns);
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        settings[k] = v.clone();
+    }
+    settings
+}
+
+/// The operator with the backup plugin under `settings`.
+async fn start_operator_settings(ns: &TestNamespace, settings: Value) -> Result<RunningOperator> {
+    let plugin = load_plugin("backup", settings)?;
+    RunningOperator::start_with(
+        ns.client.clone(),
+        vec![ns.name.clone()],
+        vec![plugin],
+        test_config(),
+    )
+    .await
 }
 
 /// The operator with the backup plugin, its target namespace the test's.
@@ -1112,5 +1136,941 @@ async fn etcd_backups_are_reconciled_together_by_kind_calls() -> Result<()> {
     .await?;
     let different = shadow_count("different") - different_before;
     ensure!(different == 0.0, "{different} shadow comparisons differ");
+    Ok(())
+}
+
+/// A PVC no one binds (a StorageClass with no provisioner; kwok binds
+/// only `kwok-volume` claims): a Pod that mounts it is never scheduled.
+async fn create_unbound_pvc(ns: &TestNamespace, name: &str) -> Result<()> {
+    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "wasmop-test-unbound",
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    }))?;
+    ns.api::<PersistentVolumeClaim>()
+        .create(&PostParams::default(), &pvc)
+        .await?;
+    Ok(())
+}
+
+/// The backup Job the EtcdBackup `name` controls, once there is one.
+async fn job_of_backup(jobs: &Api<Job>, name: &str) -> Result<Job> {
+    wait_for(&format!("the Job of {name}"), DEFAULT_DEADLINE, || {
+        let jobs = jobs.clone();
+        async move {
+            let found = jobs
+                .list(&ListParams::default().labels("app=cluster-backup-job"))
+                .await?
+                .items
+                .into_iter()
+                .find(|j| controller_name(j).as_deref() == Some(name));
+            Ok(found)
+        }
+    })
+    .await
+}
+
+/// The Jobs of backup Jobs controlled by `name` (none, once it is gone).
+async fn jobs_of_backup(jobs: &Api<Job>, name: &str) -> Result<Vec<Job>> {
+    Ok(jobs
+        .list(&ListParams::default().labels("app=cluster-backup-job"))
+        .await?
+        .items
+        .into_iter()
+        .filter(|j| controller_name(j).as_deref() == Some(name))
+        .collect())
+}
+
+/// Waits until `name`'s condition `type_` is True and returns it.
+async fn wait_condition(
+    api: &Api<DynamicObject>,
+    name: &str,
+    type_: &str,
+    deadline: Duration,
+) -> Result<Value> {
+    wait_for(&format!("{name}: {type_}=True"), deadline, || {
+        let api = api.clone();
+        async move {
+            let b = api.get(name).await?;
+            match condition(&b, type_) {
+                Some(c) if c["status"] == "True" => Ok(Some(c.clone())),
+                _ => bail!("status: {}", b.data["status"]),
+            }
+        }
+    })
+    .await
+}
+
+/// The Events recorded about the cluster-scoped object `name` (they go to
+/// namespace `default`): (type, reason, note).
+async fn events_about(client: &Client, name: &str) -> Result<Vec<(String, String, String)>> {
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let lp = ListParams::default().fields(&format!("involvedObject.name={name}"));
+    Ok(events
+        .list(&lp)
+        .await?
+        .items
+        .into_iter()
+        .map(|e| {
+            (
+                e.type_.unwrap_or_default(),
+                e.reason.unwrap_or_default(),
+                e.message.unwrap_or_default(),
+            )
+        })
+        .collect())
+}
+
+/// Waits for an Event about `name` with this type and reason whose note
+/// contains `part`.
+async fn wait_event(
+    client: &Client,
+    name: &str,
+    type_: &str,
+    reason: &str,
+    part: &str,
+) -> Result<()> {
+    wait_for(
+        &format!("a {type_} Event {reason} about {name}"),
+        DEFAULT_DEADLINE,
+        || async move {
+            let events = events_about(client, name).await?;
+            if events
+                .iter()
+                .any(|(t, r, note)| t == type_ && r == reason && note.contains(part))
+            {
+                Ok(Some(()))
+            } else {
+                bail!("events: {events:?}")
+            }
+        },
+    )
+    .await
+}
+
+/// Item 7: a backup whose Pod is never scheduled fails after
+/// `schedulingTimeoutSeconds`, its Job is deleted, and the next backup in
+/// the queue runs. (Before: it stayed BackupPending and every later backup
+/// waited behind it for good.)
+#[tokio::test]
+async fn a_backup_whose_pod_is_never_scheduled_fails_and_the_next_one_runs() -> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let ns = TestNamespace::new("backup-unsched").await?;
+    apply_backup_crds(&ns.client).await?;
+    let objects = ClusterObjects::new(&ns.client).await?;
+    let pvc = format!("{}-pvc", ns.name);
+    create_bound_pvc(&ns, &pvc).await?;
+    let unbound = format!("{}-unbound", ns.name);
+    create_unbound_pvc(&ns, &unbound).await?;
+    let _op = start_operator_settings(
+        &ns,
+        backup_settings_with(&ns, json!({"schedulingTimeoutSeconds": 5})),
+    )
+    .await?;
+
+    let stuck = format!("{}-a", ns.name);
+    let next = format!("{}-b", ns.name);
+    create_etcd_backup(&ns.client, &objects, &stuck, &unbound).await?;
+    let jobs: Api<Job> = ns.api();
+    let job = job_of_backup(&jobs, &stuck).await?;
+    create_etcd_backup(&ns.client, &objects, &next, &pvc).await?;
+
+    let api = etcd_backups(&ns.client);
+    let failed = wait_condition(&api, &stuck, "BackupFailed", DEFAULT_DEADLINE).await?;
+    assert_eq!(failed["reason"], "PodUnschedulable", "{failed}");
+    let message = failed["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!(
+            "of Job {}/{} could not be scheduled for",
+            ns.name,
+            job.name_any()
+        )) && message.contains("(schedulingTimeoutSeconds: 5)")
+            && message.ends_with("; the Job is deleted"),
+        "{message}"
+    );
+    // Failed within the bound: the timeout plus a few seconds of work.
+    let created = job
+        .metadata
+        .creation_timestamp
+        .clone()
+        .context("creationTimestamp")?;
+    let at: Timestamp = failed["lastTransitionTime"]
+        .as_str()
+        .context("lastTransitionTime")?
+        .parse()?;
+    let took = at.duration_since(created.0);
+    assert!(
+        took.as_secs() >= 5 && took.as_secs() <= 30,
+        "failed {took:?} after its Job was created"
+    );
+    wait_for(
+        "the unschedulable backup's Job deleted",
+        DEFAULT_DEADLINE,
+        || {
+            let (jobs, stuck) = (jobs.clone(), stuck.clone());
+            async move {
+                Ok(jobs_of_backup(&jobs, &stuck)
+                    .await?
+                    .is_empty()
+                    .then_some(()))
+            }
+        },
+    )
+    .await?;
+    wait_event(
+        &ns.client,
+        &stuck,
+        "Warning",
+        "BackupFailed",
+        "could not be scheduled",
+    )
+    .await?;
+
+    // The queue moved on: the next backup ran to completion.
+    wait_condition(&api, &next, "BackupCompleted", SERIAL_DEADLINE).await?;
+    Ok(())
+}
+
+/// Deletes the test's Nodes when dropped.
+struct Nodes(Vec<String>);
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        let names = std::mem::take(&mut self.0);
+        wasmop_tests::cleanup_from_drop(move |client| async move {
+            let nodes: Api<Node> = Api::all(client);
+            for name in names {
+                let _ = nodes.delete(&name, &DeleteParams::background()).await;
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Item 7: a backup whose Pod's node goes NotReady fails at the Job's
+/// deadline (`backupDeadlineSeconds`, enforced by the Job controller, which
+/// needs no kubelet), and the next backup runs once that Pod counts as
+/// lost. (Before: only the Pod had a deadline, which the node's kubelet
+/// enforces; the backup stayed BackupPending for good.)
+#[tokio::test]
+async fn a_backup_whose_node_goes_not_ready_fails_at_its_deadline_and_the_next_one_runs()
+-> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let ns = TestNamespace::new("backup-lostnode").await?;
+    apply_backup_crds(&ns.client).await?;
+    let objects = ClusterObjects::new(&ns.client).await?;
+    let pvc = format!("{}-pvc", ns.name);
+    create_bound_pvc(&ns, &pvc).await?;
+    // Backups go to the nodes carrying this test's label only.
+    let label = "wasmop.dev/backup-test";
+    let nodes: Api<Node> = Api::all(ns.client.clone());
+    let lost = format!("{}-lost", ns.name);
+    let good = format!("{}-good", ns.name);
+    let _nodes = Nodes(vec![lost.clone(), good.clone()]);
+    let capacity = json!({"cpu": "8", "memory": "32Gi", "pods": "110"});
+    // A Node no kwok manages, reported Ready as a kubelet would.
+    let node: Node = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": lost, "labels": {label: ns.name, "type": "lost"}},
+        "status": {"capacity": capacity, "allocatable": capacity,
+                   "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                   "message": "the test stands in for the kubelet",
+                                   "lastHeartbeatTime": Timestamp::now().to_string(),
+                                   "lastTransitionTime": Timestamp::now().to_string()}]},
+    }))?;
+    nodes.create(&PostParams::default(), &node).await?;
+    let _op = start_operator_settings(
+        &ns,
+        backup_settings_with(
+            &ns,
+            json!({"nodeSelector": {label: ns.name}, "backupDeadlineSeconds": 15}),
+        ),
+    )
+    .await?;
+
+    let first = format!("{}-a", ns.name);
+    let next = format!("{}-b", ns.name);
+    create_etcd_backup(&ns.client, &objects, &first, &pvc).await?;
+    let jobs: Api<Job> = ns.api();
+    let job = job_of_backup(&jobs, &first).await?;
+    assert_eq!(
+        job.spec.as_ref().and_then(|s| s.active_deadline_seconds),
+        Some(15),
+        "the Job carries the deadline"
+    );
+    create_etcd_backup(&ns.client, &objects, &next, &pvc).await?;
+
+    // Its Pod lands on the node; then the node goes NotReady and leaves the
+    // backup nodes, and a kwok node takes its place.
+    let pods: Api<Pod> = ns.api();
+    let pod = wait_for(
+        "the first backup's Pod on the node",
+        DEFAULT_DEADLINE,
+        || {
+            let (pods, uid, lost) = (pods.clone(), job.uid().unwrap_or_default(), lost.clone());
+            async move {
+                let found = pods
+                    .list(
+                        &ListParams::default()
+                            .labels(&format!("batch.kubernetes.io/controller-uid={uid}")),
+                    )
+                    .await?
+                    .items
+                    .into_iter()
+                    .find(|p| {
+                        p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(lost.as_str())
+                    });
+                Ok(found)
+            }
+        },
+    )
+    .await?;
+    nodes
+        .patch_status(
+            &lost,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"status": {"conditions": [{"type": "Ready", "status": "False",
+                "reason": "KubeletNotReady", "message": "the test took the node away",
+                "lastHeartbeatTime": Timestamp::now().to_string(),
+                "lastTransitionTime": Timestamp::now().to_string()}]}}),
+            ),
+        )
+        .await?;
+    nodes
+        .patch(
+            &lost,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {label: null}}})),
+        )
+        .await?;
+    let kwok: Node = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": good, "annotations": {"kwok.x-k8s.io/node": "fake"},
+                     "labels": {label: ns.name, "type": "kwok-test"}},
+        "status": {"capacity": capacity, "allocatable": capacity},
+    }))?;
+    nodes.create(&PostParams::default(), &kwok).await?;
+
+    // The deadline fails the first backup.
+    let api = etcd_backups(&ns.client);
+    let failed = wait_condition(&api, &first, "BackupFailed", DEFAULT_DEADLINE).await?;
+    let message = failed["message"].as_str().unwrap_or_default();
+    assert!(message.contains("DeadlineExceeded"), "{message}");
+    let phase = pods
+        .get_opt(&pod.name_any())
+        .await?
+        .and_then(|p| p.status.and_then(|s| s.phase))
+        .unwrap_or_default();
+    assert_ne!(phase, "Succeeded", "the Pod on the lost node never ran");
+
+    // The next one runs once that Pod counts as lost (its deletion a minute
+    // overdue), on the kwok node.
+    wait_condition(&api, &next, "BackupCompleted", SERIAL_DEADLINE).await?;
+    let next_job = job_of_backup(&jobs, &next).await?;
+    let next_pods = pods
+        .list(&ListParams::default().labels(&format!(
+            "batch.kubernetes.io/controller-uid={}",
+            next_job.uid().unwrap_or_default()
+        )))
+        .await?
+        .items;
+    assert!(
+        next_pods
+            .iter()
+            .all(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(good.as_str())),
+        "the next backup ran on the Ready node"
+    );
+    // The Pod stuck on the lost node goes with the namespace.
+    let _ = pods
+        .delete(
+            &pod.name_any(),
+            &DeleteParams {
+                grace_period_seconds: Some(0),
+                ..DeleteParams::default()
+            },
+        )
+        .await;
+    Ok(())
+}
+
+/// Item 8: a backup Job being deleted holds the slot until it is gone, and
+/// then until its Pods are gone. (Before: a Job with a deletionTimestamp no
+/// longer counted, and the next backup started beside its Pods.)
+#[tokio::test]
+async fn a_backup_job_being_deleted_holds_the_slot_until_its_pods_are_gone() -> Result<()> {
+    const HOLD: &str = "wasmop.dev/test-hold";
+    let _serial = SERIAL.lock().await;
+    let ns = TestNamespace::new("backup-deleting").await?;
+    apply_backup_crds(&ns.client).await?;
+    let objects = ClusterObjects::new(&ns.client).await?;
+    let pvc = format!("{}-pvc", ns.name);
+    create_bound_pvc(&ns, &pvc).await?;
+    let unbound = format!("{}-unbound", ns.name);
+    create_unbound_pvc(&ns, &unbound).await?;
+    let _op = start_operator(&ns).await?;
+
+    // a's Pod is never scheduled (its PVC is never bound): its Job runs on.
+    let first = format!("{}-a", ns.name);
+    let next = format!("{}-b", ns.name);
+    create_etcd_backup(&ns.client, &objects, &first, &unbound).await?;
+    let jobs: Api<Job> = ns.api();
+    let job = job_of_backup(&jobs, &first).await?;
+    let pods: Api<Pod> = ns.api();
+    let selector = format!(
+        "batch.kubernetes.io/controller-uid={}",
+        job.uid().unwrap_or_default()
+    );
+    let pod = wait_for("a's Pod", DEFAULT_DEADLINE, || {
+        let (pods, selector) = (pods.clone(), selector.clone());
+        async move {
+            Ok(pods
+                .list(&ListParams::default().labels(&selector))
+                .await?
+                .items
+                .into_iter()
+                .next())
+        }
+    })
+    .await?;
+    // Finalizers of the test's own keep the Job and then the Pod around
+    // while they are being deleted.
+    let hold = Patch::Merge(json!({"metadata": {"finalizers": [HOLD]}}));
+    jobs.patch(&job.name_any(), &PatchParams::default(), &hold)
+        .await?;
+    let pod_finalizers: Vec<String> = pod
+        .metadata
+        .finalizers
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .chain([HOLD.to_owned()])
+        .collect();
+    pods.patch(
+        &pod.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": pod_finalizers}})),
+    )
+    .await?;
+    create_etcd_backup(&ns.client, &objects, &next, &pvc).await?;
+    let api = etcd_backups(&ns.client);
+    wait_condition(&api, &next, "BackupPending", DEFAULT_DEADLINE).await?;
+
+    jobs.delete(&job.name_any(), &DeleteParams::background())
+        .await?;
+    // b waits, naming a's Job as being deleted, and has no Job.
+    let waiting_for = |part: String| {
+        let (api, jobs, next) = (api.clone(), jobs.clone(), next.clone());
+        async move {
+            wait_for(&format!("{next} waiting: {part}"), DEFAULT_DEADLINE, || {
+                let (api, jobs, next, part) =
+                    (api.clone(), jobs.clone(), next.clone(), part.clone());
+                async move {
+                    ensure!(
+                        jobs_of_backup(&jobs, &next).await?.is_empty(),
+                        "{next} started next to a's Job or Pod"
+                    );
+                    let b = api.get(&next).await?;
+                    let message = condition(&b, "BackupPending")
+                        .and_then(|c| c["message"].as_str())
+                        .unwrap_or_default()
+                        .to_owned();
+                    if message.contains(&part) {
+                        Ok(Some(()))
+                    } else {
+                        bail!("status: {}", b.data["status"])
+                    }
+                }
+            })
+            .await
+        }
+    };
+    waiting_for(format!(
+        "(Job {}/{}, being deleted) to finish",
+        ns.name,
+        job.name_any()
+    ))
+    .await?;
+    ensure!(
+        jobs_of_backup(&jobs, &next).await?.is_empty(),
+        "b started while a's Job was being deleted"
+    );
+
+    // The Job goes; its Pod, being deleted, stays (our finalizer).
+    jobs.patch(
+        &job.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await?;
+    wait_for(
+        "a's Job gone and its Pod being deleted",
+        DEFAULT_DEADLINE,
+        || {
+            let (jobs, pods, job_name, pod_name) =
+                (jobs.clone(), pods.clone(), job.name_any(), pod.name_any());
+            async move {
+                let job_gone = jobs.get_opt(&job_name).await?.is_none();
+                let pod_deleting = pods
+                    .get_opt(&pod_name)
+                    .await?
+                    .is_some_and(|p| p.metadata.deletion_timestamp.is_some());
+                if !pod_deleting {
+                    // Nothing deleted the Pod of the gone Job yet: do as the
+                    // garbage collector will.
+                    let _ = pods.delete(&pod_name, &DeleteParams::background()).await;
+                }
+                Ok((job_gone && pod_deleting).then_some(()))
+            }
+        },
+    )
+    .await?;
+    waiting_for(format!(
+        "its Pod {}/{} has not stopped",
+        ns.name,
+        pod.name_any()
+    ))
+    .await?;
+
+    // The Pod goes: b runs.
+    let remaining: Vec<String> = pods
+        .get(&pod.name_any())
+        .await?
+        .metadata
+        .finalizers
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|f| f != HOLD)
+        .collect();
+    pods.patch(
+        &pod.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": remaining}})),
+    )
+    .await?;
+    wait_condition(&api, &next, "BackupCompleted", SERIAL_DEADLINE).await?;
+    Ok(())
+}
+
+/// A client acting as `user` (impersonated by the test's admin).
+async fn client_as(user: &str) -> Result<Client> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(wasmop_tests::kubeconfig_path())?;
+    let mut config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+    config.auth_info.impersonate = Some(user.to_owned());
+    Ok(Client::try_from(config)?)
+}
+
+/// Item 10: the shipped example's ServiceAccount may do what a scheduled
+/// run does (create an EtcdBackup owned by its Job), and a Backup whose
+/// last run failed is not `Scheduled=True` until a later run succeeds.
+#[tokio::test]
+async fn the_example_lets_runs_request_backups_and_a_failed_run_shows_on_the_backup() -> Result<()>
+{
+    let _serial = SERIAL.lock().await;
+    let ns = TestNamespace::new("backup-example").await?;
+    apply_backup_crds(&ns.client).await?;
+    let objects = ClusterObjects::new(&ns.client).await?;
+
+    // The example's ServiceAccount and RBAC, in the test's namespace, the
+    // cluster-wide ones named after it.
+    let text = std::fs::read_to_string(repo_root().join("deploy/examples/etcd-backup.yaml"))?;
+    let mut rbac = 0;
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let mut obj: Value = serde::Deserialize::deserialize(doc)?;
+        let kind = obj["kind"].as_str().unwrap_or_default().to_owned();
+        let api_version = obj["apiVersion"].as_str().unwrap_or_default().to_owned();
+        let cluster_wide = kind.starts_with("Cluster");
+        if kind != "ServiceAccount" && !api_version.starts_with("rbac.authorization.k8s.io/") {
+            continue;
+        }
+        if cluster_wide {
+            let name = format!(
+                "{}-{}",
+                ns.name,
+                obj["metadata"]["name"].as_str().unwrap_or_default()
+            );
+            obj["metadata"]["name"] = json!(name);
+            obj["metadata"]["labels"] = test_labels();
+        } else {
+            obj["metadata"]["namespace"] = json!(ns.name);
+        }
+        if kind == "ClusterRoleBinding" {
+            let role = format!(
+                "{}-{}",
+                ns.name,
+                obj["roleRef"]["name"].as_str().unwrap_or_default()
+            );
+            obj["roleRef"]["name"] = json!(role);
+        }
+        for subject in obj["subjects"].as_array_mut().into_iter().flatten() {
+            subject["namespace"] = json!(ns.name);
+        }
+        let (group, version) = api_version
+            .split_once('/')
+            .unwrap_or(("", api_version.as_str()));
+        let plural = format!("{}s", kind.to_lowercase());
+        let resource = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(group, version, &kind),
+            &plural,
+        );
+        let api: Api<DynamicObject> = if cluster_wide {
+            Api::all_with(ns.client.clone(), &resource)
+        } else {
+            Api::namespaced_with(ns.client.clone(), &ns.name, &resource)
+        };
+        let made: DynamicObject = serde_json::from_value(obj)?;
+        api.create(&PostParams::default(), &made)
+            .await
+            .with_context(|| format!("creating the example's {kind}"))?;
+        if cluster_wide {
+            objects.record(resource, &made.name_any());
+        }
+        if kind != "ServiceAccount" {
+            rbac += 1;
+        }
+    }
+    ensure!(
+        rbac > 0,
+        "the example grants its runs' ServiceAccount nothing"
+    );
+
+    // As the runs' ServiceAccount: create an EtcdBackup owned by a run's
+    // Job, as `request-backup` does (RBAC caches may take a moment).
+    let jobs: Api<Job> = ns.api();
+    let stand_in: Job = serde_json::from_value(json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "nightly-run", "labels": {"app": "cluster-backup-cronjob"}},
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "nodeSelector": {"type": "kwok"},
+            "containers": [{"name": "request", "image": "registry.invalid/etcd-backup-tools:test"}]}}},
+    }))?;
+    let run = jobs.create(&PostParams::default(), &stand_in).await?;
+    let runner = client_as(&format!("system:serviceaccount:{}:etcd-backup-sa", ns.name)).await?;
+    let requested = format!("{}-requested", ns.name);
+    wait_for("the runs' ServiceAccount may create an EtcdBackup", DEFAULT_DEADLINE, || {
+        let (runner, requested, run) = (runner.clone(), requested.clone(), run.clone());
+        async move {
+            let obj: DynamicObject = serde_json::from_value(json!({
+                "apiVersion": "operator.openshift.io/v1alpha1", "kind": "EtcdBackup",
+                "metadata": {"name": requested, "labels": test_labels(),
+                             "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": run.name_any(),
+                                                  "uid": run.uid(), "blockOwnerDeletion": true}]},
+                "spec": {"pvcName": "etcd-backup-pvc"},
+            }))?;
+            match etcd_backups(&runner).create(&PostParams::default(), &obj).await {
+                Ok(_) => Ok(Some(())),
+                Err(e) => bail!("refused: {e}"),
+            }
+        }
+    })
+    .await?;
+    objects.record(etcd_backup_resource(), &requested);
+
+    // A Backup whose run fails: Scheduled False, with a Warning Event, until
+    // a later run succeeds (its Pod mounts the PVC).
+    create_bound_pvc(&ns, "etcd-backup-pvc").await?;
+    let _op = start_operator(&ns).await?;
+    let name = format!("{}-nightly", ns.name);
+    let backup: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "config.openshift.io/v1alpha1", "kind": "Backup",
+        "metadata": {"name": name, "labels": test_labels()},
+        "spec": {"etcd": {"schedule": "0 2 * * *", "pvcName": "etcd-backup-pvc"}},
+    }))?;
+    let api = backups(&ns.client);
+    api.create(&PostParams::default(), &backup).await?;
+    objects.record(backup_resource(), &name);
+    wait_condition(&api, &name, "Scheduled", DEFAULT_DEADLINE).await?;
+    let cronjobs: Api<CronJob> = ns.api();
+    let cj = cronjobs.get(&name).await?;
+    // A run as the CronJob controller makes it: its job template, owned by
+    // the CronJob.
+    let run_of = |suffix: &str, fail: bool| -> Result<Job> {
+        let template = cj
+            .spec
+            .as_ref()
+            .map(|s| s.job_template.clone())
+            .context("a job template")?;
+        let mut spec = serde_json::to_value(template.spec.context("a job spec")?)?;
+        if fail {
+            // Never scheduled, and a deadline: the Job fails at once, as a
+            // run whose every attempt is refused fails at its backoff limit.
+            spec["activeDeadlineSeconds"] = json!(1);
+            spec["template"]["spec"]["nodeSelector"] = json!({"wasmop.dev/no-such-node": "x"});
+        }
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": format!("{name}-{suffix}"),
+                         "labels": template.metadata.and_then(|m| m.labels),
+                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "CronJob", "name": name,
+                                              "uid": cj.uid(), "controller": true, "blockOwnerDeletion": true}]},
+            "spec": spec,
+        }))?)
+    };
+    jobs.create(&PostParams::default(), &run_of("1-refused", true)?)
+        .await?;
+    let not_scheduled = wait_for(
+        "Scheduled False after the failed run",
+        DEFAULT_DEADLINE,
+        || {
+            let (api, name) = (api.clone(), name.clone());
+            async move {
+                let b = api.get(&name).await?;
+                match condition(&b, "Scheduled") {
+                    Some(c) if c["status"] == "False" => Ok(Some(c.clone())),
+                    _ => bail!("status: {}", b.data["status"]),
+                }
+            }
+        },
+    )
+    .await?;
+    assert_eq!(not_scheduled["reason"], "RunFailed", "{not_scheduled}");
+    let message = not_scheduled["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with(&format!(
+            "the last run, Job {}/{name}-1-refused, failed: DeadlineExceeded",
+            ns.name
+        )),
+        "{message}"
+    );
+    wait_event(
+        &ns.client,
+        &name,
+        "Warning",
+        "RunFailed",
+        &format!("{name}-1-refused"),
+    )
+    .await?;
+
+    jobs.create(&PostParams::default(), &run_of("2-ok", false)?)
+        .await?;
+    wait_condition(&api, &name, "Scheduled", DEFAULT_DEADLINE).await?;
+    Ok(())
+}
+
+/// Item 11, upstream's TestWrongScheduleDegradesOperator: a schedule the
+/// CRD accepts but the CronJob API refuses is reported on the Backup
+/// (`Scheduled=False`, reason `InvalidSchedule`, and a Warning Event), and
+/// fixing it schedules the backups.
+#[tokio::test]
+async fn a_schedule_the_cronjob_api_refuses_is_reported_and_recovers_when_fixed() -> Result<()> {
+    const WRONG: &str = "*/5 */0 * * *";
+    let _serial = SERIAL.lock().await;
+    let ns = TestNamespace::new("backup-wrongcron").await?;
+    apply_backup_crds(&ns.client).await?;
+    let objects = ClusterObjects::new(&ns.client).await?;
+
+    // The API server does refuse it in a CronJob.
+    let cronjobs: Api<CronJob> = ns.api();
+    let probe: CronJob = serde_json::from_value(json!({
+        "apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "probe"},
+        "spec": {"schedule": WRONG, "jobTemplate": {"spec": {"template": {"spec": {
+            "restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]}}}}},
+    }))?;
+    match cronjobs.create(&PostParams::default(), &probe).await {
+        Err(kube::Error::Api(status)) => assert!(
+            status.message.contains("spec.schedule"),
+            "{}",
+            status.message
+        ),
+        other => panic!("the CronJob API must refuse {WRONG:?}, got {other:?}"),
+    }
+
+    let _op = start_operator(&ns).await?;
+    let name = format!("{}-wrong", ns.name);
+    let backup: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "config.openshift.io/v1alpha1", "kind": "Backup",
+        "metadata": {"name": name, "labels": test_labels()},
+        "spec": {"etcd": {"schedule": WRONG, "timeZone": "Etc/UTC", "pvcName": "etcd-backup-pvc"}},
+    }))?;
+    let api = backups(&ns.client);
+    api.create(&PostParams::default(), &backup).await?;
+    objects.record(backup_resource(), &name);
+
+    let reported = wait_for(
+        "Scheduled False for the wrong schedule",
+        DEFAULT_DEADLINE,
+        || {
+            let (api, name) = (api.clone(), name.clone());
+            async move {
+                let b = api.get(&name).await?;
+                match condition(&b, "Scheduled") {
+                    Some(c) if c["status"] == "False" => Ok(Some(c.clone())),
+                    _ => bail!("status: {}", b.data["status"]),
+                }
+            }
+        },
+    )
+    .await?;
+    assert_eq!(reported["reason"], "InvalidSchedule", "{reported}");
+    let message = reported["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with(&format!(
+            "spec.etcd.schedule \"{WRONG}\" would be refused by the CronJob API: hour field"
+        )) && message.ends_with("no CronJob is made until it is fixed"),
+        "{message}"
+    );
+    wait_event(
+        &ns.client,
+        &name,
+        "Warning",
+        "InvalidSchedule",
+        "would be refused",
+    )
+    .await?;
+    assert!(
+        cronjobs.get_opt(&name).await?.is_none(),
+        "no CronJob for a wrong schedule"
+    );
+
+    // Fixed: the CronJob is made and the Backup is Scheduled.
+    api.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"etcd": {"schedule": "0 3 * * *"}}})),
+    )
+    .await?;
+    wait_condition(&api, &name, "Scheduled", DEFAULT_DEADLINE).await?;
+    let cj = cronjobs.get(&name).await?;
+    assert_eq!(cj.spec.map(|s| s.schedule).as_deref(), Some("0 3 * * *"));
+
+    // Wrong again: reported, and the CronJob keeps the schedule it had.
+    api.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"etcd": {"schedule": WRONG}}})),
+    )
+    .await?;
+    let again = wait_for("Scheduled False again", DEFAULT_DEADLINE, || {
+        let (api, name) = (api.clone(), name.clone());
+        async move {
+            let b = api.get(&name).await?;
+            match condition(&b, "Scheduled") {
+                Some(c) if c["status"] == "False" => Ok(Some(c.clone())),
+                _ => bail!("status: {}", b.data["status"]),
+            }
+        }
+    })
+    .await?;
+    assert!(
+        again["message"]
+            .as_str()
+            .unwrap_or_default()
+            .ends_with("the CronJob keeps its previous schedule until it is fixed"),
+        "{again}"
+    );
+    let cj = cronjobs.get(&name).await?;
+    assert_eq!(cj.spec.map(|s| s.schedule).as_deref(), Some("0 3 * * *"));
+    Ok(())
+}
+
+/// Item 8, the chaos soak's `SerialBackups` check
+/// (`wasmop_tests::chaos::backup_slot_holders`) against the API server: two
+/// unfinished backup Jobs are two holders; a Job being deleted still holds
+/// the slot, and so does its Pod once the Job is gone; a Job that ended
+/// holds nothing.
+#[tokio::test]
+async fn the_soak_sees_two_backups_holding_the_slot() -> Result<()> {
+    const HOLD: &str = "wasmop.dev/test-hold";
+    let _serial = SERIAL.lock().await;
+    let ns = TestNamespace::new("backup-slotcheck").await?;
+    let jobs: Api<Job> = ns.api();
+    // Jobs whose Pods are never scheduled: they run on.
+    let job = |name: &str| -> Result<Job> {
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "labels": {"app": "cluster-backup-job"}, "finalizers": [HOLD]},
+            "spec": {"template": {"metadata": {"labels": {"app": "cluster-backup-job"}},
+                "spec": {"restartPolicy": "Never", "nodeSelector": {"wasmop.dev/no-such-node": "x"},
+                    "containers": [{"name": "c", "image": "registry.invalid/etcd-backup-tools:test"}]}}},
+        }))?)
+    };
+    jobs.create(&PostParams::default(), &job("first")?).await?;
+    let holders = || async { wasmop_tests::chaos::backup_slot_holders(&ns.client, &ns.name).await };
+    ensure!(holders().await?.len() == 1, "one Job, one holder");
+    jobs.create(&PostParams::default(), &job("second")?).await?;
+    ensure!(
+        holders().await?.len() == 2,
+        "two unfinished Jobs are two holders"
+    );
+
+    // The second goes: while it is being deleted (our finalizer) it holds.
+    jobs.delete("second", &DeleteParams::background()).await?;
+    ensure!(
+        holders().await?.len() == 2,
+        "a Job being deleted still holds the slot"
+    );
+    // Its Pod, kept by a finalizer of ours, holds it once the Job is gone.
+    let pods: Api<Pod> = ns.api();
+    let pod = wait_for("the second Job's Pod", DEFAULT_DEADLINE, || {
+        let pods = pods.clone();
+        async move {
+            Ok(pods
+                .list(&ListParams::default().labels("job-name=second"))
+                .await?
+                .items
+                .into_iter()
+                .next())
+        }
+    })
+    .await?;
+    let finalizers: Vec<String> = pod
+        .metadata
+        .finalizers
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .chain([HOLD.to_owned()])
+        .collect();
+    pods.patch(
+        &pod.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": finalizers}})),
+    )
+    .await?;
+    jobs.patch(
+        "second",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await?;
+    wait_for("the second Job gone", DEFAULT_DEADLINE, || {
+        let jobs = jobs.clone();
+        async move { Ok(jobs.get_opt("second").await?.is_none().then_some(())) }
+    })
+    .await?;
+    let seen = holders().await?;
+    ensure!(
+        seen.len() == 2 && seen.values().any(|h| h.contains(&pod.name_any())),
+        "the gone Job's Pod still holds the slot: {seen:?}"
+    );
+    // Released, the Pod goes (deleted by the garbage collector or by us).
+    let _ = pods
+        .delete(&pod.name_any(), &DeleteParams::background())
+        .await;
+    pods.patch(
+        &pod.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await?;
+    wait_for("one holder again", DEFAULT_DEADLINE, || async {
+        let seen = holders().await?;
+        if seen.len() == 1 {
+            Ok(Some(()))
+        } else {
+            bail!("holders: {seen:?}")
+        }
+    })
+    .await?;
+    jobs.patch(
+        "first",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await?;
     Ok(())
 }

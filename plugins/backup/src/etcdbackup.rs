@@ -14,26 +14,38 @@
 //!    more is deleted, whatever its state, as upstream's
 //!    BackupRemovalController does: nothing else can garbage-collect a
 //!    cluster-scoped object through a namespaced owner. The delete carries
-//!    the uid and resourceVersion the snapshot showed.
+//!    the uid and resourceVersion the snapshot showed. "None exists" is
+//!    judged only once the backup is `orphanGraceSeconds` old: before, a
+//!    requesting Job the snapshot does not show may be late through the
+//!    watch, and the backup waits (`BackupPending`, reason
+//!    `AwaitingRequestingJob`), neither queued nor deleted.
 //! 1. A finished backup (`BackupCompleted`, `BackupFailed` or
 //!    `BackupSkipped` True) is never run again.
 //! 2. A backup with a Job follows it: `BackupPending` with `backupJob`
-//!    while it runs, `BackupCompleted`/`BackupFailed` when it ends.
+//!    while it runs, `BackupCompleted`/`BackupFailed` when it ends
+//!    (`FailureTarget`, the Job controller's first word of a failure,
+//!    counts). A Job's Pod unschedulable for `schedulingTimeoutSeconds`
+//!    fails the backup (reason `PodUnschedulable`) and deletes the Job; the
+//!    Job's own `activeDeadlineSeconds` (`backupDeadlineSeconds`) bounds
+//!    every other way a Pod can fail to run, a lost node included.
 //! 3. A backup waiting for its turn is queued: `BackupPending` (reason
 //!    `BackupQueued`) naming the running backup. The queue holds every
 //!    unstarted, unfinished backup, ordered by creationTimestamp then name.
-//! 4. When no backup Job is unfinished in the target namespace and no
-//!    started backup is still unconfirmed, the head of the queue starts:
+//! 4. When the slot is free ([`Cluster::running`]), the head of the queue
+//!    starts:
 //!    its PVC is checked (missing → `BackupFailed` naming it) and its Job
 //!    created.
 //!
 //! # Guarantees
 //!
 //! - At most one backup Job is unfinished at any time, as long as only
-//!   this plugin creates them: a backup starts only when every backup Job
-//!   in the target namespace has finished and no started backup's Job is
-//!   still missing from the snapshot (a Job not yet seen through the watch
-//!   still blocks through its owner's `status.backupJob`).
+//!   this plugin creates them: a backup starts only when the slot is free:
+//!   every backup Job in the target namespace has finished (one being
+//!   deleted has not), no Pod of a backup Job may still run (not ended;
+//!   being deleted and not yet [`LOST_POD_GRACE`] past its due time), and
+//!   no started backup's Job is still missing from the snapshot (a Job not
+//!   yet seen through the watch still blocks through its owner's
+//!   `status.backupJob`).
 //! - A backup's Job name is a function of its uid and is created with an
 //!   "absent" precondition: a duplicate start is refused by the API server.
 //! - Calling reconcile twice on the same snapshot yields the same plan.
@@ -41,13 +53,16 @@
 //! # Caveats
 //!
 //! Deleting an orphan whose Job still runs garbage-collects that Job (the
-//! EtcdBackup controls it), which frees the slot for the next backup.
+//! EtcdBackup controls it), which frees the slot once its Pods are gone.
+//! A Pod whose deletion its node never confirms (a node that stopped
+//! answering) is taken for lost [`LOST_POD_GRACE`] after its deletion was
+//! due: if that node still runs it, two backups may run for a while.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use serde::Deserialize;
@@ -72,10 +87,16 @@ pub const READ_BACKUP_JOBS: &str = "backup-jobs";
 pub const READ_RUNS: &str = "scheduled-runs";
 /// Read id: PersistentVolumeClaims (filtered to the target namespace).
 pub const READ_PVCS: &str = "pvcs";
+/// Read id: Pods labelled `app=cluster-backup-job` (the backup Jobs' Pods).
+pub const READ_BACKUP_PODS: &str = "backup-pods";
 
 /// How long a started backup whose Job is not in the snapshot is given
 /// before it counts as lost (the Job may only be late through the watch).
 pub const MISSING_JOB_GRACE: Duration = Duration::from_secs(60);
+/// How long after its deletion was due a backup Pod still shown stops
+/// holding the slot: its node did not confirm the deletion (a node that
+/// stopped answering), so it is taken for lost.
+pub const LOST_POD_GRACE: Duration = Duration::from_secs(60);
 
 /// Everything a reconcile sees that is the same for every EtcdBackup:
 /// typed, filtered to the target namespace, with the queue and the slot
@@ -94,6 +115,8 @@ pub struct Cluster {
     pub runs: Vec<Job>,
     /// PVCs in the target namespace.
     pub pvcs: Vec<PersistentVolumeClaim>,
+    /// Pods of backup Jobs in the target namespace.
+    pub pods: Vec<Pod>,
     /// Place in the queue by uid (see [`Cluster::queue`]).
     queue_pos: HashMap<String, usize>,
     /// Name of the backup at the head of the queue.
@@ -112,6 +135,7 @@ impl Cluster {
         backup_jobs: Vec<Job>,
         runs: Vec<Job>,
         pvcs: Vec<PersistentVolumeClaim>,
+        pods: Vec<Pod>,
     ) -> Cluster {
         let mut cluster = Cluster {
             settings,
@@ -120,6 +144,7 @@ impl Cluster {
             backup_jobs,
             runs,
             pvcs,
+            pods,
             queue_pos: HashMap::new(),
             queue_head: None,
             running: None,
@@ -139,9 +164,14 @@ impl Cluster {
         cluster
     }
 
-    /// The requesting Job of `b` when `b` was requested by Jobs (a
-    /// scheduled run) none of which exists any more: `(name, uid)`.
-    fn gone_requester<'b>(&self, b: &'b EtcdBackup) -> Option<(&'b str, &'b str)> {
+    /// Whether the Jobs that requested `b` (a scheduled run) are seen.
+    ///
+    /// A backup requested by Jobs none of which the snapshot shows is
+    /// [`Requester::Unconfirmed`] until it is `orphanGraceSeconds` old, and
+    /// [`Requester::Gone`] after: a run's Job exists before the run creates
+    /// its EtcdBackup, so a Job not shown that long after is gone, not late
+    /// through the watch.
+    fn requester<'b>(&self, b: &'b EtcdBackup) -> Requester<'b> {
         let requesters = b.requesting_jobs();
         let alive = |uid: &str| {
             self.runs
@@ -149,32 +179,48 @@ impl Cluster {
                 .any(|j| j.metadata.uid.as_deref() == Some(uid))
         };
         if requesters.iter().any(|(_, uid)| alive(uid)) {
-            None
-        } else {
-            requesters.first().copied()
+            return Requester::Seen;
+        }
+        let Some(&(name, uid)) = requesters.first() else {
+            return Requester::Seen;
+        };
+        let grace = Duration::from_secs(u64::from(self.settings.orphan_grace_seconds));
+        let created = b
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or(self.now, |t| t.0);
+        let age = Duration::try_from(self.now.duration_since(created)).unwrap_or_default();
+        match grace.checked_sub(age) {
+            Some(wait) if !wait.is_zero() => Requester::Unconfirmed { name, wait },
+            _ => Requester::Gone { name, uid },
         }
     }
 
-    /// What occupies the single backup slot, if anything: a backup Job in
-    /// the target namespace that has not finished, or a started, unfinished
-    /// backup whose Job the snapshot does not show yet.
-    pub fn running(&self) -> Option<&Running> {
-        self.running.as_ref()
+    /// Whether `pod` no longer runs: it ended, or its deletion is overdue
+    /// by [`LOST_POD_GRACE`] (its node does not answer). `None` while it
+    /// may run, with when it will count as lost if it is being deleted.
+    fn pod_stopped(&self, pod: &Pod) -> Result<(), Option<Timestamp>> {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed")) {
+            return Ok(());
+        }
+        let Some(deleted) = &pod.metadata.deletion_timestamp else {
+            return Err(None);
+        };
+        let lost_at = deleted.0.checked_add(LOST_POD_GRACE).unwrap_or(deleted.0);
+        if self.now >= lost_at {
+            Ok(())
+        } else {
+            Err(Some(lost_at))
+        }
     }
 
-    fn compute_running(&self) -> Option<Running> {
-        if let Some(job) = self
-            .backup_jobs
-            .iter()
-            .find(|j| finish(j).is_none() && j.metadata.deletion_timestamp.is_none())
-        {
-            let job_name = job.metadata.name.clone().unwrap_or_default();
-            let owner = job
-                .metadata
-                .owner_references
-                .iter()
-                .flatten()
-                .find(|o| o.controller == Some(true))
+    /// The name of the backup a Job belongs to: its controller's, else its
+    /// `backup-name` label, else the backup whose status names it.
+    fn backup_of_job(&self, job_name: &str, job: Option<&Job>) -> String {
+        job.and_then(|job| {
+            controller_of(&job.metadata)
                 .map(|o| o.name.clone())
                 .or_else(|| {
                     job.metadata
@@ -182,10 +228,64 @@ impl Cluster {
                         .as_ref()
                         .and_then(|l| l.get(crate::api::BACKUP_NAME_LABEL).cloned())
                 })
-                .unwrap_or_else(|| job_name.clone());
+        })
+        .or_else(|| {
+            self.backups
+                .iter()
+                .find(|b| {
+                    b.backup_job.as_ref().is_some_and(|r| {
+                        r.name == job_name && r.namespace == self.settings.target_namespace
+                    })
+                })
+                .map(|b| b.name().to_owned())
+        })
+        .unwrap_or_else(|| job_name.to_owned())
+    }
+
+    /// What occupies the single backup slot, if anything: a backup Job in
+    /// the target namespace that has not finished (also one being deleted),
+    /// a Pod of a backup Job that may still run (whatever became of its
+    /// Job), or a started, unfinished backup whose Job the snapshot does
+    /// not show yet.
+    pub fn running(&self) -> Option<&Running> {
+        self.running.as_ref()
+    }
+
+    fn compute_running(&self) -> Option<Running> {
+        // An unfinished backup Job, also one being deleted: its Pods may
+        // still run.
+        if let Some(job) = self.backup_jobs.iter().find(|j| finish(j).is_none()) {
+            let job_name = job.metadata.name.clone().unwrap_or_default();
             return Some(Running {
-                backup: owner,
+                backup: self.backup_of_job(&job_name, Some(job)),
                 job: job_name,
+                deleting: job.metadata.deletion_timestamp.is_some(),
+                pod: None,
+                until: None,
+            });
+        }
+        // A Pod of a backup Job that may still run, whatever became of its
+        // Job (finished, being deleted, gone): until it stops, or until its
+        // deletion is overdue.
+        if let Some((pod, until)) = self
+            .pods
+            .iter()
+            .filter_map(|p| self.pod_stopped(p).err().map(|until| (p, until)))
+            .min_by_key(|(p, _)| p.metadata.name.clone())
+        {
+            let job_ref = controller_of(&pod.metadata);
+            let job_name = job_ref.map(|o| o.name.clone()).unwrap_or_default();
+            let job = job_ref.and_then(|o| {
+                self.backup_jobs
+                    .iter()
+                    .find(|j| j.metadata.uid.as_deref() == Some(o.uid.as_str()))
+            });
+            return Some(Running {
+                backup: self.backup_of_job(&job_name, job),
+                deleting: job.is_none_or(|j| j.metadata.deletion_timestamp.is_some()),
+                job: job_name,
+                pod: pod.metadata.name.clone(),
+                until,
             });
         }
         let seen: HashSet<(&str, &str)> = self
@@ -204,15 +304,34 @@ impl Cluster {
             .find_map(|b| {
                 let r = b.backup_job.as_ref()?;
                 let shown = seen.contains(&(r.namespace.as_str(), r.name.as_str()));
+                // Its own reconcile declares the Job lost when the grace is
+                // up; nothing else may wake the queue then (a status write
+                // does not), so the waiting backups look again at that time.
+                let lost_at = self
+                    .pending_since(b)
+                    .checked_add(MISSING_JOB_GRACE)
+                    .unwrap_or(self.now);
                 (r.namespace == self.settings.target_namespace && !shown).then(|| Running {
                     backup: b.name().to_owned(),
                     job: r.name.clone(),
+                    deleting: false,
+                    pod: None,
+                    until: Some(lost_at),
                 })
             })
     }
 
+    /// When `b`'s `BackupPending` last turned True (its start, for a started
+    /// backup), else now.
+    fn pending_since(&self, b: &EtcdBackup) -> Timestamp {
+        find_condition(&b.conditions, BACKUP_PENDING)
+            .filter(|c| c.status == "True")
+            .map_or(self.now, |c| c.last_transition_time.0)
+    }
+
     /// The queue of backups waiting to start, in order: unfinished, not
-    /// deleted, not started, not orphaned; by creationTimestamp, then name.
+    /// deleted, not started, their requesting Jobs (if any) seen; by
+    /// creationTimestamp, then name.
     pub fn queue(&self) -> Vec<&EtcdBackup> {
         // The uids of the backups a backup Job in the snapshot belongs to.
         let with_job: HashSet<&str> = self
@@ -230,7 +349,7 @@ impl Cluster {
                     && !b.deleting()
                     && b.backup_job.is_none()
                     && !with_job.contains(b.uid())
-                    && self.gone_requester(b).is_none()
+                    && matches!(self.requester(b), Requester::Seen)
             })
             .collect();
         waiting.sort_by(|a, b| a.queue_key().cmp(&b.queue_key()));
@@ -281,6 +400,7 @@ fn cluster_of(snapshot: &Snapshot, backups: Vec<EtcdBackup>) -> Result<Cluster, 
         related_in(snapshot, READ_BACKUP_JOBS, &ns)?,
         related_in(snapshot, READ_RUNS, &ns)?,
         related_in(snapshot, READ_PVCS, &ns)?,
+        related_in(snapshot, READ_BACKUP_PODS, &ns)?,
     ))
 }
 
@@ -308,6 +428,36 @@ pub struct Running {
     pub backup: String,
     /// Name of the Job.
     pub job: String,
+    /// The Job is being deleted, or is gone.
+    pub deleting: bool,
+    /// The Pod that holds the slot when its Job no longer does.
+    pub pod: Option<String>,
+    /// When the holder stops holding if nothing else changes: a Pod being
+    /// deleted counts as lost, a started backup's missing Job is declared
+    /// lost.
+    pub until: Option<Timestamp>,
+}
+
+/// Whether the Jobs that requested a backup are seen (see
+/// [`Cluster::requester`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Requester<'b> {
+    /// Not requested by a Job, or one of its requesting Jobs is seen.
+    Seen,
+    /// None is seen, and the backup is younger than the grace.
+    Unconfirmed { name: &'b str, wait: Duration },
+    /// None is seen, and the backup is older than the grace.
+    Gone { name: &'b str, uid: &'b str },
+}
+
+/// The controller ownerReference of an object.
+fn controller_of(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
 }
 
 /// How a Job ended.
@@ -320,6 +470,11 @@ pub enum Finish {
 }
 
 /// How `job` ended, or `None` while it runs.
+///
+/// `FailureTarget` counts as failed: since Kubernetes 1.31 the Job
+/// controller sets it at once (deadline exceeded, backoff limit reached)
+/// and adds `Failed` only once every Pod has terminated, which a Pod on a
+/// node that stopped answering never does.
 pub fn finish(job: &Job) -> Option<Finish> {
     let conditions = job.status.as_ref()?.conditions.as_ref()?;
     let true_condition = |type_: &str| {
@@ -330,16 +485,18 @@ pub fn finish(job: &Job) -> Option<Finish> {
     if true_condition("Complete").is_some() {
         return Some(Finish::Completed);
     }
-    true_condition("Failed").map(|c| {
-        let reason = c.reason.clone().unwrap_or_default();
-        let message = c.message.clone().unwrap_or_default();
-        Finish::Failed(match (reason.is_empty(), message.is_empty()) {
-            (true, true) => "Failed".to_owned(),
-            (false, true) => reason,
-            (true, false) => message,
-            (false, false) => format!("{reason}: {message}"),
+    true_condition("Failed")
+        .or_else(|| true_condition("FailureTarget"))
+        .map(|c| {
+            let reason = c.reason.clone().unwrap_or_default();
+            let message = c.message.clone().unwrap_or_default();
+            Finish::Failed(match (reason.is_empty(), message.is_empty()) {
+                (true, true) => "Failed".to_owned(),
+                (false, true) => reason,
+                (true, false) => message,
+                (false, false) => format!("{reason}: {message}"),
+            })
         })
-    })
 }
 
 /// What the primary does next.
@@ -353,6 +510,31 @@ pub enum Step {
         job: JobRef,
         /// Where the backup goes.
         path: String,
+        /// Its Pod is unschedulable: the time left before the scheduling
+        /// timeout.
+        recheck: Option<Duration>,
+    },
+    /// Its Job's Pod stayed unschedulable past `schedulingTimeoutSeconds`:
+    /// fail the backup and delete the Job.
+    Unschedulable {
+        /// The Job.
+        job: JobRef,
+        /// Its delete (uid and resourceVersion as seen).
+        delete: DeleteOp,
+        /// The Pod.
+        pod: String,
+        /// How long it has been unschedulable, in seconds.
+        waited: u64,
+        /// The scheduler's message.
+        why: String,
+    },
+    /// Requested by Jobs the snapshot does not show (yet): not queued
+    /// until they are seen, deleted if they are not within the grace.
+    AwaitRequester {
+        /// Name of the requesting Job.
+        requester: String,
+        /// Time left.
+        wait: Duration,
     },
     /// Its Job ended.
     Ended {
@@ -403,11 +585,26 @@ pub enum Step {
 pub fn next_step(world: &World) -> Step {
     let backup = world.backup;
     let cluster = world.cluster;
-    if let Some((requester, uid)) = cluster.gone_requester(backup) {
-        return Step::DeleteOrphan {
-            requester: requester.to_owned(),
-            requester_uid: uid.to_owned(),
-        };
+    match cluster.requester(backup) {
+        Requester::Seen => {}
+        Requester::Gone { name, uid } => {
+            return Step::DeleteOrphan {
+                requester: name.to_owned(),
+                requester_uid: uid.to_owned(),
+            };
+        }
+        // Not started yet: it waits for its run to show up. Started or
+        // finished: it goes on as usual, and is looked at again when the
+        // grace is up ([`planned`]).
+        Requester::Unconfirmed { name, wait }
+            if !backup.finished() && backup.backup_job.is_none() && world.own_jobs.is_empty() =>
+        {
+            return Step::AwaitRequester {
+                requester: name.to_owned(),
+                wait,
+            };
+        }
+        Requester::Unconfirmed { .. } => {}
     }
     if backup.finished() {
         return Step::Finished;
@@ -419,7 +616,44 @@ pub fn next_step(world: &World) -> Step {
         };
         let path = job_backup_path(job).unwrap_or_default().to_owned();
         return match finish(job) {
-            None => Step::Running { job: job_ref, path },
+            None => match unschedulable(cluster, job) {
+                Some((pod, waited, why)) => {
+                    let timeout = u64::from(cluster.settings.scheduling_timeout_seconds);
+                    if waited >= timeout {
+                        Step::Unschedulable {
+                            delete: DeleteOp {
+                                target: ObjectRef {
+                                    api_version: "batch/v1".to_owned(),
+                                    kind: "Job".to_owned(),
+                                    namespace: job_ref.namespace.clone(),
+                                    name: job_ref.name.clone(),
+                                },
+                                uid: job.metadata.uid.clone().unwrap_or_default(),
+                                resource_version: job
+                                    .metadata
+                                    .resource_version
+                                    .clone()
+                                    .unwrap_or_default(),
+                            },
+                            job: job_ref,
+                            pod,
+                            waited,
+                            why,
+                        }
+                    } else {
+                        Step::Running {
+                            job: job_ref,
+                            path,
+                            recheck: Some(Duration::from_secs(timeout - waited)),
+                        }
+                    }
+                }
+                None => Step::Running {
+                    job: job_ref,
+                    path,
+                    recheck: None,
+                },
+            },
             Some(finish) => Step::Ended {
                 job: job_ref,
                 finish,
@@ -428,9 +662,7 @@ pub fn next_step(world: &World) -> Step {
         };
     }
     if let Some(job) = &backup.backup_job {
-        let since = find_condition(&backup.conditions, BACKUP_PENDING)
-            .filter(|c| c.status == "True")
-            .map_or(cluster.now, |c| c.last_transition_time.0);
+        let since = cluster.pending_since(backup);
         let waited = cluster.now.duration_since(since);
         let waited = Duration::try_from(waited).unwrap_or_default();
         return match MISSING_JOB_GRACE.checked_sub(waited) {
@@ -466,6 +698,42 @@ pub fn next_step(world: &World) -> Step {
         return Step::PvcMissing;
     }
     Step::Start
+}
+
+/// The longest-unschedulable Pod of `job` (PodScheduled False, not being
+/// deleted): its name, for how many whole seconds, and the scheduler's
+/// message.
+fn unschedulable(cluster: &Cluster, job: &Job) -> Option<(String, u64, String)> {
+    let uid = job.metadata.uid.as_deref()?;
+    cluster
+        .pods
+        .iter()
+        .filter(|p| controller_of(&p.metadata).is_some_and(|o| o.uid == uid))
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| {
+            let c = p
+                .status
+                .as_ref()?
+                .conditions
+                .as_ref()?
+                .iter()
+                .find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
+            let since = c
+                .last_transition_time
+                .as_ref()
+                .or(p.metadata.creation_timestamp.as_ref())
+                .map_or(cluster.now, |t| t.0);
+            let waited = Duration::try_from(cluster.now.duration_since(since))
+                .unwrap_or_default()
+                .as_secs();
+            let why = c
+                .message
+                .clone()
+                .or_else(|| c.reason.clone())
+                .unwrap_or_default();
+            Some((p.metadata.name.clone().unwrap_or_default(), waited, why))
+        })
+        .max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0)))
 }
 
 /// The EtcdBackup controller's reconcile.
@@ -554,7 +822,7 @@ pub fn reconcile_kind(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
             backup,
             own_jobs: own_jobs.remove(backup.uid()).unwrap_or_default(),
         };
-        plan = plan.object(item, self::plan(&world, &next_step(&world)));
+        plan = plan.object(item, planned(&world));
     }
     Ok(plan)
 }
@@ -588,7 +856,24 @@ pub fn reconcile_one(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         backup: &cluster.backups[0],
         own_jobs: snapshot.owned_of_kind::<Job>()?,
     };
-    Ok(plan(&world, &next_step(&world)))
+    Ok(planned(&world))
+}
+
+/// The plan of the backup of `world`: the plan of its next step, looked
+/// at again when the grace for its requesting Job is up, if it is running.
+fn planned(world: &World) -> Plan {
+    let mut plan = plan(world, &next_step(world));
+    if let Requester::Unconfirmed { wait, .. } = world.cluster.requester(world.backup)
+        && plan
+            .delete
+            .iter()
+            .all(|d| d.target.kind != etcd_backup_kind().kind)
+    {
+        let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        let sooner = plan.requeue_after_ms.map_or(wait_ms, |ms| ms.min(wait_ms));
+        plan.requeue_after_ms = Some(sooner);
+    }
+    plan
 }
 
 /// The plan that carries out `step`.
@@ -607,7 +892,7 @@ pub fn plan(world: &World, step: &Step) -> Plan {
     let mut plan = Plan::new();
     match step {
         Step::Finished => {}
-        Step::Running { job, path } => {
+        Step::Running { job, path, recheck } => {
             status.backup_job = Some(job.clone());
             status.progress(
                 BACKUP_PENDING,
@@ -617,6 +902,32 @@ pub fn plan(world: &World, step: &Step) -> Plan {
                     job.namespace, job.name, backup.pvc_name
                 ),
             );
+            if let Some(after) = recheck {
+                plan = plan.requeue_after(*after);
+            }
+        }
+        Step::Unschedulable {
+            job,
+            delete,
+            pod,
+            waited,
+            why,
+        } => {
+            status.backup_job = Some(job.clone());
+            let message = format!(
+                "Pod {ns}/{pod} of Job {}/{} could not be scheduled for {waited}s (schedulingTimeoutSeconds: {}): {why}; the Job is deleted",
+                job.namespace, job.name, cluster.settings.scheduling_timeout_seconds
+            );
+            status.progress(BACKUP_FAILED, REASON_UNSCHEDULABLE, &message);
+            plan = plan.delete(delete.clone()).warning(BACKUP_FAILED, message);
+        }
+        Step::AwaitRequester { requester, wait } => {
+            let message = format!(
+                "Job {ns}/{requester}, which requested this backup, is not seen yet: the backup waits for it to show up before it is queued, and is deleted if it does not within orphanGraceSeconds ({})",
+                cluster.settings.orphan_grace_seconds
+            );
+            status.progress(BACKUP_PENDING, REASON_AWAIT_REQUESTER, &message);
+            plan = plan.requeue_after(*wait);
         }
         Step::Ended { job, finish, path } => {
             status.backup_job = Some(job.clone());
@@ -679,15 +990,30 @@ pub fn plan(world: &World, step: &Step) -> Plan {
             ahead,
         } => {
             let head = match (running, next) {
-                (Some(r), _) => format!(
-                    "waiting for backup {} (Job {ns}/{}) to finish",
-                    r.backup, r.job
-                ),
+                (Some(r), _) => match &r.pod {
+                    Some(pod) => format!(
+                        "waiting for backup {} (Job {ns}/{}{}): its Pod {ns}/{pod} has not stopped",
+                        r.backup,
+                        r.job,
+                        if r.deleting { ", being deleted" } else { "" }
+                    ),
+                    None => format!(
+                        "waiting for backup {} (Job {ns}/{}{}) to finish",
+                        r.backup,
+                        r.job,
+                        if r.deleting { ", being deleted" } else { "" }
+                    ),
+                },
                 (None, Some(next)) => format!("waiting for backup {next} to start first"),
                 (None, None) => "waiting for its turn".to_owned(),
             };
             let message = format!("{head}; {ahead} queued ahead of this one");
             status.progress(BACKUP_PENDING, REASON_QUEUED, &message);
+            if let Some(until) = running.as_ref().and_then(|r| r.until) {
+                let wait =
+                    Duration::try_from(until.duration_since(cluster.now)).unwrap_or_default();
+                plan = plan.requeue_after(wait.max(Duration::from_secs(1)));
+            }
         }
         Step::NoPvcName => {
             let message = format!(
@@ -726,6 +1052,12 @@ pub fn plan(world: &World, step: &Step) -> Plan {
 
 /// Reason of the Event recorded when an orphaned EtcdBackup is deleted.
 pub const REASON_ORPHAN_DELETED: &str = "RequestingJobDeleted";
+/// Reason of `BackupFailed` when the backup's Pod could not be scheduled
+/// within `schedulingTimeoutSeconds`.
+pub const REASON_UNSCHEDULABLE: &str = "PodUnschedulable";
+/// Reason of `BackupPending` while the Job that requested the backup is
+/// not seen yet.
+pub const REASON_AWAIT_REQUESTER: &str = "AwaitingRequestingJob";
 
 /// The delete of `backup` itself, preconditioned on the uid and
 /// resourceVersion the snapshot showed.
@@ -987,6 +1319,9 @@ mod tests {
                 .unwrap()
                 .starts_with("waiting for backup a ")
         );
+        // b looks again when a's Job is declared lost (a minute after a
+        // started): a's status write alone would not wake the queue.
+        assert_eq!(plan.requeue_after_ms, Some(59_000));
     }
 
     #[test]
@@ -1421,6 +1756,245 @@ mod tests {
         let plans = kind_plans(kind_snapshot(&[&a, &b], &[]));
         assert!(plans[0].1.is_empty());
         assert_eq!(plans[1].1.apply.len(), 1);
+    }
+
+    /// A Pod of `job` (a Job value), in `phase`, with `extra` merged into
+    /// its metadata and status.
+    fn pod_of(job: &Value, name: &str, phase: &str, extra: Value) -> Value {
+        let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": job["metadata"]["namespace"], "uid": format!("pod-{name}"),
+                         "creationTimestamp": "2025-01-01T00:05:00Z",
+                         "labels": {"app": "cluster-backup-job"},
+                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+                                              "name": job["metadata"]["name"], "uid": job["metadata"]["uid"],
+                                              "controller": true}]},
+            "spec": {"containers": []},
+            "status": {"phase": phase}});
+        for part in ["metadata", "status"] {
+            if let Some(fields) = extra.get(part).and_then(Value::as_object) {
+                for (k, v) in fields {
+                    pod[part][k] = v.clone();
+                }
+            }
+        }
+        pod
+    }
+
+    fn with_pods(mut s: SnapshotBuilder, pods: &[Value]) -> SnapshotBuilder {
+        for p in pods {
+            s = s.related(READ_BACKUP_PODS, p);
+        }
+        s
+    }
+
+    fn pending_message(plan: &Plan) -> String {
+        condition(plan, BACKUP_PENDING)["message"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    #[test]
+    fn a_job_the_job_controller_marks_failure_target_fails_its_backup_and_frees_the_slot() {
+        // Kubernetes 1.31+: FailureTarget at the deadline; Failed only once
+        // the Pods terminated, which a Pod on a lost node never does.
+        let a = started(eb("a", "2025-01-01T00:00:01Z"), "2025-01-01T00:05:00Z");
+        let b = eb("b", "2025-01-01T00:00:02Z");
+        let mut job = job_of(&a, NS, None);
+        job["status"]["conditions"] = json!([{"type": "FailureTarget", "status": "True",
+            "reason": "DeadlineExceeded", "message": "Job was active longer than specified deadline"}]);
+        let plan = plan_of(snapshot(&a, &[&a, &b], std::slice::from_ref(&job)));
+        let failed = condition(&plan, BACKUP_FAILED);
+        assert_eq!(failed["status"], "True");
+        assert!(
+            failed["message"].as_str().unwrap().ends_with(
+                "failed: DeadlineExceeded: Job was active longer than specified deadline"
+            )
+        );
+        // Its Pod, on a node that stopped answering, was deleted at the
+        // deadline and never confirmed: it holds the slot until its
+        // deletion is overdue by LOST_POD_GRACE, then the next starts.
+        let stuck = |deleted: &str| {
+            pod_of(
+                &job,
+                "a-pod",
+                "Running",
+                json!({"metadata": {"deletionTimestamp": deleted}}),
+            )
+        };
+        let plan = plan_of(with_pods(
+            snapshot(&b, &[&a, &b], std::slice::from_ref(&job)),
+            &[stuck("2025-01-01T00:09:30Z")],
+        ));
+        assert!(plan.apply.is_empty(), "the Pod may still run");
+        assert!(
+            pending_message(&plan).starts_with(&format!(
+                "waiting for backup a (Job {NS}/{}): its Pod {NS}/a-pod has not stopped",
+                backup_job_name("uid-a")
+            )),
+            "{}",
+            pending_message(&plan)
+        );
+        assert_eq!(
+            plan.requeue_after_ms,
+            Some(30_000),
+            "until it counts as lost"
+        );
+        let plan = plan_of(with_pods(
+            snapshot(&b, &[&a, &b], std::slice::from_ref(&job)),
+            &[stuck("2025-01-01T00:09:00Z")],
+        ));
+        assert_eq!(plan.apply.len(), 1, "lost for a minute: b starts");
+    }
+
+    #[test]
+    fn a_job_being_deleted_holds_the_slot_until_its_pods_are_gone() {
+        let a = started(eb("a", "2025-01-01T00:00:01Z"), "2025-01-01T00:05:00Z");
+        let b = eb("b", "2025-01-01T00:00:02Z");
+        let mut job = job_of(&a, NS, None);
+        job["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:09:59Z");
+        let plan = plan_of(snapshot(&b, &[&a, &b], std::slice::from_ref(&job)));
+        assert!(plan.apply.is_empty(), "b must not start next to a's Pods");
+        assert!(pending_message(&plan).starts_with(&format!(
+            "waiting for backup a (Job {NS}/{}, being deleted) to finish",
+            backup_job_name("uid-a")
+        )));
+
+        // The Job is gone, its Pod is not yet: still held.
+        let pod = pod_of(&job, "a-pod", "Running", json!({}));
+        let plan = plan_of(with_pods(
+            snapshot(&b, &[&a, &b], &[]),
+            std::slice::from_ref(&pod),
+        ));
+        assert!(plan.apply.is_empty());
+        assert!(pending_message(&plan).contains("being deleted): its Pod"));
+        assert_eq!(plan.requeue_after_ms, None, "nothing to wait out");
+
+        // The Pod ended (and a was failed as its Job went missing): b starts.
+        let done = pod_of(&job, "a-pod", "Succeeded", json!({}));
+        let a_failed = with_condition(a.clone(), BACKUP_FAILED, BACKUP_FAILED, NOW);
+        let plan = plan_of(with_pods(snapshot(&b, &[&a_failed, &b], &[]), &[done]));
+        assert_eq!(plan.apply.len(), 1);
+    }
+
+    #[test]
+    fn pods_of_other_namespaces_and_finished_pods_do_not_hold_the_slot() {
+        let a = with_condition(
+            eb("a", "2025-01-01T00:00:01Z"),
+            BACKUP_COMPLETED,
+            BACKUP_COMPLETED,
+            "2025-01-01T00:05:00Z",
+        );
+        let b = eb("b", "2025-01-01T00:00:02Z");
+        let job = job_of(&a, NS, Some("Complete"));
+        let elsewhere = pod_of(&job_of(&a, "other", None), "p", "Running", json!({}));
+        let failed = pod_of(&job, "q", "Failed", json!({}));
+        let plan = plan_of(with_pods(
+            snapshot(&b, &[&a, &b], &[job]),
+            &[elsewhere, failed],
+        ));
+        assert_eq!(plan.apply.len(), 1);
+    }
+
+    #[test]
+    fn an_unschedulable_pod_fails_its_backup_after_the_timeout_and_its_job_is_deleted() {
+        let a = started(eb("a", "2025-01-01T00:00:01Z"), "2025-01-01T00:05:00Z");
+        let job = job_of(&a, NS, None);
+        let pending = |since: &str| {
+            pod_of(
+                &job,
+                "a-pod",
+                "Pending",
+                json!({"status": {"conditions": [{"type": "PodScheduled", "status": "False",
+                    "reason": "Unschedulable", "lastTransitionTime": since,
+                    "message": "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector."}]}}),
+            )
+        };
+        let settings = json!({"schedulingTimeoutSeconds": 120});
+        // Unschedulable for 60 s of 120: still running, looked at again
+        // when the timeout is up.
+        let plan = plan_of(with_pods(
+            snapshot(&a, &[&a], std::slice::from_ref(&job)).settings(settings.clone()),
+            &[pending("2025-01-01T00:09:00Z")],
+        ));
+        assert!(plan.delete.is_empty());
+        assert_eq!(condition(&plan, BACKUP_PENDING)["status"], "True");
+        assert_eq!(plan.requeue_after_ms, Some(60_000));
+
+        // For 300 s: failed, with the scheduler's message, and the Job
+        // deleted with the uid and resourceVersion seen.
+        let plan = plan_of(with_pods(
+            snapshot(&a, &[&a], std::slice::from_ref(&job)).settings(settings),
+            &[pending("2025-01-01T00:05:00Z")],
+        ));
+        let failed = condition(&plan, BACKUP_FAILED);
+        assert_eq!(failed["status"], "True");
+        assert_eq!(failed["reason"], REASON_UNSCHEDULABLE);
+        assert_eq!(
+            failed["message"],
+            format!(
+                "Pod {NS}/a-pod of Job {NS}/{} could not be scheduled for 300s (schedulingTimeoutSeconds: 120): 0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector.; the Job is deleted",
+                backup_job_name("uid-a")
+            )
+        );
+        assert_eq!(condition(&plan, BACKUP_PENDING)["status"], "False");
+        assert_eq!(
+            serde_json::to_value(&plan.delete).unwrap(),
+            json!([{"target": {"apiVersion": "batch/v1", "kind": "Job", "namespace": NS,
+                               "name": backup_job_name("uid-a")},
+                    "uid": "job-uid-a", "resourceVersion": "3"}])
+        );
+        assert_eq!(plan.events[0].reason, BACKUP_FAILED);
+
+        // A scheduled Pod is not timed out, whatever its age.
+        let scheduled = pod_of(
+            &job,
+            "a-pod",
+            "Pending",
+            json!({"status": {"conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2025-01-01T00:05:00Z"}]}}),
+        );
+        let plan = plan_of(with_pods(
+            snapshot(&a, &[&a], std::slice::from_ref(&job)),
+            &[scheduled],
+        ));
+        assert!(plan.delete.is_empty());
+        assert_eq!(plan.requeue_after_ms, None);
+    }
+
+    #[test]
+    fn a_fresh_request_whose_requesting_job_is_not_seen_waits_before_it_is_deleted() {
+        // Created 20 s ago by a run the snapshot does not show (yet).
+        let fresh = requested_by(eb("a", "2025-01-01T00:09:40Z"), "daily-1", "late-uid");
+        let b = eb("b", "2025-01-01T00:09:50Z");
+        let plan = plan_of(snapshot(&fresh, &[&fresh, &b], &[]));
+        assert!(plan.delete.is_empty(), "not deleted while it may be late");
+        assert!(plan.apply.is_empty(), "nor started before its run is seen");
+        let pending = condition(&plan, BACKUP_PENDING);
+        assert_eq!(pending["reason"], REASON_AWAIT_REQUESTER);
+        assert!(pending["message"].as_str().unwrap().starts_with(
+            "Job openshift-etcd/daily-1, which requested this backup, is not seen yet"
+        ));
+        assert_eq!(plan.requeue_after_ms, Some(40_000), "the rest of the grace");
+        // It does not hold up the queue meanwhile.
+        assert_eq!(plan_of(snapshot(&b, &[&fresh, &b], &[])).apply.len(), 1);
+
+        // Its run shows up: queued like any other.
+        let s = snapshot(&fresh, &[&fresh], &[]).related(READ_RUNS, run_job("daily-1", "late-uid"));
+        assert_eq!(plan_of(s).apply.len(), 1);
+
+        // Finished, its run gone a moment ago: kept until the grace is up,
+        // and looked at again then.
+        let done = with_condition(fresh.clone(), BACKUP_COMPLETED, BACKUP_COMPLETED, NOW);
+        let plan = plan_of(snapshot(&done, &[&done], &[]));
+        assert!(plan.delete.is_empty());
+        assert_eq!(plan.requeue_after_ms, Some(40_000));
+
+        // A shorter grace, passed: deleted.
+        let s = snapshot(&fresh, &[&fresh], &[]).settings(json!({"orphanGraceSeconds": 10}));
+        let plan = plan_of(s);
+        assert_eq!(plan.delete.len(), 1);
+        assert_eq!(plan.events[0].reason, REASON_ORPHAN_DELETED);
     }
 
     #[test]

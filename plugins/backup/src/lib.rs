@@ -19,6 +19,7 @@
 //! bottom of this file.
 
 pub mod api;
+pub mod cron;
 pub mod etcdbackup;
 pub mod periodic;
 pub mod settings;
@@ -26,7 +27,7 @@ pub mod workloads;
 
 use serde_json::Value;
 use wasmop_sdk::k8s_openapi::api::batch::v1::{CronJob, Job};
-use wasmop_sdk::k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use wasmop_sdk::k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use wasmop_sdk::{
     Controller, KindRef, Manifest, Plan, Plugin, Read, ReconcileError, Selector, SettingsProblem,
     Snapshot,
@@ -83,6 +84,14 @@ impl Plugin for BackupPlugin {
                 job,
                 Selector::Labels(format!("{APP_LABEL}={CRONJOB_APP}")),
             ))
+            // The backup Jobs' Pods: a Pod that may still run holds the
+            // slot whatever became of its Job, and an unschedulable one
+            // fails its backup after `schedulingTimeoutSeconds`.
+            .reads(Read::new(
+                etcdbackup::READ_BACKUP_PODS,
+                KindRef::of::<Pod>(),
+                Selector::Labels(format!("{APP_LABEL}={BACKUP_JOB_APP}")),
+            ))
             // A PVC named by spec.pvcName in a namespace that is a setting
             // cannot be selected by a field reference of a cluster-scoped
             // primary; the plugin picks it out of every PVC it sees.
@@ -91,8 +100,15 @@ impl Plugin for BackupPlugin {
                 KindRef::of::<PersistentVolumeClaim>(),
                 Selector::ClusterWide,
             ));
-        let backups =
-            Controller::new(BACKUP_CONTROLLER, backup_kind()).owns(KindRef::of::<CronJob>());
+        // The scheduled runs' Jobs: a Backup whose last run failed is not
+        // `Scheduled=True`.
+        let backups = Controller::new(BACKUP_CONTROLLER, backup_kind())
+            .owns(KindRef::of::<CronJob>())
+            .reads(Read::new(
+                periodic::READ_RUNS,
+                KindRef::of::<Job>(),
+                Selector::Labels(format!("{APP_LABEL}={CRONJOB_APP}")),
+            ));
         Manifest::new(env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION"))
             .controller(write_namespaces(etcd_backups))
             .controller(write_namespaces(backups))
@@ -149,6 +165,10 @@ mod tests {
                     "scheduled-runs",
                     &Selector::Labels("app=cluster-backup-cronjob".into())
                 ),
+                (
+                    "backup-pods",
+                    &Selector::Labels("app=cluster-backup-job".into())
+                ),
                 ("pvcs", &Selector::ClusterWide),
             ]
         );
@@ -156,6 +176,18 @@ mod tests {
         assert_eq!(b.primary.api_version(), "config.openshift.io/v1alpha1");
         assert!(!b.primary.namespaced);
         assert_eq!(b.owns, [OwnedKind::reference(KindRef::of::<CronJob>())]);
+        let reads: Vec<(&str, &Selector)> = b
+            .reads
+            .iter()
+            .map(|r| (r.id.as_str(), &r.selector))
+            .collect();
+        assert_eq!(
+            reads,
+            [(
+                "scheduled-runs",
+                &Selector::Labels("app=cluster-backup-cronjob".into())
+            )]
+        );
         for c in &m.controllers {
             assert_eq!(
                 c.write_namespaces,

@@ -13,16 +13,37 @@
 //!   deleting the Backup garbage-collects it.
 //! - Without a schedule or a PVC there is no CronJob (an existing one is
 //!   deleted), and the `Scheduled` condition says why.
+//! - A schedule the CronJob API would refuse ([`crate::cron`]) is not
+//!   applied: `Scheduled=False` (reason `InvalidSchedule`) with a Warning
+//!   Event, and the CronJob already there keeps its previous schedule;
+//!   fixing the schedule applies it and sets `Scheduled=True` again.
+//! - `Scheduled` is True only while the CronJob's last finished run (a Job
+//!   of the `scheduled-runs` read controlled by the CronJob) did not fail:
+//!   after a failed run (e.g. one whose ServiceAccount may not create
+//!   EtcdBackups) it is False (reason `RunFailed`, naming the Job and why)
+//!   with a Warning Event, until a later run succeeds.
 
-use k8s_openapi::api::batch::v1::CronJob;
+use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use serde::Deserialize;
 use serde_json::json;
 use wasmop_sdk::conditions::{conditions_of, set_condition};
 use wasmop_sdk::{Plan, ReconcileError, Snapshot, k8s_openapi};
 
 use crate::api::{Backup, Retention, SCHEDULED};
+use crate::cron::check_schedule;
+use crate::etcdbackup::{Finish, finish};
 use crate::settings::Settings;
 use crate::workloads::{MAX_CRONJOB_NAME, backup_cronjob};
+
+/// Read id: Jobs labelled `app=cluster-backup-cronjob` (the CronJobs'
+/// runs), the same read the EtcdBackup controller declares.
+pub const READ_RUNS: &str = crate::etcdbackup::READ_RUNS;
+/// Reason of `Scheduled=False` (and of its Warning Event) for a schedule
+/// the CronJob API refuses.
+pub const REASON_INVALID_SCHEDULE: &str = "InvalidSchedule";
+/// Reason of `Scheduled=False` (and of its Warning Event) after a failed run.
+pub const REASON_RUN_FAILED: &str = "RunFailed";
 
 /// Why a Backup has no CronJob, or that it has one.
 #[derive(Clone, Debug, PartialEq)]
@@ -33,6 +54,12 @@ pub enum Schedule {
         cronjob: Box<CronJob>,
         /// The retention it applies.
         retention: Retention,
+    },
+    /// The schedule is one the CronJob API refuses: nothing is applied,
+    /// the CronJob already there (if any) stays as it is.
+    Invalid {
+        /// For a person.
+        message: String,
     },
     /// No CronJob: a reason (condition reason) and a message.
     Unscheduled {
@@ -67,6 +94,22 @@ pub fn schedule(settings: &Settings, backup: &Backup) -> Result<Schedule, Reconc
             message: format!(
                 "spec.etcd.pvcName is empty: name a PersistentVolumeClaim in namespace {} to save backups to",
                 settings.target_namespace
+            ),
+        });
+    }
+    if let Err(why) = check_schedule(&etcd.schedule) {
+        return Ok(Schedule::Invalid {
+            message: format!(
+                "spec.etcd.schedule {:?} would be refused by the CronJob API: {why}",
+                etcd.schedule
+            ),
+        });
+    }
+    if etcd.time_zone.eq_ignore_ascii_case("local") {
+        return Ok(Schedule::Invalid {
+            message: format!(
+                "spec.etcd.timeZone {:?} would be refused by the CronJob API: name an IANA time zone such as Etc/UTC",
+                etcd.time_zone
             ),
         });
     }
@@ -108,14 +151,19 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
             cronjob.metadata.namespace.clone(),
             cronjob.metadata.name.clone(),
         )),
-        Schedule::Unscheduled { .. } => None,
+        Schedule::Invalid { .. } | Schedule::Unscheduled { .. } => None,
     };
     // CronJobs of this Backup that are not the desired one (no schedule any
-    // more, or another target namespace) go.
-    for seen in snapshot.owned_of_kind::<CronJob>()? {
+    // more, or another target namespace) go; with a schedule the CronJob
+    // API refuses, the one in place stays as it is.
+    let owned = snapshot.owned_of_kind::<CronJob>()?;
+    let mut current = None;
+    for seen in &owned {
         let id = Some((seen.metadata.namespace.clone(), seen.metadata.name.clone()));
-        if id != keep {
-            plan = plan.delete_owned(&seen)?;
+        if id == keep {
+            current = seen.metadata.uid.clone();
+        } else if !matches!(desired, Schedule::Invalid { .. }) {
+            plan = plan.delete_owned(seen)?;
         }
     }
 
@@ -137,16 +185,54 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
                 cronjob.metadata.name.as_deref().unwrap_or_default(),
                 spec.map(|s| s.schedule.as_str()).unwrap_or_default(),
             );
+            let runs = runs_of(snapshot, &settings.target_namespace, current.as_deref())?;
+            match last_failure(&runs) {
+                Some((job, why)) => {
+                    let failed = format!(
+                        "the last run, Job {}/{job}, failed: {why}; {message}",
+                        settings.target_namespace
+                    );
+                    set_condition(
+                        &mut conditions,
+                        SCHEDULED,
+                        false,
+                        REASON_RUN_FAILED,
+                        &failed,
+                        generation,
+                        &now,
+                    );
+                    plan = plan.warning(REASON_RUN_FAILED, failed);
+                }
+                None => {
+                    set_condition(
+                        &mut conditions,
+                        SCHEDULED,
+                        true,
+                        "CronJobApplied",
+                        &message,
+                        generation,
+                        &now,
+                    );
+                }
+            }
+            plan = plan.apply(*cronjob);
+        }
+        Schedule::Invalid { message } => {
+            let message = if owned.is_empty() {
+                format!("{message}; no CronJob is made until it is fixed")
+            } else {
+                format!("{message}; the CronJob keeps its previous schedule until it is fixed")
+            };
             set_condition(
                 &mut conditions,
                 SCHEDULED,
-                true,
-                "CronJobApplied",
+                false,
+                REASON_INVALID_SCHEDULE,
                 &message,
                 generation,
                 &now,
             );
-            plan = plan.apply(*cronjob);
+            plan = plan.warning(REASON_INVALID_SCHEDULE, message);
         }
         Schedule::Unscheduled { reason, message } => {
             set_condition(
@@ -161,6 +247,61 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         }
     }
     Ok(plan.status(json!({"conditions": conditions})))
+}
+
+/// The runs of the CronJob with uid `cronjob` in `ns`: Jobs of the
+/// `scheduled-runs` read it controls.
+///
+/// # Errors
+///
+/// [`ReconcileError::Internal`] for a related object that is not a Job.
+fn runs_of(
+    snapshot: &Snapshot,
+    ns: &str,
+    cronjob: Option<&str>,
+) -> Result<Vec<Job>, ReconcileError> {
+    let Some(uid) = cronjob else {
+        return Ok(Vec::new());
+    };
+    let mut runs = Vec::new();
+    for o in snapshot.related(READ_RUNS) {
+        if o.pointer("/metadata/namespace").and_then(|n| n.as_str()) != Some(ns) {
+            continue;
+        }
+        let job =
+            Job::deserialize(o).map_err(|e| ReconcileError::internal(format!("run Job: {e}")))?;
+        let controlled = job
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|r| r.controller == Some(true) && r.uid == uid);
+        if controlled {
+            runs.push(job);
+        }
+    }
+    Ok(runs)
+}
+
+/// The last finished run, by creation time then name, when it failed: its
+/// name and why.
+fn last_failure(runs: &[Job]) -> Option<(String, String)> {
+    let (job, end) = runs
+        .iter()
+        .filter_map(|j| finish(j).map(|end| (j, end)))
+        .max_by(|(a, _), (b, _)| {
+            let key = |j: &Job| {
+                (
+                    j.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                    j.metadata.name.clone(),
+                )
+            };
+            key(a).cmp(&key(b))
+        })?;
+    match end {
+        Finish::Completed => None,
+        Finish::Failed(why) => Some((job.metadata.name.clone().unwrap_or_default(), why)),
+    }
 }
 
 #[cfg(test)]
@@ -308,6 +449,133 @@ mod tests {
         .unwrap();
         assert!(plan.apply.is_empty());
         assert_eq!(scheduled(&plan)["reason"], "NameTooLong");
+    }
+
+    /// A run of the CronJob `cj-openshift-etcd-<name>`, created at
+    /// `created`, ended as `end` (`Complete`, `Failed`, `FailureTarget`)
+    /// or running.
+    fn run_job(name: &str, cronjob: &str, created: &str, end: Option<&str>) -> Value {
+        let mut job = json!({"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "namespace": "openshift-etcd", "uid": format!("run-{name}"),
+                         "creationTimestamp": created,
+                         "labels": {"app": "cluster-backup-cronjob"},
+                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "CronJob", "name": cronjob,
+                                              "uid": format!("cj-openshift-etcd-{cronjob}"), "controller": true}]},
+            "spec": {"template": {"spec": {"containers": []}}}, "status": {}});
+        if let Some(end) = end {
+            job["status"]["conditions"] = json!([{"type": end, "status": "True",
+                "reason": if end == "Complete" { "" } else { "BackoffLimitExceeded" },
+                "message": if end == "Complete" { "" } else { "Job has reached the specified backoff limit" }}]);
+        }
+        job
+    }
+
+    fn nightly_with_runs(runs: &[Value]) -> Plan {
+        let mut s = of(backup(
+            "nightly",
+            json!({"schedule": "0 2 * * *", "pvcName": "backup-pvc"}),
+        ))
+        .owned(cronjob("nightly", "openshift-etcd"));
+        for r in runs {
+            s = s.related(super::READ_RUNS, r);
+        }
+        reconcile(s).unwrap()
+    }
+
+    #[test]
+    fn a_failed_last_run_makes_scheduled_false_until_a_later_run_succeeds() {
+        let ok = run_job(
+            "nightly-1",
+            "nightly",
+            "2025-01-01T02:00:00Z",
+            Some("Complete"),
+        );
+        let failed = run_job(
+            "nightly-2",
+            "nightly",
+            "2025-01-02T02:00:00Z",
+            Some("Failed"),
+        );
+        let running = run_job("nightly-3", "nightly", "2025-01-03T02:00:00Z", None);
+
+        let plan = nightly_with_runs(std::slice::from_ref(&ok));
+        assert_eq!(scheduled(&plan)["status"], "True");
+        assert!(plan.events.is_empty());
+
+        // The last finished run failed (a run in progress does not count).
+        let plan = nightly_with_runs(&[ok.clone(), failed.clone(), running.clone()]);
+        let c = scheduled(&plan);
+        assert_eq!(c["status"], "False");
+        assert_eq!(c["reason"], super::REASON_RUN_FAILED);
+        assert!(
+            c["message"].as_str().unwrap().starts_with(
+                "the last run, Job openshift-etcd/nightly-2, failed: BackoffLimitExceeded: Job has reached the specified backoff limit; CronJob openshift-etcd/nightly requests"
+            ),
+            "{c}"
+        );
+        assert_eq!(plan.events[0].reason, super::REASON_RUN_FAILED);
+        assert_eq!(plan.apply.len(), 1, "the CronJob is still applied");
+
+        // A FailureTarget (the Job controller's first word) counts too.
+        let failing = run_job(
+            "nightly-2",
+            "nightly",
+            "2025-01-02T02:00:00Z",
+            Some("FailureTarget"),
+        );
+        assert_eq!(scheduled(&nightly_with_runs(&[failing]))["status"], "False");
+
+        // A later run that succeeded: True again.
+        let later = run_job(
+            "nightly-4",
+            "nightly",
+            "2025-01-04T02:00:00Z",
+            Some("Complete"),
+        );
+        assert_eq!(
+            scheduled(&nightly_with_runs(&[ok, failed.clone(), later]))["status"],
+            "True"
+        );
+
+        // Runs of another CronJob are not this Backup's.
+        let other = run_job("weekly-1", "weekly", "2025-01-05T02:00:00Z", Some("Failed"));
+        assert_eq!(scheduled(&nightly_with_runs(&[other]))["status"], "True");
+    }
+
+    #[test]
+    fn a_schedule_the_cronjob_api_refuses_is_reported_and_the_cronjob_kept() {
+        // Upstream's TestWrongScheduleDegradesOperator schedule.
+        let wrong = backup(
+            "nightly",
+            json!({"schedule": "*/5 */0 * * *", "timeZone": "Etc/UTC", "pvcName": "backup-pvc"}),
+        );
+        let plan = reconcile(of(wrong.clone())).unwrap();
+        assert!(plan.apply.is_empty() && plan.delete.is_empty());
+        let c = scheduled(&plan);
+        assert_eq!(c["status"], "False");
+        assert_eq!(c["reason"], super::REASON_INVALID_SCHEDULE);
+        assert_eq!(
+            c["message"],
+            "spec.etcd.schedule \"*/5 */0 * * *\" would be refused by the CronJob API: hour field \"*/0\": the step of \"*/0\" must be a positive number; no CronJob is made until it is fixed"
+        );
+        assert_eq!(plan.events[0].reason, super::REASON_INVALID_SCHEDULE);
+
+        // With a CronJob in place: it is neither changed nor deleted.
+        let plan = reconcile(of(wrong).owned(cronjob("nightly", "openshift-etcd"))).unwrap();
+        assert!(plan.apply.is_empty() && plan.delete.is_empty());
+        assert!(
+            scheduled(&plan)["message"]
+                .as_str()
+                .unwrap()
+                .ends_with("the CronJob keeps its previous schedule until it is fixed")
+        );
+
+        let local = backup(
+            "nightly",
+            json!({"schedule": "0 2 * * *", "timeZone": "Local", "pvcName": "backup-pvc"}),
+        );
+        let plan = reconcile(of(local)).unwrap();
+        assert_eq!(scheduled(&plan)["reason"], super::REASON_INVALID_SCHEDULE);
     }
 
     #[test]

@@ -14,6 +14,9 @@
 //! | `serviceAccountName` | `etcd-backup-sa` | ServiceAccount of the scheduled runs (it must be allowed to create EtcdBackups) |
 //! | `nodeSelector` | `{"node-role.kubernetes.io/master": ""}` | where backup Pods run (etcd's nodes) |
 //! | `priorityClassName` | `system-node-critical` | priority of the backup Pods; empty for none |
+//! | `backupDeadlineSeconds` | 900 | a backup Job's `activeDeadlineSeconds`: the Job controller fails a backup Job that has not ended by then, whatever its Pod's state |
+//! | `schedulingTimeoutSeconds` | 300 | a backup whose Pod stays unschedulable this long fails, and its Job is deleted |
+//! | `orphanGraceSeconds` | 60 | a backup requested by a Job the operator does not see is deleted only once it is this old |
 
 use std::collections::BTreeMap;
 
@@ -36,6 +39,15 @@ pub const DEFAULT_SERVICE_ACCOUNT: &str = "etcd-backup-sa";
 pub const DEFAULT_NODE_ROLE_LABEL: &str = "node-role.kubernetes.io/master";
 /// Priority class of backup Pods unless `priorityClassName` says otherwise.
 pub const DEFAULT_PRIORITY_CLASS: &str = "system-node-critical";
+/// A backup Job's deadline unless `backupDeadlineSeconds` says otherwise
+/// (upstream's Pod deadline).
+pub const DEFAULT_BACKUP_DEADLINE_SECONDS: u32 = 900;
+/// How long a backup Pod may stay unschedulable unless
+/// `schedulingTimeoutSeconds` says otherwise.
+pub const DEFAULT_SCHEDULING_TIMEOUT_SECONDS: u32 = 300;
+/// How old a backup whose requesting Job the operator does not see must be
+/// before it is deleted, unless `orphanGraceSeconds` says otherwise.
+pub const DEFAULT_ORPHAN_GRACE_SECONDS: u32 = 60;
 
 const KEYS: &[&str] = &[
     "targetNamespace",
@@ -46,6 +58,9 @@ const KEYS: &[&str] = &[
     "serviceAccountName",
     "nodeSelector",
     "priorityClassName",
+    "backupDeadlineSeconds",
+    "schedulingTimeoutSeconds",
+    "orphanGraceSeconds",
 ];
 
 /// The settings with every default filled in.
@@ -67,6 +82,13 @@ pub struct Settings {
     pub node_selector: BTreeMap<String, String>,
     /// Priority class of the backup Pods; empty for none.
     pub priority_class_name: String,
+    /// `activeDeadlineSeconds` of every backup Job.
+    pub backup_deadline_seconds: u32,
+    /// How long a backup Pod may stay unschedulable before its backup fails.
+    pub scheduling_timeout_seconds: u32,
+    /// How old a backup whose requesting Job is not seen must be before it
+    /// is deleted as an orphan.
+    pub orphan_grace_seconds: u32,
 }
 
 impl Default for Settings {
@@ -80,6 +102,9 @@ impl Default for Settings {
             service_account_name: DEFAULT_SERVICE_ACCOUNT.to_owned(),
             node_selector: BTreeMap::from([(DEFAULT_NODE_ROLE_LABEL.to_owned(), String::new())]),
             priority_class_name: DEFAULT_PRIORITY_CLASS.to_owned(),
+            backup_deadline_seconds: DEFAULT_BACKUP_DEADLINE_SECONDS,
+            scheduling_timeout_seconds: DEFAULT_SCHEDULING_TIMEOUT_SECONDS,
+            orphan_grace_seconds: DEFAULT_ORPHAN_GRACE_SECONDS,
         }
     }
 }
@@ -197,6 +222,27 @@ impl Settings {
                 ),
             )),
         }
+        for (key, slot) in [
+            ("backupDeadlineSeconds", &mut out.backup_deadline_seconds),
+            (
+                "schedulingTimeoutSeconds",
+                &mut out.scheduling_timeout_seconds,
+            ),
+            ("orphanGraceSeconds", &mut out.orphan_grace_seconds),
+        ] {
+            if let Some(value) = settings.get(key) {
+                match value.as_u64().and_then(|n| u32::try_from(n).ok()) {
+                    Some(n) if n >= 1 => *slot = n,
+                    _ => problems.push(SettingsProblem::new(
+                        key,
+                        format!(
+                            "`{key}` must be a whole number of seconds from 1 to {}, got {value}",
+                            u32::MAX
+                        ),
+                    )),
+                }
+            }
+        }
         if problems.is_empty() {
             Ok(out)
         } else {
@@ -302,6 +348,9 @@ mod tests {
             BTreeMap::from([("node-role.kubernetes.io/master".to_owned(), String::new())])
         );
         assert_eq!(s.priority_class_name, "system-node-critical");
+        assert_eq!(s.backup_deadline_seconds, 900);
+        assert_eq!(s.scheduling_timeout_seconds, 300);
+        assert_eq!(s.orphan_grace_seconds, 60);
     }
 
     #[test]
@@ -315,8 +364,14 @@ mod tests {
             "serviceAccountName": "runner",
             "nodeSelector": {"type": "kwok"},
             "priorityClassName": "",
+            "backupDeadlineSeconds": 60,
+            "schedulingTimeoutSeconds": 10,
+            "orphanGraceSeconds": 5,
         }))
         .unwrap();
+        assert_eq!(s.backup_deadline_seconds, 60);
+        assert_eq!(s.scheduling_timeout_seconds, 10);
+        assert_eq!(s.orphan_grace_seconds, 5);
         assert_eq!(s.target_namespace, "backups");
         assert_eq!(s.image, "registry.example/etcd-tools:1.2");
         assert_eq!(s.etcd_endpoints.len(), 2);
@@ -339,6 +394,9 @@ mod tests {
             "etcdClientSecret": 3,
             "nodeSelector": {"zone": 1},
             "priorityClassName": "Bad Class",
+            "backupDeadlineSeconds": 0,
+            "schedulingTimeoutSeconds": "5m",
+            "orphanGraceSeconds": 1.5,
         }))
         .unwrap_err();
         let paths: Vec<&str> = problems.iter().map(|p| p.path.as_str()).collect();
@@ -352,6 +410,9 @@ mod tests {
                 "etcdEndpoints.0",
                 "etcdEndpoints.1",
                 "nodeSelector.zone",
+                "backupDeadlineSeconds",
+                "schedulingTimeoutSeconds",
+                "orphanGraceSeconds",
             ]
         );
         assert!(problems[0].message.contains("Not_A_Namespace"));

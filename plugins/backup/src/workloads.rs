@@ -159,7 +159,8 @@ pub fn backup_job(settings: &Settings, backup: &EtcdBackup, path: &str) -> Job {
         volumes: Some(volumes),
         host_network: Some(true),
         restart_policy: Some("Never".into()),
-        active_deadline_seconds: Some(900),
+        // Upstream's bound, kept on the Pod (the kubelet enforces it)…
+        active_deadline_seconds: Some(i64::from(settings.backup_deadline_seconds)),
         ..placement(settings)
     };
     Job {
@@ -173,6 +174,10 @@ pub fn backup_job(settings: &Settings, backup: &EtcdBackup, path: &str) -> Job {
             ..ObjectMeta::default()
         },
         spec: Some(JobSpec {
+            // …and on the Job, which the Job controller enforces whatever
+            // the Pod's state: a Pod that is never scheduled, or whose node
+            // stopped answering, has no kubelet to end it.
+            active_deadline_seconds: Some(i64::from(settings.backup_deadline_seconds)),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(labels(&[(APP_LABEL, BACKUP_JOB_APP)])),
@@ -450,6 +455,20 @@ mod tests {
         assert_eq!(pod["hostNetwork"], true);
         assert_eq!(pod["restartPolicy"], "Never");
         assert_eq!(pod["activeDeadlineSeconds"], 900);
+        assert_eq!(
+            v["spec"]["activeDeadlineSeconds"], 900,
+            "the Job controller bounds the Job whatever its Pod's state"
+        );
+        let shorter = Settings {
+            backup_deadline_seconds: 30,
+            ..settings.clone()
+        };
+        let bounded = serde_json::to_value(backup_job(&shorter, &etcd_backup(), "/x")).unwrap();
+        assert_eq!(bounded["spec"]["activeDeadlineSeconds"], 30);
+        assert_eq!(
+            bounded["spec"]["template"]["spec"]["activeDeadlineSeconds"],
+            30
+        );
         assert_eq!(pod["priorityClassName"], "system-node-critical");
         assert_eq!(
             pod["nodeSelector"],

@@ -4,7 +4,7 @@
 //! while the faults come.
 //!
 //! The examples are applied as they are, but for what a soak needs to run
-//! beside others on one cluster: Namespace objects are dropped and every
+//! beside others on one cluster: Namespace and RBAC objects are dropped and every
 //! namespaced object goes to the zoo's namespace (the `etcd-backup.yaml`
 //! ones to the `backup` plugin's target namespace, where its Jobs run);
 //! the cluster-scoped EtcdBackup and Backup get the zoo's name as a prefix
@@ -208,7 +208,15 @@ impl Zoo {
                 .replace(EXAMPLE_BUCKET, &bucket);
             for doc in serde_yaml::Deserializer::from_str(&text) {
                 let mut obj: Value = serde::Deserialize::deserialize(doc)?;
-                if obj.is_null() || obj["kind"] == "Namespace" {
+                // RBAC (the scheduled runs' grants in etcd-backup.yaml) is
+                // left out: the zoo's Backup runs nightly, never within a
+                // soak, and cluster-wide grants would outlive the soak.
+                if obj.is_null()
+                    || obj["kind"] == "Namespace"
+                    || obj["apiVersion"]
+                        .as_str()
+                        .is_some_and(|v| v.starts_with("rbac.authorization.k8s.io/"))
+                {
                     continue;
                 }
                 let kind = obj["kind"].as_str().unwrap_or_default().to_owned();
