@@ -194,13 +194,15 @@ for dir in tests/plugins/*/; do
   else
     continue
   fi
-  digest="$(cat wit/reconciler.wit "$sdk" "${pins[@]}" $(find "$dir" -type f -name "*.${sdk##*.}" | sort) |
+  digest="$(cat wit/reconciler.wit "$sdk" "${pins[@]}" $(find -L "$dir" -type f -name "*.${sdk##*.}" | sort) |
     sha256sum | cut -c1-32)"
   cached="$components_cache/$name-$digest.wasm"
   if [[ ! -f "$cached" ]]; then
     echo "building $name ($dir, $lang)" >&2
     stage="$(mktemp -d)"
-    cp -r "$dir"/. "$stage/"
+    # -L: a file may be a link to another plugin's (good-v2-js is good-js
+    # with its own version.js).
+    cp -rL "$dir"/. "$stage/"
     cp "$sdk" "$stage/"
     mkdir -p "$components_cache"
     if [[ $lang == js ]]; then

@@ -2,6 +2,9 @@
 // JavaScript, with the same manifest (name `good`, version 0.1.0) and the
 // same plans, so good's golden plans and live tests run against it too.
 //
+// `good-v2-js` is this file (a link) with the version.js of `good-v2`:
+// version 0.2.0, label v2.
+//
 // For each Widget it applies ConfigMap `<name>-cm` holding
 // `data.value = spec.value` (default "") labelled
 // `test.wasmop.dev/version: v1` (or the `label` setting), and sets status
@@ -17,13 +20,14 @@ import {
   setCondition,
   settings,
 } from './wasmop.js';
+import { LABEL, VERSION } from './version.js';
 
 const GROUP = 'test.wasmop.dev';
 const VERSION_LABEL = 'test.wasmop.dev/version';
 
 const good = {
   manifest() {
-    return new Manifest('good', '0.1.0').controller(
+    return new Manifest('good', VERSION).controller(
       new Controller('widget', KindRef.namespaced(GROUP, 'v1', 'Widget', 'widgets')).owns(KindRef.configMap()),
     );
   },
@@ -42,7 +46,7 @@ const good = {
     if (typeof value !== 'string') {
       throw ReconcileError.invalidSpec(`Widget ${snapshot.primaryName()}: spec.value must be a string`);
     }
-    const label = snapshot.settings.label ?? 'v1';
+    const label = snapshot.settings.label ?? LABEL;
     const name = `${snapshot.primaryName()}-cm`;
     const conditions = conditionsOf(snapshot.primary);
     setCondition(

@@ -1,6 +1,7 @@
 """Test plugin ``good-py``: the Rust ``good`` (tests/plugins/good) in Python,
 with the same manifest (name ``good``, version 0.1.0) and the same plans, so
-good's golden plans and live tests run against it too.
+good's golden plans and live tests run against it too. ``good-v2-py`` is
+this file (a link) with the version.py of ``good-v2``: version 0.2.0, label v2.
 
 For each Widget it applies ConfigMap ``<name>-cm`` holding
 ``data.value = spec.value`` (default "") labelled
@@ -9,6 +10,7 @@ For each Widget it applies ConfigMap ``<name>-cm`` holding
 """
 
 import wasmop
+from version import LABEL, VERSION
 from wasmop import Controller, KindRef, Manifest, Plan, ReconcileError, settings
 
 GROUP = "test.wasmop.dev"
@@ -17,7 +19,7 @@ VERSION_LABEL = "test.wasmop.dev/version"
 
 class Good:
     def manifest(self):
-        return Manifest("good", "0.1.0").controller(
+        return Manifest("good", VERSION).controller(
             Controller("widget", KindRef.namespaced(GROUP, "v1", "Widget", "widgets")).owns(KindRef.config_map())
         )
 
@@ -34,7 +36,7 @@ class Good:
             raise ReconcileError.invalid_spec(f"Widget {snapshot.primary_name()}: spec.value must be a string")
         label = snapshot.settings.get("label")
         if label is None:
-            label = "v1"
+            label = LABEL
         name = f"{snapshot.primary_name()}-cm"
         conditions = wasmop.conditions_of(snapshot.primary)
         wasmop.set_condition(
