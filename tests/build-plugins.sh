@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds every plugin crate (plugins/*, except the SDK, and tests/plugins/*)
 # into a WebAssembly component and copies each to OUT/<crate-name>.wasm,
-# and every JavaScript or Python test plugin (tests/plugins/*/plugin.js or
+# and every JavaScript or Python test plugin (tests/polyglot/*/plugin.js or
 # plugin.py) to OUT/<directory-name>.wasm.
 #
 # usage: tests/build-plugins.sh [OUT]
@@ -174,8 +174,8 @@ for dir in plugins/*/ tests/plugins/*/; do
   built+=("$name")
 done
 
-# Plugins in JavaScript and Python (tests/plugins/*/plugin.js,
-# tests/plugins/*/plugin.py): built by componentize-js and componentize-py,
+# Plugins in JavaScript and Python (tests/polyglot/*/plugin.js,
+# tests/polyglot/*/plugin.py): built by componentize-js and componentize-py,
 # installed into the cache by tests/toolchains.sh, against the same WIT
 # world. Each is built from a staging directory holding the plugin's files
 # and its SDK module (plugins/sdk-js/wasmop.js, plugins/sdk-python/wasmop.py;
@@ -184,7 +184,7 @@ done
 # an unchanged plugin is copied, not built again (a build takes 10-20 s).
 . "$root/tests/toolchains.sh"
 components_cache="$cache/components"
-for dir in tests/plugins/*/; do
+for dir in tests/polyglot/*/; do
   dir="${dir%/}"
   name="$(basename "$dir")"
   if [[ -f "$dir/plugin.js" ]]; then

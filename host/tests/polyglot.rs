@@ -19,6 +19,8 @@ use wasmop::{
 
 /// The ports of `good`, by language.
 const GOOD_PORTS: [&str; 2] = ["good-js", "good-py"];
+/// The ports of `referrer`, by language.
+const REFERRER_PORTS: [&str; 2] = ["referrer-js", "referrer-py"];
 /// The hostile plugins, by language.
 const HOSTILE: [&str; 2] = ["hostile-js", "hostile-py"];
 
@@ -79,9 +81,21 @@ fn load(name: &str, limits: Limits) -> LoadedPlugin {
 }
 
 fn reconcile(plugin: &LoadedPlugin, primary: Value) -> Result<wasmop::Plan, CallError> {
+    reconcile_with(plugin, primary, vec![])
+}
+
+/// A reconcile of `primary` with `others` in the cluster (what the
+/// controller's reads select of them is in the snapshot).
+fn reconcile_with(
+    plugin: &LoadedPlugin,
+    primary: Value,
+    others: Vec<Value>,
+) -> Result<wasmop::Plan, CallError> {
     let controller = &plugin.manifest().controllers[0];
     let primary = Arc::new(primary);
-    let source = MemorySource::new(vec![(*primary).clone()]);
+    let mut objects = others;
+    objects.push((*primary).clone());
+    let source = MemorySource::new(objects);
     let snapshot = build_snapshot(
         controller,
         primary,
@@ -171,6 +185,58 @@ fn the_ports_of_good_answer_what_good_answers() {
             .expect_err("bad settings refuse the load");
         assert!(matches!(err, LoadError::InvalidSettings { .. }), "{err}");
         assert_eq!(err.to_string(), want.to_string(), "{port}");
+    }
+}
+
+/// `referrer`'s ports: the same manifest (a read by field reference, an
+/// owned kind, a primary field, a finalizer) and the same plans, with and
+/// without the referenced ConfigMap, before and after spec.id is set, and
+/// while deleting with and without leave.
+#[test]
+fn the_ports_of_referrer_answer_what_referrer_answers() {
+    let referrer = load("referrer", Limits::default());
+    let primary = |spec: Value, deleting: bool| {
+        let mut p = json!({"apiVersion": "test.wasmop.dev/v1", "kind": "Referrer",
+            "metadata": {"name": "r", "namespace": "ns", "uid": "0123456789abcdef",
+                         "generation": 1, "finalizers": ["test.wasmop.dev/cleanup"]},
+            "spec": spec});
+        if deleting {
+            p["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:00:00Z");
+        }
+        p
+    };
+    let src = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "src", "namespace": "ns", "uid": "src-uid", "resourceVersion": "4"},
+        "data": {"k": "one", "other": "two"}});
+    let elsewhere = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "src", "namespace": "other", "uid": "x", "resourceVersion": "5"},
+        "data": {"k": "not this one"}});
+    let cases = [
+        (primary(json!({"configRef": "src"}), false), vec![]),
+        (
+            primary(json!({"configRef": "src"}), false),
+            vec![src.clone(), elsewhere.clone()],
+        ),
+        (
+            primary(json!({"configRef": "src", "id": "id-set"}), false),
+            vec![src.clone()],
+        ),
+        (primary(json!({"configRef": "src"}), true), vec![src.clone()]),
+        (
+            primary(json!({"configRef": "src", "allowCleanup": true}), true),
+            vec![src],
+        ),
+    ];
+    for port in REFERRER_PORTS {
+        let plugin = load(port, Limits::default());
+        assert_eq!(plugin.manifest(), referrer.manifest(), "{port}");
+        for (input, others) in &cases {
+            let want = reconcile_with(&referrer, input.clone(), others.clone())
+                .unwrap_or_else(|e| panic!("referrer on {input}: {e}"));
+            let got = reconcile_with(&plugin, input.clone(), others.clone())
+                .unwrap_or_else(|e| panic!("{port} on {input}: {e}"));
+            assert_eq!(want, got, "{port} on {input}");
+        }
     }
 }
 

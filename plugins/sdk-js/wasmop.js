@@ -450,7 +450,7 @@ export function planProblems(plan) {
 
 function errorOf(e) {
   if (e instanceof ReconcileError) return { tag: e.tag, val: e.message };
-  return { tag: 'internal', val: `the plugin threw: ${e instanceof Error ? e.message : String(e)}` };
+  return { tag: 'internal', val: `the plugin threw ${e instanceof Error ? `${e.name}: ${e.message}` : String(e)}` };
 }
 
 /**

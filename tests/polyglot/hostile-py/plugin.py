@@ -4,7 +4,7 @@ behaviour per ``spec.mode`` of a ``Hostile`` (test.wasmop.dev/v1):
 - ``loop``: spins forever (only the deadline ends the call);
 - ``allocate``: keeps allocating and touching 1 MiB strings (only the memory
   cap ends it);
-- ``huge-plan``: answers with ``spec.events`` (default 300000) Events, more
+- ``huge-plan``: answers with ``spec.events`` (default 70000) Events, more
   values than the host parses;
 - ``remember``: counts its calls in a module variable and answers the count
   in ``status.calls`` (1 when every call starts afresh);
@@ -45,7 +45,7 @@ class Hostile:
                 i += 1
         if mode == "huge-plan":
             plan = Plan()
-            for i in range(spec.get("events", 300000)):
+            for i in range(spec.get("events", 70000)):
                 plan.event("Flood", f"event {i}")
             return plan
         if mode == "remember":

@@ -3,7 +3,7 @@
 //   loop      spins forever (only the deadline ends the call);
 //   allocate  keeps allocating and filling 1 MiB arrays (only the memory
 //             cap ends it);
-//   huge-plan answers with `spec.events` (default 300000) Events, more
+//   huge-plan answers with `spec.events` (default 70000) Events, more
 //             values than the host parses;
 //   remember  counts its calls in a module variable and answers the count
 //             in `status.calls` (1 when every call starts afresh);
@@ -37,7 +37,7 @@ const hostile = {
         }
       case 'huge-plan': {
         const plan = new Plan();
-        const n = spec.events ?? 300000;
+        const n = spec.events ?? 70000;
         for (let i = 0; i < n; i++) plan.event('Flood', `event ${i}`);
         return plan;
       }
