@@ -80,7 +80,8 @@ fn ms(d: Duration) -> String {
 
 fn main() {
     let sandbox = Sandbox::new(SandboxConfig::default()).expect("sandbox");
-    let cache_dir = std::env::temp_dir().join(format!("wasmop-bench-polyglot-{}", std::process::id()));
+    let cache_dir =
+        std::env::temp_dir().join(format!("wasmop-bench-polyglot-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&cache_dir);
     std::fs::create_dir_all(&cache_dir).expect("cache dir");
 
@@ -119,7 +120,10 @@ fn main() {
         .collect();
     let sizes = |s: &Snapshot| {
         serde_json::to_string(&*s.primary).map_or(0, |t| t.len())
-            + s.owned.iter().map(|o| serde_json::to_string(&**o).map_or(0, |t| t.len())).sum::<usize>()
+            + s.owned
+                .iter()
+                .map(|o| serde_json::to_string(&**o).map_or(0, |t| t.len()))
+                .sum::<usize>()
     };
     eprintln!(
         "\nsnapshots: {} and {} bytes of objects",
@@ -127,10 +131,19 @@ fn main() {
         sizes(&snapshots[0].1)
     );
 
-    type Measure<'a> = (&'a str, Box<dyn Fn(&LoadedPlugin, &(Snapshot, Snapshot)) + 'a>);
+    type Measure<'a> = (
+        &'a str,
+        Box<dyn Fn(&LoadedPlugin, &(Snapshot, Snapshot)) + 'a>,
+    );
     let measures: Vec<Measure> = vec![
-        ("instantiate", Box::new(|p, _| p.bench_instantiate().expect("instantiates"))),
-        ("trivial call", Box::new(|p, _| p.bench_trivial_call().expect("calls"))),
+        (
+            "instantiate",
+            Box::new(|p, _| p.bench_instantiate().expect("instantiates")),
+        ),
+        (
+            "trivial call",
+            Box::new(|p, _| p.bench_trivial_call().expect("calls")),
+        ),
         (
             "4 KB call",
             Box::new(|p, s| {

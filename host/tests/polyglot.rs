@@ -179,10 +179,18 @@ fn the_ports_of_good_answer_what_good_answers() {
             plan.apply[0].object["metadata"]["labels"]["test.wasmop.dev/version"],
             "custom"
         );
-        let err = try_load(port, json!({"label": 7, "colour": "red"}), Limits::default())
-            .expect_err("bad settings refuse the load");
-        let want = try_load("good", json!({"label": 7, "colour": "red"}), Limits::default())
-            .expect_err("bad settings refuse the load");
+        let err = try_load(
+            port,
+            json!({"label": 7, "colour": "red"}),
+            Limits::default(),
+        )
+        .expect_err("bad settings refuse the load");
+        let want = try_load(
+            "good",
+            json!({"label": 7, "colour": "red"}),
+            Limits::default(),
+        )
+        .expect_err("bad settings refuse the load");
         assert!(matches!(err, LoadError::InvalidSettings { .. }), "{err}");
         assert_eq!(err.to_string(), want.to_string(), "{port}");
     }
@@ -221,7 +229,10 @@ fn the_ports_of_referrer_answer_what_referrer_answers() {
             primary(json!({"configRef": "src", "id": "id-set"}), false),
             vec![src.clone()],
         ),
-        (primary(json!({"configRef": "src"}), true), vec![src.clone()]),
+        (
+            primary(json!({"configRef": "src"}), true),
+            vec![src.clone()],
+        ),
         (
             primary(json!({"configRef": "src", "allowCleanup": true}), true),
             vec![src],
@@ -278,7 +289,10 @@ fn a_busy_loop_times_out_within_its_deadline_in_each_language() {
         let err = reconcile(&plugin, hostile("loop")).expect_err("times out");
         let elapsed = started.elapsed();
         assert!(matches!(err, CallError::Timeout { .. }), "{name}: {err}");
-        assert!(elapsed >= deadline, "{name}: interrupted early: {elapsed:?}");
+        assert!(
+            elapsed >= deadline,
+            "{name}: interrupted early: {elapsed:?}"
+        );
         assert!(
             elapsed < deadline + Duration::from_secs(1),
             "{name}: interrupted late: {elapsed:?}"

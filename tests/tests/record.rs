@@ -233,7 +233,9 @@ async fn a_recording_replays_equal_and_a_changed_candidate_shows_exactly_its_cha
         for d in &diffs {
             ensure!(
                 d.starts_with("apply ConfigMap ")
-                    && d.contains("-cm .metadata.labels[\"test.wasmop.dev/version\"]: \"v1\" → \"v2\""),
+                    && d.contains(
+                        "-cm .metadata.labels[\"test.wasmop.dev/version\"]: \"v1\" → \"v2\""
+                    ),
                 "{candidate}: unexpected difference {d}"
             );
         }

@@ -3,8 +3,8 @@
 //   loop      spins forever (only the deadline ends the call);
 //   allocate  keeps allocating and filling 1 MiB arrays (only the memory
 //             cap ends it);
-//   huge-plan answers with `spec.events` (default 70000) Events, more
-//             values than the host parses;
+//   huge-plan answers with a status of `spec.bytes` (default 9 MiB) of
+//             text, more than the 8 MiB the host reads of a plan;
 //   remember  counts its calls in a module variable and answers the count
 //             in `status.calls` (1 when every call starts afresh);
 //   throw     throws a TypeError (reported as the plugin's internal error);
@@ -35,12 +35,8 @@ const hostile = {
         for (let i = 0; ; i++) {
           hoard.push(new Uint8Array(1 << 20).fill((i % 255) + 1));
         }
-      case 'huge-plan': {
-        const plan = new Plan();
-        const n = spec.events ?? 70000;
-        for (let i = 0; i < n; i++) plan.event('Flood', `event ${i}`);
-        return plan;
-      }
+      case 'huge-plan':
+        return new Plan().status({ filler: 'x'.repeat(spec.bytes ?? 9 << 20) });
       case 'remember':
         hoard.push(snapshot.primaryName());
         return new Plan().status({ calls, seen: hoard });

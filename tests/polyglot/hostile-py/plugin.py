@@ -4,8 +4,8 @@ behaviour per ``spec.mode`` of a ``Hostile`` (test.wasmop.dev/v1):
 - ``loop``: spins forever (only the deadline ends the call);
 - ``allocate``: keeps allocating and touching 1 MiB strings (only the memory
   cap ends it);
-- ``huge-plan``: answers with ``spec.events`` (default 70000) Events, more
-  values than the host parses;
+- ``huge-plan``: answers with a status of ``spec.bytes`` (default 9 MiB) of
+  text, more than the 8 MiB the host reads of a plan;
 - ``remember``: counts its calls in a module variable and answers the count
   in ``status.calls`` (1 when every call starts afresh);
 - ``throw``: raises a TypeError (reported as the plugin's internal error);
@@ -44,10 +44,7 @@ class Hostile:
                 hoard.append(str(i).ljust(1 << 20, "x") + str(i))
                 i += 1
         if mode == "huge-plan":
-            plan = Plan()
-            for i in range(spec.get("events", 70000)):
-                plan.event("Flood", f"event {i}")
-            return plan
+            return Plan().status({"filler": "x" * spec.get("bytes", 9 << 20)})
         if mode == "remember":
             hoard.append(snapshot.primary_name())
             return Plan().status({"calls": calls, "seen": hoard})

@@ -294,10 +294,7 @@ wasmop run --plugins plugins &          # with your kubeconfig; the {plural}.{gr
         ("build.sh", build),
         ("wit/reconciler.wit", WIT.to_owned()),
         ("README.md", readme),
-        (
-            ".gitignore",
-            "/.venv\n/*.wasm\n__pycache__/\n".to_owned(),
-        ),
+        (".gitignore", "/.venv\n/*.wasm\n__pycache__/\n".to_owned()),
     ];
     files.extend(golden);
     files
