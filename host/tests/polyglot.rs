@@ -46,16 +46,12 @@ fn sandbox() -> Arc<Sandbox> {
         .clone()
 }
 
-fn cache() -> CompileCache {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    CompileCache::new(
-        DIR.get_or_init(|| {
-            let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("polyglot-cache");
-            std::fs::create_dir_all(&dir).expect("cache dir");
-            dir
-        })
-        .clone(),
-    )
+/// The compile cache every other test and the live operator use
+/// (`LoadOptions::default()`): these components take long to compile
+/// (seconds each in a release build, minutes in a loaded dev build), so
+/// each digest compiles once per machine.
+fn cache() -> Option<CompileCache> {
+    LoadOptions::default().cache
 }
 
 fn try_load(name: &str, settings: Value, limits: Limits) -> Result<LoadedPlugin, LoadError> {
@@ -71,7 +67,7 @@ fn try_load(name: &str, settings: Value, limits: Limits) -> Result<LoadedPlugin,
         &LoadOptions {
             settings,
             limits,
-            cache: Some(cache()),
+            cache: cache(),
         },
     )
 }
