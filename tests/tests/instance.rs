@@ -1097,8 +1097,13 @@ async fn loopback_gateway(ns: &TestNamespace, slow: Duration) -> Result<Loopback
     .await?;
     // Two ready pods of one engine Service, on loopback addresses of their
     // own (the engine query port is fixed: 3473).
+    // The gateway tests of this binary run at once in one process: each
+    // call takes addresses of its own (the process id keeps two binaries
+    // apart, the counter two calls of one).
+    static CALLS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
     let seed = u8::try_from(std::process::id() % 200).unwrap_or(7) + 20;
-    let pods = [[127, seed, 47, 2], [127, seed, 47, 3]];
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let pods = [[127, seed, 47 + call, 2], [127, seed, 47 + call, 3]];
     let mut backends = Vec::new();
     for p in pods {
         backends.push(envoy::Backend::start(p, 3473, slow).await?);
