@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 use crate::check::controllers::Sim;
 use crate::check::world::{ObjKey, View, World, key_of};
 use crate::conditions;
+use crate::execute::report::failed_status;
 use crate::execute::{RECONCILED_CONDITION, economy, prepare, reconciled_by};
 use crate::object;
 use crate::plugin::LoadedPlugin;
@@ -319,19 +320,7 @@ impl Host<'_> {
         let Some(primary) = c.world.get(key).cloned() else {
             return false;
         };
-        let mut status = primary["status"].clone();
-        if !status.is_object() {
-            status = json!({});
-        }
-        conditions::set(
-            &mut status,
-            RECONCILED_CONDITION,
-            "False",
-            reason,
-            message,
-            primary["metadata"]["generation"].as_i64(),
-            &c.world.now_text(),
-        );
+        let status = failed_status(&primary, reason, message, &c.world.now_text());
         c.world.write_status(key, status).unwrap_or(false)
     }
 

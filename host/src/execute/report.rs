@@ -121,6 +121,26 @@ pub fn cap(text: &str, max: usize) -> String {
     format!("{}… ({left} more characters left out)", &text[..end])
 }
 
+/// `primary`'s status with `Reconciled=False` for `reason` and `message`
+/// at its generation: what [`failure`] writes, and what `wasmop check`'s
+/// model writes for a failed reconcile.
+pub fn failed_status(primary: &Value, reason: &str, message: &str, now: &str) -> Value {
+    let mut status = primary["status"].clone();
+    if !status.is_object() {
+        status = json!({});
+    }
+    conditions::set(
+        &mut status,
+        RECONCILED_CONDITION,
+        "False",
+        reason,
+        message,
+        primary["metadata"]["generation"].as_i64(),
+        now,
+    );
+    status
+}
+
 /// Writes `Reconciled=False` with `reason` and `message` on `primary`
 /// (when it changed) and records a Warning Event.
 pub async fn failure(
@@ -133,19 +153,7 @@ pub async fn failure(
     now: &str,
 ) {
     let message = cap(message, MAX_CONDITION_MESSAGE);
-    let mut status = primary["status"].clone();
-    if !status.is_object() {
-        status = json!({});
-    }
-    conditions::set(
-        &mut status,
-        RECONCILED_CONDITION,
-        "False",
-        reason,
-        &message,
-        primary["metadata"]["generation"].as_i64(),
-        now,
-    );
+    let status = failed_status(primary, reason, &message, now);
     if status != primary["status"]
         && let Err(e) = writer.write_status(resource, primary, &status).await
     {
