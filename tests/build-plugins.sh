@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds every plugin crate (plugins/*, except the SDK, and tests/plugins/*)
-# into a WebAssembly component and copies each to OUT/<crate-name>.wasm.
+# into a WebAssembly component and copies each to OUT/<crate-name>.wasm,
+# and every JavaScript or Python test plugin (tests/polyglot/*/plugin.js or
+# plugin.py) to OUT/<directory-name>.wasm.
 #
 # usage: tests/build-plugins.sh [OUT]
 #   OUT defaults to $WASMOP_PLUGIN_OUT, then to <repo>/target/plugins.
@@ -169,6 +171,64 @@ for dir in plugins/*/ tests/plugins/*/; do
   else
     cp "$wasm" "$out/$name.wasm"
   fi
+  built+=("$name")
+done
+
+# Plugins in JavaScript and Python (tests/polyglot/*/plugin.js,
+# tests/polyglot/*/plugin.py): built by componentize-js and componentize-py,
+# installed into the cache by tests/toolchains.sh, against the same WIT
+# world. Each is built from a staging directory holding the plugin's files
+# and its SDK module (plugins/sdk-js/wasmop.js, plugins/sdk-python/wasmop.py;
+# componentize-js reads only the source's own directory), and the component
+# is cached by the digest of those files, the WIT and the toolchain's pins:
+# an unchanged plugin is copied, not built again (a build takes 10-20 s).
+. "$root/tests/toolchains.sh"
+components_cache="$cache/components"
+for dir in tests/polyglot/*/; do
+  dir="${dir%/}"
+  name="$(basename "$dir")"
+  if [[ -f "$dir/plugin.js" ]]; then
+    lang=js sdk=plugins/sdk-js/wasmop.js pins=(tests/toolchains/js/package-lock.json)
+  elif [[ -f "$dir/plugin.py" ]]; then
+    lang=python sdk=plugins/sdk-python/wasmop.py pins=(tests/toolchains/requirements.txt)
+  else
+    continue
+  fi
+  digest="$(cat wit/reconciler.wit "$sdk" "${pins[@]}" $(find -L "$dir" -type f -name "*.${sdk##*.}" | sort) |
+    sha256sum | cut -c1-32)"
+  cached="$components_cache/$name-$digest.wasm"
+  if [[ ! -f "$cached" ]]; then
+    echo "building $name ($dir, $lang)" >&2
+    stage="$(mktemp -d)"
+    # -L: a file may be a link to another plugin's (good-v2-js is good-js
+    # with its own version.js).
+    cp -rL "$dir"/. "$stage/"
+    cp "$sdk" "$stage/"
+    mkdir -p "$components_cache"
+    if [[ $lang == js ]]; then
+      ensure_js_toolchain
+      # Every WASI feature off: the component imports only the contract
+      # (no clock, random source, stdio or HTTP), like a Rust plugin built
+      # without WASI. No weval ahead-of-time compilation (it downloads a
+      # binary).
+      (cd "$stage" && "$js_toolchain/node_modules/.bin/componentize-js" plugin.js \
+        --wit "$root/wit/reconciler.wit" --world-name plugin \
+        --disable stdio random clocks http fetch-event \
+        -o "$cached.tmp.$$") >&2
+    else
+      ensure_py_toolchain
+      "$py_toolchain/bin/componentize-py" -d "$root/wit/reconciler.wit" -w plugin \
+        componentize -p "$stage" plugin -o "$cached.tmp.$$" >&2
+    fi
+    rm -rf "$stage"
+    magic="$(head -c 8 "$cached.tmp.$$" | od -An -tx1 | tr -d ' \n')"
+    if [[ "$magic" != "$component_magic" ]]; then
+      echo "error: $name built by $lang is not a WebAssembly component (header $magic)" >&2
+      exit 1
+    fi
+    mv "$cached.tmp.$$" "$cached"
+  fi
+  cp "$cached" "$out/$name.wasm"
   built+=("$name")
 done
 

@@ -3,7 +3,10 @@
 # plugin crate into a temporary directory (not under this workspace), with
 # the SDK as a path dependency on this checkout; it is built to a wasm
 # component and `wasmop plan` on its golden fixture must print exactly the
-# expected plan the scaffold ships. Run by tests/run.sh.
+# expected plan the scaffold ships. The same for `wasmop new --lang js` and
+# `--lang python`, each built by the build command its scaffold gives
+# (`npm run build`, `sh build.sh`) with the toolchain tests/toolchains.sh
+# installs into the cache. Run by tests/run.sh.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . tests/cluster/lib.sh
@@ -43,3 +46,26 @@ imports="$(tr -d '\n ' <<<"$inspection" | grep -o '"imports":\[[^]]*\]')" \
 diff -u "$work/scaffolded-demo/fixtures/example.plan.json" "$work/plan.json" \
   || fail "the scaffolded plugin's plan differs from its expected plan"
 echo "[scaffold-check] ok: wasmop new -> cargo build (wasm32-unknown-unknown, no WASI imported, $start bytes of memory at start) -> wasmop plan matches the expected plan"
+
+# The JavaScript and Python scaffolds, from a clean directory each: the
+# scaffold's own build command, then the same plan check.
+. tests/toolchains.sh
+ensure_js_toolchain
+ensure_py_toolchain
+for lang in js python; do
+  dir="$work/demo-$lang"
+  "$WASMOP" new "demo-$lang" --lang "$lang" --kind demo.example.com/v1/Gizmo --dir "$dir"
+  if [[ $lang == js ]]; then
+    (cd "$dir" && PATH="$js_toolchain/node_modules/.bin:$PATH" npm run --silent build) \
+      || fail "npm run build in the JavaScript scaffold"
+  else
+    PATH="$py_toolchain/bin:$PATH" sh "$dir/build.sh" || fail "build.sh in the Python scaffold"
+  fi
+  wasm="$dir/demo-$lang.wasm"
+  [[ -f $wasm ]] || fail "no component at $wasm"
+  "$WASMOP" plan --plugin "$wasm" --no-compile-cache -f "$dir/fixtures/example.yaml" > "$work/plan-$lang.json" \
+    || fail "wasmop plan on the $lang scaffold's fixture"
+  diff -u "$dir/fixtures/example.plan.json" "$work/plan-$lang.json" \
+    || fail "the $lang scaffold's plan differs from its expected plan"
+  echo "[scaffold-check] ok: wasmop new --lang $lang -> its build -> wasmop plan matches the expected plan"
+done

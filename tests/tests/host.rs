@@ -88,8 +88,27 @@ async fn start(ns: &TestNamespace, plugins: &[&str]) -> Result<RunningOperator> 
 
 #[tokio::test]
 async fn good_plugin_creates_updates_and_garbage_collects_its_objects() -> Result<()> {
-    let ns = TestNamespace::new("host-good").await?;
-    let _op = start(&ns, &["good"]).await?;
+    creates_updates_and_garbage_collects("good", "host-good").await
+}
+
+/// The same for good's port to JavaScript (`tests/polyglot/good-js`).
+#[tokio::test]
+async fn good_in_javascript_creates_updates_and_garbage_collects_its_objects() -> Result<()> {
+    creates_updates_and_garbage_collects("good-js", "host-good-js").await
+}
+
+/// The same for good's port to Python (`tests/polyglot/good-py`).
+#[tokio::test]
+async fn good_in_python_creates_updates_and_garbage_collects_its_objects() -> Result<()> {
+    creates_updates_and_garbage_collects("good-py", "host-good-py").await
+}
+
+/// `plugin` (good or one of its ports) creates a Widget's ConfigMap,
+/// follows a spec change and leaves the ConfigMap to garbage collection
+/// when the Widget goes.
+async fn creates_updates_and_garbage_collects(plugin: &str, prefix: &str) -> Result<()> {
+    let ns = TestNamespace::new(prefix).await?;
+    let _op = start(&ns, &[plugin]).await?;
     let widgets = test_kind(&ns, "Widget", "widgets");
     create(&widgets, "Widget", "w1", json!({"value": "one"})).await?;
 
@@ -468,8 +487,27 @@ async fn crash_mid_reconcile_and_restart_converges_without_duplicates() -> Resul
 
 #[tokio::test]
 async fn referenced_object_retriggers_its_referrer_and_finalizer_holds_deletion() -> Result<()> {
-    let ns = TestNamespace::new("host-referrer").await?;
-    let _op = start(&ns, &["referrer"]).await?;
+    referrer_follows_its_reference("referrer", "host-referrer").await
+}
+
+/// The same for referrer's port to JavaScript (`tests/polyglot/referrer-js`).
+#[tokio::test]
+async fn referrer_in_javascript_follows_its_reference_and_holds_deletion() -> Result<()> {
+    referrer_follows_its_reference("referrer-js", "host-referrer-js").await
+}
+
+/// The same for referrer's port to Python (`tests/polyglot/referrer-py`).
+#[tokio::test]
+async fn referrer_in_python_follows_its_reference_and_holds_deletion() -> Result<()> {
+    referrer_follows_its_reference("referrer-py", "host-referrer-py").await
+}
+
+/// `plugin` (referrer or one of its ports): the read by field reference
+/// re-triggers it, it sets spec.id once, and its finalizer holds the
+/// deletion until spec.allowCleanup.
+async fn referrer_follows_its_reference(plugin: &str, prefix: &str) -> Result<()> {
+    let ns = TestNamespace::new(prefix).await?;
+    let _op = start(&ns, &[plugin]).await?;
     let api = test_kind(&ns, "Referrer", "referrers");
     let cms: Api<ConfigMap> = ns.api();
     create(&api, "Referrer", "r", json!({"configRef": "src"})).await?;

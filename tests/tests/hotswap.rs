@@ -98,10 +98,16 @@ mod tempdir {
 }
 
 async fn setup(prefix: &str) -> Result<Setup> {
+    setup_with(prefix, "good").await
+}
+
+/// [`setup`] with `first` (good or one of its ports, all `good` 0.1.0)
+/// installed as `good.wasm`.
+async fn setup_with(prefix: &str, first: &str) -> Result<Setup> {
     let ns = TestNamespace::new(prefix).await?;
     apply_test_crds(&ns.client).await?;
     let dir = tempdir::Dir::new(prefix);
-    install(&plugin_path("good")?, &dir.0.join("good.wasm"))?;
+    install(&plugin_path(first)?, &dir.0.join("good.wasm"))?;
     let op = RunningOperator::start(ns.client.clone(), vec![ns.name.clone()], vec![]).await?;
     let options: OptionsFor = Arc::new(|_stem: &str| LoadOptions::default());
     let mut plugins = PluginDir::new(dir.0.clone(), sandbox(), op.operator.clone(), options);
@@ -133,7 +139,25 @@ async fn settle(plugins: &mut PluginDir) -> wasmop::plugin::hotswap::ScanReport 
 
 #[tokio::test]
 async fn new_version_takes_over_every_primary_while_primaries_keep_arriving() -> Result<()> {
-    let mut s = setup("swap-stream").await?;
+    takes_over_while_primaries_arrive("swap-stream", "good", "good-v2").await
+}
+
+/// Hot swap between languages: good in JavaScript, then the Rust good-v2.
+#[tokio::test]
+async fn rust_takes_over_from_javascript_while_primaries_keep_arriving() -> Result<()> {
+    takes_over_while_primaries_arrive("swap-js", "good-js", "good-v2").await
+}
+
+/// Hot swap between languages: the Rust good, then good-v2 in Python.
+#[tokio::test]
+async fn python_takes_over_from_rust_while_primaries_keep_arriving() -> Result<()> {
+    takes_over_while_primaries_arrive("swap-py", "good", "good-v2-py").await
+}
+
+/// `next` (good 0.2.0 in some language) replaces `first` (good 0.1.0)
+/// while Widgets keep being created, and reconciles every one of them.
+async fn takes_over_while_primaries_arrive(prefix: &str, first: &str, next: &str) -> Result<()> {
+    let mut s = setup_with(prefix, first).await?;
     let api = widgets(&s.ns);
     const BEFORE: usize = 15;
     const DURING: usize = 15;
@@ -151,7 +175,7 @@ async fn new_version_takes_over_every_primary_while_primaries_keep_arriving() ->
         })
     };
     let started = Instant::now();
-    install(&plugin_path("good-v2")?, &s.dir.0.join("good.wasm"))?;
+    install(&plugin_path(next)?, &s.dir.0.join("good.wasm"))?;
     let report = settle(&mut s.plugins).await;
     assert_eq!(
         report.activated,

@@ -344,3 +344,36 @@ async fn a_digest_reference_never_moves_and_push_refuses_a_non_component() -> Re
     );
     Ok(())
 }
+
+/// Plugins in JavaScript and Python hold their language's engine (12-18
+/// MB), more than a ConfigMap holds: they come by OCI. Each is pushed with
+/// `wasmop push`, pulled by its digest, installed byte for byte, and loads.
+#[tokio::test]
+async fn javascript_and_python_plugins_are_pushed_and_pulled_by_digest() -> Result<()> {
+    let registry = Registry::start().await?;
+    for port in ["good-js", "good-py"] {
+        let file = plugin_path(port)?;
+        let size = std::fs::metadata(&file)?.len();
+        ensure!(size > 4 << 20, "{port} is only {size} bytes");
+        let digest = push(&registry, &file, &format!("wasmop/{port}:v1")).await?;
+        let cache = TempDir::new("wasmop-oci-lang");
+        let mut pinned = mirror(&registry, &cache.0, &format!("wasmop/{port}@{digest}"))?;
+        assert_eq!(
+            pinned.sync().await,
+            vec![SyncOutcome::Installed(port.into(), digest.clone())]
+        );
+        let installed = pinned.active_dir().join(format!("{port}.wasm"));
+        ensure!(
+            std::fs::read(&installed)? == std::fs::read(&file)?,
+            "{port}: the pulled component differs from the pushed one"
+        );
+        let plugin = wasmop::LoadedPlugin::load(&sandbox(), &installed, &LoadOptions::default())?;
+        ensure!(
+            (plugin.name(), plugin.version()) == ("good", "0.1.0"),
+            "{port}: {} {}",
+            plugin.name(),
+            plugin.version()
+        );
+    }
+    Ok(())
+}

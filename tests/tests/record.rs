@@ -204,25 +204,43 @@ async fn a_recording_replays_equal_and_a_changed_candidate_shows_exactly_its_cha
         ExitCode::SUCCESS
     );
 
-    // A candidate that changes a field: exit 1, and the diff names the
-    // field of each Widget's ConfigMap and nothing else.
-    let v2 = plugin_path("good-v2")?;
-    assert_eq!(
-        replay(&dir.0, &v2, &[])
-            .await?
-            .map_err(anyhow::Error::msg)?,
-        ExitCode::FAILURE
-    );
-    let report = wasmop_replay_json(&dir.0, &v2).await?;
-    let diffs = differences(&report);
-    ensure!(!diffs.is_empty(), "{report:?}");
-    for d in &diffs {
-        ensure!(
-            d.starts_with("apply ConfigMap ")
-                && d.contains("-cm .metadata.labels[\"test.wasmop.dev/version\"]: \"v1\" → \"v2\""),
-            "unexpected difference {d}"
+    // good's ports to JavaScript and Python replay the Rust good's
+    // recording equal.
+    for port in ["good-js", "good-py"] {
+        assert_eq!(
+            replay(&dir.0, &plugin_path(port)?, &[])
+                .await?
+                .map_err(anyhow::Error::msg)?,
+            ExitCode::SUCCESS,
+            "{port}"
         );
     }
+
+    // A candidate that changes a field, in any language: exit 1, and the
+    // diff names the field of each Widget's ConfigMap and nothing else.
+    for candidate in ["good-v2", "good-v2-js", "good-v2-py"] {
+        let v2 = plugin_path(candidate)?;
+        assert_eq!(
+            replay(&dir.0, &v2, &[])
+                .await?
+                .map_err(anyhow::Error::msg)?,
+            ExitCode::FAILURE,
+            "{candidate}"
+        );
+        let report = wasmop_replay_json(&dir.0, &v2).await?;
+        let diffs = differences(&report);
+        ensure!(!diffs.is_empty(), "{candidate}: {report:?}");
+        for d in &diffs {
+            ensure!(
+                d.starts_with("apply ConfigMap ")
+                    && d.contains(
+                        "-cm .metadata.labels[\"test.wasmop.dev/version\"]: \"v1\" → \"v2\""
+                    ),
+                "{candidate}: unexpected difference {d}"
+            );
+        }
+    }
+    let v2 = plugin_path("good-v2")?;
     // Expected through the allow-list: exit 0.
     let allow = dir.0.join("allow.yaml");
     std::fs::write(

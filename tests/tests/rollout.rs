@@ -356,10 +356,30 @@ impl Watcher {
 #[tokio::test]
 async fn good_is_rolled_out_to_good_v2_through_shadow_and_canary_steps_to_promotion() -> Result<()>
 {
-    let mut fx = Fixture::new("rollout-promote").await?;
+    rolled_out_to_promotion_and_undone("rollout-promote", "good-v2").await
+}
+
+/// From the Rust good to good-v2 in JavaScript (its shadow step, canary
+/// steps, promotion), and back to the Rust good by the undo.
+#[tokio::test]
+async fn good_is_rolled_out_to_its_javascript_v2_and_back() -> Result<()> {
+    rolled_out_to_promotion_and_undone("rollout-js", "good-v2-js").await
+}
+
+/// The same with good-v2 in Python.
+#[tokio::test]
+async fn good_is_rolled_out_to_its_python_v2_and_back() -> Result<()> {
+    rolled_out_to_promotion_and_undone("rollout-py", "good-v2-py").await
+}
+
+/// The Rust good, then `candidate` (good 0.2.0 in some language) through
+/// a shadow step and canary steps to promotion, then `wasmop rollout undo`
+/// back to the Rust good.
+async fn rolled_out_to_promotion_and_undone(prefix: &str, candidate: &str) -> Result<()> {
+    let mut fx = Fixture::new(prefix).await?;
     let (op, mut plugins) = fx.operator(false).await?;
     fx.widgets().await?;
-    install(&plugin_path("good-v2")?, &fx.dir.0.join("good.shadow.wasm"))?;
+    install(&plugin_path(candidate)?, &fx.dir.0.join("good.shadow.wasm"))?;
     let report = settle(&mut plugins).await;
     ensure!(
         report.activated == vec![("good.shadow".to_string(), "0.2.0".to_string())],

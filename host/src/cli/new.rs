@@ -2,7 +2,10 @@
 //! this workspace): `Cargo.toml` with the SDK as a git or path dependency,
 //! `src/lib.rs` (a controller that owns one ConfigMap per primary and sets
 //! `Ready`), a golden fixture with its expected plan, and a README with the
-//! build, plan and hot-swap steps.
+//! build, plan and hot-swap steps. With `--lang js` or `--lang python` the
+//! same plugin, fixture and README in JavaScript or Python ([`lang`]).
+
+mod lang;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -35,6 +38,9 @@ pub struct NewArgs {
     /// Use the SDK from this git repository.
     #[arg(long, value_name = "URL")]
     pub sdk_git: Option<String>,
+    /// The plugin's language.
+    #[arg(long, value_enum, default_value = "rust")]
+    pub lang: lang::Lang,
 }
 
 /// A parsed `GROUP/VERSION/KIND`.
@@ -410,8 +416,21 @@ pub fn new_command(args: NewArgs) -> Result<ExitCode, CliError> {
             reason: format!("{} exists and is not empty; nothing written", dir.display()),
         });
     }
-    let sdk = sdk_dependency(&args)?;
-    write_all(&dir, &files(&args, &gvk, &sdk))?;
+    let files = match args.lang {
+        lang::Lang::Rust => files(&args, &gvk, &sdk_dependency(&args)?),
+        other => {
+            let golden = files(&args, &gvk, "")
+                .into_iter()
+                .filter(|(path, _)| path.starts_with("fixtures/"))
+                .collect();
+            if other == lang::Lang::Js {
+                lang::js_files(&args, &gvk, golden)
+            } else {
+                lang::python_files(&args, &gvk, golden)
+            }
+        }
+    };
+    write_all(&dir, &files)?;
     println!(
         "created plugin {} in {} (primary {}/{}/{}); see its README.md",
         args.name,
@@ -481,6 +500,7 @@ mod tests {
             dir: Some(dir.clone()),
             sdk_path: None,
             sdk_git: None,
+            lang: lang::Lang::Rust,
         })
         .unwrap_err();
         assert!(err.to_string().contains("not empty"), "{err}");

@@ -534,13 +534,22 @@ impl LoadedPlugin {
     pub fn reconcile(&self, snapshot: &Snapshot) -> Result<Plan, CallError> {
         let input = convert::snapshot_to_wit(snapshot);
         let now = parse_now(&snapshot.now);
-        let answer = self.call(now, |p, store| p.call_reconcile(store, &input))?;
+        let (answer, cap_hit) = self.call(now, |p, store| {
+            let answer = p.call_reconcile(&mut *store, &input)?;
+            Ok((answer, store.data().memory_cap_hit()))
+        })?;
         if let Some(b) = &self.budget {
             let output = answer.as_ref().map_or(0, String::len);
             b.record_bytes(convert::wit_snapshot_bytes(&input), output);
         }
         match answer {
             Ok(plan) => convert::plan_from_json(&plan).map_err(CallError::MalformedOutput),
+            // A language runtime may catch the failed growth itself (a
+            // JavaScript or Python plugin sees an out-of-memory exception)
+            // and answer with an error: the cause is still the cap.
+            Err(_) if cap_hit => Err(CallError::OutOfMemory {
+                cap_bytes: self.limits.memory_bytes,
+            }),
             Err(e) => {
                 let (kind, message) = match e {
                     wit::ReconcileError::InvalidSpec(m) => (PluginErrorKind::InvalidSpec, m),

@@ -1,0 +1,1 @@
+../good-py/plugin.py
