@@ -191,6 +191,12 @@ impl Pki {
 /// Plays cert-manager's issuing controller: every empty
 /// `kubernetes.io/tls` Secret in the namespace (those the plugins create
 /// for their Certificates) gets the certificate, key and CA.
+///
+/// Like a real controller it outlives a failed request: a list or patch
+/// that fails (the API server slow under load, a Secret deleted between
+/// the list and its patch by a rotation that retired its key) is retried
+/// on the next pass. A task that ended on the first error left every later
+/// Secret empty, and the test waiting on a rotation that could not go on.
 struct Issuer {
     stop: Arc<AtomicBool>,
     task: JoinHandle<Result<usize>>,
@@ -209,19 +215,9 @@ impl Issuer {
         let task = tokio::spawn(async move {
             let mut issued = 0;
             while !flag.load(Ordering::SeqCst) {
-                for s in secrets.list(&ListParams::default()).await?.items {
-                    let empty = s
-                        .data
-                        .as_ref()
-                        .and_then(|d| d.get("tls.crt"))
-                        .is_none_or(|v| v.0.is_empty());
-                    if s.type_.as_deref() == Some("kubernetes.io/tls") && empty {
-                        let name = s.metadata.name.clone().unwrap_or_default();
-                        secrets
-                            .patch(&name, &PatchParams::default(), &Patch::Merge(&data))
-                            .await?;
-                        issued += 1;
-                    }
+                match issue_empty(&secrets, &data).await {
+                    Ok(n) => issued += n,
+                    Err(e) => eprintln!("issuer: {e:#} (retried on the next pass)"),
                 }
                 // The controller's resync rate, not a synchronisation.
                 tokio::time::sleep(TICK).await;
@@ -235,6 +231,31 @@ impl Issuer {
         self.stop.store(true, Ordering::SeqCst);
         self.task.await?
     }
+}
+
+/// One pass of [`Issuer`]: fills every empty TLS Secret listed; a Secret
+/// gone by the time of its patch has nothing left to issue.
+async fn issue_empty(secrets: &Api<Secret>, data: &Value) -> Result<usize> {
+    let mut issued = 0;
+    for s in secrets.list(&ListParams::default()).await?.items {
+        let empty = s
+            .data
+            .as_ref()
+            .and_then(|d| d.get("tls.crt"))
+            .is_none_or(|v| v.0.is_empty());
+        if s.type_.as_deref() == Some("kubernetes.io/tls") && empty {
+            let name = s.metadata.name.clone().unwrap_or_default();
+            match secrets
+                .patch(&name, &PatchParams::default(), &Patch::Merge(data))
+                .await
+            {
+                Ok(_) => issued += 1,
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e).with_context(|| format!("issuing Secret {name}")),
+            }
+        }
+    }
+    Ok(issued)
 }
 
 fn auth_spec(rotation: bool) -> Value {

@@ -44,6 +44,10 @@ pub const ADMIN_PASSWORD_READ: &str = "admin-password";
 /// Field of the primary naming that Secret.
 pub const ADMIN_PASSWORD_FIELD: &str = "spec.auth.local.admin.password.name";
 
+/// How soon an instance whose rotation waits on cert-manager or on engines
+/// is reconciled again, whatever events arrive meanwhile.
+pub const ROTATION_RECHECK: Duration = Duration::from_secs(30);
+
 /// What the auth step decided.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AuthEval {
@@ -316,8 +320,17 @@ pub fn evaluate(ctx: &Context<'_>, engines: &[Engine], anchor: Anchor) -> AuthEv
     } else {
         Health::ready("Provisioned", format!("signing keys {}", describe(&ring)))
     };
-    let requeue = rotation::next_due(&ring, &policy)
+    let due = rotation::next_due(&ring, &policy)
         .map(|due| Duration::from_secs(u64::try_from(due.saturating_sub(now)).unwrap_or(0).max(1)));
+    // A key waiting for its issuer, or a step waiting for engines, moves on
+    // an event (the Secret filled, an engine's status); a missed event must
+    // not park the rotation for good, so the instance is looked at again.
+    let waiting = ring.keys.iter().any(|k| !k.issued) || advance.pending.is_some();
+    let requeue = match (due, waiting) {
+        (Some(d), true) => Some(d.min(ROTATION_RECHECK)),
+        (None, true) => Some(ROTATION_RECHECK),
+        (due, false) => due,
+    };
     AuthEval {
         result: Ok(Outcome { objects, health }),
         status: Some(Value::Object(status)),

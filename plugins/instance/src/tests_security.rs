@@ -221,6 +221,11 @@ fn auth_provisions_the_first_key_through_cert_manager_and_waits_for_it() {
         "True",
         "AuthReady is not rolled up"
     );
+    assert_eq!(
+        p.requeue_after_ms,
+        Some(30_000),
+        "a key waiting for its issuer is looked at again, event or not"
+    );
 }
 
 fn provisioned_status() -> Value {
@@ -338,6 +343,11 @@ fn a_parked_rotation_names_its_step_and_lagging_engines_then_proceeds() {
     assert_eq!(a["laggingEngineCount"], 1);
     assert_eq!(a["signingKeys"][0]["phase"], "Active", "nothing promoted");
     assert_eq!(a["authHash"], hash.as_str());
+    assert_eq!(
+        parked.requeue_after_ms,
+        Some(30_000),
+        "a step waiting on engines is looked at again, event or not"
+    );
 
     // The same state as gauges for alerting.
     let gauge = |plan: &Plan, suffix: &str| {
