@@ -130,7 +130,7 @@ echo "image $ref" >&2
 
 if [[ -n $out ]]; then
   rm -rf "$out"
-  "$crane" pull --format=oci "127.0.0.1:$port/wasmop@$digest" "$out"
+  "$crane" pull --format=oci "$ref" "$out" "${insecure[@]}"
   echo "OCI image layout: $out" >&2
 fi
 
