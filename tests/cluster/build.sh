@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
-# kwok, helm and an OCI registry (distribution) from their Go modules at the
-# versions pinned in versions.env, and fetches cert-manager's CRDs
+# kwok, helm, an OCI registry (distribution) and crane (go-containerregistry)
+# from their Go modules at the versions pinned in versions.env, and fetches cert-manager's CRDs
 # (deploy/crds/*.yaml of its Go module), Gateway API's standard CRDs
 # (config/crd/standard/*.yaml of sigs.k8s.io/gateway-api) and Istio's
 # (kubernetes/customresourcedefinitions.gen.yaml of istio.io/api).
 # Results are cached outside the repo ($WASMOP_CACHE/bin/<component>-<version>);
 # a second run finds them and builds nothing.
+#
+#   bash tests/cluster/build.sh [COMPONENT...]   # all, or only those named (e.g. crane)
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -157,6 +159,24 @@ build_registry() {
   log "registry $REGISTRY_VERSION: built into $out"
 }
 
+build_crane() {
+  local out="$CRANE_BIN"
+  if [[ -x "$out/crane" ]]; then log "crane $CRANE_VERSION: cached in $out"; return; fi
+  log "crane $CRANE_VERSION: building"
+  local work; work="$(mktemp -d)"
+  (
+    cd "$work"
+    go mod init wasmop.local/crane-build >/dev/null 2>&1
+    go get "github.com/google/go-containerregistry@$CRANE_VERSION" >/dev/null
+    mkdir -p "$out.tmp"
+    go build -trimpath -ldflags "-s -w -X github.com/google/go-containerregistry/cmd/crane/cmd.Version=$CRANE_VERSION" \
+      -o "$out.tmp/crane" github.com/google/go-containerregistry/cmd/crane
+  )
+  rm -rf "$work" "$out"
+  mv "$out.tmp" "$out"
+  log "crane $CRANE_VERSION: built into $out"
+}
+
 fetch_cert_manager_crds() {
   local out="$CERT_MANAGER_CRDS"
   if compgen -G "$out/*.yaml" >/dev/null; then log "cert-manager $CERT_MANAGER_VERSION CRDs: cached in $out"; return; fi
@@ -206,6 +226,13 @@ fetch_module_files() {
 }
 
 start=$(date +%s)
+if [[ $# -gt 0 ]]; then
+  for c in "$@"; do
+    declare -F "build_$c" >/dev/null || die "unknown component $c (one of: etcd kwok k8s helm registry crane)"
+    "build_$c"
+  done
+  exit 0
+fi
 fetch_cert_manager_crds
 fetch_module_files gateway-api sigs.k8s.io/gateway-api "$GATEWAY_API_VERSION" "$GATEWAY_API_CRDS" 'config/crd/standard/*.yaml'
 fetch_module_files istio istio.io/api "$ISTIO_API_VERSION" "$ISTIO_CRDS" kubernetes/customresourcedefinitions.gen.yaml
@@ -214,4 +241,5 @@ build_kwok
 build_k8s
 build_helm
 build_registry
+build_crane
 log "control plane binaries ready in $(( $(date +%s) - start ))s"

@@ -16,6 +16,7 @@ HELM_BIN="$WASMOP_CACHE/bin/helm-$HELM_VERSION"
 GATEWAY_API_CRDS="$WASMOP_CACHE/crds/gateway-api-$GATEWAY_API_VERSION"
 ISTIO_CRDS="$WASMOP_CACHE/crds/istio-$ISTIO_API_VERSION"
 REGISTRY_BIN="$WASMOP_CACHE/bin/registry-$REGISTRY_VERSION"
+CRANE_BIN="$WASMOP_CACHE/bin/crane-$CRANE_VERSION"
 
 # Runtime state of one local cluster (certs, data, logs, pids, kubeconfig).
 WASMOP_CLUSTER_DIR="${WASMOP_CLUSTER_DIR:-${TMPDIR:-/tmp}/wasmop-cluster}"

@@ -1,8 +1,10 @@
 //! The operator's container image, built without a container engine by
-//! `deploy/image/oci-image.py` from the binary the test build produced:
-//! built twice to the same digest, pushed to a real registry on loopback
-//! (`wasmop_tests::registry`), pulled by digest, and its binary run from
-//! the extracted layer as the image's user, uid/gid 65532 (`chroot
+//! `deploy/image/build.sh` (a layer tar made by GNU tar, made an image and
+//! pushed by crane) from the binary the test build produced: built twice
+//! to the same digest, once pushed to a real registry on loopback
+//! (`wasmop_tests::registry`) and once not, pulled back by digest and its
+//! filesystem exported (`crane export`), and its binary run from the
+//! extracted layer as the image's user, uid/gid 65532 (`chroot
 //! --userspec`: needs root, like the two tests tests/run.sh names), first
 //! `--version`, then `run` against the local control plane. And the image
 //! by digest where the operator is deployed: `deploy/image/build.sh --push
@@ -10,7 +12,8 @@
 //! chart with `image.digest` names it too; the API server accepts both
 //! Deployments so (server-side dry run).
 
-use std::path::Path;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -27,18 +30,46 @@ use wasmop_tests::{
     wait_for, wasmop_bin, wasmop_cache,
 };
 
-fn image_tool(args: &[&str]) -> Result<String> {
-    let out = Command::new("python3")
-        .arg(repo_root().join("deploy/image/oci-image.py"))
+/// `bash deploy/image/build.sh ARGS...` with the test build's binary: its
+/// standard output, trimmed.
+fn build_image(args: &[&str]) -> Result<String> {
+    let out = Command::new("bash")
+        .arg(repo_root().join("deploy/image/build.sh"))
         .args(args)
+        .env("WASMOP_BIN", wasmop_bin()?)
         .output()
-        .context("running deploy/image/oci-image.py")?;
+        .context("running deploy/image/build.sh")?;
     ensure!(
         out.status.success(),
-        "oci-image.py {args:?}: {}",
+        "build.sh {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(String::from_utf8(out.stdout)?.trim().to_owned())
+}
+
+/// crane, as `tests/cluster/build.sh` builds it (`CRANE_VERSION`).
+fn crane() -> Result<PathBuf> {
+    let version = pinned_version("CRANE_VERSION")?;
+    let crane = wasmop_cache()?.join(format!("bin/crane-{version}/crane"));
+    ensure!(
+        crane.is_file(),
+        "crane {version} not found at {}: run `bash tests/cluster/build.sh crane`",
+        crane.display()
+    );
+    Ok(crane)
+}
+
+/// Runs `command`, failing with its standard error when it fails.
+fn run(command: &mut Command) -> Result<()> {
+    let out = command
+        .output()
+        .with_context(|| format!("running {command:?}"))?;
+    ensure!(
+        out.status.success(),
+        "{command:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
 }
 
 /// `chroot --userspec=65532:65532 ROOTFS ARGS...`.
@@ -52,30 +83,42 @@ fn as_image_user(rootfs: &Path, args: &[&str]) -> Command {
 #[tokio::test]
 async fn the_image_builds_reproducibly_and_its_binary_runs_as_65532_from_the_pulled_layer()
 -> Result<()> {
-    let bin = wasmop_bin()?;
-    let bin = bin.to_str().context("binary path")?;
     let dir = TempDir::new("image");
-    let (a, b) = (dir.0.join("a"), dir.0.join("b"));
-    let first = image_tool(&["build", bin, a.to_str().context("path")?])?;
-    let second = image_tool(&["build", bin, b.to_str().context("path")?])?;
-    assert!(first.starts_with("sha256:"), "{first}");
-    assert_eq!(first, second, "the same binary gives the same digest");
-
     let registry = Registry::start().await?;
-    let pushed = image_tool(&[
-        "push",
-        a.to_str().context("path")?,
+    let pushed = build_image(&[
+        "--push",
         &format!("{}/wasmop:test", registry.host),
         "--insecure",
     ])?;
-    assert_eq!(pushed, format!("{}/wasmop@{first}", registry.host));
+    let again = build_image(&[])?;
+    assert!(again.starts_with("sha256:"), "{again}");
+    assert_eq!(
+        pushed,
+        format!("{}/wasmop@{again}", registry.host),
+        "the same binary gives the same digest"
+    );
+
+    // Pulled by digest (crane checks the manifest's), its one layer extracted
+    // as root keeps the owners it names.
+    let layer = dir.0.join("layer.tar");
+    run(Command::new(crane()?)
+        .args(["export", &pushed])
+        .arg(&layer)
+        .arg("--insecure"))?;
     let rootfs = dir.0.join("rootfs");
-    image_tool(&[
-        "pull",
-        &pushed,
-        rootfs.to_str().context("path")?,
-        "--insecure",
-    ])?;
+    std::fs::create_dir_all(&rootfs)?;
+    run(Command::new("tar")
+        .arg("-xf")
+        .arg(&layer)
+        .arg("-C")
+        .arg(&rootfs)
+        .arg("--numeric-owner"))?;
+    let home = std::fs::metadata(rootfs.join("home/nonroot"))?;
+    assert_eq!(
+        (home.uid(), home.gid(), home.mode() & 0o7777),
+        (65532, 65532, 0o700),
+        "/home/nonroot is the image user's"
+    );
 
     let version = as_image_user(&rootfs, &["/wasmop", "--version"]).output()?;
     assert!(
@@ -200,51 +243,32 @@ fn image_of(d: &Deployment) -> Option<String> {
 /// the digest `build.sh --push` pushed.
 #[tokio::test]
 async fn the_manifest_and_the_chart_run_the_pushed_image_by_digest() -> Result<()> {
-    let bin = wasmop_bin()?;
     let dir = TempDir::new("image-digest");
     let registry = Registry::start().await?;
     let manifest = dir.0.join("wasmop.yaml");
-    let build = |extra: &[&str]| -> Result<std::process::Output> {
-        Ok(Command::new("bash")
-            .arg(repo_root().join("deploy/image/build.sh"))
-            .args(extra)
-            .env("WASMOP_BIN", &bin)
-            .output()?)
-    };
-    // Careless uses are refused: a manifest for nothing pushed, a tag.
-    let refused = build(&["--manifest", manifest.to_str().context("path")?])?;
+    // A manifest for nothing pushed is refused.
+    let refused = Command::new("bash")
+        .arg(repo_root().join("deploy/image/build.sh"))
+        .args(["--manifest", manifest.to_str().context("path")?])
+        .env("WASMOP_BIN", wasmop_bin()?)
+        .output()?;
     assert!(!refused.status.success());
     assert!(
         String::from_utf8_lossy(&refused.stderr).contains("--manifest needs --push"),
         "{}",
         String::from_utf8_lossy(&refused.stderr)
     );
-    let by_tag = Command::new("python3")
-        .arg(repo_root().join("deploy/image/oci-image.py"))
-        .args([
-            "set-image",
-            "deploy/wasmop.yaml",
-            "registry.example/wasmop:0.1.0",
-        ])
-        .current_dir(repo_root())
-        .output()?;
-    assert!(!by_tag.status.success(), "a tag is no digest");
 
-    let out = build(&[
+    let layout = dir.0.join("layout");
+    let pushed = build_image(&[
         "--out",
-        dir.0.join("layout").to_str().context("path")?,
+        layout.to_str().context("path")?,
         "--push",
         &format!("{}/wasmop:digest", registry.host),
         "--insecure",
         "--manifest",
         manifest.to_str().context("path")?,
     ])?;
-    ensure!(
-        out.status.success(),
-        "build.sh --push --manifest: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let pushed = String::from_utf8(out.stdout)?.trim().to_owned();
     let repository = format!("{}/wasmop", registry.host);
     let digest = pushed
         .strip_prefix(&format!("{repository}@"))
@@ -255,6 +279,14 @@ async fn the_manifest_and_the_chart_run_the_pushed_image_by_digest() -> Result<(
             && digest.starts_with("sha256:")
             && digest[7..].bytes().all(|b| b.is_ascii_hexdigit()),
         "{digest}"
+    );
+    // --out: the same image as an OCI image layout.
+    let index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(layout.join("index.json"))?)?;
+    assert_eq!(index["manifests"][0]["digest"], digest.as_str());
+    ensure!(
+        layout.join("blobs/sha256").join(&digest[7..]).is_file(),
+        "the layout holds no manifest {digest}"
     );
 
     // deploy/wasmop.yaml with the one image line changed.
