@@ -888,6 +888,15 @@ pub fn reconcile_alert_source(snapshot: &Snapshot) -> Result<Plan, ReconcileErro
         .as_ref()
         .is_some_and(|(o, _)| newer(o, snapshot.observation(&rename_id)));
     let deleting_it = snapshot.observation(&format!("delete.{iid}")).is_some();
+    // A list that shows the name we are renaming from, newer than our
+    // PATCH's answer, may be a GET sent before the PATCH and answered after
+    // it (an earlier plan's resync still in flight): it does not undo the
+    // rename. A server truly renamed back shows on the next resync, whose
+    // GET is sent after the rename is recorded.
+    let list_shows_old_name = seen
+        .as_ref()
+        .and_then(|(_, row)| row.as_ref())
+        .is_some_and(|row| row["name"] == old["applied"]["name"]);
     let mut applied = old["applied"].clone();
     match seen {
         Some((_, None)) if !deleting_it => {
@@ -946,7 +955,7 @@ pub fn reconcile_alert_source(snapshot: &Snapshot) -> Result<Plan, ReconcileErro
         // A rename keeps the integration and its key: PATCH the name.
         let path = format!("{base}/{iid}");
         // Our PATCH answered, unless the server has said otherwise since.
-        let renamed = !server_newer
+        let renamed = (!server_newer || list_shows_old_name)
             && snapshot
                 .observation(&rename_id)
                 .filter(|o| o.is_success())

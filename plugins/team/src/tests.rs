@@ -886,6 +886,37 @@ fn the_resync_repairs_an_alert_source_renamed_or_deleted_on_the_server() {
     let old_patch = obs("rename.3", Some(200), json!({"id": 3, "name": "am"}), 50);
     let plan = run::<TeamPlugin>(&b().observation(renamed).observation(old_patch).build()).unwrap();
     assert!(ids(&plan).iter().any(|(id, ..)| *id == "rename.3"));
+    // Our rename answered, then a list GET sent before it answered later
+    // still showing the old name: the rename stands, no second PATCH.
+    let mut want = spec.clone();
+    want["name"] = json!("am-eu");
+    let patched = obs("rename.3", Some(200), json!({"id": 3, "name": "am-eu"}), 50);
+    let late_list = obs(
+        "check.42.3",
+        Some(200),
+        json!([{"id": 3, "name": "am", "kind": "alertmanager"}]),
+        10,
+    );
+    let plan = run::<TeamPlugin>(
+        &child_of(
+            ALERT_SOURCE,
+            "TerdutAlertSource",
+            want,
+            status.clone(),
+            Some(42),
+        )
+        .observation(patched)
+        .observation(late_list)
+        .build(),
+    )
+    .unwrap();
+    assert!(
+        !ids(&plan).iter().any(|(id, ..)| *id == "rename.3"),
+        "a second PATCH: {:?}",
+        ids(&plan)
+    );
+    assert_eq!(plan.status.as_ref().unwrap()["applied"]["name"], "am-eu");
+    assert!(plan.events.iter().any(|e| e.reason == "IntegrationRenamed"));
     // Deleted on the server: created anew, which rotates the key.
     let gone = obs("check.42.3", Some(200), json!([]), 0);
     let plan = run::<TeamPlugin>(&b().observation(gone).build()).unwrap();
