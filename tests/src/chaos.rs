@@ -168,6 +168,10 @@ pub const ZOO_WRITE_MAX: usize = 5;
 /// kwok, Jobs completed, HTTP calls answered). `Reconciled` for its
 /// generation, the host's own part, is held to [`CONVERGE_BOUND`].
 pub const ZOO_BOUND: Duration = Duration::from_secs(60);
+/// How long the simulated kubelet may take to run a new Pod after a quiet
+/// point's recovery before the soak stops with an error: an environment
+/// that does not run Pods cannot measure the zoo.
+pub const KUBELET_BOUND: Duration = Duration::from_secs(180);
 
 mod features;
 mod zoo;
@@ -830,6 +834,10 @@ pub struct Report {
     /// evidence: the cluster's fault, not a broken invariant (see
     /// `Zoo::gc_blocked`).
     pub gc_blocked: Vec<String>,
+    /// At each quiet point with a zoo: how long after recovery the
+    /// simulated kubelet (kwok) ran a new Pod again. The zoo's bound to its
+    /// done conditions starts then (see `Zoo::kubelet_runs_pods`).
+    pub kubelet_back: Vec<Duration>,
     /// Features mode: what its load and checks did (rollouts created, on
     /// their canary step, rolled back; Stamps re-created; statuses
     /// checked), by what.
@@ -929,6 +937,12 @@ impl Report {
         let lost = self.broken(Invariant::UnexplainedDeletion).len()
             + self.broken(Invariant::Bystander).len();
         out += &format!("lost or touched objects: {lost}\n");
+        if let Some(worst) = self.kubelet_back.iter().max() {
+            out += &format!(
+                "simulated kubelet running new Pods again after recovery ({} quiet points): worst {worst:.2?}\n",
+                self.kubelet_back.len()
+            );
+        }
         if !self.gc_blocked.is_empty() {
             out += &format!(
                 "blocked by Kubernetes' garbage collector, not the operator (not violations): {}\n",
@@ -2124,6 +2138,7 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
         zoo_reconciled: Vec::new(),
         zoo: zoo.as_ref().map(|z| z.primaries()).unwrap_or_default(),
         gc_blocked: Vec::new(),
+        kubelet_back: Vec::new(),
         features: BTreeMap::new(),
         audit: None,
         quiet_points: 0,
@@ -2366,6 +2381,14 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
                 // Every zoo primary there again and edited once more, then
                 // each reconciled for its generation within the bound and
                 // at its done condition within the zoo's.
+                // The zoo's Pods are run by kwok, which may itself miss
+                // events after an API server restart (its Pod watch was
+                // seen dead for a minute): its done conditions are timed
+                // from when kwok runs a new Pod again.
+                let kubelet = zoo.kubelet_runs_pods(&client, &shared, KUBELET_BOUND).await?;
+                report
+                    .kubelet_back
+                    .push(kubelet.saturating_duration_since(recovered));
                 let created = zoo.create_missing(&shared, Duration::from_secs(60)).await?;
                 zoo.edit_all(rng.next_u64(), &shared).await?;
                 let since = Instant::now().max(recovered);

@@ -531,6 +531,62 @@ impl Zoo {
     /// create that Pod ("already exists") until kube-controller-manager
     /// restarts. No operator's doing: the Pod is not the operator's to
     /// delete.
+    /// Creates a Pod for the simulated kubelet (kwok) in the zoo's
+    /// namespace and waits until kwok reports it Running, then deletes it;
+    /// returns that moment. Neither the operator nor its plugins touch the
+    /// Pod: this measures the environment only.
+    ///
+    /// # Errors
+    /// When the Pod is not Running within `deadline`, or the API server
+    /// refuses it.
+    pub(super) async fn kubelet_runs_pods(
+        &self,
+        client: &Client,
+        shared: &Shared,
+        deadline: Duration,
+    ) -> Result<Instant> {
+        use k8s_openapi::api::core::v1::Pod;
+        static PROBES: AtomicUsize = AtomicUsize::new(0);
+        let pods = Api::<Pod>::namespaced(client.clone(), &self.namespace.name);
+        let name = format!(
+            "chaos-kubelet-probe-{}",
+            PROBES.fetch_add(1, Ordering::SeqCst)
+        );
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {CHAOS_LABEL: "kubelet-probe"}},
+            "spec": {
+                "nodeSelector": {"type": "kwok"},
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "probe", "image": "registry.invalid/kubelet-probe:chaos"}],
+            },
+        }))?;
+        retrying("create the kubelet probe Pod", shared, || {
+            let (pods, pod) = (pods.clone(), pod.clone());
+            async move {
+                match pods.create(&PostParams::default(), &pod).await {
+                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+                    other => other.map(|_| ()),
+                }
+            }
+        })
+        .await?;
+        let running = crate::wait_for("the simulated kubelet to run a new Pod", deadline, || {
+            let (pods, name) = (pods.clone(), name.clone());
+            async move {
+                let phase = pods
+                    .get_opt(&name)
+                    .await?
+                    .and_then(|p| p.status.and_then(|s| s.phase));
+                Ok((phase.as_deref() == Some("Running")).then(Instant::now))
+            }
+        })
+        .await;
+        // Best effort: the zoo's namespace is deleted at the end anyway.
+        let _ = pods.delete(&name, &DeleteParams::default()).await;
+        running
+    }
+
     pub(super) async fn gc_blocked(&self, client: &Client) -> BTreeMap<String, Vec<String>> {
         use k8s_openapi::api::apps::v1::StatefulSet;
         use k8s_openapi::api::core::v1::Pod;
