@@ -63,6 +63,9 @@ for lang in js python; do
   fi
   wasm="$dir/demo-$lang.wasm"
   [[ -f $wasm ]] || fail "no component at $wasm"
+  # Compiled without the compile cache: neither tool builds the same bytes
+  # twice (two builds of one scaffold differ in digest), so each run's
+  # component would add 30-70 MB to the cache and never be read again.
   "$WASMOP" plan --plugin "$wasm" --no-compile-cache -f "$dir/fixtures/example.yaml" > "$work/plan-$lang.json" \
     || fail "wasmop plan on the $lang scaffold's fixture"
   diff -u "$dir/fixtures/example.plan.json" "$work/plan-$lang.json" \

@@ -300,24 +300,79 @@ fn a_busy_loop_times_out_within_its_deadline_in_each_language() {
 
 #[test]
 fn unbounded_allocation_hits_the_memory_cap_in_each_language() {
-    let cap = 96 << 20;
-    for name in HOSTILE {
-        let plugin = load(
-            name,
-            Limits {
-                memory_bytes: cap,
-                ..Limits::default()
-            },
-        );
-        let err = reconcile(&plugin, hostile("allocate")).expect_err("runs out");
+    // At the default cap, then at one an operator's config raised
+    // (`memoryMiB: 96`): the call ends at exactly the cap it was given.
+    for cap in [Limits::default().memory_bytes, 96 << 20] {
+        for name in HOSTILE {
+            let plugin = load(
+                name,
+                Limits {
+                    memory_bytes: cap,
+                    ..Limits::default()
+                },
+            );
+            let err = reconcile(&plugin, hostile("allocate")).expect_err("runs out");
+            assert!(
+                matches!(err, CallError::OutOfMemory { cap_bytes } if cap_bytes == cap),
+                "{name} at {cap}: {err}"
+            );
+            reconcile(&plugin, hostile("none")).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+    }
+}
+
+/// A component of 12-18 MB that starts with 9-13 MB of memory gets the
+/// same per-call memory cap as any plugin: the host raises it only where
+/// the operator's config asks (`memoryMiB`, which becomes
+/// [`Limits::memory_bytes`]), never because the component is large; and
+/// a good port's call runs within that default.
+#[test]
+fn the_default_memory_cap_holds_for_big_components() {
+    let default = Limits::default().memory_bytes;
+    assert_eq!(default, 64 << 20);
+    for port in GOOD_PORTS.iter().chain(&HOSTILE) {
+        let plugin = load(port, Limits::default());
+        assert_eq!(plugin.limits().memory_bytes, default, "{port}");
+        let size = std::fs::metadata(plugin_path(port)).expect("size").len();
+        assert!(size > 8 << 20, "{port} is only {size} bytes");
+        let start = plugin.start_memory_bytes();
         assert!(
-            matches!(err, CallError::OutOfMemory { cap_bytes } if cap_bytes == cap),
+            start > 4 << 20 && start < default / 2,
+            "{port} starts with {start} bytes of memory"
+        );
+    }
+    for port in GOOD_PORTS {
+        let plugin = load(port, Limits::default());
+        reconcile(&plugin, widget("w", json!({"value": "x".repeat(64 << 10)})))
+            .unwrap_or_else(|e| panic!("{port} within the default cap: {e}"));
+    }
+}
+
+/// A plan of more JSON values than the host reads of one (300 000 zeros,
+/// a text of 600 KB) is refused at the default limits.
+#[test]
+fn a_plan_of_too_many_values_is_refused_in_each_language() {
+    for name in HOSTILE {
+        let plugin = load(name, Limits::default());
+        let err = reconcile(&plugin, hostile("dense")).expect_err("refused");
+        assert!(
+            matches!(
+                err,
+                CallError::MalformedOutput(OutputProblem::TooManyValues { .. })
+            ),
             "{name}: {err}"
         );
         reconcile(&plugin, hostile("none")).unwrap_or_else(|e| panic!("{name}: {e}"));
     }
 }
 
+/// A plan of 9 MiB, over the 8 MiB the host reads of one. Building it
+/// takes a language runtime several copies of it (the string, its JSON
+/// text, the text lowered into the host) and seconds of interpreted
+/// string work: at the default limits (64 MiB, 2 s) the call ends at the
+/// cap or the deadline; with the limits a config raised for it
+/// (`memoryMiB: 256`, `deadlineMs: 20000`) the plan is made and the host
+/// refuses it as too large. Either way nothing of it is applied.
 #[test]
 fn a_huge_plan_is_refused_in_each_language() {
     for name in HOSTILE {
@@ -326,10 +381,29 @@ fn a_huge_plan_is_refused_in_each_language() {
         assert!(
             matches!(
                 err,
-                CallError::MalformedOutput(OutputProblem::TooManyValues { .. })
-                    | CallError::MalformedOutput(OutputProblem::TooLarge { .. })
+                CallError::MalformedOutput(OutputProblem::TooLarge { .. })
+                    | CallError::OutOfMemory {
+                        cap_bytes: 0x400_0000
+                    }
+                    | CallError::Timeout { .. }
             ),
             "{name}: {err}"
+        );
+        let raised = load(
+            name,
+            Limits {
+                memory_bytes: 256 << 20,
+                deadline: Duration::from_secs(20),
+                ..Limits::default()
+            },
+        );
+        let err = reconcile(&raised, hostile("huge-plan")).expect_err("refused");
+        assert!(
+            matches!(
+                err,
+                CallError::MalformedOutput(OutputProblem::TooLarge { .. })
+            ),
+            "{name} with 256 MiB and 20 s: {err}"
         );
     }
 }

@@ -298,9 +298,12 @@ async fn a_recording_replays_equal_and_a_changed_candidate_shows_exactly_its_cha
 async fn wasmop_replay_json(dir: &Path, plugin: &Path) -> Result<wasmop::cli::replay::Report> {
     let dir = dir.to_owned();
     let plugin = plugin.to_owned();
+    // The compile cache every test and `wasmop replay` use: good's ports
+    // to JavaScript and Python (12-18 MB) take a debug build minutes each
+    // to compile, and each digest compiles once per machine.
     let load = wasmop::cli::PluginArgs {
         compile_cache: None,
-        no_compile_cache: true,
+        no_compile_cache: false,
         deadline_ms: 2000,
         memory_mib: 64,
     };

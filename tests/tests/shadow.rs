@@ -175,3 +175,106 @@ async fn a_shadow_is_compared_on_live_snapshots_writes_nothing_and_is_promoted_b
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
+
+/// good's port to JavaScript as the shadow of the Rust good.
+#[tokio::test]
+async fn good_in_javascript_as_the_shadow_of_good_plans_exactly_what_good_plans() -> Result<()> {
+    a_port_shadows_good_equal("shadow-js", "good-js").await
+}
+
+/// good's port to Python as the shadow of the Rust good.
+#[tokio::test]
+async fn good_in_python_as_the_shadow_of_good_plans_exactly_what_good_plans() -> Result<()> {
+    a_port_shadows_good_equal("shadow-py", "good-py").await
+}
+
+/// `port` (good 0.1.0 in another language) as `good.shadow.wasm` beside
+/// the Rust good: on live snapshots (Widgets created, one changed, one
+/// deleted) every comparison is equal, none of this namespace's primaries
+/// is among the differences `/shadow` shows, and the ConfigMaps are the
+/// active plugin's.
+async fn a_port_shadows_good_equal(prefix: &str, port: &str) -> Result<()> {
+    let ns = TestNamespace::new(prefix).await?;
+    apply_test_crds(&ns.client).await?;
+    let dir = std::env::temp_dir().join(format!("wasmop-{prefix}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    install(&plugin_path("good")?, &dir.join("good.wasm"))?;
+    let op = RunningOperator::start_with(
+        ns.client.clone(),
+        vec![ns.name.clone()],
+        vec![],
+        test_config(),
+    )
+    .await?;
+    let options: OptionsFor = Arc::new(|_stem: &str| LoadOptions::default());
+    let mut plugins = PluginDir::new(dir.clone(), sandbox(), op.operator.clone(), options);
+    ensure!(plugins.scan(false).await.activated == vec![("good".to_string(), "0.1.0".to_string())]);
+    install(&plugin_path(port)?, &dir.join("good.shadow.wasm"))?;
+    let report = settle(&mut plugins).await;
+    ensure!(
+        report.activated == vec![("good.shadow".to_string(), "0.1.0".to_string())],
+        "{report:?}"
+    );
+    ensure!(op.operator.shadow("good").is_some(), "{port} is no shadow");
+    let equal_before = shadow_count("equal");
+
+    let names = ["w1", "w2", "w3"];
+    for w in names {
+        create_widget(&ns, w).await?;
+    }
+    widgets(&ns)
+        .patch(
+            "w1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"value": "changed"}})),
+        )
+        .await?;
+    let cms: Api<ConfigMap> = ns.api();
+    wait_for("every ConfigMap, w1's changed", DEFAULT_DEADLINE, || {
+        let cms = cms.clone();
+        async move {
+            let mut values = Vec::new();
+            for w in names {
+                values.push(
+                    cms.get_opt(&format!("{w}-cm"))
+                        .await?
+                        .and_then(|c| c.data)
+                        .and_then(|d| d.get("value").cloned()),
+                );
+            }
+            if values
+                == [
+                    Some("changed".to_string()),
+                    Some("w2".to_string()),
+                    Some("w3".to_string()),
+                ]
+            {
+                Ok(Some(()))
+            } else {
+                bail!("values {values:?}")
+            }
+        }
+    })
+    .await?;
+    // Each Widget's creation and w1's change were compared (at least).
+    wait_for("the shadow's comparisons", DEFAULT_DEADLINE, || {
+        let n = shadow_count("equal") - equal_before;
+        async move {
+            if n >= 4.0 {
+                Ok(Some(()))
+            } else {
+                bail!("{n} equal shadow plans")
+            }
+        }
+    })
+    .await?;
+    let shown = wasmop::shadow::report();
+    ensure!(
+        !shown.contains(&format!("\"{}/", ns.name)),
+        "{port} planned differently: {shown}"
+    );
+    drop(op);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}

@@ -5,6 +5,9 @@
 //             cap ends it);
 //   huge-plan answers with a status of `spec.bytes` (default 9 MiB) of
 //             text, more than the 8 MiB the host reads of a plan;
+//   dense     answers with a status of `spec.values` (default 300 000)
+//             zeros, more than the 250 000 JSON values the host reads of
+//             a plan, in a small text;
 //   remember  counts its calls in a module variable and answers the count
 //             in `status.calls` (1 when every call starts afresh);
 //   throw     throws a TypeError (reported as the plugin's internal error);
@@ -37,6 +40,8 @@ const hostile = {
         }
       case 'huge-plan':
         return new Plan().status({ filler: 'x'.repeat(spec.bytes ?? 9 << 20) });
+      case 'dense':
+        return new Plan().status({ zeros: new Array(spec.values ?? 300000).fill(0) });
       case 'remember':
         hoard.push(snapshot.primaryName());
         return new Plan().status({ calls, seen: hoard });

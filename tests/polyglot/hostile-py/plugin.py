@@ -6,6 +6,9 @@ behaviour per ``spec.mode`` of a ``Hostile`` (test.wasmop.dev/v1):
   cap ends it);
 - ``huge-plan``: answers with a status of ``spec.bytes`` (default 9 MiB) of
   text, more than the 8 MiB the host reads of a plan;
+- ``dense``: answers with a status of ``spec.values`` (default 300 000)
+  zeros, more than the 250 000 JSON values the host reads of a plan, in a
+  small text;
 - ``remember``: counts its calls in a module variable and answers the count
   in ``status.calls`` (1 when every call starts afresh);
 - ``throw``: raises a TypeError (reported as the plugin's internal error);
@@ -45,6 +48,8 @@ class Hostile:
                 i += 1
         if mode == "huge-plan":
             return Plan().status({"filler": "x" * spec.get("bytes", 9 << 20)})
+        if mode == "dense":
+            return Plan().status({"zeros": [0] * spec.get("values", 300000)})
         if mode == "remember":
             hoard.append(snapshot.primary_name())
             return Plan().status({"calls": calls, "seen": hoard})
