@@ -281,8 +281,21 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
             );
             return finish(plan, status, conds, std::time::Duration::from_millis(100));
         }
+        // A 409 says some team held the name POSTed then. A lookup made
+        // since, for the name wanted now, that finds no such team (the name
+        // changed, or the holder is gone) sends the create again.
+        let name_free = created.is_some_and(|c| {
+            snapshot.observation(&lookup_id).is_some_and(|l| {
+                api::newer(l, Some(c))
+                    && body_of(l)
+                        .and_then(|b| b.as_array().cloned())
+                        .is_some_and(|teams| {
+                            !teams.iter().any(|t| t["name"] == desired_name.as_str())
+                        })
+            })
+        });
         match created {
-            Some(o) if o.error.is_none() && o.status == Some(409) => {
+            Some(o) if o.error.is_none() && o.status == Some(409) && !name_free => {
                 let lookup = snapshot.observation(&lookup_id);
                 if let Some(l) = lookup.filter(|l| !l.is_success()) {
                     conds.set(

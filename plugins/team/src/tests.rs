@@ -566,6 +566,39 @@ fn a_new_team_is_created_and_a_409_adopts_by_name() {
 }
 
 #[test]
+fn a_409_for_a_name_no_longer_wanted_does_not_park_the_create() {
+    // POST "Platform" answered 409; the display name then changed, and the
+    // lookup of the new name finds no team: the create is sent again, with
+    // the new name, rather than waiting to adopt a team that is not there.
+    let conflict = obs("create.0", Some(409), json!({"error": "team exists"}), 5);
+    let none = obs("lookup.0", Some(200), json!([]), 1);
+    let mut snapshot = team(json!({}))
+        .observation(conflict.clone())
+        .observation(none)
+        .build();
+    snapshot.primary["spec"]["displayName"] = json!("Platform EU");
+    let plan = run::<TeamPlugin>(&snapshot).unwrap();
+    assert_eq!(ids(&plan), [("create.0", HttpMethod::Post, "/api/teams")]);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&plan.http_requests[0].body).unwrap()["name"],
+        "Platform EU"
+    );
+    // A lookup older than the 409 says nothing about it: look again.
+    let stale = obs("lookup.0", Some(200), json!([]), 9);
+    let plan = run::<TeamPlugin>(
+        &team(json!({}))
+            .observation(conflict)
+            .observation(stale)
+            .build(),
+    )
+    .unwrap();
+    assert_eq!(
+        ids(&plan),
+        [("lookup.0", HttpMethod::Get, "/api/teams?name=Platform")]
+    );
+}
+
+#[test]
 fn drift_on_the_server_is_put_back() {
     let status = json!({"teamID": 42});
     let drifted = obs(
