@@ -41,9 +41,6 @@
 //!   changes or drops a rule (or the whole `admit` export) is reflected
 //!   within [`SYNC_INTERVAL`].
 
-pub mod offline;
-pub mod review;
-pub mod rules;
 pub mod server;
 pub mod tls;
 
@@ -62,6 +59,8 @@ use wasmop_contract::AdmissionRule;
 use self::rules::{Endpoint, WebhookSettings};
 use self::server::{Handler, Plugins};
 use self::tls::{CertSource, Resolver};
+pub use crate::contract::admission as rules;
+pub use crate::reconcile::admission::{offline, review};
 use crate::watch::cache::Cache;
 
 /// How often the webhook configuration is compared with the loaded plugins.
@@ -78,19 +77,19 @@ pub const INSTALL_ANNOTATION: &str = "wasmop.dev/install";
 const ABSENT_VERSION: &str = "18446744073709551615";
 
 /// When this replica may write the configuration: the leader flag and the
-/// end of its Lease term (see `crate::controller::leader::may_write`).
+/// end of its Lease term (see `crate::lease::leader::may_write`).
 #[derive(Clone, Debug)]
 pub struct WriteFence {
     /// True while this replica leads.
     pub leader: Arc<AtomicBool>,
     /// The end of the Lease term on the local clock.
-    pub lease_until: crate::controller::leader::LeaseDeadline,
+    pub lease_until: crate::lease::leader::LeaseDeadline,
 }
 
 impl WriteFence {
     /// True while writes are allowed.
     pub fn may_write(&self) -> bool {
-        crate::controller::leader::may_write(&self.leader, &self.lease_until)
+        crate::lease::leader::may_write(&self.leader, &self.lease_until)
     }
 }
 

@@ -13,8 +13,8 @@ use crate::check::controllers::{Knobs, Sim};
 use crate::check::mutate::{Mutation, mutations};
 use crate::check::properties::{Property, applied_digest, done_claims, honest, plan_claims_done};
 use crate::check::world::{ObjKey, View, World, describe_key, key_of};
+use crate::contract::manifest::{Controller, Manifest};
 use crate::object;
-use crate::plugin::manifest::{Controller, Manifest};
 use crate::reconcile::decide::Decision;
 use wasmop_contract::Scope;
 
@@ -354,7 +354,7 @@ impl<'a> Explorer<'a> {
             if let Decision::Planned { plan, .. } = d {
                 for del in &plan.delete {
                     let (group, _) =
-                        crate::plugin::manifest::split_api_version(&del.target.api_version);
+                        crate::contract::manifest::split_api_version(&del.target.api_version);
                     seen.deleted.insert((
                         group.to_owned(),
                         del.target.kind.clone(),
@@ -867,7 +867,7 @@ impl<'a> Explorer<'a> {
             describe_key(ok),
             describe_key(key)
         );
-        let plans = |r: &Reconciled| -> Vec<crate::reconcile::validate::Plan> {
+        let plans = |r: &Reconciled| -> Vec<crate::judge::validate::Plan> {
             r.decisions
                 .iter()
                 .filter_map(|(_, d)| d.plan().cloned())

@@ -39,9 +39,9 @@ use std::sync::Arc;
 use base64::Engine as _;
 use serde_json::{Map, Value, json};
 
+use crate::contract::manifest::{KindRef, split_api_version};
+use crate::judge::snapshot::ObjectSource;
 use crate::object;
-use crate::plugin::manifest::{KindRef, split_api_version};
-use crate::reconcile::snapshot::ObjectSource;
 
 /// Where an object lives: group, kind, namespace (empty for
 /// cluster-scoped objects), name.

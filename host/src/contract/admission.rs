@@ -6,9 +6,9 @@ use std::collections::BTreeSet;
 use serde_json::{Value, json};
 use wasmop_contract::{AdmissionRule, Manifest, Selector};
 
+use crate::contract::manifest::ManifestProblem;
+use crate::contract::selector::LabelSelector;
 use crate::names;
-use crate::plugin::manifest::ManifestProblem;
-use crate::watch::selector::LabelSelector;
 
 /// Suffix of every webhook name: `<rule>.<plugin>.admission.wasmop.dev`.
 pub const WEBHOOK_SUFFIX: &str = "admission.wasmop.dev";

@@ -2,9 +2,10 @@
 //! the root `wit/` (package `wasmop:reconciler@0.4.0`, worlds `plugin` and
 //! `admitting-plugin`).
 //!
-//! Nothing outside [`crate::plugin`] touches these types: the rest of the
-//! host works with the native types of [`crate::plugin::manifest`],
-//! [`crate::reconcile::snapshot`] and [`crate::reconcile::validate`].
+//! Nothing outside [`crate::plugin`] and [`crate::sandbox`] touches these
+//! types: the rest of the
+//! host works with the native types of [`crate::contract::manifest`],
+//! [`crate::judge::snapshot`] and [`crate::judge::validate`].
 
 #![allow(missing_docs)]
 

@@ -18,8 +18,8 @@ pub use wasmop_contract::manifest::{
     SETTING_PREFIX, Selector, split_api_version,
 };
 
+use crate::contract::selector::LabelSelector;
 use crate::names;
-use crate::watch::selector::LabelSelector;
 
 /// One thing wrong with a manifest.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -22,12 +22,10 @@
 //!   as a Warning Event, and retried with exponential backoff.
 
 mod echo;
-pub mod leader;
 pub mod orphans;
 pub mod queue;
 pub mod rollout;
 pub(crate) mod route;
-pub mod shard;
 mod sharder;
 mod truth;
 mod worker;
@@ -43,23 +41,24 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
+use crate::contract::manifest::{Controller, KindRef};
+use crate::contract::selector::LabelSelector;
 use crate::controller::queue::{Backoff, Queue};
 use crate::execute::Reporter;
 use crate::execute::writer::Writer;
+use crate::judge::snapshot::ObjectSource;
 use crate::metrics;
 use crate::observe::{ObserveConfig, Observer};
 use crate::plugin::LoadedPlugin;
-use crate::plugin::manifest::{Controller, KindRef};
-use crate::reconcile::snapshot::ObjectSource;
 use crate::watch::by_name::{self, SecretReads};
 use crate::watch::cache::{Cache, CachedObject, Change, KindCache, KindKey, WatchSpec};
-use crate::watch::selector::LabelSelector;
 use route::{PrimaryLookup, Route, cached_key_of};
 use wasmop_contract::Scope;
 
 pub use crate::execute::{
     RECONCILED_BY_ANNOTATION, RECONCILED_CONDITION, api_resource, reconciled_by,
 };
+pub use crate::lease::{leader, shard};
 pub use route::kind_key;
 
 /// Tunables of the live operator.
@@ -82,12 +81,12 @@ pub struct OperatorConfig {
     /// read again to notice changes (they are read by name, not watched).
     pub secret_poll_interval: Duration,
     /// Where each decided reconcile is recorded (`wasmop run --record`).
-    pub recorder: Option<Arc<crate::record::Recorder>>,
+    pub recorder: Option<Arc<crate::report::record::Recorder>>,
     /// How often the leader sweeps for objects of its plugins whose owner
     /// is gone (see [`orphans`]); `None`: never.
     pub orphan_sweep_interval: Option<Duration>,
     /// How often the `PluginRollout` objects are read (and, on the
-    /// leader, driven; see [`crate::rollout`]); `None`: rollouts are not
+    /// leader, driven; see [`crate::reconcile::rollout`]); `None`: rollouts are not
     /// followed.
     pub rollout_interval: Option<Duration>,
     /// Only `PluginRollout` objects whose labels match this selector are
@@ -210,7 +209,7 @@ pub struct Operator {
     tasks: Mutex<Vec<tokio::task::AbortHandle>>,
     observer: Arc<Observer>,
     secrets: Arc<SecretReads>,
-    /// Shadow candidates by plugin name (see [`crate::shadow`]).
+    /// Shadow candidates by plugin name (see [`crate::report::shadow`]).
     shadows: RwLock<BTreeMap<String, Arc<LoadedPlugin>>>,
     /// Shadow calls in flight (bounded by the worker count).
     shadow_inflight: Arc<std::sync::atomic::AtomicUsize>,
@@ -228,8 +227,8 @@ pub struct Operator {
     /// UIDs of objects recently collected because their owner was gone
     /// (see [`orphans`]).
     collected: Arc<orphans::Collected>,
-    /// Routing and counts of the plugin rollouts (see [`crate::rollout`]).
-    rollouts: Arc<crate::rollout::Rollouts>,
+    /// Routing and counts of the plugin rollouts (see [`crate::reconcile::rollout`]).
+    rollouts: Arc<crate::reconcile::rollout::Rollouts>,
     /// This replica as a shard (`wasmop run --sharding`; see [`shard`]).
     sharding: std::sync::OnceLock<Arc<shard::Sharding>>,
 }
@@ -363,7 +362,7 @@ impl Operator {
                 tokio::spawn(async move {
                     while let Some(key) = op.queue.next().await {
                         // /healthz fails while one reconcile runs too long.
-                        let busy = crate::health::global().busy(key.to_string());
+                        let busy = crate::report::health::global().busy(key.to_string());
                         let started = std::time::Instant::now();
                         op.reconcile(&key)
                             .instrument(crate::logging::reconcile_span(&key))
@@ -651,7 +650,7 @@ impl Operator {
 
     /// Runs `plugin` as the shadow of the active plugin of the same name:
     /// called on every snapshot the active one decides, compared, never
-    /// written (see [`crate::shadow`]). Replaces an earlier shadow.
+    /// written (see [`crate::report::shadow`]). Replaces an earlier shadow.
     ///
     /// # Errors
     /// When no plugin of that name is active (a message naming it).

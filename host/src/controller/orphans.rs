@@ -91,14 +91,14 @@ use kube::api::{Api, DynamicObject, ListParams, PartialObjectMeta};
 use serde_json::Value;
 
 use super::{Active, Operator, kind_key};
+use crate::contract::manifest::{Controller, KindRef, Ownership};
 use crate::execute::api_resource;
-use crate::metrics;
-use crate::object;
-use crate::plugin::manifest::{Controller, KindRef, Ownership};
-use crate::reconcile::validate::{
+use crate::judge::validate::{
     MANAGED_BY_LABEL, MANAGED_BY_VALUE, OWNER_UID_LABEL, PLUGIN_LABEL, PROTECTED_LABEL, Plan, Rule,
     Violation,
 };
+use crate::metrics;
+use crate::object;
 
 /// How many objects one page of a sweep's list holds.
 pub const SWEEP_PAGE: u32 = 500;
@@ -546,7 +546,7 @@ impl Operator {
         // the refused primary's writes (with sharding, its shard's term).
         let may_write = match self.shard_for(a).filter(|_| found_by == "refusal") {
             Some(s) => s.in_term(),
-            None => crate::controller::leader::may_write(&self.leader, &self.lease_until),
+            None => crate::lease::leader::may_write(&self.leader, &self.lease_until),
         };
         if !may_write {
             return Ok((Outcome::Left, String::new()));
@@ -689,7 +689,7 @@ impl Operator {
     /// write. Returns how many objects were looked at and how many
     /// collected.
     pub async fn sweep_orphans(&self) -> (usize, usize) {
-        if !crate::controller::leader::may_write(&self.leader, &self.lease_until) {
+        if !crate::lease::leader::may_write(&self.leader, &self.lease_until) {
             return (0, 0);
         }
         let started = Instant::now();

@@ -1,4 +1,4 @@
-//! The live side of [`crate::rollout`]: which version reconciles a
+//! The live side of [`crate::reconcile::rollout`]: which version reconciles a
 //! primary, and the loop that reads the `PluginRollout` objects and, on
 //! the leader, drives them.
 //!
@@ -29,7 +29,7 @@
 //!   publishes its counts as `status.shards.<shard>` (its own entry, by the
 //!   same fenced patch, when they changed); the leader analyses its own
 //!   counts plus the other shards' entries of the same step (see
-//!   [`crate::rollout::combine`]).
+//!   [`crate::reconcile::rollout::combine`]).
 //! - A rollback (automatic or asked) is held until its status is written:
 //!   the routing goes back to the current version first, and a failed
 //!   status write is tried again each tick, the candidate routed nothing
@@ -51,7 +51,7 @@ use serde_json::{Value, json};
 use crate::controller::route::Route;
 use crate::controller::{Active, Operator, watched_kinds};
 use crate::object;
-use crate::rollout::{
+use crate::reconcile::rollout::{
     self, RolloutSpec, RolloutStatus, ShardCounts, analyze, phase, shard_counts, step_done,
 };
 use wasmop_contract::Scope;
@@ -363,7 +363,7 @@ impl Operator {
     async fn publish_counts(
         &self,
         obj: &Value,
-        s: &crate::controller::shard::Sharding,
+        s: &crate::lease::shard::Sharding,
         spec: &RolloutSpec,
         status: &RolloutStatus,
     ) {
@@ -418,7 +418,7 @@ impl Operator {
 
     /// Whether this replica may write now (it leads, its lease is valid).
     fn leads(&self) -> bool {
-        crate::controller::leader::may_write(&self.leader, &self.lease_until)
+        crate::lease::leader::may_write(&self.leader, &self.lease_until)
     }
 
     /// Records an Event on a rollout, while this replica leads.
@@ -527,7 +527,7 @@ impl Operator {
                     "candidate not loaded: put it beside the plugin as {}{}.wasm \
                      (every primary stays on the current version meanwhile)",
                     spec.plugin,
-                    crate::shadow::SUFFIX
+                    crate::report::shadow::SUFFIX
                 );
                 self.rollouts.close_window(&spec.plugin);
                 self.write_status(obj, &old, &st).await;

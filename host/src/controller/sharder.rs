@@ -15,15 +15,15 @@ use kube::api::{Api, DynamicObject, ListParams};
 use serde_json::{Value, json};
 use wasmop_contract::OWNER_UID_LABEL;
 
-use super::leader;
-use super::shard::{
+use crate::contract::manifest::OwnedKind;
+use crate::judge::validate::ExistingObject;
+use crate::lease::leader;
+use crate::lease::shard::{
     CLAIM_WAIT, CLAIM_WRITES, Claim, ClaimRequest, DRAIN_LABEL, MOVE_WRITES, Move, Ring, Round,
     SHARD_LABEL, Sharding, Standing, acknowledge, claim_object, plan_move, read_live,
     read_membership, write_move,
 };
 use crate::object;
-use crate::plugin::manifest::OwnedKind;
-use crate::reconcile::validate::ExistingObject;
 /// What a claim relabelled (`(kind key, uid)` of each object), or that a
 /// list or write failed.
 type Claimed = Result<Vec<(String, String)>, ()>;
@@ -67,15 +67,15 @@ impl super::Operator {
     /// and so needs it whole.
     pub(super) fn primary_selector(
         &self,
-        c: &crate::plugin::manifest::Controller,
-        incoming: &[crate::plugin::manifest::Controller],
+        c: &crate::contract::manifest::Controller,
+        incoming: &[crate::contract::manifest::Controller],
     ) -> Option<String> {
         let s = self.sharding.get()?;
         if c.scope != wasmop_contract::Scope::Object {
             return None;
         }
         let key = super::kind_key(&c.primary);
-        let uses = |o: &crate::plugin::manifest::Controller| {
+        let uses = |o: &crate::contract::manifest::Controller| {
             o.reads.iter().any(|r| super::kind_key(&r.kind) == key)
                 || o.owns.iter().any(|w| super::kind_key(&w.kind) == key)
         };
@@ -97,7 +97,7 @@ impl super::Operator {
     /// also owns is widened by [`crate::watch::cache::Cache::ensure`].
     pub(super) fn owned_selector(
         &self,
-        c: &crate::plugin::manifest::Controller,
+        c: &crate::contract::manifest::Controller,
         managed_only: bool,
     ) -> Option<String> {
         let s = self.sharding.get()?;

@@ -8,16 +8,16 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::contract::manifest::KindRef;
 use crate::controller::truth::TruthLookup;
 use crate::controller::{Active, CacheSource, Operator, PrimaryKey, whole_kind_key};
 use crate::execute::{self, Target, report};
+use crate::judge::validate::Plan;
 use crate::metrics;
 use crate::object;
 use crate::observe::PrimaryInfo;
-use crate::plugin::manifest::KindRef;
 use crate::reconcile::decide::{DecideInput, Decision, decide, format_now};
 use crate::reconcile::kind::{KindOutcome, decide_kind};
-use crate::reconcile::validate::Plan;
 use futures::StreamExt;
 use wasmop_contract::Scope;
 
@@ -53,7 +53,7 @@ impl Operator {
         let inflight = Arc::clone(&self.shadow_inflight);
         if inflight.fetch_add(1, Ordering::SeqCst) >= self.config.workers.max(1) {
             inflight.fetch_sub(1, Ordering::SeqCst);
-            crate::shadow::skipped(&a.id, primaries);
+            crate::report::shadow::skipped(&a.id, primaries);
             return None;
         }
         Some(ShadowSlot(inflight))
@@ -67,7 +67,7 @@ impl Operator {
         a: &Active,
         key: &PrimaryKey,
         shadow: Arc<crate::plugin::LoadedPlugin>,
-        snapshot: &crate::reconcile::snapshot::Snapshot,
+        snapshot: &crate::judge::snapshot::Snapshot,
         decision: &Decision,
     ) {
         let Some(slot) = self.shadow_slot(a, 1) else {
@@ -76,16 +76,16 @@ impl Operator {
         let active = crate::reconcile::diff::outcome_of(decision);
         let snapshot = snapshot.clone();
         let controller = a.id.to_string();
-        let primary = crate::shadow::primary_key(&key.namespace, &key.name);
+        let primary = crate::report::shadow::primary_key(&key.namespace, &key.name);
         let active_version = a.plugin.version().to_owned();
         let rollouts = Arc::clone(&self.rollouts);
         tokio::task::spawn_blocking(move || {
             let _slot = slot;
             let outcome = match shadow.reconcile(&snapshot) {
                 Ok(plan) => serde_json::to_value(&plan).unwrap_or_default(),
-                Err(e) => crate::shadow::failed(&e),
+                Err(e) => crate::report::shadow::failed(&e),
             };
-            let differences = crate::shadow::account(
+            let differences = crate::report::shadow::account(
                 &controller,
                 &primary,
                 (&active_version, shadow.version()),
@@ -121,17 +121,17 @@ impl Operator {
         let Some(slot) = self.shadow_slot(a, decided.primaries.len()) else {
             return;
         };
-        let active = crate::shadow::active_kind_outcomes(decided);
+        let active = crate::report::shadow::active_kind_outcomes(decided);
         let snapshot = snapshot.clone();
         let controller = a.id.to_string();
         let active_version = a.plugin.version().to_owned();
         let rollouts = Arc::clone(&self.rollouts);
         tokio::task::spawn_blocking(move || {
             let _slot = slot;
-            let pairs = crate::shadow::kind_pairs(active, shadow.reconcile(&snapshot));
+            let pairs = crate::report::shadow::kind_pairs(active, shadow.reconcile(&snapshot));
             let mut differing = 0usize;
             for (primary, active, outcome) in &pairs {
-                let differences = crate::shadow::account(
+                let differences = crate::report::shadow::account(
                     &controller,
                     primary,
                     (&active_version, shadow.version()),
@@ -189,15 +189,15 @@ impl Operator {
             return;
         };
         if let Some(s) = self.shard_for(&a) {
-            match s.standing(&crate::controller::shard::labels_of(&primary)) {
-                crate::controller::shard::Standing::Mine => {}
-                crate::controller::shard::Standing::Draining => {
+            match s.standing(&crate::lease::shard::labels_of(&primary)) {
+                crate::lease::shard::Standing::Mine => {}
+                crate::lease::shard::Standing::Draining => {
                     self.acknowledge_drain(&a, key, &primary).await;
                     return;
                 }
                 // Another shard's (the cache is not filtered, or the
                 // label changed): nothing to do here.
-                crate::controller::shard::Standing::NotMine => {
+                crate::lease::shard::Standing::NotMine => {
                     s.forget_claim(object::uid(&primary));
                     return;
                 }
@@ -275,8 +275,8 @@ impl Operator {
             self.rollouts.record(
                 a.plugin.name(),
                 a.plugin.digest(),
-                &crate::shadow::primary_key(&key.namespace, &key.name),
-                crate::rollout::Outcome::Decided { deletes },
+                &crate::report::shadow::primary_key(&key.namespace, &key.name),
+                crate::reconcile::rollout::Outcome::Decided { deletes },
                 elapsed,
             );
         }
@@ -323,7 +323,7 @@ impl Operator {
         key: &PrimaryKey,
         primary: Arc<Value>,
         decision: Decision,
-        snapshot: Option<&crate::reconcile::snapshot::Snapshot>,
+        snapshot: Option<&crate::judge::snapshot::Snapshot>,
         now_text: &str,
         elapsed: Duration,
     ) {
@@ -475,13 +475,13 @@ impl Operator {
                     Err(e)
                         if e.is_conflict()
                             && self.shard_for(a).is_some()
-                            && crate::controller::shard::forged_label_conflict(&e.to_string()) =>
+                            && crate::lease::shard::forged_label_conflict(&e.to_string()) =>
                     {
                         // Someone else wrote the shard label of an owned
                         // object: every apply of it conflicts until that
                         // label goes. Said on the primary, not retried in
                         // silence (see `shard::forged_label_conflict`).
-                        let message = crate::controller::shard::forged_label_message(&e);
+                        let message = crate::lease::shard::forged_label_message(&e);
                         self.fail(a, key, &primary, "ShardLabelForged", &message, &now_text)
                             .await;
                     }

@@ -12,8 +12,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use thiserror::Error;
 
+use crate::judge::validate::PlanLimits;
 use crate::plugin::{CompileCache, LoadOptions};
-use crate::reconcile::validate::PlanLimits;
 use crate::sandbox::Limits;
 
 /// The operator configuration file.

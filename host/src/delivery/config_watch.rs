@@ -14,7 +14,7 @@
 //!   ([`ConfigWatch::options_for`]); the plugin directory sees which
 //!   plugins' settings or limits changed and reloads just those, through
 //!   its validate-before-swap path
-//!   ([`crate::plugin::hotswap::PluginDir`]). A plugin that refuses its new
+//!   ([`crate::delivery::hotswap::PluginDir`]). A plugin that refuses its new
 //!   settings keeps running with the old ones.
 //! - `workers` is read at start only; a change is logged as needing a
 //!   restart.
@@ -23,10 +23,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use crate::cli::config::{OperatorFile, load_options, read_config};
+use crate::delivery::config::{OperatorFile, load_options, read_config};
+use crate::delivery::hotswap::{OptionsFor, Stat, stat};
 use crate::metrics;
 use crate::plugin::CompileCache;
-use crate::plugin::hotswap::{OptionsFor, Stat, stat};
 
 /// What one [`ConfigWatch::check`] did.
 #[derive(Debug, PartialEq, Eq)]
@@ -118,7 +118,7 @@ impl ConfigWatch {
                 let message = e.to_string();
                 tracing::error!(error = %message,
                     "operator configuration refused; the running configuration stays in force");
-                crate::selfevent::warning(
+                crate::report::selfevent::warning(
                     "ConfigRejected",
                     &format!("{message}; the running configuration stays in force"),
                 );

@@ -146,14 +146,14 @@ fn wasm_files(dir: &Path) -> Option<Vec<PathBuf>> {
 }
 
 fn is_shadow(path: &Path) -> bool {
-    stem(path).ends_with(crate::shadow::SUFFIX)
+    stem(path).ends_with(crate::report::shadow::SUFFIX)
 }
 
 /// The stem whose options a file is loaded with: its own, or for a shadow
 /// `NAME.shadow.wasm` the shadowed plugin's `NAME`.
 fn options_stem(path: &Path) -> String {
     let stem = stem(path);
-    match stem.strip_suffix(crate::shadow::SUFFIX) {
+    match stem.strip_suffix(crate::report::shadow::SUFFIX) {
         Some(base) => base.to_owned(),
         None => stem,
     }
@@ -226,7 +226,7 @@ impl PluginDir {
             let Some(name) = self.known.remove(&path).and_then(|k| k.plugin) else {
                 continue;
             };
-            let removed = match name.strip_suffix(crate::shadow::SUFFIX) {
+            let removed = match name.strip_suffix(crate::report::shadow::SUFFIX) {
                 Some(active) => self.operator.remove_shadow(active),
                 None => self.operator.remove_plugin(&name),
             };
@@ -304,7 +304,9 @@ impl PluginDir {
         let stem = stem(path);
         // `NAME.shadow.wasm`: a shadow candidate, loaded with NAME's
         // settings and limits.
-        let shadow_of = stem.strip_suffix(crate::shadow::SUFFIX).map(str::to_owned);
+        let shadow_of = stem
+            .strip_suffix(crate::report::shadow::SUFFIX)
+            .map(str::to_owned);
         let options = (self.options)(&options_stem(path));
         if let Some(k) = self.known.get_mut(path) {
             k.options = Some(options_key(&options));
@@ -342,7 +344,7 @@ impl PluginDir {
             }
             match self.operator.set_shadow(plugin.clone()) {
                 Ok(()) => {
-                    let marker = format!("{base}{}", crate::shadow::SUFFIX);
+                    let marker = format!("{base}{}", crate::report::shadow::SUFFIX);
                     if let Some(k) = self.known.get_mut(path) {
                         k.plugin = Some(marker.clone());
                     }
@@ -397,7 +399,7 @@ impl PluginDir {
                         0.0,
                     );
                 }
-                crate::health::global().clear_waiting(&name);
+                crate::report::health::global().clear_waiting(&name);
                 tracing::info!(file = %path.display(), plugin = %name, version = plugin.version(),
                     digest = plugin.digest(), from_cache = plugin.compiled_from_cache(), load_ms,
                     "plugin active");
@@ -435,7 +437,7 @@ impl PluginDir {
                         &[("plugin", &name), ("crd", crd)],
                         1.0,
                     );
-                    crate::health::global().set_waiting(&name, line, plugin.clone());
+                    crate::report::health::global().set_waiting(&name, line, plugin.clone());
                 }
                 self.waiting.insert(
                     path.to_owned(),
@@ -484,7 +486,7 @@ impl PluginDir {
                 &[("plugin", &name), ("crd", &w.crd)],
                 0.0,
             );
-            crate::health::global().clear_waiting(&name);
+            crate::report::health::global().clear_waiting(&name);
         }
     }
 
@@ -499,7 +501,7 @@ impl PluginDir {
 
 fn reject(report: &mut ScanReport, path: &Path, reason: &str, message: &str) {
     tracing::error!(file = %path.display(), reason, error = message, "plugin file rejected; the running version, if any, keeps serving");
-    crate::selfevent::plugin_rejected(&path.display().to_string(), reason, message);
+    crate::report::selfevent::plugin_rejected(&path.display().to_string(), reason, message);
     metrics::global().inc(
         "wasmop_plugin_load_failures_total",
         &[

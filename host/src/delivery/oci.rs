@@ -119,8 +119,10 @@ impl FromStr for PluginSource {
                 .unwrap_or_default()
                 .to_owned(),
         };
-        // `NAME.shadow` pulls a shadow candidate (see `crate::shadow`).
-        let plain = name.strip_suffix(crate::shadow::SUFFIX).unwrap_or(&name);
+        // `NAME.shadow` pulls a shadow candidate (see `crate::report::shadow`).
+        let plain = name
+            .strip_suffix(crate::report::shadow::SUFFIX)
+            .unwrap_or(&name);
         let valid = !plain.is_empty()
             && plain.len() <= 63
             && plain
@@ -444,7 +446,7 @@ impl OciMirror {
                     &[("plugin", plugin), ("result", "error")],
                 );
                 if state.up != Some(false) {
-                    crate::selfevent::warning(
+                    crate::report::selfevent::warning(
                         reason,
                         &format!(
                             "plugin {plugin} from {SCHEME}{}: {message}; running {keeping}",

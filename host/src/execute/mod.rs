@@ -1,7 +1,7 @@
 //! Executing a validated plan against the API, and reporting on the primary
 //! how a reconcile ended.
 //!
-//! [`execute`] runs only after [`crate::reconcile::validate`] accepted the
+//! [`execute`] runs only after [`crate::judge::validate`] accepted the
 //! whole plan; [`writer`] makes the individual API calls.
 //!
 //! # Guarantees
@@ -74,13 +74,13 @@ use kube::api::ApiResource;
 use serde_json::{Value, json};
 
 use crate::conditions;
-use crate::object::{self, describe};
-use crate::plugin::LoadedPlugin;
-use crate::plugin::manifest::{Controller, KindRef};
-use crate::reconcile::snapshot::ObjectSource;
-use crate::reconcile::validate::{
+use crate::contract::manifest::{Controller, KindRef};
+use crate::judge::snapshot::ObjectSource;
+use crate::judge::validate::{
     self as plan, ApplyJudgement, Judgement, Plan, Precondition, Violation,
 };
+use crate::object::{self, describe};
+use crate::plugin::LoadedPlugin;
 use budget::{DeletionBudgets, Reservation};
 use writer::{ApplyError, Fence, Writer};
 
@@ -119,7 +119,7 @@ pub struct Target<'a> {
     /// every write, with `lease_until`.
     pub leader: &'a AtomicBool,
     /// The local-clock end of the Lease term (see
-    /// [`crate::controller::leader::LeaseDeadline`]).
+    /// [`crate::lease::leader::LeaseDeadline`]).
     pub lease_until: &'a std::sync::Mutex<Option<std::time::Instant>>,
     /// With sharding: this shard, and whether the primary is still
     /// assigned to it (no drain mark), as its watch shows it now; checked
@@ -137,11 +137,11 @@ pub struct Target<'a> {
     pub written: Option<&'a dyn WriteLog>,
 }
 
-/// The shard a plan is executed by (see [`crate::controller::shard`]).
+/// The shard a plan is executed by (see [`crate::lease::shard`]).
 #[derive(Clone, Copy)]
 pub struct ShardFence<'a> {
     /// This shard.
-    pub sharding: &'a crate::controller::shard::Sharding,
+    pub sharding: &'a crate::lease::shard::Sharding,
     /// True while the primary is assigned to this shard and not draining.
     pub owns: &'a (dyn Fn() -> bool + Sync),
 }
@@ -271,7 +271,7 @@ pub struct Executed {
 }
 
 fn still_leader(t: &Target<'_>) -> Result<(), ExecuteError> {
-    if crate::controller::leader::may_write(t.leader, t.lease_until)
+    if crate::lease::leader::may_write(t.leader, t.lease_until)
         && t.shard.is_none_or(|s| (s.owns)())
     {
         // Right before each write of a plan: the chaos soak's crash point.
@@ -666,7 +666,7 @@ async fn apply_one(
 /// fills nothing (a dry-run create leaves no object to fill).
 async fn fill_generated(
     t: &Target<'_>,
-    owned: &crate::plugin::manifest::OwnedKind,
+    owned: &crate::contract::manifest::OwnedKind,
     op: &plan::ApplyOp,
     resource: &ApiResource,
     obj: &Value,

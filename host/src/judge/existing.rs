@@ -3,14 +3,14 @@
 //! seam that answers for them — the snapshot's source offline, the cache
 //! backed by API reads live (`controller::truth`).
 //!
-//! It sits below both [`crate::reconcile::snapshot`] (whose every
-//! [`ObjectSource`](crate::reconcile::snapshot::ObjectSource) is a lookup)
-//! and [`crate::reconcile::validate`] (which asks it), and imports neither.
+//! It sits below both [`crate::judge::snapshot`] (whose every
+//! [`ObjectSource`](crate::judge::snapshot::ObjectSource) is a lookup)
+//! and [`crate::judge::validate`] (which asks it), and imports neither.
 
 use serde_json::Value;
 
+use crate::contract::manifest::{KindRef, Ownership};
 use crate::object;
-use crate::plugin::manifest::{KindRef, Ownership};
 use wasmop_contract::OWNER_UID_LABEL;
 
 /// The label a person sets (`true`) on an object no plan may delete. Plugins
@@ -83,7 +83,7 @@ pub enum BeforeCreate {
     Unasked,
 }
 
-/// Answers "does this object exist, and who controls it" for [`validate`](crate::reconcile::validate::validate).
+/// Answers "does this object exist, and who controls it" for [`validate`](crate::judge::validate::validate).
 ///
 /// Implemented for every [`crate::ObjectSource`], so the offline CLI's
 /// `MemorySource` and the live watch cache both answer it.

@@ -12,10 +12,10 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use crate::contract::manifest::{Controller, KindRef, Read, Selector, split_api_version};
+use crate::contract::selector::LabelSelector;
+use crate::judge::existing::{ExistingLookup, ExistingObject};
 use crate::object;
-use crate::plugin::manifest::{Controller, KindRef, Read, Selector, split_api_version};
-use crate::reconcile::existing::{ExistingLookup, ExistingObject};
-use crate::watch::selector::LabelSelector;
 
 /// Where snapshot objects come from.
 ///
@@ -425,8 +425,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::plugin::manifest::FieldRef;
-    use crate::plugin::manifest::tests::{configmap, controller};
+    use crate::contract::manifest::FieldRef;
+    use crate::contract::manifest::tests::{configmap, controller};
 
     const UID: &str = "uid-w";
 
@@ -564,7 +564,7 @@ mod tests {
         let route =
             KindRef::namespaced("gateway.networking.k8s.io", "v1", "HTTPRoute", "httproutes");
         c.owns
-            .push(crate::plugin::manifest::OwnedKind::label(route.clone()).optional());
+            .push(crate::contract::manifest::OwnedKind::label(route.clone()).optional());
         let marker = absent_kind(&route);
         let s = build_snapshot(
             &c,

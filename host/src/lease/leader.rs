@@ -503,7 +503,7 @@ impl std::fmt::Debug for TermHooks {
 /// `shutdown` (the flag dropped: another holder, or no renewal within the
 /// lease duration), and keeping the gauge `gauge` (instead of
 /// `wasmop_leader`) at 1 while the term runs. A shard uses it for its own
-/// Lease (see [`shard`](crate::controller::shard)).
+/// Lease (see [`shard`](crate::lease::shard)).
 pub async fn run_with_loss<F>(
     client: Client,
     config: LeaderConfig,

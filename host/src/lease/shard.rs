@@ -861,8 +861,9 @@ mod tests {
     #[test]
     fn a_claim_selects_the_owners_managed_objects_not_labelled_for_this_shard() {
         let s = Sharding::new("shard-a".into(), "ns".into(), Duration::from_secs(2));
-        let sel = crate::watch::selector::LabelSelector::parse(&s.claim_selector(["u-1", "u-3"]))
-            .expect("a valid selector");
+        let sel =
+            crate::contract::selector::LabelSelector::parse(&s.claim_selector(["u-1", "u-3"]))
+                .expect("a valid selector");
         let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
             pairs
                 .iter()

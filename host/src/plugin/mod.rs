@@ -22,13 +22,9 @@
 //! thread).
 
 mod admit;
-pub(crate) mod bindings;
 pub mod budget;
 mod cache;
 mod convert;
-pub mod hotswap;
-pub mod manifest;
-pub mod oci;
 pub mod rbac;
 
 use std::path::{Path, PathBuf};
@@ -44,10 +40,11 @@ use wasmtime::component::Component;
 pub use self::admit::AdmitInput;
 pub use self::cache::CompileCache;
 pub use self::convert::{MAX_OUTPUT_BYTES, MAX_OUTPUT_VALUES, OutputProblem, json_value_bound};
-use crate::plugin::bindings::{Plugin, PluginPre, types as wit};
-use crate::plugin::manifest::{Manifest, ManifestProblem};
-use crate::reconcile::snapshot::Snapshot;
-use crate::reconcile::validate::Plan;
+use crate::contract::bindings::{self, Plugin, PluginPre, types as wit};
+pub use crate::contract::manifest;
+use crate::contract::manifest::{Manifest, ManifestProblem};
+use crate::judge::snapshot::Snapshot;
+use crate::judge::validate::Plan;
 use crate::sandbox::{DeadlineExceeded, Limits, Sandbox, StoreState};
 
 /// A boxed error from wasmtime or the OS, kept as a `source`.
@@ -419,8 +416,8 @@ impl LoadedPlugin {
                 }],
             }
         })?;
-        let mut problems = crate::plugin::manifest::problems(&manifest);
-        problems.extend(crate::admission::rules::problems(
+        let mut problems = crate::contract::manifest::problems(&manifest);
+        problems.extend(crate::contract::admission::problems(
             &manifest,
             plugin.admit_pre.is_some(),
         ));
@@ -443,11 +440,11 @@ impl LoadedPlugin {
                 problems: convert::settings_problems_from_json(&problems),
             });
         }
-        let effective = crate::plugin::manifest::resolve_settings(&manifest, &options.settings)
+        let effective = crate::contract::manifest::resolve_settings(&manifest, &options.settings)
             .map_err(|problems| LoadError::WriteNamespaceSetting {
-                plugin: manifest.name.clone(),
-                problems,
-            })?;
+            plugin: manifest.name.clone(),
+            problems,
+        })?;
         plugin.name = manifest.name.clone();
         plugin.version = manifest.version.clone();
         plugin.budget = Some(budget::budget_for(
@@ -530,7 +527,7 @@ impl LoadedPlugin {
     ///
     /// [`CallError`] for a trap, timeout, memory cap, malformed output or
     /// the plugin's own error. The plan is *not* validated against the
-    /// manifest here; see [`crate::reconcile::validate::validate`].
+    /// manifest here; see [`crate::judge::validate::validate`].
     pub fn reconcile(&self, snapshot: &Snapshot) -> Result<Plan, CallError> {
         let input = convert::snapshot_to_wit(snapshot);
         let now = parse_now(&snapshot.now);

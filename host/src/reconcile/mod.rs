@@ -3,13 +3,13 @@
 //! ([`validate`]) chained by [`decide()`]; [`offline`] (`wasmop plan`) and
 //! [`golden`] plan tests run it over objects from files.
 
+pub mod admission;
 pub mod decide;
 pub mod diff;
-pub mod existing;
 pub mod golden;
 pub mod kind;
 pub mod offline;
-pub mod snapshot;
-pub mod validate;
+pub mod rollout;
 
+pub use crate::judge::{existing, snapshot, validate};
 pub use decide::{DecideInput, Decided, Decision, SkipReason, decide, format_now};

@@ -205,7 +205,7 @@ pub fn global() -> &'static Health {
 
 /// Serves the [`metrics::global`] metrics at `http://addr/metrics`, this
 /// module's checks at `/healthz` (also `/livez`) and `/readyz`, and the
-/// [`crate::shadow`] report at `/shadow`, until the task is dropped. It
+/// [`crate::report::shadow`] report at `/shadow`, until the task is dropped. It
 /// lives here, above the metrics registry, so that the registry imports
 /// neither the checks nor the shadow report.
 ///
@@ -236,7 +236,7 @@ pub async fn serve(addr: SocketAddr) -> std::io::Result<tokio::task::JoinHandle<
                     ),
                     "/healthz" | "/livez" => global().healthz(std::time::Instant::now()),
                     "/readyz" => global().readyz(),
-                    "/shadow" => (200, crate::shadow::report()),
+                    "/shadow" => (200, crate::report::shadow::report()),
                     _ => (404, "not found\n".to_string()),
                 };
                 let status = match code {

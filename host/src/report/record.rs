@@ -45,6 +45,7 @@ use base64::Engine as _;
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 
+use crate::judge::snapshot::Snapshot;
 use crate::metrics;
 use crate::object;
 use crate::plugin::LoadedPlugin;
@@ -53,7 +54,6 @@ use crate::reconcile::diff::{kind_outcome_of, outcome_of};
 use crate::reconcile::kind::KindDecided;
 use crate::reconcile::offline::INPUT_API_VERSION;
 pub use crate::reconcile::offline::RECORDED_KIND;
-use crate::reconcile::snapshot::Snapshot;
 
 /// Secret values shorter than this are redacted inside Secrets only, not
 /// scrubbed from other strings (where they would match too much).

@@ -24,12 +24,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use crate::judge::validate::Plan;
 use crate::metrics;
 use crate::object;
 use crate::plugin::CallError;
 use crate::reconcile::diff::{Difference, diff, outcome_of};
 use crate::reconcile::kind::{KindDecided, KindOutcome};
-use crate::reconcile::validate::Plan;
 
 /// How many differing reconciles `/shadow` keeps.
 pub const MAX_KEPT: usize = 50;

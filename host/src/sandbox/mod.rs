@@ -71,8 +71,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::plugin::bindings::wasmop::reconciler::diagnostics;
-use crate::reconcile::validate::PlanLimits;
+use crate::contract::bindings::wasmop::reconciler::diagnostics;
+use crate::judge::validate::PlanLimits;
 use thiserror::Error;
 use wasmtime::component::{HasSelf, Linker, Resource, ResourceTable};
 use wasmtime::{

@@ -6,9 +6,9 @@
 pub mod by_name;
 pub mod cache;
 pub mod retry;
-pub mod selector;
 pub mod stored;
 
+pub use crate::contract::selector;
 pub use cache::{Cache, Change, KindCache, KindKey, WatchSpec};
 pub use selector::{LabelSelector, selector_matches};
 pub use stored::CachedObject;

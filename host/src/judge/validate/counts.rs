@@ -216,7 +216,7 @@ mod count_tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::reconcile::validate::{Event, EventType, HttpMethod, HttpRequest};
+    use crate::judge::validate::{Event, EventType, HttpMethod, HttpRequest};
 
     #[test]
     fn a_million_empty_events_break_the_event_count_rule() {

@@ -38,8 +38,8 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::contract::manifest::Controller;
 use crate::object;
-use crate::plugin::manifest::Controller;
 
 pub use wasmop_contract::plan::{
     ApplyOp, CaBundle, DeleteOp, Event, EventType, GeneratedKey, HttpMethod, HttpRequest,
@@ -47,7 +47,7 @@ pub use wasmop_contract::plan::{
 };
 pub use wasmop_contract::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, OWNER_UID_LABEL, PLUGIN_LABEL};
 
-pub use crate::reconcile::existing::{BeforeCreate, ExistingLookup, ExistingObject};
+pub use crate::judge::existing::{BeforeCreate, ExistingLookup, ExistingObject};
 
 pub mod counts;
 pub mod ownership;

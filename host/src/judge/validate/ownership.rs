@@ -10,10 +10,10 @@ use serde_json::Value;
 use super::{
     ApplyJudgement, BeforeCreate, DeleteOp, Judged, ObjectRef, Precondition, Rule, Validator,
 };
+use crate::contract::manifest::{Controller, Ownership, split_api_version};
 use crate::object;
-use crate::plugin::manifest::{Controller, Ownership, split_api_version};
 
-pub use crate::reconcile::existing::PROTECTED_LABEL;
+pub use crate::judge::existing::PROTECTED_LABEL;
 
 /// True when `target` names the primary object (apiVersion, kind, namespace
 /// and name; the namespace only for a namespaced primary).

@@ -14,9 +14,9 @@ use super::{
     GeneratedKey, HttpRequest, MANAGED_BY_LABEL, OWNER_UID_LABEL, PLUGIN_LABEL, PROTECTED_LABEL,
     RequestTarget, Rule, Validator,
 };
+use crate::contract::manifest::{Controller, OwnedKind, Ownership, split_api_version};
 use crate::names;
 use crate::object;
-use crate::plugin::manifest::{Controller, OwnedKind, Ownership, split_api_version};
 
 /// The prefix of the labels sharding puts on primaries and owned objects
 /// (`shard.wasmop.dev/shard`, `shard.wasmop.dev/drain`): the host owns

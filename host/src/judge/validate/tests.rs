@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use serde_json::json;
 
 use super::*;
+use crate::contract::manifest::tests::controller;
+use crate::contract::manifest::{HttpTarget, KindRef, OwnedKind};
 use crate::execute::prepare::prepare_apply;
-use crate::plugin::manifest::tests::controller;
-use crate::plugin::manifest::{HttpTarget, KindRef, OwnedKind};
 
 const PRIMARY_UID: &str = "uid-primary";
 

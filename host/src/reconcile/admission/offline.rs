@@ -14,9 +14,9 @@ use thiserror::Error;
 use wasmop_contract::{AdmissionOperation, AdmissionRule, str_at};
 
 use super::review::{self, Selection};
+use crate::contract::selector::selector_matches;
 use crate::object;
 use crate::plugin::{AdmitInput, LoadedPlugin};
-use crate::watch::selector::selector_matches;
 
 /// `apiVersion` of the AdmissionReview documents understood.
 pub const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";

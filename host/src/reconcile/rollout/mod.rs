@@ -12,7 +12,7 @@
 //! The candidate is the plugin's shadow, `NAME.shadow.wasm` beside
 //! `NAME.wasm` (a file, or an OCI digest the mirror writes there): it is
 //! loaded, compiled and checked by the hot swap path before anything is
-//! routed to it (see [`crate::shadow`]). `spec.candidate.version` or
+//! routed to it (see [`crate::report::shadow`]). `spec.candidate.version` or
 //! `.digest` pin which shadow the rollout means; another shadow is not
 //! routed to.
 //!
@@ -57,9 +57,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::contract::selector::LabelSelector;
 use crate::plugin::budget::{BudgetCounts, CallBudget};
 use crate::reconcile::diff::Difference;
-use crate::watch::selector::LabelSelector;
 
 /// API group of `PluginRollout`.
 pub const GROUP: &str = "wasmop.dev";
