@@ -3,9 +3,9 @@
 //! `admitting-plugin`).
 //!
 //! Nothing outside [`crate::plugin`] and [`crate::sandbox`] touches these
-//! types: the rest of the
-//! host works with the native types of [`crate::contract::manifest`],
-//! [`crate::judge::snapshot`] and [`crate::judge::validate`].
+//! types: the rest of the host works with the native types of
+//! [`crate::contract::manifest`], [`crate::judge::snapshot`] and
+//! [`crate::judge::validate`].
 
 #![allow(missing_docs)]
 
