@@ -548,9 +548,9 @@ fn problems(files: &[(String, String)], layers: &[Vec<String>]) -> Vec<String> {
             ));
         }
     }
-    // Circles: a folder's mod.rs may use the modules it declares.
-    let folder_uses_its_own =
-        |e: &Edge| e.file.ends_with("/mod.rs") && e.to.starts_with(&format!("{}/", e.from));
+    // Circles: a module may use the modules it declares (`x/mod.rs` or
+    // `x.rs` using `x/y.rs`).
+    let folder_uses_its_own = |e: &Edge| e.to.starts_with(&format!("{}/", e.from));
     let mut graph: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     for e in edges.iter().filter(|e| !folder_uses_its_own(e)) {
         graph.entry(&e.from).or_default().insert(&e.to);
@@ -726,8 +726,8 @@ fn an_import_that_points_up_is_named_with_its_file_and_line() {
 }
 
 #[test]
-fn a_circle_within_one_layer_is_named_but_a_folder_using_its_own_modules_is_not() {
-    let layers = layers("//! # Layers\n//!\n//! - `a`, `b`, `c` — one layer.\n");
+fn a_circle_within_one_layer_is_named_but_a_module_using_its_own_modules_is_not() {
+    let layers = layers("//! # Layers\n//!\n//! - `a`, `b`, `c`, `e` — one layer.\n");
     let files = tree(&[
         ("lib.rs", ""),
         ("a.rs", "use crate::b::{x, y::{z}};\n"),
@@ -737,6 +737,8 @@ fn a_circle_within_one_layer_is_named_but_a_folder_using_its_own_modules_is_not(
         ),
         ("c/mod.rs", "mod d;\nuse self::d::D;\n"),
         ("c/d.rs", "use super::C;\n"),
+        ("e.rs", "mod f;\nuse self::f::F;\n"),
+        ("e/f.rs", "use super::E;\n"),
     ]);
     let found = problems(&files, &layers);
     assert_eq!(
