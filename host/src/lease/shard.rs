@@ -101,18 +101,22 @@
 //!   shards it last saw (rounded up, at least 1), so the cluster-wide sum
 //!   stays within the budget as long as membership is steady.
 
+mod api;
+mod ring;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, ListParams, Patch, PatchParams};
-use serde_json::json;
-use sha2::{Digest, Sha256};
 
 use super::leader::{self, LeaseDeadline};
 use wasmop_contract::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, OWNER_UID_LABEL};
+
+pub(crate) use self::api::{acknowledge, claim_object, write_move};
+pub use self::api::{forged_label_conflict, forged_label_message, read_live, read_membership};
+pub use self::ring::{Move, Ring, plan_move};
 
 /// Label on a primary naming the shard that reconciles it.
 pub const SHARD_LABEL: &str = "shard.wasmop.dev/shard";
@@ -172,86 +176,6 @@ pub fn check_identity(identity: &str) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-fn hash(text: &str) -> u64 {
-    let digest = Sha256::digest(text.as_bytes());
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&digest[..8]);
-    u64::from_be_bytes(first)
-}
-
-/// A consistent-hash ring of shards with [`VIRTUAL_NODES`] points each.
-/// Adding or removing one shard moves only the keys of the arcs it gains
-/// or loses (about 1/N of them).
-#[derive(Debug, Clone)]
-pub struct Ring {
-    points: Vec<(u64, Arc<str>)>,
-}
-
-impl Ring {
-    /// The ring of `shards` (duplicates count once).
-    pub fn new<'a>(shards: impl IntoIterator<Item = &'a str>) -> Self {
-        let unique: BTreeSet<&str> = shards.into_iter().collect();
-        let mut points = Vec::with_capacity(unique.len() * VIRTUAL_NODES);
-        for s in unique {
-            let name: Arc<str> = s.into();
-            for v in 0..VIRTUAL_NODES {
-                points.push((hash(&format!("{s}#{v}")), name.clone()));
-            }
-        }
-        points.sort();
-        Self { points }
-    }
-
-    /// The shard of `key` (a primary's UID); `None` on an empty ring.
-    pub fn shard_of(&self, key: &str) -> Option<&str> {
-        if self.points.is_empty() {
-            return None;
-        }
-        let h = hash(key);
-        let i = self.points.partition_point(|(p, _)| *p < h) % self.points.len();
-        Some(&self.points[i].1)
-    }
-}
-
-/// What the sharder does with one primary.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Move {
-    /// Nothing: it is where it belongs (or waits for its owner's
-    /// acknowledgement).
-    Keep,
-    /// Assign it to this shard (no owner, or its owner is gone), removing
-    /// any drain mark.
-    Assign(String),
-    /// Ask its live owner to give it up.
-    Drain,
-    /// Its owner is where it belongs again: remove the drain mark.
-    Undrain,
-}
-
-/// Decides the [`Move`] of a primary labelled with `owner` (and the drain
-/// mark when `draining`), whose place on the ring is `desired`, given the
-/// `live` shards.
-pub fn plan_move(
-    owner: Option<&str>,
-    draining: bool,
-    desired: &str,
-    live: &BTreeSet<String>,
-) -> Move {
-    match owner.filter(|o| !o.is_empty()) {
-        None => Move::Assign(desired.to_owned()),
-        Some(o) if !live.contains(o) => Move::Assign(desired.to_owned()),
-        Some(o) if o == desired => {
-            if draining {
-                Move::Undrain
-            } else {
-                Move::Keep
-            }
-        }
-        Some(_) if draining => Move::Keep,
-        Some(_) => Move::Drain,
-    }
 }
 
 /// The live shards among the Leases of the operator's namespace: those
@@ -579,127 +503,6 @@ pub const ACK_POLL: Duration = Duration::from_millis(200);
 /// How long after a Lease's expiry the sharder looks (clock skew between
 /// the shard's renewals and the sharder's reading).
 pub const EXPIRY_MARGIN: Duration = Duration::from_millis(100);
-
-/// The live shards, read from the API server.
-///
-/// # Errors
-/// When the Leases cannot be listed.
-pub async fn read_live(
-    client: &kube::Client,
-    s: &Sharding,
-) -> Result<BTreeSet<String>, kube::Error> {
-    Ok(read_membership(client, s).await?.0)
-}
-
-/// The live shards and when the first of their Leases expires unless
-/// renewed ([`next_expiry`]), read from the API server.
-///
-/// # Errors
-/// When the Leases cannot be listed.
-pub async fn read_membership(
-    client: &kube::Client,
-    s: &Sharding,
-) -> Result<(BTreeSet<String>, Option<jiff::Timestamp>), kube::Error> {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), &s.namespace);
-    let list = leases.list(&ListParams::default()).await?;
-    let live = live_shards(&list.items, jiff::Timestamp::now(), s.lease_duration);
-    let expiry = next_expiry(&list.items, &live, s.lease_duration);
-    Ok((live, expiry))
-}
-
-/// Writes a move's labels on a primary, with the resourceVersion it was
-/// judged at.
-pub(crate) async fn write_move(
-    api: &Api<kube::api::DynamicObject>,
-    name: &str,
-    resource_version: &str,
-    m: &Move,
-) -> Result<(), kube::Error> {
-    let labels = match m {
-        Move::Keep => return Ok(()),
-        Move::Assign(to) => json!({ SHARD_LABEL: to, DRAIN_LABEL: null }),
-        Move::Drain => json!({ DRAIN_LABEL: "true" }),
-        Move::Undrain => json!({ DRAIN_LABEL: null }),
-    };
-    patch_labels(api, name, resource_version, labels, SHARDER_MANAGER)
-        .await
-        .map(|_| ())
-}
-
-/// The acknowledgement of a drain: the shard label removed, at the
-/// resourceVersion the shard saw the drain mark at.
-pub(crate) async fn acknowledge(
-    api: &Api<kube::api::DynamicObject>,
-    name: &str,
-    resource_version: &str,
-) -> Result<(), kube::Error> {
-    let labels = json!({ SHARD_LABEL: null });
-    patch_labels(api, name, resource_version, labels, SHARD_MANAGER)
-        .await
-        .map(|_| ())
-}
-
-/// Relabels one owned object for shard `to` (a claim), at the
-/// resourceVersion it was listed at: a JSON merge patch of that one label,
-/// so nothing else of the object changes. Answers the object as written.
-pub(crate) async fn claim_object(
-    api: &Api<kube::api::DynamicObject>,
-    name: &str,
-    resource_version: &str,
-    to: &str,
-) -> Result<kube::api::DynamicObject, kube::Error> {
-    patch_labels(
-        api,
-        name,
-        resource_version,
-        json!({ SHARD_LABEL: to }),
-        CLAIM_MANAGER,
-    )
-    .await
-}
-
-/// A JSON merge patch of `labels` (null removes one) onto the object
-/// `name`, only at `resource_version`, as field manager `manager`.
-async fn patch_labels(
-    api: &Api<kube::api::DynamicObject>,
-    name: &str,
-    resource_version: &str,
-    labels: serde_json::Value,
-    manager: &str,
-) -> Result<kube::api::DynamicObject, kube::Error> {
-    let patch = json!({"metadata": {"resourceVersion": resource_version, "labels": labels}});
-    api.patch(
-        name,
-        &PatchParams {
-            field_manager: Some(manager.to_owned()),
-            ..PatchParams::default()
-        },
-        &Patch::Merge(&patch),
-    )
-    .await
-}
-
-/// Whether an API server's answer to a write is a server-side apply
-/// conflict over a shard label ([`SHARD_LABEL`], [`DRAIN_LABEL`]): a field
-/// manager other than the plugin's holds it, so someone (a user, by hand)
-/// labelled the owned object for a shard. The object left this shard's
-/// caches with that label, and every apply of it conflicts until the label
-/// goes: the primary is told (`ShardLabelForged`, naming the object) rather
-/// than retried in silence.
-pub fn forged_label_conflict(message: &str) -> bool {
-    message.contains(".metadata.labels.shard.wasmop.dev/")
-}
-
-/// The message of a `ShardLabelForged` failure: the write's error (which
-/// names the object and the field manager holding the label) and what to
-/// do.
-pub fn forged_label_message(e: &impl std::fmt::Display) -> String {
-    format!(
-        "{e}; someone else set the label {SHARD_LABEL} on this owned object (only the \
-         operator sets it: it moved the object out of this shard's view): remove the label \
-         (kubectl label <object> {SHARD_LABEL}-) and the shard writes the object again"
-    )
-}
 
 /// Counts of primaries per shard label value (`""` for none), for logs.
 pub fn tally<'a>(owners: impl IntoIterator<Item = Option<&'a str>>) -> BTreeMap<String, usize> {
