@@ -2,6 +2,15 @@
 //! cluster, each under one scenario of the controllers' knobs and one
 //! order of reconciles, with every property checked on the way; the
 //! shortest failing trace of each property is kept.
+//!
+//! Its cuts: the scenarios and the seeded order (`scenario`), crashes and
+//! stale reads (`faults`), mutations by others and deletion (`mutations`).
+//!
+//! # Guarantees
+//! - A run is a function of its seed: a finding is reproduced from the
+//!   seed it names.
+//! - Exploration stops at its time budget, and says so in the report
+//!   rather than passing silently.
 
 mod faults;
 mod mutations;

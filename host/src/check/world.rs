@@ -1,6 +1,12 @@
 //! The in-memory API server of `wasmop check`: objects by kind, namespace
 //! and name, with what the real server does that a plugin depends on.
 //!
+//! # Guarantees
+//!
+//! What it models below behaves as the real API server does, for the
+//! parts a plugin depends on; what a written object becomes is `writes`,
+//! the world as a snapshot's object source is `view`.
+//!
 //! # What it models
 //!
 //! - **Server-side apply, one manager deep.** An apply merges the applied

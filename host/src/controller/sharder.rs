@@ -1,8 +1,15 @@
 //! The sharder and the shard's side of hand-over, on the operator (see
 //! [`super::shard`] for the model, the ring, the Lease and the fence a
 //! write checks): making this replica a shard, the label selector of its
-//! primary watches, the leader's assignment rounds, acknowledging a
-//! drain, and claiming the owned objects of a primary that arrives.
+//! primary watches and the fence of its writes, acknowledging a drain;
+//! the leader's assignment rounds are `rounds`, claiming the owned objects
+//! of a primary that arrives is `claims`.
+//!
+//! # Guarantees
+//! - A replica writes for a primary only while the primary is assigned to
+//!   it, not draining, and its own shard Lease holds (`Operator::may_write_for`).
+//! - A drain is acknowledged only once no reconcile of the primary runs
+//!   on this shard.
 
 mod claims;
 mod rounds;

@@ -2,6 +2,16 @@
 //! [`Decision`] (controller-runtime's `reconcileHandler`): skipped → done;
 //! failed or rejected → report and back off; planned → (leader?) execute,
 //! requeue, observe.
+//!
+//! Its cuts: acting on a planned decision (`act`), the one call of a
+//! kind-scoped controller (`kind`) and the shadow calls (`shadow`).
+//!
+//! # Guarantees
+//! - A reconcile reads only from caches that have synced, decides through
+//!   the one path used offline too, and writes only on the leader (and,
+//!   with sharding, the primary's shard).
+//! - A failure is reported on the primary and retried with backoff; it
+//!   never deletes anything.
 
 mod act;
 mod kind;
@@ -98,7 +108,7 @@ impl Operator {
             }
         }
         // A rollout may route this primary to the candidate (see
-        // `rollout.rs`): chosen once, for the whole reconcile.
+        // `controller/rollout.rs`): chosen once, for the whole reconcile.
         let a = self.routed(&a, &primary);
         let now = jiff::Timestamp::now();
         let now_text = format_now(now);

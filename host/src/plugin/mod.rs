@@ -20,6 +20,12 @@
 //! synchronous WASI bindings block on tokio internally, which panics
 //! inside a runtime's worker thread. Use `spawn_blocking` (or a plain
 //! thread).
+//!
+//! # Guarantees
+//! - A loaded plugin is known to be usable: its manifest passed every
+//!   check and its settings were accepted by the plugin itself.
+//! - No state survives between calls, and no call outlives its deadline
+//!   or exceeds its memory cap (see [`crate::sandbox`]).
 
 mod admit;
 pub mod budget;

@@ -11,6 +11,13 @@
 //! Calls are synchronous (no wasmtime async): the live controller runs them
 //! on `tokio::task::spawn_blocking`.
 //!
+//! # Guarantees
+//!
+//! Each call starts from the plugin's initial memory, ends on time and is
+//! held to one memory cap, as the next three sections say. The engine's
+//! tuning and memory reset are `tuning`, a call's store state and clocks
+//! `store`, the memory cap `memory`.
+//!
 //! # Every call starts from the plugin's initial memory
 //!
 //! Each call is a new instance in a new store. Its linear memory (and its
