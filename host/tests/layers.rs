@@ -775,30 +775,32 @@ fn test_code_and_strings_and_comments_are_not_imports() {
 const FOLDER_LAYERS: &str =
     "//! # Layers\n//!\n//! - `top` — up.\n//! - `low` — down.\n//! - `leaf` — leaves.\n";
 
-fn modules(files: &[(String, String)]) -> BTreeSet<String> {
-    files
+/// The folder problems of a tree whose `lib.rs` is `listed`.
+fn folder_problems_of(listed: &str, files: &[(&str, &str)]) -> Vec<String> {
+    let mut files = tree(files);
+    files.push(("lib.rs".to_owned(), listed.to_owned()));
+    let modules = files
         .iter()
         .map(|(rel, _)| module_of(rel).0)
         .filter(|m| m != "lib" && m != "main")
-        .collect()
+        .collect();
+    folder_problems(&files, &layers(listed), &modules)
 }
 
 #[test]
 fn a_folder_that_uses_a_folder_above_it_is_named_once_with_its_first_use() {
-    let layers = layers(FOLDER_LAYERS);
-    let files = tree(&[
-        ("lib.rs", FOLDER_LAYERS),
-        ("top/mod.rs", "pub mod run;\nuse crate::low::deep::x;\n"),
-        ("top/run.rs", "use crate::leaf::y;\n"),
-        ("low/mod.rs", "pub mod deep;\n"),
-        (
-            "low/deep.rs",
-            "use super::x;\nfn f() {\n    crate::top::run::go();\n    crate::top::go();\n}\n",
-        ),
-        ("leaf.rs", "use crate::low::deep::z;\n"),
-    ]);
+    let deep = "use super::x;\nfn f() {\n    crate::top::run::go();\n    crate::top::go();\n}\n";
     assert_eq!(
-        folder_problems(&files, &layers, &modules(&files)),
+        folder_problems_of(
+            FOLDER_LAYERS,
+            &[
+                ("top/mod.rs", "pub mod run;\nuse crate::low::deep::x;\n"),
+                ("top/run.rs", "use crate::leaf::y;\n"),
+                ("low/mod.rs", "pub mod deep;\n"),
+                ("low/deep.rs", deep),
+                ("leaf.rs", "use crate::low::deep::z;\n"),
+            ]
+        ),
         [
             "src/leaf.rs:1: `leaf` (layer of the files beside lib.rs) uses `low/deep` (layer of folder `low/`, above it)",
             "src/low/deep.rs:3: `low/deep` (layer of folder `low/`) uses `top/run` (layer of folder `top/`, above it)",
@@ -809,18 +811,12 @@ fn a_folder_that_uses_a_folder_above_it_is_named_once_with_its_first_use() {
 #[test]
 fn a_layer_is_one_folder_and_every_module_of_a_folder_is_in_its_layer() {
     let listed = "//! # Layers\n//!\n//! - `a`, `b` — two folders.\n//! - `c` — one.\n//! - `c/d`, `e` — a module of `c` and a file.\n//! - `e` — a file.\n";
-    let layers = layers(listed);
-    let files = tree(&[
-        ("lib.rs", listed),
-        ("a/mod.rs", ""),
-        ("b/mod.rs", ""),
-        ("c/mod.rs", "mod d;\n"),
-        ("c/d.rs", ""),
-        ("e.rs", ""),
-        ("f/g.rs", ""),
-    ]);
+    let folders = [
+        "a/mod.rs", "b/mod.rs", "c/mod.rs", "c/d.rs", "e.rs", "f/g.rs",
+    ]
+    .map(|f| (f, ""));
     assert_eq!(
-        folder_problems(&files, &layers, &modules(&files)),
+        folder_problems_of(listed, &folders),
         [
             "the layer [\"a\", \"b\"] is not one folder of src/ (nor only files beside lib.rs)",
             "the layer [\"c/d\", \"e\"] is not one folder of src/ (nor only files beside lib.rs)",
