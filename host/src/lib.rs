@@ -88,8 +88,10 @@
 //! `wasmop::cli::config`, `wasmop::plugin::manifest`, `wasmop::health`,
 //! `wasmop::rollout`, …): a folder re-exports a module of a lower layer
 //! under its old name, and this file re-exports the modules that were at
-//! the crate's root. Code inside the crate names each module by its own
-//! path.
+//! the crate's root. `plugin::hotswap` and `plugin::oci` are not kept (the
+//! `plugin` layer would point up at `delivery`): they are
+//! `delivery::hotswap` and `delivery::oci`. Code inside the crate names
+//! each module by its own path.
 //!
 //! The list is read by `host/tests/layers.rs`, which checks that each
 //! folder of `src/` is one listed layer (and each layer one folder, or the

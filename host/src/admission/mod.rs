@@ -6,12 +6,16 @@
 //! loaded manifests ──▶ sync (leader) ──▶ ValidatingWebhookConfiguration (caBundle from tls)
 //! ```
 //!
-//! - [`rules`]: load-time checks of a manifest's `admission` rules and the
-//!   webhook configuration they become.
-//! - [`review`]: one review, request to response; shared with `wasmop plan`.
-//! - [`offline`]: deciding an AdmissionReview fixture without a cluster.
 //! - [`tls`]: the CA and serving certificate Secret, rotation.
 //! - [`server`]: the rustls HTTPS server every replica runs.
+//!
+//! What is decided lives below the server, in lower layers, and is
+//! re-exported here: [`rules`] (`contract/admission.rs`: load-time checks
+//! of a manifest's `admission` rules and the webhook configuration they
+//! become), [`review`] (`reconcile/admission/review.rs`: one review,
+//! request to response; shared with `wasmop plan`) and [`offline`]
+//! (`reconcile/admission/offline.rs`: deciding an AdmissionReview fixture
+//! without a cluster).
 //!
 //! # Guarantees
 //! - Every replica serves admission; only the leader writes the webhook

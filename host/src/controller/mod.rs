@@ -6,6 +6,11 @@
 //! cache change ──route──▶ queue ──worker──▶ snapshot ▶ plugin ▶ validate ▶ execute
 //! ```
 //!
+//! The operator's registry of running plugins is `registry`, the caches
+//! as an object source `source`, what a cache change becomes `changes`.
+//! The Leases its writes check are the `lease` layer below, re-exported
+//! here as [`leader`] and [`shard`].
+//!
 //! # Guarantees
 //! - A primary is reconciled only after every cache its controller needs
 //!   has synced.

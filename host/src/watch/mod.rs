@@ -1,7 +1,9 @@
 //! Watching the API: one shared watch cache per kind with the indexes the
 //! snapshot and routing need ([`cache`]), Secrets read by name instead of
-//! watched ([`by_name`]), and label selectors ([`selector`]). Each cached
-//! object is held as its JSON text ([`stored`]).
+//! watched ([`by_name`]), and the retry policy of a failing watch
+//! ([`retry`]). Each cached object is held as its JSON text ([`stored`]).
+//! Label selectors are part of what a plugin declares: the `contract`
+//! layer's, re-exported here as [`selector`].
 
 pub mod by_name;
 pub mod cache;
