@@ -4,7 +4,7 @@
 //! shortest failing trace of each property is kept.
 //!
 //! Its cuts: the scenarios and the seeded order (`scenario`), crashes and
-//! stale reads (`faults`), mutations by others and deletion (`mutations`).
+//! stale snapshots (`faults`), spec mutations and deletion (`mutations`).
 //!
 //! # Guarantees
 //! - A run is a function of its seed: a finding is reproduced from the

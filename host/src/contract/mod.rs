@@ -4,8 +4,9 @@
 //! WIT bindings generated from the contract ([`bindings`]).
 //!
 //! # Guarantees
-//! - Nothing here does I/O or runs a plugin: a manifest is judged as text,
-//!   before any component is compiled.
+//! - Nothing here does I/O or runs a plugin: a manifest, its selectors and
+//!   its admission rules are checked as data, so every layer above reads
+//!   the same declarations.
 
 pub mod admission;
 pub(crate) mod bindings;

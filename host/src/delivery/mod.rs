@@ -5,8 +5,9 @@
 //!
 //! # Guarantees
 //! - A delivered plugin or configuration that is refused changes nothing
-//!   that runs: the running version keeps deciding, and the refusal is
-//!   logged and raised as a Warning Event on the operator's Pod.
+//!   that runs: the running version keeps deciding with what it had, and
+//!   the refusal is logged (a rejected plugin file or configuration file
+//!   also as a Warning Event on the operator's Pod).
 
 pub mod config;
 pub mod config_watch;

@@ -4,9 +4,9 @@
 //! ([`validate`]).
 //!
 //! # Guarantees
-//! - Pure data and pure checks: nothing here reads the API server, a
-//!   cache or a clock, so the live path, `wasmop plan`, golden tests and
-//!   `wasmop check` judge a plan the same way.
+//! - Pure data and pure checks, no I/O: what they read comes through the
+//!   [`snapshot::ObjectSource`] they are given, so the live path, `wasmop
+//!   plan`, golden tests and `wasmop check` judge a plan the same way.
 
 pub mod existing;
 pub mod snapshot;

@@ -1,14 +1,12 @@
 //! What a failed load or call of a plugin is: [`LoadError`] (the file,
 //! the component, the manifest, the settings), [`CallError`] (a trap, a
-//! timeout, memory, a malformed answer) and how a wasmtime error becomes
-//! one ([`classify`], with a bounded trap message).
+//! timeout, memory, a malformed answer) with a stable reason, and how a
+//! wasmtime error becomes one (`classify`, with a bounded trap message).
 //!
 //! # Guarantees
-//! - Every error names the plugin and says what to change; a trap's
-//!   message is bounded ([`MAX_TRAP_MESSAGE`] bytes) whatever the guest
-//!   wrote to stderr.
 //! - Running out of time or memory is reported as such, not as the trap
 //!   the guest turned it into.
+//! - A trap's message is bounded whatever the guest wrote to stderr.
 
 use super::{BoxError, OutputProblem, SettingsProblem};
 use crate::contract::manifest::ManifestProblem;

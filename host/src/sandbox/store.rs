@@ -7,8 +7,9 @@
 //!   never advances: a plugin cannot tell time from its own run.
 //! - A clock wait never outlasts the call's deadline: a wait past it ends
 //!   the call with [`DeadlineExceeded`].
-//! - No files, network, randomness beyond the fixed WASI defaults:
-//!   sockets and name lookups are refused.
+//! - No files, no network (TCP, UDP and name lookups are refused), and
+//!   randomness from fixed deterministic sources: the same snapshot gives
+//!   the same call.
 
 use super::{MemoryCap, STDERR_CAPACITY};
 use crate::contract::bindings::wasmop::reconciler::diagnostics;

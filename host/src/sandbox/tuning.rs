@@ -3,12 +3,12 @@
 //! kernel can scan for dirty pages and whether swap is out of reach.
 //!
 //! # Guarantees
-//! - Every tuning keeps the behaviour of a call: the same fresh memory per
-//!   call and the same deadline (epoch interruption is always on where a
-//!   deadline is needed).
-//! - Dirty pages are found by a scan only when swap is out of reach (no
-//!   swap on, or a cgroup that forbids it), so a page swapped out is never
-//!   taken for clean; the check is repeated every [`SWAP_CHECK_EVERY`].
+//! - A tuning changes speed, not what a call does, except turning epoch
+//!   interruption off (benchmarks only), which takes the deadline away.
+//! - Dirty pages are found by a scan only when it is asked for, the kernel
+//!   has it (Linux 6.7+) and swap cannot reach the process; swap turned on
+//!   later is checked for every [`SWAP_CHECK_EVERY`] and logged as an
+//!   error.
 
 use std::time::Duration;
 

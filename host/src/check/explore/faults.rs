@@ -1,13 +1,13 @@
-//! Two faults explored along a run: the operator crashes between any two
-//! writes of a plan and starts again, and a reconcile reads a stale cache
-//! (an object one or more writes behind).
+//! Two faults explored along a run: the operator crashes after any prefix
+//! of a plan's writes and starts again (property 4), and a reconcile sees a
+//! stale or unobserved snapshot (property 5).
 //!
 //! # Guarantees
-//! - Every cut point of every plan of the run is tried as a crash (within
-//!   the time budget); the run must still reach a fixpoint with every
-//!   property holding.
-//! - A stale read may only delay convergence: a write it causes must not
-//!   break a property, and the run must converge once reads are fresh.
+//! - A crash after any prefix of a plan's writes must converge to the same
+//!   fixpoint as the run without it; otherwise the shortest trace that
+//!   shows it is a finding.
+//! - A stale or unobserved snapshot must never delete or downgrade what
+//!   the fresh state keeps, nor report Ready.
 
 use super::{Ended, Explorer, ROUND_SECS, Rng, Saved, Seen, Trace, first_diff};
 use crate::check::cluster::{Cluster, Reconciled, Step};

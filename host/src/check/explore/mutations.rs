@@ -1,13 +1,12 @@
-//! Two faults explored from a fixpoint: another writer changes an object
-//! the plugin made or reads (the mutations of [`crate::check::mutate`]),
-//! and the primary is deleted.
+//! Two changes explored from a run: spec mutations drawn from the CRD
+//! schema, from the fixpoint (property 7, with [`crate::check::mutate`]),
+//! and the primaries deleted after a few rounds, mid-rollout (property 8).
 //!
 //! # Guarantees
-//! - After each mutation the plugin's controllers run to a fixpoint again
-//!   and every property is checked on the way; a failure keeps the
-//!   shortest trace that shows it.
-//! - After the deletion every object the primary controls is gone once
-//!   the finalizers ran, or a finding names what stayed.
+//! - A valid spec change must converge again, and an invalid one be
+//!   refused or reported; otherwise the shortest trace is a finding.
+//! - Deleting a primary mid-rollout must finish: the primary goes once its
+//!   finalizers ran.
 
 use super::{Ended, Explorer, ROUND_SECS, Rng, Seen, Trace};
 use crate::check::cluster::{Cluster, Step};

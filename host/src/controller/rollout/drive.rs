@@ -1,12 +1,15 @@
 //! The leader driving one rollout through its steps: analyse the open
-//! step, move on, pause, promote, or roll back, and write the status.
+//! step, wait for the candidate, move on, promote, or roll back, and write
+//! the status.
 //!
 //! # Guarantees
 //! - Only the leader drives; every status write is fenced by the
 //!   rollout's UID, so a rollout deleted and made again under its name is
 //!   never written with the old one's status.
-//! - A breach rolls back at once: the candidate routes nothing from the
-//!   status write on, and the breach is named in a Warning Event.
+//! - A breach rolls back at once: the rollback is held before anything
+//!   else, so no later tick routes to the candidate, then the status (kept
+//!   being written until it lands) and a Warning Event name the metric,
+//!   its value and the threshold.
 
 use crate::controller::Operator;
 use crate::object;

@@ -3,11 +3,13 @@
 //! watches see them before it writes for the primary.
 //!
 //! # Guarantees
-//! - A primary is written for only after its owned objects carry this
-//!   shard's label (or the claim failed and is retried): a reconcile never
-//!   judges from a cache that misses its own objects.
-//! - Every relabel is fenced by the object's UID and resourceVersion; a
-//!   conflict is read again, never forced.
+//! - A primary is reconciled here only once its owned objects are claimed
+//!   and in this shard's caches: a reconcile never judges from a cache
+//!   that misses its own objects.
+//! - Only objects the primary controls are relabelled, each at the
+//!   resourceVersion it was listed at and under the primary's shard fence;
+//!   a claim adopts nothing, and one whose list or writes failed is made
+//!   again at the primary's next reconcile.
 
 use super::Claimed;
 use crate::contract::manifest::OwnedKind;

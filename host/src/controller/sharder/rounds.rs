@@ -6,8 +6,8 @@
 //! - A primary moves drain-then-assign: the new shard gets it only after
 //!   the old one acknowledged the drain (or its Lease expired), so two
 //!   shards never write for one primary.
-//! - Moves per round are bounded ([`MOVE_WRITES`]); only the leader runs
-//!   rounds.
+//! - Only the acting leader writes a move, checked right before each
+//!   write; at most [`MOVE_WRITES`] are in flight at once.
 
 use crate::lease::leader;
 use crate::lease::shard::{

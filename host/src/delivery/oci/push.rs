@@ -1,10 +1,11 @@
-//! Publishing a plugin (`wasmop oci push`): one component as one layer of
-//! the `application/wasm` type, under a tag.
+//! Publishing a plugin (`wasmop oci push`) as a wasm OCI artifact (one
+//! `application/wasm` layer, CNCF wasm working group layout), and telling
+//! a component from a core module ([`is_component`]).
 //!
 //! # Guarantees
-//! - Only a WebAssembly component is pushed ([`is_component`]); what
-//!   `wasmop run` pulls back is byte for byte what was pushed, and its
-//!   digest is the one printed.
+//! - The digest answered is the manifest's as the registry stored it
+//!   (read back after the push; computed from the manifest sent when the
+//!   read fails), so `oci://…@<digest>` pulls exactly the bytes pushed.
 
 use super::{PUSH_CONFIG_TYPE, PUSH_LAYER_TYPE, RegistryOptions, sha256};
 use oci_client::Reference;

@@ -1,12 +1,12 @@
-//! Where a plugin comes from: a local file or an `oci://` reference
+//! Where a plugin comes from: a directory or an `oci://` reference
 //! ([`PluginSource`], [`OciSource`]), and how its registry is reached
-//! ([`RegistryOptions`]: credentials, plain HTTP, size limit).
+//! ([`RegistryOptions`]: plain HTTP, credentials).
 //!
 //! # Guarantees
-//! - A reference that is not a valid `oci://` reference, or pins neither a
-//!   tag nor a digest the way the source needs, is refused with a message
-//!   naming it, before any request.
-//! - Credentials are read from the options only, never from the
+//! - A reference that is not an OCI reference, does not name its registry
+//!   host, or gives no valid plugin name is refused with a message naming
+//!   it, before any request.
+//! - Credentials come from the Docker config file given, never from the
 //!   reference.
 
 use super::SCHEME;

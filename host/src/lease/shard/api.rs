@@ -1,11 +1,13 @@
 //! The shard's reads and writes on the API server: the live Leases and
 //! the membership, the labels a move, a drain acknowledgement and a claim
-//! set, and the recognition of the host-label forgery refusal.
+//! set, and how a shard label someone else set is recognised in a write's
+//! answer.
 //!
 //! # Guarantees
-//! - Every label write is a patch under the writer's own field manager,
-//!   fenced by the object's UID (and resourceVersion where a race would
-//!   matter): a race is a conflict, never a silent overwrite.
+//! - Every label write is a JSON merge patch of those labels only, at the
+//!   resourceVersion the object was judged at, under the writer's own
+//!   field manager: a race is a conflict, never a silent overwrite, and
+//!   nothing else of the object changes.
 
 use super::{
     CLAIM_MANAGER, DRAIN_LABEL, Move, SHARD_LABEL, SHARD_MANAGER, SHARDER_MANAGER, Sharding,

@@ -4,8 +4,9 @@
 //! reviews is the `admission` folder, above.
 //!
 //! # Guarantees
-//! - No I/O beyond the plugin call: the answer to a review depends only on
-//!   the review, the rules and the plugins.
+//! - The same review, reads and plugins give the same answer live and
+//!   offline; anything short of a well-formed `allowed: true` denies (see
+//!   [`review`]).
 
 pub mod offline;
 pub mod review;

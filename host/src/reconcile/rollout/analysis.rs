@@ -6,9 +6,9 @@
 //! # Guarantees
 //! - Pure functions of the counts and the spec: the same counts give the
 //!   same verdict on every replica.
-//! - A step moves on only after its hold and its minimum of candidate
-//!   reconciles; a breach is named with the measure, both values and the
-//!   threshold.
+//! - A canary step may end only after its hold and its candidate
+//!   reconciles (a shadow step after its comparisons or its seconds); a
+//!   breach is named with the measure, both values and the threshold.
 
 use super::{DEFAULT_HOLD_SECONDS, RolloutSpec, Thresholds};
 use serde::{Deserialize, Serialize};

@@ -3,11 +3,11 @@
 //! stream's state in the `wasmop_watch_streams` gauge.
 //!
 //! # Guarantees
-//! - A stream never ends on an error: it retries with capped, jittered
-//!   backoff (see [`crate::watch::retry`]) and relists at once after an
-//!   expiry, replacing what its namespace held so no deletion is missed.
-//! - A 404 marks the kind not served (its CRD is not installed); its
-//!   cache is then never reported synced.
+//! - Errors never end the watch: it retries with capped, jittered backoff
+//!   (see [`crate::watch::retry`]), and a relist replaces what its scope
+//!   held and reports the differences, so no deletion is missed.
+//! - A 404 before the first list marks the kind not served (its CRD is not
+//!   installed) until a list succeeds.
 //! - Objects are stored without managedFields and kubectl's last-applied
 //!   annotation, always with `apiVersion` and `kind`.
 
