@@ -69,10 +69,11 @@
 //! Why this cut: a folder is what a reader opens, so each holds one step
 //! of the data flow and nothing that a lower step depends on. What a
 //! plugin declares sits apart from the code that loads it (`contract`
-//! below `plugin`), because the caches, the snapshot and the sandbox all
-//! read the declarations without calling a plugin. The Leases sit apart
-//! from the controller (`lease` below `execute`), because every write
-//! checks them while the controller that renews them sits far above.
+//! below `plugin`), because the caches, the snapshot and the validation
+//! read the declarations, and the sandbox links the bindings, without
+//! calling a plugin. The Leases sit apart from the controller (`lease`
+//! below `execute`), because every write checks them and they need
+//! nothing of the controller, which sits far above.
 //! Delivering plugins and configuration into a running process
 //! (`delivery`) drives the controller, so it sits above it, apart from the
 //! plugin call it feeds. The admission server (`admission`) talks to the
