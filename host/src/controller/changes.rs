@@ -11,16 +11,18 @@
 //! - A primary that is gone leaves nothing behind: its queue entry,
 //!   backoff, observations and shard claim are forgotten.
 
+use std::sync::Arc;
+
+use wasmop_contract::Scope;
+
 use super::route::{Route, cached_key_of};
 use super::{
     Active, CacheSource, KIND_DEBOUNCE, Operator, PrimaryKey, echo, route, watched_kinds,
     whole_kind_key,
 };
 use crate::metrics;
-use crate::watch::by_name::{self};
+use crate::watch::by_name;
 use crate::watch::cache::{Change, KindKey};
-use std::sync::Arc;
-use wasmop_contract::Scope;
 
 impl Operator {
     /// Reads again the Secrets primaries name through field references and

@@ -10,17 +10,19 @@
 //! - Removing a plugin stops its controllers and deletes nothing.
 //! - A watch runs exactly while a running controller needs it.
 
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use wasmop_contract::Scope;
+
 use super::route::{Route, cached_key_of};
 use super::{Active, Operator, OperatorError, PrimaryKey, api_resource, kind_key, whole_kind_key};
 use crate::contract::manifest::{Controller, KindRef};
 use crate::execute::writer::Writer;
 use crate::metrics;
 use crate::plugin::LoadedPlugin;
-use crate::watch::by_name::{self};
+use crate::watch::by_name;
 use crate::watch::cache::{KindCache, KindKey, WatchSpec};
-use std::collections::HashSet;
-use std::sync::Arc;
-use wasmop_contract::Scope;
 
 impl Operator {
     /// Starts the controllers of a loaded plugin, or replaces the running
@@ -30,7 +32,7 @@ impl Operator {
     /// switches over in one step: reconciles already running finish on the
     /// old version, every later one runs the new. Every primary of the
     /// plugin is queued again in the queue's background
-    /// ([`Queue::add_background`]): at most `workers` at once, like every
+    /// ([`Queue::add_background`](crate::controller::queue::Queue::add_background)): at most `workers` at once, like every
     /// reconcile, and behind every change that arrives meanwhile, so a swap
     /// neither floods the API server nor holds back other work.
     ///

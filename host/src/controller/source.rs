@@ -8,6 +8,10 @@
 //!   name from the API server (it is not watched), only from a blocking
 //!   task.
 
+use std::sync::Arc;
+
+use serde_json::Value;
+
 use super::kind_key;
 use super::route::PrimaryLookup;
 use crate::contract::manifest::KindRef;
@@ -15,8 +19,6 @@ use crate::contract::selector::LabelSelector;
 use crate::judge::snapshot::ObjectSource;
 use crate::watch::by_name::{self, SecretReads};
 use crate::watch::cache::{Cache, CachedObject, KindKey};
-use serde_json::Value;
-use std::sync::Arc;
 
 /// The live caches as the snapshot builder's object source and routing's
 /// primary lookup. With `secrets`, field references to Secrets are read

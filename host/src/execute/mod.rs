@@ -19,7 +19,7 @@
 //!   conflict does not hold back the others; any failure fails the
 //!   reconcile, and status, Events and the finalizer release wait for a
 //!   clean pass. The exception: objects judged absent without a read
-//!   ([`ApplyJudgement::unasked`]: the cache would hold them were they
+//!   ([`ApplyJudgement::unasked`](crate::judge::validate::ApplyJudgement::unasked): the cache would hold them were they
 //!   ours) are created right after the finalizer, before the plan's other
 //!   writes, and a conflict of one of them ends the pass there, so a plan
 //!   whose object turns out to be someone else's has written nothing of

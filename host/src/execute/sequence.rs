@@ -9,6 +9,9 @@
 //! - A write already held by the object is not sent again; the status is
 //!   written once, only when it changed, with `observedGeneration`.
 
+use kube::api::ApiResource;
+use serde_json::{Value, json};
+
 use super::budget::Reservation;
 use super::writer;
 use super::writer::{ApplyError, Fence};
@@ -20,8 +23,6 @@ use crate::conditions;
 use crate::contract::manifest::KindRef;
 use crate::judge::validate::{self as plan, ApplyJudgement, Judgement, Plan, Precondition};
 use crate::object::{self, describe};
-use kube::api::ApiResource;
-use serde_json::{Value, json};
 
 /// The writes of a plan, up to its status: the finalizer, the primary
 /// patch, applies, deletes and the status. With a dry-run writer nothing

@@ -8,12 +8,14 @@
 //!   the guest turned it into.
 //! - A trap's message is bounded whatever the guest wrote to stderr.
 
+use std::path::PathBuf;
+use std::time::Duration;
+
+use thiserror::Error;
+
 use super::{BoxError, OutputProblem, SettingsProblem};
 use crate::contract::manifest::ManifestProblem;
 use crate::sandbox::{DeadlineExceeded, Limits, StoreState};
-use std::path::PathBuf;
-use std::time::Duration;
-use thiserror::Error;
 
 /// Timeout and out-of-memory, told apart from other failures.
 pub(super) fn classify(
@@ -125,7 +127,7 @@ pub enum LoadError {
         #[source]
         source: CallError,
     },
-    /// The manifest breaks the rules of [`manifest::problems`].
+    /// The manifest breaks the rules of [`manifest::problems`](crate::contract::manifest::problems).
     #[error("{origin} has an invalid manifest: {}", join(problems))]
     InvalidManifest {
         /// The file (or other origin).

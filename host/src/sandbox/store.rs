@@ -11,9 +11,8 @@
 //!   randomness from fixed deterministic sources: the same snapshot gives
 //!   the same call.
 
-use super::{MemoryCap, STDERR_CAPACITY};
-use crate::contract::bindings::wasmop::reconciler::diagnostics;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
 use thiserror::Error;
 use wasmtime::StoreContextMut;
 use wasmtime::component::{Linker, Resource, ResourceTable};
@@ -21,7 +20,10 @@ use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::p2::{DynPollable, Pollable, subscribe};
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxView, WasiView};
 
-/// Per-call state inside a [`Store`].
+use super::{MemoryCap, STDERR_CAPACITY};
+use crate::contract::bindings::wasmop::reconciler::diagnostics;
+
+/// Per-call state inside a [`Store`](wasmtime::Store).
 pub struct StoreState {
     /// The guest's WASI context and its stderr, made on the guest's first
     /// WASI call: most reconciles make none, and building the context

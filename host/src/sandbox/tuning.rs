@@ -102,7 +102,7 @@ impl Tuning {
 pub enum MemoryReset {
     /// Only the pages the call dirtied, found with `PAGEMAP_SCAN`, are
     /// restored (or zeroed) in place; the rest stays as it was. Used only
-    /// when [`SandboxConfig::dirty_pages_reset`] asks for it, the kernel has
+    /// when [`SandboxConfig::dirty_pages_reset`](super::SandboxConfig::dirty_pages_reset) asks for it, the kernel has
     /// the scan and swap cannot reach this process; a page the kernel is
     /// migrating as the call ends escapes it.
     DirtyPages,

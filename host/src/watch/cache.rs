@@ -18,7 +18,7 @@
 //! - A watch whose resourceVersion expired (410) relists at once. While the
 //!   API server is unreachable a watch retries with jittered backoff capped
 //!   at 2 s, so it is back within about 2 s of the server's return (see
-//!   [`RetryState`]).
+//!   [`RetryState`](crate::watch::retry::RetryState)).
 //! - The objects a kind's cache holds are counted in
 //!   `wasmop_cache_objects{kind}` (updated with every stored list, change
 //!   and deletion).

@@ -9,13 +9,14 @@
 //! - A stale or unobserved snapshot must never delete or downgrade what
 //!   the fresh state keeps, nor report Ready.
 
+use std::collections::BTreeSet;
+
 use super::{Ended, Explorer, ROUND_SECS, Rng, Saved, Seen, Trace, first_diff};
 use crate::check::cluster::{Cluster, Reconciled, Step};
 use crate::check::controllers::Knobs;
 use crate::check::properties::{Property, applied_digest, plan_claims_done};
 use crate::check::world::{ObjKey, View, describe_key, key_of};
 use crate::object;
-use std::collections::BTreeSet;
 
 impl<'a> Explorer<'a> {
     /// Property 4: a crash after every prefix of every plan's writes.

@@ -8,6 +8,10 @@
 //! - Deleting a primary mid-rollout must finish: the primary goes once its
 //!   finalizers ran.
 
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
 use super::{Ended, Explorer, ROUND_SECS, Rng, Seen, Trace};
 use crate::check::cluster::{Cluster, Step};
 use crate::check::controllers::Knobs;
@@ -15,8 +19,6 @@ use crate::check::mutate::{Mutation, mutations};
 use crate::check::properties::{Property, honest};
 use crate::check::world::{ObjKey, describe_key};
 use crate::object;
-use serde_json::Value;
-use std::collections::BTreeMap;
 
 impl<'a> Explorer<'a> {
     /// Property 7: spec mutations from the CRD schema, from the fixpoint.

@@ -6,13 +6,15 @@
 //!   the live caches answer (by kind, namespace, name, owner and label
 //!   selector).
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::Value;
+
 use super::ObjKey;
 use crate::contract::manifest::KindRef;
 use crate::judge::snapshot::ObjectSource;
 use crate::object;
-use serde_json::Value;
-use std::collections::BTreeMap;
-use std::sync::Arc;
 
 /// A point-in-time view of the world's objects: what a snapshot is built
 /// from and validation judges against. Stale views (property 5) are views

@@ -10,11 +10,13 @@
 //! - Two objects that differ only in what the API server fills in compare
 //!   equal after [`normalise`].
 
-use super::WriteError;
-use crate::object;
+use std::collections::BTreeSet;
+
 use base64::Engine as _;
 use serde_json::{Map, Value, json};
-use std::collections::BTreeSet;
+
+use super::WriteError;
+use crate::object;
 
 /// The object without uids, resourceVersions, generations and times.
 pub fn normalise(v: &mut Value) {

@@ -10,13 +10,14 @@
 //! - A list proves an owner gone only if it is at least as new as the
 //!   object ([`not_older`]).
 
+use serde_json::Value;
+
 use crate::contract::manifest::{Controller, KindRef, Ownership};
 use crate::judge::validate::{
     MANAGED_BY_LABEL, MANAGED_BY_VALUE, OWNER_UID_LABEL, PLUGIN_LABEL, PROTECTED_LABEL, Plan, Rule,
     Violation,
 };
 use crate::object;
-use serde_json::Value;
 
 /// True when a list at `list_version` cannot predate an object at
 /// `object_version`: both are the API server's (etcd) revisions and the

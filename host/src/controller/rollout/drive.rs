@@ -11,12 +11,13 @@
 //!   being written until it lands) and a Warning Event name the metric,
 //!   its value and the threshold.
 
+use serde_json::{Value, json};
+
 use crate::controller::Operator;
 use crate::object;
 use crate::reconcile::rollout::{
     self, RolloutSpec, RolloutStatus, ShardCounts, analyze, phase, shard_counts, step_done,
 };
-use serde_json::{Value, json};
 
 /// The `Healthy` condition.
 pub(super) fn healthy(ok: bool, reason: &str, message: &str, now: &str) -> Value {

@@ -11,18 +11,20 @@
 //!   a claim adopts nothing, and one whose list or writes failed is made
 //!   again at the primary's next reconcile.
 
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::{Api, DynamicObject, ListParams};
+use serde_json::json;
+use wasmop_contract::OWNER_UID_LABEL;
+
 use super::Claimed;
 use crate::contract::manifest::OwnedKind;
 use crate::judge::validate::ExistingObject;
 use crate::lease::shard::{CLAIM_WRITES, Claim, ClaimRequest, Sharding, claim_object};
 use crate::object;
-use futures::StreamExt;
-use kube::api::{Api, DynamicObject, ListParams};
-use serde_json::json;
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
-use std::time::Duration;
-use wasmop_contract::OWNER_UID_LABEL;
 
 impl crate::controller::Operator {
     /// The claimer: claims the owned objects of the primaries that arrived

@@ -9,17 +9,19 @@
 //! - Only the acting leader writes a move, checked right before each
 //!   write; at most [`MOVE_WRITES`] are in flight at once.
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::{Api, DynamicObject, ListParams};
+
 use crate::lease::leader;
 use crate::lease::shard::{
     DRAIN_LABEL, MOVE_WRITES, Move, Ring, Round, SHARD_LABEL, Sharding, plan_move, read_live,
     read_membership, write_move,
 };
-use futures::StreamExt;
-use kube::api::{Api, DynamicObject, ListParams};
-use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 /// A primary's metadata only (the watch of unlabelled primaries asks
 /// for no more).
@@ -211,7 +213,7 @@ impl crate::controller::Operator {
     ///
     /// While this replica leads, [`Self::shard_round`]s: back to back
     /// while a round wrote something (or failed to), every
-    /// [`super::shard::ACK_POLL`] while drains wait for their
+    /// [`crate::lease::shard::ACK_POLL`] while drains wait for their
     /// acknowledgement, otherwise every third of the shard lease duration
     /// or just after the first live shard Lease expires, whichever comes
     /// first ([`Round::pause`]); and at once when a primary without a shard

@@ -9,15 +9,17 @@
 //! - A failed execution is reported on the primary and retried with
 //!   backoff; what was written before the failure stays fenced.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
 use super::Seen;
 use crate::controller::{Active, CacheSource, Operator, PrimaryKey};
 use crate::execute::{self, Target};
 use crate::metrics;
 use crate::object;
 use crate::reconcile::decide::Decision;
-use serde_json::Value;
-use std::sync::Arc;
-use std::time::Duration;
 
 impl Operator {
     /// Carries out one primary's [`Decision`]: reports a failure or a

@@ -7,14 +7,16 @@
 //!   object plan is counted, validated and executed against its own
 //!   primary, and a refused one stops none of the others.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::Value;
+
 use crate::controller::{Active, Operator, whole_kind_key};
 use crate::metrics;
 use crate::reconcile::decide::{DecideInput, format_now};
 use crate::reconcile::kind::{KindOutcome, decide_kind};
-use futures::StreamExt;
-use serde_json::Value;
-use std::sync::Arc;
-use std::time::Duration;
 
 impl Operator {
     /// One call of a kind-scoped controller over every primary of its

@@ -7,10 +7,12 @@
 //!   after the decision, in the background, and is skipped when as many
 //!   shadow calls as workers are in flight ([`ShadowSlot`]).
 
+use std::sync::Arc;
+
+use serde_json::Value;
+
 use crate::controller::{Active, Operator, PrimaryKey};
 use crate::reconcile::decide::Decision;
-use serde_json::Value;
-use std::sync::Arc;
 
 /// One shadow call in flight (see `Operator::shadow_slot`).
 pub(super) struct ShadowSlot(Arc<std::sync::atomic::AtomicUsize>);

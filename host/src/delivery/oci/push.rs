@@ -7,11 +7,13 @@
 //!   (read back after the push; computed from the manifest sent when the
 //!   read fails), so `oci://…@<digest>` pulls exactly the bytes pushed.
 
-use super::{PUSH_CONFIG_TYPE, PUSH_LAYER_TYPE, RegistryOptions, sha256};
+use std::collections::BTreeMap;
+
 use oci_client::Reference;
 use oci_client::client::{Config, ImageLayer};
 use oci_client::manifest::OciImageManifest;
-use std::collections::BTreeMap;
+
+use super::{PUSH_CONFIG_TYPE, PUSH_LAYER_TYPE, RegistryOptions, sha256};
 
 /// True when `bytes` start like a WebAssembly component (not a core
 /// module).

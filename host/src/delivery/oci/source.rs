@@ -9,15 +9,17 @@
 //! - Credentials come from the Docker config file given, never from the
 //!   reference.
 
-use super::SCHEME;
-use oci_client::client::{ClientConfig, ClientProtocol};
-use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference};
-use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
+
+use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+use serde::Deserialize;
+
+use super::SCHEME;
 
 /// Where plugins come from: a directory of `*.wasm` files or one OCI
 /// reference.

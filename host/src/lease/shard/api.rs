@@ -9,14 +9,16 @@
 //!   field manager: a race is a conflict, never a silent overwrite, and
 //!   nothing else of the object changes.
 
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use serde_json::json;
+
 use super::{
     CLAIM_MANAGER, DRAIN_LABEL, Move, SHARD_LABEL, SHARD_MANAGER, SHARDER_MANAGER, Sharding,
     live_shards, next_expiry,
 };
-use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, ListParams, Patch, PatchParams};
-use serde_json::json;
-use std::collections::BTreeSet;
 
 /// The live shards, read from the API server.
 ///

@@ -7,10 +7,12 @@
 //!   replica computes the same owner, and a shard joining or leaving moves
 //!   only the primaries it gains or loses.
 
-use super::VIRTUAL_NODES;
-use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
 use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+use super::VIRTUAL_NODES;
 
 pub(super) fn hash(text: &str) -> u64 {
     let digest = Sha256::digest(text.as_bytes());

@@ -10,9 +10,11 @@
 //!   reconciles (a shadow step after its comparisons or its seconds); a
 //!   breach is named with the measure, both values and the threshold.
 
-use super::{DEFAULT_HOLD_SECONDS, RolloutSpec, Thresholds};
-use serde::{Deserialize, Serialize};
 use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{DEFAULT_HOLD_SECONDS, RolloutSpec, Thresholds};
 
 /// What one version did in a step's window, as the status shows it.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]

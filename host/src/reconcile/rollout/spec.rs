@@ -7,10 +7,11 @@
 //!   a rollout never starts from a spec it would misread.
 //! - Pure data: reading a spec has no effect.
 
+use serde::{Deserialize, Serialize};
+
 use super::basis_points;
 use crate::contract::selector::LabelSelector;
 use crate::reconcile::diff::Difference;
-use serde::{Deserialize, Serialize};
 
 /// Which candidate a rollout means; empty: the shadow loaded now.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]

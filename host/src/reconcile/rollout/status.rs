@@ -8,9 +8,11 @@
 //!   added up, so a shard's stale counts never judge a later step.
 //! - The status routes primaries only in the canary and promoted phases.
 
-use super::{BUCKETS, Counts, RolloutSpec, Routing, phase};
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{BUCKETS, Counts, RolloutSpec, Routing, phase};
 
 /// What one shard counted in a step's window, as it publishes it under
 /// `status.shards.<shard>` of the rollout (`--sharding`). The leader adds

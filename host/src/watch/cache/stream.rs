@@ -11,19 +11,21 @@
 //! - Objects are stored without managedFields and kubectl's last-applied
 //!   annotation, always with `apiVersion` and `kind`.
 
-use super::{CachedObject, Change, KindCache, KindKey, ObjKey, obj_key};
-use crate::metrics;
-use crate::watch::retry::*;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
 use futures::StreamExt;
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::watcher::{self, Event};
 use serde_json::Value;
-use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::mpsc;
 use wasmop_contract::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
+
+use super::{CachedObject, Change, KindCache, KindKey, ObjKey, obj_key};
+use crate::metrics;
+use crate::watch::retry::*;
 
 /// The state of one watch stream in the `wasmop_watch_streams` gauge; its
 /// count goes away when the stream ends (the task is aborted or the kind is
