@@ -1,6 +1,6 @@
 //! Operator metrics in the Prometheus text format, served on
 //! `--metrics-addr` at `/metrics` (next to `/healthz` and `/readyz`, see
-//! [`crate::health`], whose [`serve`](crate::health::serve) answers them all).
+//! [`crate::report::health`], whose [`serve`](crate::report::health::serve) answers them all).
 //!
 //! | metric | labels | meaning |
 //! | --- | --- | --- |

@@ -1,8 +1,10 @@
 //! The host's layers, as `src/lib.rs` documents them (section "Layers"):
-//! every `crate::`, `super::` and `self::` path in the non-test code of a
-//! file under `src/` names a module of the same layer or of one below, and
-//! no modules use each other round a circle. A failure names the file and
-//! line of each offending path.
+//! each folder of `src/` is one layer (a layer is one folder, or the files
+//! beside `lib.rs`), every module of a folder belongs to its folder's
+//! layer, no folder uses a folder above it, every `crate::`, `super::` and
+//! `self::` path in the non-test code of a file under `src/` names a module
+//! of the same layer or of one below, and no modules use each other round a
+//! circle. A failure names the file and line of each offending path.
 //!
 //! Test code (`#[cfg(test)]` modules, `tests.rs` files) is not read: it may
 //! use whatever it tests with.
@@ -415,6 +417,94 @@ fn layer_of(layers: &[Vec<String>], module: &str) -> Option<(usize, String)> {
         .max_by_key(|(_, p)| p.len())
 }
 
+/// The folder of a module (`plugin` for `plugin/cache` and for `plugin`
+/// when it is `plugin/mod.rs`), or `None` for a file beside `lib.rs`.
+fn folder_of(module: &str, folders: &BTreeSet<String>) -> Option<String> {
+    let first = module.split('/').next().unwrap_or_default();
+    folders.contains(first).then(|| first.to_owned())
+}
+
+/// What is wrong with the folders of `files` against `layers`: a layer that
+/// is not one folder (nor only files beside `lib.rs`), a folder that is no
+/// layer, a module of a folder in another layer than its folder's, and a
+/// folder that uses a folder above it (the first such use of each pair,
+/// with its file and line).
+fn folder_problems(
+    files: &[(String, String)],
+    layers: &[Vec<String>],
+    modules: &BTreeSet<String>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let folders: BTreeSet<String> = files
+        .iter()
+        .filter_map(|(rel, _)| rel.split_once('/').map(|(dir, _)| dir.to_owned()))
+        .collect();
+    let mut layer_of_folder: BTreeMap<String, usize> = BTreeMap::new();
+    let mut root_layer = None;
+    for (n, paths) in layers.iter().enumerate() {
+        let listed_folders: Vec<&String> = paths.iter().filter(|p| folders.contains(*p)).collect();
+        if let [folder] = listed_folders[..]
+            && paths.len() == 1
+        {
+            layer_of_folder.insert(folder.clone(), n);
+        } else if listed_folders.is_empty() && paths.iter().all(|p| !p.contains('/')) {
+            if root_layer.replace(n).is_some() {
+                out.push(format!(
+                    "the layer list names files beside lib.rs in two layers; the second is {paths:?}"
+                ));
+            }
+        } else {
+            out.push(format!(
+                "the layer {paths:?} is not one folder of src/ (nor only files beside lib.rs)"
+            ));
+        }
+    }
+    for folder in &folders {
+        if !layer_of_folder.contains_key(folder) {
+            out.push(format!(
+                "folder `{folder}/` is no layer: list it alone in the Layers section of src/lib.rs"
+            ));
+        }
+    }
+    for m in modules {
+        let (Some(folder), Some((n, at))) = (folder_of(m, &folders), layer_of(layers, m)) else {
+            continue;
+        };
+        if let Some(&own) = layer_of_folder.get(&folder)
+            && own != n
+        {
+            out.push(format!(
+                "module `{m}` is in the layer of `{at}`, not in that of its folder `{folder}/`"
+            ));
+        }
+    }
+    let layer_of_module = |m: &str| match folder_of(m, &folders) {
+        Some(folder) => layer_of_folder.get(&folder).copied(),
+        None => root_layer,
+    };
+    let mut seen = BTreeSet::new();
+    let mut edges = edges(files);
+    edges.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
+    for e in edges {
+        let (Some(from), Some(to)) = (layer_of_module(&e.from), layer_of_module(&e.to)) else {
+            continue;
+        };
+        let place = |m: &str| {
+            folder_of(m, &folders).map_or("the files beside lib.rs".to_owned(), |f| {
+                format!("folder `{f}/`")
+            })
+        };
+        let pair = (place(&e.from), place(&e.to));
+        if to < from && seen.insert(pair.clone()) {
+            out.push(format!(
+                "{}:{}: `{}` (layer of {}) uses `{}` (layer of {}, above it)",
+                e.file, e.line, e.from, pair.0, e.to, pair.1
+            ));
+        }
+    }
+    out
+}
+
 /// What is wrong with `files` against `layers`: modules in no layer, listed
 /// paths that are no module, uses that point up, and circles.
 fn problems(files: &[(String, String)], layers: &[Vec<String>]) -> Vec<String> {
@@ -458,9 +548,9 @@ fn problems(files: &[(String, String)], layers: &[Vec<String>]) -> Vec<String> {
             ));
         }
     }
-    // Circles: a folder's mod.rs may use the modules it declares.
-    let folder_uses_its_own =
-        |e: &Edge| e.file.ends_with("/mod.rs") && e.to.starts_with(&format!("{}/", e.from));
+    // Circles: a module may use the modules it declares (`x/mod.rs` or
+    // `x.rs` using `x/y.rs`).
+    let folder_uses_its_own = |e: &Edge| e.to.starts_with(&format!("{}/", e.from));
     let mut graph: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     for e in edges.iter().filter(|e| !folder_uses_its_own(e)) {
         graph.entry(&e.from).or_default().insert(&e.to);
@@ -575,7 +665,13 @@ fn every_import_of_the_host_points_down_its_documented_layers() {
         layers.len() >= 10 && layers.iter().all(|l| !l.is_empty()),
         "the Layers section of src/lib.rs lists {layers:?}"
     );
-    let problems = problems(&files, &layers);
+    let modules: BTreeSet<String> = files
+        .iter()
+        .map(|(rel, _)| module_of(rel).0)
+        .filter(|m| m != "lib" && m != "main")
+        .collect();
+    let mut problems = folder_problems(&files, &layers, &modules);
+    problems.extend(self::problems(&files, &layers));
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
@@ -585,11 +681,12 @@ fn the_import_reader_sees_the_host_s_known_uses() {
     let edges = edges(&host_sources());
     for (from, to) in [
         ("controller/worker", "reconcile/decide"),
-        ("reconcile/decide", "reconcile/validate"),
-        ("reconcile/snapshot", "reconcile/existing"),
+        ("reconcile/decide", "judge/validate"),
+        ("judge/snapshot", "judge/existing"),
         ("logging", "key"),
-        ("cli/run", "cli/config"),
-        ("execute", "controller/leader"),
+        ("cli/run", "delivery/config"),
+        ("execute", "lease/leader"),
+        ("plugin", "sandbox"),
     ] {
         assert!(
             edges.iter().any(|e| e.from == from && e.to == to),
@@ -629,8 +726,8 @@ fn an_import_that_points_up_is_named_with_its_file_and_line() {
 }
 
 #[test]
-fn a_circle_within_one_layer_is_named_but_a_folder_using_its_own_modules_is_not() {
-    let layers = layers("//! # Layers\n//!\n//! - `a`, `b`, `c` — one layer.\n");
+fn a_circle_within_one_layer_is_named_but_a_module_using_its_own_modules_is_not() {
+    let layers = layers("//! # Layers\n//!\n//! - `a`, `b`, `c`, `e` — one layer.\n");
     let files = tree(&[
         ("lib.rs", ""),
         ("a.rs", "use crate::b::{x, y::{z}};\n"),
@@ -640,6 +737,8 @@ fn a_circle_within_one_layer_is_named_but_a_folder_using_its_own_modules_is_not(
         ),
         ("c/mod.rs", "mod d;\nuse self::d::D;\n"),
         ("c/d.rs", "use super::C;\n"),
+        ("e.rs", "mod f;\nuse self::f::F;\n"),
+        ("e/f.rs", "use super::E;\n"),
     ]);
     let found = problems(&files, &layers);
     assert_eq!(
@@ -670,5 +769,61 @@ fn test_code_and_strings_and_comments_are_not_imports() {
             file: "src/a.rs".into(),
             line: 11
         }]
+    );
+}
+
+const FOLDER_LAYERS: &str =
+    "//! # Layers\n//!\n//! - `top` — up.\n//! - `low` — down.\n//! - `leaf` — leaves.\n";
+
+/// The folder problems of a tree whose `lib.rs` is `listed`.
+fn folder_problems_of(listed: &str, files: &[(&str, &str)]) -> Vec<String> {
+    let mut files = tree(files);
+    files.push(("lib.rs".to_owned(), listed.to_owned()));
+    let modules = files
+        .iter()
+        .map(|(rel, _)| module_of(rel).0)
+        .filter(|m| m != "lib" && m != "main")
+        .collect();
+    folder_problems(&files, &layers(listed), &modules)
+}
+
+#[test]
+fn a_folder_that_uses_a_folder_above_it_is_named_once_with_its_first_use() {
+    let deep = "use super::x;\nfn f() {\n    crate::top::run::go();\n    crate::top::go();\n}\n";
+    assert_eq!(
+        folder_problems_of(
+            FOLDER_LAYERS,
+            &[
+                ("top/mod.rs", "pub mod run;\nuse crate::low::deep::x;\n"),
+                ("top/run.rs", "use crate::leaf::y;\n"),
+                ("low/mod.rs", "pub mod deep;\n"),
+                ("low/deep.rs", deep),
+                ("leaf.rs", "use crate::low::deep::z;\n"),
+            ]
+        ),
+        [
+            "src/leaf.rs:1: `leaf` (layer of the files beside lib.rs) uses `low/deep` (layer of folder `low/`, above it)",
+            "src/low/deep.rs:3: `low/deep` (layer of folder `low/`) uses `top/run` (layer of folder `top/`, above it)",
+        ]
+    );
+}
+
+#[test]
+fn a_layer_is_one_folder_and_every_module_of_a_folder_is_in_its_layer() {
+    let listed = "//! # Layers\n//!\n//! - `a`, `b` — two folders.\n//! - `c` — one.\n//! - `c/d`, `e` — a module of `c` and a file.\n//! - `e` — a file.\n";
+    let folders = [
+        "a/mod.rs", "b/mod.rs", "c/mod.rs", "c/d.rs", "e.rs", "f/g.rs",
+    ]
+    .map(|f| (f, ""));
+    assert_eq!(
+        folder_problems_of(listed, &folders),
+        [
+            "the layer [\"a\", \"b\"] is not one folder of src/ (nor only files beside lib.rs)",
+            "the layer [\"c/d\", \"e\"] is not one folder of src/ (nor only files beside lib.rs)",
+            "folder `a/` is no layer: list it alone in the Layers section of src/lib.rs",
+            "folder `b/` is no layer: list it alone in the Layers section of src/lib.rs",
+            "folder `f/` is no layer: list it alone in the Layers section of src/lib.rs",
+            "module `c/d` is in the layer of `c/d`, not in that of its folder `c/`",
+        ]
     );
 }

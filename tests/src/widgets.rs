@@ -7,7 +7,7 @@ use anyhow::Result;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
-use wasmop::plugin::hotswap::{PluginDir, ScanReport};
+use wasmop::delivery::hotswap::{PluginDir, ScanReport};
 
 use crate::TestNamespace;
 

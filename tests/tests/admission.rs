@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind, Status};
 use serde_json::json;
-use wasmop::plugin::hotswap::{OptionsFor, PluginDir};
+use wasmop::delivery::hotswap::{OptionsFor, PluginDir};
 use wasmop_tests::admission::{Admission, AdmissionOptions, delete_configuration};
 use wasmop_tests::net::round_robin;
 use wasmop_tests::operator::{RunningOperator, load_plugin, plugin_path, sandbox};

@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
-use wasmop::plugin::hotswap::{OptionsFor, PluginDir};
+use wasmop::delivery::hotswap::{OptionsFor, PluginDir};
 use wasmop::{Limits, LoadOptions, LoadedPlugin};
 use wasmop_tests::operator::{RunningOperator, load_plugin, plugin_path, sandbox};
 use wasmop_tests::{DEFAULT_DEADLINE, TestNamespace, apply_test_crds, kubeconfig_path, wait_for};

@@ -13,7 +13,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 use wasmop::cli::config_watch::ConfigWatch;
 use wasmop::cli::run::read_config;
-use wasmop::plugin::hotswap::PluginDir;
+use wasmop::delivery::hotswap::PluginDir;
 use wasmop::{CompileCache, Limits, LoadOptions, LoadedPlugin, PlanLimits};
 use wasmop_tests::interpose::Interposer;
 use wasmop_tests::operator::{RunningOperator, plugin_path, sandbox, test_config};

@@ -13,8 +13,8 @@ use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
 use wasmop::LoadOptions;
+use wasmop::delivery::hotswap::{OptionsFor, PluginDir};
 use wasmop::metrics;
-use wasmop::plugin::hotswap::{OptionsFor, PluginDir};
 use wasmop_tests::operator::{RunningOperator, plugin_path, sandbox};
 use wasmop_tests::{DEFAULT_DEADLINE, TestNamespace, apply_test_crds, wait_for};
 
@@ -127,10 +127,10 @@ async fn setup_with(prefix: &str, first: &str) -> Result<Setup> {
 
 /// Scans until the change to the directory has been applied (a changed
 /// file is read once it held still for one scan).
-async fn settle(plugins: &mut PluginDir) -> wasmop::plugin::hotswap::ScanReport {
+async fn settle(plugins: &mut PluginDir) -> wasmop::delivery::hotswap::ScanReport {
     let first = plugins.scan(true).await;
     let second = plugins.scan(true).await;
-    wasmop::plugin::hotswap::ScanReport {
+    wasmop::delivery::hotswap::ScanReport {
         activated: [first.activated, second.activated].concat(),
         rejected: [first.rejected, second.rejected].concat(),
         removed: [first.removed, second.removed].concat(),

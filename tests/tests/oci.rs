@@ -13,9 +13,9 @@ use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use wasmop::LoadOptions;
+use wasmop::delivery::hotswap::{OptionsFor, PluginDir};
+use wasmop::delivery::oci::{OciMirror, OciSource, PluginSource, RegistryOptions, SyncOutcome};
 use wasmop::metrics;
-use wasmop::plugin::hotswap::{OptionsFor, PluginDir};
-use wasmop::plugin::oci::{OciMirror, OciSource, PluginSource, RegistryOptions, SyncOutcome};
 use wasmop_tests::operator::{RunningOperator, plugin_path, sandbox};
 use wasmop_tests::registry::Registry;
 use wasmop_tests::widgets::{TempDir, create_widget, settle};
@@ -87,7 +87,7 @@ fn mirror(registry: &Registry, cache: &Path, reference: &str) -> Result<OciMirro
         cache.to_owned(),
         vec![oci_source(registry, reference)?],
         registry_options,
-        wasmop::plugin::oci::DEFAULT_MAX_BYTES,
+        wasmop::delivery::oci::DEFAULT_MAX_BYTES,
     )?)
 }
 

@@ -24,7 +24,7 @@ use wasmop::LoadOptions;
 use wasmop::controller::OperatorConfig;
 use wasmop::controller::leader::LeaderConfig;
 use wasmop::controller::rollout::rollout_resource;
-use wasmop::plugin::hotswap::{OptionsFor, PluginDir};
+use wasmop::delivery::hotswap::{OptionsFor, PluginDir};
 use wasmop::rollout::bucket;
 use wasmop_tests::interpose::Interposer;
 use wasmop_tests::operator::{LeaderLoop, RunningOperator, plugin_path, sandbox, test_config};
@@ -797,7 +797,7 @@ async fn a_rollout_that_cannot_be_followed_says_why_and_routes_nothing() -> Resu
 #[tokio::test]
 async fn a_candidate_pulled_by_oci_digest_is_rolled_out() -> Result<()> {
     use clap::Parser;
-    use wasmop::plugin::oci::{OciMirror, PluginSource, RegistryOptions, SyncOutcome};
+    use wasmop::delivery::oci::{OciMirror, PluginSource, RegistryOptions, SyncOutcome};
     use wasmop_tests::registry::Registry;
 
     let mut fx = Fixture::new("rollout-oci").await?;
@@ -837,7 +837,7 @@ async fn a_candidate_pulled_by_oci_digest_is_rolled_out() -> Result<()> {
         cache.0.clone(),
         vec![source],
         options,
-        wasmop::plugin::oci::DEFAULT_MAX_BYTES,
+        wasmop::delivery::oci::DEFAULT_MAX_BYTES,
     )?;
     let synced = mirror.sync().await;
     ensure!(

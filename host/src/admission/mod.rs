@@ -6,12 +6,16 @@
 //! loaded manifests ──▶ sync (leader) ──▶ ValidatingWebhookConfiguration (caBundle from tls)
 //! ```
 //!
-//! - [`rules`]: load-time checks of a manifest's `admission` rules and the
-//!   webhook configuration they become.
-//! - [`review`]: one review, request to response; shared with `wasmop plan`.
-//! - [`offline`]: deciding an AdmissionReview fixture without a cluster.
 //! - [`tls`]: the CA and serving certificate Secret, rotation.
 //! - [`server`]: the rustls HTTPS server every replica runs.
+//!
+//! What is decided lives below the server, in lower layers, and is
+//! re-exported here: [`rules`] (`contract/admission.rs`: load-time checks
+//! of a manifest's `admission` rules and the webhook configuration they
+//! become), [`review`] (`reconcile/admission/review.rs`: one review,
+//! request to response; shared with `wasmop plan`) and [`offline`]
+//! (`reconcile/admission/offline.rs`: deciding an AdmissionReview fixture
+//! without a cluster).
 //!
 //! # Guarantees
 //! - Every replica serves admission; only the leader writes the webhook
@@ -41,9 +45,6 @@
 //!   changes or drops a rule (or the whole `admit` export) is reflected
 //!   within [`SYNC_INTERVAL`].
 
-pub mod offline;
-pub mod review;
-pub mod rules;
 pub mod server;
 pub mod tls;
 
@@ -62,6 +63,8 @@ use wasmop_contract::AdmissionRule;
 use self::rules::{Endpoint, WebhookSettings};
 use self::server::{Handler, Plugins};
 use self::tls::{CertSource, Resolver};
+pub use crate::contract::admission as rules;
+pub use crate::reconcile::admission::{offline, review};
 use crate::watch::cache::Cache;
 
 /// How often the webhook configuration is compared with the loaded plugins.
@@ -78,19 +81,19 @@ pub const INSTALL_ANNOTATION: &str = "wasmop.dev/install";
 const ABSENT_VERSION: &str = "18446744073709551615";
 
 /// When this replica may write the configuration: the leader flag and the
-/// end of its Lease term (see `crate::controller::leader::may_write`).
+/// end of its Lease term (see `crate::lease::leader::may_write`).
 #[derive(Clone, Debug)]
 pub struct WriteFence {
     /// True while this replica leads.
     pub leader: Arc<AtomicBool>,
     /// The end of the Lease term on the local clock.
-    pub lease_until: crate::controller::leader::LeaseDeadline,
+    pub lease_until: crate::lease::leader::LeaseDeadline,
 }
 
 impl WriteFence {
     /// True while writes are allowed.
     pub fn may_write(&self) -> bool {
-        crate::controller::leader::may_write(&self.leader, &self.lease_until)
+        crate::lease::leader::may_write(&self.leader, &self.lease_until)
     }
 }
 

@@ -23,13 +23,13 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use wasmop_contract::{AdmissionResponse, AdmissionRule};
 
-use super::review::{self, Selection};
 use super::tls::Resolver;
+use crate::contract::selector::LabelSelector;
 use crate::controller::{api_resource, kind_key};
 use crate::metrics;
 use crate::plugin::{AdmitInput, LoadedPlugin};
+use crate::reconcile::admission::review::{self, Selection};
 use crate::watch::cache::Cache;
-use crate::watch::selector::LabelSelector;
 
 /// Largest AdmissionReview accepted.
 const MAX_BODY_BYTES: usize = 16 << 20;

@@ -19,16 +19,16 @@ use serde_json::{Value, json};
 use crate::check::controllers::Sim;
 use crate::check::world::{ObjKey, View, World, key_of};
 use crate::conditions;
+use crate::contract::manifest::{Controller, split_api_version};
 use crate::execute::report::failed_status;
 use crate::execute::{RECONCILED_CONDITION, economy, prepare, reconciled_by};
+use crate::judge::snapshot::Observation;
+use crate::judge::validate::{ApplyJudgement, Judgement, Plan, Precondition, is_primary};
 use crate::object;
 use crate::plugin::LoadedPlugin;
-use crate::plugin::manifest::{Controller, split_api_version};
 use crate::reconcile::decide::{DecideInput, Decided, Decision, decide};
 use crate::reconcile::kind::{KindDecided, KindOutcome, decide_kind};
-use crate::reconcile::snapshot::Observation;
-use crate::reconcile::validate::{ApplyJudgement, Judgement, Plan, Precondition, is_primary};
-use crate::record::{offline_kind_recording, offline_recording};
+use crate::report::record::{offline_kind_recording, offline_recording};
 use wasmop_contract::Scope;
 
 /// One scripted answer to the plan's HTTP requests: the first entry whose
@@ -508,7 +508,7 @@ impl Host<'_> {
         c: &mut Cluster,
         controller: &Controller,
         primary: &Value,
-        op: &crate::reconcile::validate::ApplyOp,
+        op: &crate::judge::validate::ApplyOp,
         judged: &ApplyJudgement,
     ) -> Result<bool, crate::check::world::WriteError> {
         let Some(owned) =

@@ -17,7 +17,7 @@
 //! - [`mutate`]: spec mutations from a CRD's OpenAPI schema.
 //! - [`explore`]: seeded runs from each example, keeping the shortest
 //!   failing trace per property; a trace is written as recordings
-//!   ([`crate::record::offline_recording`]: the format of `wasmop run
+//!   ([`crate::report::record::offline_recording`]: the format of `wasmop run
 //!   --record`, not redacted, since the modelled cluster holds no
 //!   cluster's Secrets), one per reconcile, so `wasmop replay` recomputes
 //!   every plan of it.

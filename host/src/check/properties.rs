@@ -7,8 +7,8 @@ use serde_json::Value;
 use crate::check::controllers::is_finished;
 use crate::check::world::{ObjKey, World, describe_key};
 use crate::execute::economy::APPLIED_ANNOTATION;
+use crate::judge::validate::Plan;
 use crate::object;
-use crate::reconcile::validate::Plan;
 
 /// The eight properties.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]

@@ -4,10 +4,10 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::admission::rules::Endpoint;
 use crate::admission::tls::CertSource;
 use crate::admission::{AdmissionConfig, server};
-use crate::cli::config::RunError;
+use crate::contract::admission::Endpoint;
+use crate::delivery::config::RunError;
 
 /// Admission webhook options. Admission is off unless `--admission-port`
 /// is given.
@@ -151,7 +151,7 @@ pub async fn start(
     // while it waits. A plugin name is served by its active version.
     let plugins: server::Plugins = std::sync::Arc::new(move || {
         let mut plugins = op.loaded_plugins();
-        for waiting in crate::health::global().waiting_plugins() {
+        for waiting in crate::report::health::global().waiting_plugins() {
             if !plugins.iter().any(|p| p.name() == waiting.name()) {
                 plugins.push(waiting);
             }

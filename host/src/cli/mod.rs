@@ -6,8 +6,6 @@
 
 pub mod admission;
 pub mod check;
-pub mod config;
-pub mod config_watch;
 pub mod new;
 pub mod oci;
 pub mod rbac;
@@ -24,7 +22,8 @@ use serde::Serialize;
 use serde_json::Value;
 use thiserror::Error;
 
-use crate::plugin::manifest::Manifest;
+use crate::contract::manifest::Manifest;
+pub use crate::delivery::{config, config_watch};
 use crate::plugin::{CompileCache, LoadError, LoadOptions, LoadedPlugin};
 use crate::reconcile::decide::Decision;
 use crate::reconcile::offline::{self, InputError, OfflineError};
@@ -201,7 +200,7 @@ pub enum CliError {
     Offline(#[from] OfflineError),
     /// An AdmissionReview could not be decided offline.
     #[error(transparent)]
-    Admission(#[from] crate::admission::offline::OfflineAdmissionError),
+    Admission(#[from] crate::reconcile::admission::offline::OfflineAdmissionError),
     /// The operator could not start.
     #[error(transparent)]
     Run(#[from] crate::cli::run::RunError),
@@ -403,7 +402,8 @@ fn plan(args: PlanArgs) -> Result<ExitCode, CliError> {
             .clone()
             .or_else(|| input.options.now.clone())
             .unwrap_or_else(|| jiff::Timestamp::now().to_string());
-        let answer = crate::admission::offline::decide(&plugin, review, &input.objects, &now)?;
+        let answer =
+            crate::reconcile::admission::offline::decide(&plugin, review, &input.objects, &now)?;
         print!("{}", render(&answer, args.output)?);
         return Ok(ExitCode::SUCCESS);
     }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::Args;
 
 use crate::cli::CliError;
-use crate::plugin::oci::{self, PluginSource, RegistryOptions};
+use crate::delivery::oci::{self, PluginSource, RegistryOptions};
 
 /// How registries are reached (shared by `run` and `push`).
 #[derive(Debug, Clone, Default, Args)]

@@ -20,7 +20,7 @@
 //! mirroring credentials Secrets into every admitted team's namespace) are
 //! called out, kind by kind, in a comment at the top of the output.
 //!
-//! [`Controller::kind_write_namespaces`]: crate::plugin::manifest::Controller::kind_write_namespaces
+//! [`Controller::kind_write_namespaces`]: crate::contract::manifest::Controller::kind_write_namespaces
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -34,9 +34,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 
 use crate::cli::CliError;
-use crate::cli::config::{OperatorFile, load_options, read_config};
+use crate::contract::manifest::{Manifest, OwnedKind};
+use crate::delivery::config::{OperatorFile, load_options, read_config};
 use crate::plugin::LoadedPlugin;
-use crate::plugin::manifest::{Manifest, OwnedKind};
 use crate::plugin::rbac::{self, Grants};
 use crate::sandbox::{Sandbox, SandboxConfig};
 
@@ -195,15 +195,15 @@ fn generate(args: &RbacArgs, plugins: &[PluginRbac]) -> Generated {
     // every replica, status written by the leader.
     rbac::grant(
         &mut cluster,
-        crate::rollout::GROUP,
-        crate::rollout::PLURAL.into(),
+        crate::reconcile::rollout::GROUP,
+        crate::reconcile::rollout::PLURAL.into(),
         false,
         &["list"],
     );
     rbac::grant(
         &mut cluster,
-        crate::rollout::GROUP,
-        format!("{}/status", crate::rollout::PLURAL),
+        crate::reconcile::rollout::GROUP,
+        format!("{}/status", crate::reconcile::rollout::PLURAL),
         false,
         &["patch"],
     );
@@ -422,7 +422,7 @@ pub fn rbac_command(args: RbacArgs) -> Result<ExitCode, CliError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plugin::manifest::tests::manifest;
+    use crate::contract::manifest::tests::manifest;
 
     fn args(namespaces: &[&str]) -> RbacArgs {
         RbacArgs {
@@ -565,7 +565,7 @@ mod tests {
 
     #[test]
     fn a_kind_narrowed_to_its_primarys_namespace_is_granted_only_in_the_watched_ones() {
-        use crate::plugin::manifest::KindRef;
+        use crate::contract::manifest::KindRef;
         // As the team plugin's server: Secrets anywhere, Deployments only
         // beside the primary.
         let mut p = plugin(&["*"]);

@@ -1,5 +1,5 @@
 //! `wasmop rollout`: where the `PluginRollout` objects stand, and the
-//! one-command undo (see [`crate::rollout`]).
+//! one-command undo (see [`crate::reconcile::rollout`]).
 
 use std::path::PathBuf;
 use std::process::ExitCode;

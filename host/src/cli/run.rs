@@ -20,13 +20,13 @@ use clap::Args;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
-pub use crate::cli::config::{OperatorFile, PluginConfig, RunError, read_config};
-use crate::cli::config_watch::ConfigWatch;
-use crate::controller::leader::{self, LeaderConfig};
 use crate::controller::{Operator, OperatorConfig};
+pub use crate::delivery::config::{OperatorFile, PluginConfig, RunError, read_config};
+use crate::delivery::config_watch::ConfigWatch;
+use crate::delivery::hotswap::{OptionsFor, PluginDir};
+use crate::lease::leader::{self, LeaderConfig};
 use crate::metrics;
 use crate::plugin::CompileCache;
-use crate::plugin::hotswap::{OptionsFor, PluginDir};
 use crate::sandbox::{Limits, MemoryReset, Sandbox, SandboxConfig};
 
 /// Arguments of `wasmop run`.
@@ -38,7 +38,7 @@ pub struct RunArgs {
     /// polled and a new digest hot-swapped; NAME defaults to the
     /// repository's last segment). Repeat for several.
     #[arg(long, value_name = "DIR|oci://REF", required = true)]
-    pub plugins: Vec<crate::plugin::oci::PluginSource>,
+    pub plugins: Vec<crate::delivery::oci::PluginSource>,
     /// Registry access for `oci://` plugins.
     #[command(flatten)]
     pub registry: crate::cli::oci::RegistryArgs,
@@ -57,7 +57,7 @@ pub struct RunArgs {
     #[arg(long, env = "WASMOP_OCI_CACHE", value_name = "DIR")]
     pub oci_cache: Option<PathBuf>,
     /// The largest plugin pulled from a registry, in MiB.
-    #[arg(long, value_name = "MIB", default_value_t = crate::plugin::oci::DEFAULT_MAX_BYTES >> 20)]
+    #[arg(long, value_name = "MIB", default_value_t = crate::delivery::oci::DEFAULT_MAX_BYTES >> 20)]
     pub oci_max_mib: u64,
     /// Namespace to watch; repeat for several. Default: all namespaces.
     #[arg(long = "namespace", short = 'n', value_name = "NS")]
@@ -106,7 +106,7 @@ pub struct RunArgs {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// `/healthz` (on the metrics address) fails when one reconcile has
     /// been running longer than this many seconds: the worker is stuck.
-    #[arg(long, value_name = "SECS", default_value_t = crate::health::DEFAULT_STUCK_AFTER.as_secs())]
+    #[arg(long, value_name = "SECS", default_value_t = crate::report::health::DEFAULT_STUCK_AFTER.as_secs())]
     pub stuck_after_secs: u64,
     /// Elect a leader through a Lease: every replica watches and computes
     /// plans, only the leader writes. Without it this process always acts
@@ -239,7 +239,7 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
             .clone()
             .or_else(|| CompileCache::default_dir().and_then(|d| d.parent().map(|p| p.join("oci"))))
             .ok_or_else(|| RunError::Oci("no cache directory: pass --oci-cache".to_owned()))?;
-        let mirror = crate::plugin::oci::OciMirror::new(
+        let mirror = crate::delivery::oci::OciMirror::new(
             root.clone(),
             oci_sources,
             registry,
@@ -250,7 +250,7 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
     };
     let election = leader_config(&args)?;
     if let Some(cfg) = election.as_ref().filter(|_| args.sharding) {
-        crate::controller::shard::check_identity(&cfg.identity).map_err(RunError::ShardIdentity)?;
+        crate::lease::shard::check_identity(&cfg.identity).map_err(RunError::ShardIdentity)?;
     }
     let admission = args.admission.config(&args.namespaces)?.map(|mut a| {
         // The install: the operator's namespace and its Lease's name.
@@ -271,17 +271,19 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
     };
     config.observe.allow_list = args.allow_urls.clone();
     if let Some(dir) = &args.record {
-        let recorder =
-            crate::record::Recorder::new(dir.clone(), args.record_max_mib.saturating_mul(1 << 20))
-                .map_err(|e| RunError::Config {
-                    path: dir.clone(),
-                    reason: format!("cannot record here: {e}"),
-                })?;
+        let recorder = crate::report::record::Recorder::new(
+            dir.clone(),
+            args.record_max_mib.saturating_mul(1 << 20),
+        )
+        .map_err(|e| RunError::Config {
+            path: dir.clone(),
+            reason: format!("cannot record here: {e}"),
+        })?;
         tracing::info!(dir = %dir.display(), max_mib = args.record_max_mib, "recording every reconcile");
         config.recorder = Some(Arc::new(recorder));
     }
     if let Some(selector) = &config.rollout_selector
-        && let Err(e) = crate::watch::selector::LabelSelector::parse(selector)
+        && let Err(e) = crate::contract::selector::LabelSelector::parse(selector)
     {
         return Err(RunError::Config {
             path: PathBuf::from("--rollout-selector"),
@@ -295,7 +297,7 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
             reason: problems.join("; "),
         });
     }
-    let health = crate::health::global();
+    let health = crate::report::health::global();
     health.set_stuck_after(Duration::from_secs(args.stuck_after_secs.max(1)));
     let scanned = Arc::new(std::sync::atomic::AtomicBool::new(false));
     {
@@ -312,11 +314,11 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
         );
     }
     if let Some(addr) = args.metrics_addr {
-        crate::health::serve(addr)
+        crate::report::health::serve(addr)
             .await
             .map_err(|e| RunError::Kube(format!("cannot serve metrics on {addr}: {e}")))?;
     }
-    if let Some(pod) = crate::selfevent::init(client.clone()).await {
+    if let Some(pod) = crate::report::selfevent::init(client.clone()).await {
         tracing::info!(%pod, "rejected plugin files raise Warning Events on this Pod");
     }
     let (operator, changes) = Operator::new(client.clone(), args.namespaces.clone(), config);
@@ -345,7 +347,7 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
     // per-object controllers; losing its term ends the process.
     let shard_tasks = election.as_ref().filter(|_| args.sharding).and_then(|_| {
         let cfg = leader_config(&args).ok().flatten()?;
-        let sharding = crate::controller::shard::Sharding::new(
+        let sharding = crate::lease::shard::Sharding::new(
             cfg.identity.clone(),
             cfg.namespace.clone(),
             cfg.lease_duration,
@@ -358,7 +360,7 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
         let membership = tokio::spawn(leader::run_with_loss(
             client.clone(),
             LeaderConfig {
-                lease_name: crate::controller::shard::lease_name(&cfg.identity),
+                lease_name: crate::lease::shard::lease_name(&cfg.identity),
                 ..cfg
             },
             sharding.flag.clone(),
@@ -368,7 +370,7 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
                 on_lost: Box::new(move || {
                     tracing::error!(shard = %identity,
                         "shard Lease term ended: its primaries may have been given away and its caches may be stale; exiting");
-                    std::process::exit(crate::controller::shard::LOST_TERM_EXIT_CODE);
+                    std::process::exit(crate::lease::shard::LOST_TERM_EXIT_CODE);
                 }),
                 gauge: "wasmop_shard_lease",
             },
@@ -481,9 +483,9 @@ async fn run_async(args: RunArgs, file: OperatorFile) -> Result<ExitCode, RunErr
 
 /// The directories (each must be one) and the OCI references of `sources`.
 fn split_sources(
-    sources: &[crate::plugin::oci::PluginSource],
-) -> Result<(Vec<PathBuf>, Vec<crate::plugin::oci::OciSource>), RunError> {
-    use crate::plugin::oci::PluginSource;
+    sources: &[crate::delivery::oci::PluginSource],
+) -> Result<(Vec<PathBuf>, Vec<crate::delivery::oci::OciSource>), RunError> {
+    use crate::delivery::oci::PluginSource;
     let mut dirs = Vec::new();
     let mut oci = Vec::new();
     for source in sources {
@@ -503,7 +505,7 @@ fn split_sources(
             PluginSource::Oci(s) => {
                 if oci
                     .iter()
-                    .any(|o: &crate::plugin::oci::OciSource| o.name == s.name)
+                    .any(|o: &crate::delivery::oci::OciSource| o.name == s.name)
                 {
                     return Err(RunError::Oci(format!(
                         "two oci:// sources are named {}; name one with NAME=oci://…",
@@ -603,8 +605,8 @@ async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::config::load_options;
-    use crate::reconcile::validate::PlanLimits;
+    use crate::delivery::config::load_options;
+    use crate::judge::validate::PlanLimits;
 
     fn parse(extra: &[&str]) -> Result<RunArgs, clap::Error> {
         use clap::Parser;

@@ -39,10 +39,10 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use crate::contract::manifest::KindRef;
 use crate::controller::PrimaryKey;
 use crate::execute::WriteLog;
 use crate::metrics;
-use crate::plugin::manifest::KindRef;
 use crate::watch::cache::{Change, KindKey};
 
 use super::queue::Queue;

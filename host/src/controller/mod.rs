@@ -6,6 +6,11 @@
 //! cache change ──route──▶ queue ──worker──▶ snapshot ▶ plugin ▶ validate ▶ execute
 //! ```
 //!
+//! The operator's registry of running plugins is `registry`, the caches
+//! as an object source `source`, what a cache change becomes `changes`.
+//! The Leases its writes check are the `lease` layer below, re-exported
+//! here as [`leader`] and [`shard`].
+//!
 //! # Guarantees
 //! - A primary is reconciled only after every cache its controller needs
 //!   has synced.
@@ -21,14 +26,15 @@
 //! - Failures are reported on the primary as the `Reconciled` condition and
 //!   as a Warning Event, and retried with exponential backoff.
 
+mod changes;
 mod echo;
-pub mod leader;
 pub mod orphans;
 pub mod queue;
+mod registry;
 pub mod rollout;
 pub(crate) mod route;
-pub mod shard;
 mod sharder;
+mod source;
 mod truth;
 mod worker;
 
@@ -39,28 +45,26 @@ use std::time::Duration;
 
 use kube::Client;
 use kube::api::ApiResource;
-use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
+use crate::contract::manifest::Controller;
 use crate::controller::queue::{Backoff, Queue};
 use crate::execute::Reporter;
 use crate::execute::writer::Writer;
-use crate::metrics;
 use crate::observe::{ObserveConfig, Observer};
 use crate::plugin::LoadedPlugin;
-use crate::plugin::manifest::{Controller, KindRef};
-use crate::reconcile::snapshot::ObjectSource;
-use crate::watch::by_name::{self, SecretReads};
-use crate::watch::cache::{Cache, CachedObject, Change, KindCache, KindKey, WatchSpec};
-use crate::watch::selector::LabelSelector;
-use route::{PrimaryLookup, Route, cached_key_of};
-use wasmop_contract::Scope;
+use crate::watch::by_name::SecretReads;
+use crate::watch::cache::{Cache, Change, KindKey};
+use route::Route;
 
 pub use crate::execute::{
     RECONCILED_BY_ANNOTATION, RECONCILED_CONDITION, api_resource, reconciled_by,
 };
+pub use crate::lease::{leader, shard};
+use registry::watched_kinds;
 pub use route::kind_key;
+pub(crate) use source::CacheSource;
 
 /// Tunables of the live operator.
 #[derive(Clone, Debug)]
@@ -82,12 +86,12 @@ pub struct OperatorConfig {
     /// read again to notice changes (they are read by name, not watched).
     pub secret_poll_interval: Duration,
     /// Where each decided reconcile is recorded (`wasmop run --record`).
-    pub recorder: Option<Arc<crate::record::Recorder>>,
+    pub recorder: Option<Arc<crate::report::record::Recorder>>,
     /// How often the leader sweeps for objects of its plugins whose owner
     /// is gone (see [`orphans`]); `None`: never.
     pub orphan_sweep_interval: Option<Duration>,
     /// How often the `PluginRollout` objects are read (and, on the
-    /// leader, driven; see [`crate::rollout`]); `None`: rollouts are not
+    /// leader, driven; see [`crate::reconcile::rollout`]); `None`: rollouts are not
     /// followed.
     pub rollout_interval: Option<Duration>,
     /// Only `PluginRollout` objects whose labels match this selector are
@@ -210,7 +214,7 @@ pub struct Operator {
     tasks: Mutex<Vec<tokio::task::AbortHandle>>,
     observer: Arc<Observer>,
     secrets: Arc<SecretReads>,
-    /// Shadow candidates by plugin name (see [`crate::shadow`]).
+    /// Shadow candidates by plugin name (see [`crate::report::shadow`]).
     shadows: RwLock<BTreeMap<String, Arc<LoadedPlugin>>>,
     /// Shadow calls in flight (bounded by the worker count).
     shadow_inflight: Arc<std::sync::atomic::AtomicUsize>,
@@ -228,8 +232,8 @@ pub struct Operator {
     /// UIDs of objects recently collected because their owner was gone
     /// (see [`orphans`]).
     collected: Arc<orphans::Collected>,
-    /// Routing and counts of the plugin rollouts (see [`crate::rollout`]).
-    rollouts: Arc<crate::rollout::Rollouts>,
+    /// Routing and counts of the plugin rollouts (see [`crate::reconcile::rollout`]).
+    rollouts: Arc<crate::reconcile::rollout::Rollouts>,
     /// This replica as a shard (`wasmop run --sharding`; see [`shard`]).
     sharding: std::sync::OnceLock<Arc<shard::Sharding>>,
 }
@@ -363,7 +367,7 @@ impl Operator {
                 tokio::spawn(async move {
                     while let Some(key) = op.queue.next().await {
                         // /healthz fails while one reconcile runs too long.
-                        let busy = crate::health::global().busy(key.to_string());
+                        let busy = crate::report::health::global().busy(key.to_string());
                         let started = std::time::Instant::now();
                         op.reconcile(&key)
                             .instrument(crate::logging::reconcile_span(&key))
@@ -428,614 +432,5 @@ impl Operator {
         }
         self.queue.close();
         self.cache.stop();
-    }
-
-    /// Starts the controllers of a loaded plugin, or replaces the running
-    /// version of a plugin with the same name (hot swap).
-    ///
-    /// Watches the plugin's kinds, waits until their caches synced, then
-    /// switches over in one step: reconciles already running finish on the
-    /// old version, every later one runs the new. Every primary of the
-    /// plugin is queued again in the queue's background
-    /// ([`Queue::add_background`]): at most `workers` at once, like every
-    /// reconcile, and behind every change that arrives meanwhile, so a swap
-    /// neither floods the API server nor holds back other work.
-    ///
-    /// # Errors
-    /// [`OperatorError::KindClaimed`] when a primary kind is reconciled by
-    /// another plugin; [`OperatorError::NotSynced`] when a kind's cache does
-    /// not sync in time (e.g. its CRD is not installed). Nothing changes
-    /// then: the running version, if any, keeps serving.
-    pub async fn add_plugin(&self, plugin: Arc<LoadedPlugin>) -> Result<(), OperatorError> {
-        // The manifest with `setting:` write namespaces resolved: what
-        // validation enforces.
-        let manifest = plugin.effective_manifest().clone();
-        {
-            let controllers = self.controllers.read().expect("controllers lock");
-            for c in &manifest.controllers {
-                for other in controllers.values() {
-                    if other.plugin.name() != plugin.name()
-                        && other.spec.primary.same_type(&c.primary)
-                    {
-                        return Err(OperatorError::KindClaimed {
-                            kind: c.primary.to_string(),
-                            owner: other.id.to_string(),
-                            plugin: plugin.name().to_string(),
-                        });
-                    }
-                }
-            }
-        }
-        let mut caches: Vec<Arc<KindCache>> = Vec::new();
-        // Optional kinds (named only by optional reads or optional owned
-        // kinds): watched, not waited for.
-        let mut optional: Vec<Arc<KindCache>> = Vec::new();
-        let mut actives = Vec::new();
-        for c in &manifest.controllers {
-            let id: Arc<str> = format!("{}/{}", plugin.name(), c.name).into();
-            caches.push(self.cache.ensure(WatchSpec {
-                resource: api_resource(&c.primary),
-                namespaced: c.primary.namespaced,
-                managed_only: false,
-                selector: self.primary_selector(c, &manifest.controllers),
-            }));
-            let required = c.required_kinds();
-            // Secrets named by a field are read by name, not watched.
-            for r in c.reads.iter().filter(|r| !by_name::is_by_name(r)) {
-                let cache = self.cache.ensure(WatchSpec {
-                    resource: api_resource(&r.kind),
-                    namespaced: r.kind.namespaced,
-                    managed_only: false,
-                    selector: None,
-                });
-                if required.iter().any(|k| k.same_type(&r.kind)) {
-                    caches.push(cache);
-                } else {
-                    optional.push(cache);
-                }
-            }
-            // Dependent kinds are judged by a read of the object when it
-            // is deleted; nothing to watch for them.
-            for o in c.owns.iter().filter(|o| !o.is_dependent()) {
-                let read_elsewhere = self.kind_is_read(&kind_key(&o.kind), &manifest.controllers);
-                let cache = self.cache.ensure(WatchSpec {
-                    resource: api_resource(&o.kind),
-                    namespaced: o.kind.namespaced,
-                    managed_only: !read_elsewhere,
-                    selector: self.owned_selector(c, !read_elsewhere),
-                });
-                if required.iter().any(|k| k.same_type(&o.kind)) {
-                    caches.push(cache);
-                } else {
-                    optional.push(cache);
-                }
-            }
-            actives.push(Arc::new(Active {
-                id: id.clone(),
-                spec: c.clone(),
-                primary: kind_key(&c.primary),
-                primary_resource: api_resource(&c.primary),
-                writer: Writer::new(self.client.clone(), format!("wasmop-{}", plugin.name())),
-                plugin: plugin.clone(),
-                route: Route::new(id.clone(), c.clone()),
-                kinds: watched_kinds(c)
-                    .into_iter()
-                    .filter(|k| required.iter().any(|r| kind_key(r) == *k))
-                    .collect(),
-            }));
-        }
-        for c in &caches {
-            let synced = tokio::time::timeout(self.config.sync_timeout, async {
-                tokio::select! {
-                    () = c.wait_synced() => true,
-                    () = c.wait_not_served() => false,
-                }
-            })
-            .await;
-            if synced == Ok(false) {
-                self.drop_unused_caches();
-                return Err(OperatorError::KindNotServed {
-                    kind: c.key().to_string(),
-                    crd: c.crd_name(),
-                    hint: crate::watch::cache::install_hint(&c.spec().resource.group).to_owned(),
-                    plugin: plugin.name().to_string(),
-                });
-            }
-            if synced.is_err() {
-                self.drop_unused_caches();
-                return Err(OperatorError::NotSynced {
-                    kind: c.key().to_string(),
-                    plugin: plugin.name().to_string(),
-                    waited: self.config.sync_timeout,
-                });
-            }
-        }
-        for c in optional.iter().filter(|c| !c.synced()) {
-            tracing::info!(
-                plugin = plugin.name(),
-                kind = %c.key(),
-                "optional kind not served yet (is its CRD installed?); \
-                 snapshots name it absent until its watch lists it"
-            );
-        }
-        let mut queued = Vec::new();
-        let replaced = {
-            let mut controllers = self.controllers.write().expect("controllers lock");
-            let old: Vec<Arc<str>> = controllers
-                .iter()
-                .filter(|(_, a)| a.plugin.name() == plugin.name())
-                .map(|(k, _)| k.clone())
-                .collect();
-            let replaced = old.iter().filter_map(|k| controllers.remove(k)).next();
-            for a in actives {
-                if let Some(kc) = self.cache.kind(&a.primary) {
-                    let field_reads = a.route.has_field_reads();
-                    for obj in kc.list(None) {
-                        if field_reads {
-                            a.route.index_refs(&obj.value());
-                        }
-                        if a.spec.scope == Scope::Object {
-                            queued.push(cached_key_of(&a.id, &obj));
-                        }
-                    }
-                }
-                if a.spec.scope == Scope::Kind {
-                    queued.push(whole_kind_key(&a.id));
-                }
-                controllers.insert(a.id.clone(), a);
-            }
-            replaced
-        };
-        let m = metrics::global();
-        if let Some(old) = &replaced {
-            m.remove_where("wasmop_plugin_info", "plugin", old.plugin.name());
-        }
-        m.set(
-            "wasmop_plugin_info",
-            &[
-                ("plugin", plugin.name()),
-                ("version", plugin.version()),
-                ("digest", plugin.digest()),
-            ],
-            1.0,
-        );
-        m.inc("wasmop_plugin_loads_total", &[("plugin", plugin.name())]);
-        match &replaced {
-            Some(old) => tracing::info!(
-                plugin = plugin.name(),
-                from = old.plugin.version(),
-                to = plugin.version(),
-                digest = plugin.digest(),
-                primaries = queued.len(),
-                "plugin swapped"
-            ),
-            None => tracing::info!(
-                plugin = plugin.name(),
-                version = plugin.version(),
-                digest = plugin.digest(),
-                controllers = manifest.controllers.len(),
-                primaries = queued.len(),
-                "plugin started"
-            ),
-        }
-        for key in queued {
-            self.queue.add_background(key);
-        }
-        self.drop_unused_caches();
-        Ok(())
-    }
-
-    /// Stops the controllers of a plugin. Its objects stay: nothing is
-    /// deleted because a plugin went away. Returns whether it was running.
-    pub fn remove_plugin(&self, name: &str) -> bool {
-        let removed: Vec<Arc<Active>> = {
-            let mut controllers = self.controllers.write().expect("controllers lock");
-            let ids: Vec<Arc<str>> = controllers
-                .iter()
-                .filter(|(_, a)| a.plugin.name() == name)
-                .map(|(k, _)| k.clone())
-                .collect();
-            ids.iter().filter_map(|k| controllers.remove(k)).collect()
-        };
-        if removed.is_empty() {
-            return false;
-        }
-        metrics::global().remove_where("wasmop_plugin_info", "plugin", name);
-        tracing::info!(
-            plugin = name,
-            "plugin removed; its controllers stopped, its objects left in place"
-        );
-        self.drop_unused_caches();
-        true
-    }
-
-    /// Runs `plugin` as the shadow of the active plugin of the same name:
-    /// called on every snapshot the active one decides, compared, never
-    /// written (see [`crate::shadow`]). Replaces an earlier shadow.
-    ///
-    /// # Errors
-    /// When no plugin of that name is active (a message naming it).
-    pub fn set_shadow(&self, plugin: Arc<LoadedPlugin>) -> Result<(), String> {
-        let name = plugin.name().to_owned();
-        let active = self
-            .controllers
-            .read()
-            .expect("controllers lock")
-            .values()
-            .any(|a| a.plugin.name() == name);
-        if !active {
-            return Err(format!(
-                "no active plugin {name} to shadow (a shadow runs beside {name}.wasm)"
-            ));
-        }
-        tracing::info!(plugin = %name, version = plugin.version(), digest = plugin.digest(),
-            "shadow candidate running beside the active plugin; it writes nothing");
-        self.shadows
-            .write()
-            .expect("shadows lock")
-            .insert(name, plugin);
-        Ok(())
-    }
-
-    /// Stops the shadow of plugin `name`; returns whether one ran.
-    pub fn remove_shadow(&self, name: &str) -> bool {
-        let removed = self
-            .shadows
-            .write()
-            .expect("shadows lock")
-            .remove(name)
-            .is_some();
-        if removed {
-            tracing::info!(plugin = name, "shadow candidate stopped");
-        }
-        removed
-    }
-
-    /// The shadow of plugin `name`, if any.
-    pub fn shadow(&self, name: &str) -> Option<Arc<LoadedPlugin>> {
-        self.shadows
-            .read()
-            .expect("shadows lock")
-            .get(name)
-            .cloned()
-    }
-
-    /// The keys of the primaries of `a` the watch cache holds.
-    fn cached_primary_keys(&self, a: &Active) -> Vec<PrimaryKey> {
-        self.cache
-            .kind(&a.primary)
-            .map(|kc| kc.list(None))
-            .unwrap_or_default()
-            .iter()
-            .map(|o| cached_key_of(&a.id, o))
-            .collect()
-    }
-
-    /// Queues every primary of every running controller again, in the
-    /// queue's background like a plugin start (e.g. after this replica
-    /// became the leader and its earlier reconciles skipped their writes).
-    pub fn requeue_all(&self) {
-        let keys: Vec<PrimaryKey> = {
-            let controllers = self.controllers.read().expect("controllers lock");
-            controllers
-                .values()
-                .flat_map(|a| {
-                    if a.spec.scope == Scope::Kind {
-                        return vec![whole_kind_key(&a.id)];
-                    }
-                    self.cached_primary_keys(a)
-                })
-                .collect()
-        };
-        for key in keys {
-            self.queue.add_background(key);
-        }
-    }
-
-    /// The name, version and digest of every running plugin.
-    pub fn plugins(&self) -> Vec<(String, String, String)> {
-        let mut out: Vec<(String, String, String)> = self
-            .controllers
-            .read()
-            .expect("controllers lock")
-            .values()
-            .map(|a| {
-                (
-                    a.plugin.name().to_string(),
-                    a.plugin.version().to_string(),
-                    a.plugin.digest().to_string(),
-                )
-            })
-            .collect();
-        out.sort();
-        out.dedup();
-        out
-    }
-
-    /// Every running plugin, once each (admission asks per request).
-    pub fn loaded_plugins(&self) -> Vec<Arc<LoadedPlugin>> {
-        let mut out: Vec<Arc<LoadedPlugin>> = Vec::new();
-        for a in self.controllers.read().expect("controllers lock").values() {
-            if !out.iter().any(|p| Arc::ptr_eq(p, &a.plugin)) {
-                out.push(a.plugin.clone());
-            }
-        }
-        out
-    }
-
-    /// Stops the watches no running controller needs any more.
-    fn drop_unused_caches(&self) {
-        let needed: HashSet<KindKey> = self
-            .controllers
-            .read()
-            .expect("controllers lock")
-            .values()
-            .flat_map(|a| {
-                let c = &a.spec;
-                watched_kinds(c)
-            })
-            .collect();
-        for k in self.cache.kinds() {
-            if !needed.contains(&k) {
-                self.cache.remove(&k);
-            }
-        }
-    }
-
-    fn kind_is_read(&self, key: &KindKey, incoming: &[Controller]) -> bool {
-        let reads = |c: &Controller| {
-            kind_key(&c.primary) == *key
-                || c.reads
-                    .iter()
-                    .any(|r| !by_name::is_by_name(r) && kind_key(&r.kind) == *key)
-        };
-        incoming.iter().any(reads)
-            || self
-                .controllers
-                .read()
-                .expect("controllers lock")
-                .values()
-                .any(|a| reads(&a.spec))
-    }
-}
-
-/// The kinds a controller's snapshots come from through watches: its
-/// primary, owned and read kinds, and its HTTP target kinds, except Secrets
-/// that are only named by field references (read by name) and dependent
-/// kinds nothing else reads.
-fn watched_kinds(c: &Controller) -> Vec<KindKey> {
-    let unwatched = |kind: &KindRef| {
-        !kind.same_type(&c.primary)
-            && !c
-                .owns
-                .iter()
-                .any(|o| !o.is_dependent() && o.kind.same_type(kind))
-            && !c.http_targets.iter().any(|t| t.kind.same_type(kind))
-            && c.reads
-                .iter()
-                .filter(|r| r.kind.same_type(kind))
-                .all(by_name::is_by_name)
-    };
-    c.kinds()
-        .into_iter()
-        .filter(|k| !unwatched(k))
-        .map(kind_key)
-        .collect()
-}
-
-/// The live caches as the snapshot builder's object source and routing's
-/// primary lookup. With `secrets`, field references to Secrets are read
-/// from the API server (blocking: only from a blocking task).
-#[derive(Clone)]
-pub(crate) struct CacheSource {
-    pub(crate) cache: Arc<Cache>,
-    pub(crate) secrets: Option<(Arc<SecretReads>, tokio::runtime::Handle)>,
-}
-
-impl ObjectSource for CacheSource {
-    fn absent(&self, kind: &KindRef) -> bool {
-        self.cache
-            .kind(&kind_key(kind))
-            .is_some_and(|kc| !kc.synced())
-    }
-
-    fn owned_by(&self, kind: &KindRef, owner_uid: &str) -> Vec<Arc<Value>> {
-        self.cache
-            .kind(&kind_key(kind))
-            .map(|kc| parsed(kc.owned_by(owner_uid)))
-            .unwrap_or_default()
-    }
-
-    fn get(&self, kind: &KindRef, namespace: Option<&str>, name: &str) -> Option<Arc<Value>> {
-        self.cache
-            .kind(&kind_key(kind))?
-            .get(namespace.unwrap_or_default(), name)
-            .map(|o| Arc::new(o.value()))
-    }
-
-    fn list(&self, kind: &KindRef, namespace: Option<&str>) -> Vec<Arc<Value>> {
-        self.cache
-            .kind(&kind_key(kind))
-            .map(|kc| parsed(kc.list(namespace)))
-            .unwrap_or_default()
-    }
-
-    fn list_matching(
-        &self,
-        kind: &KindRef,
-        namespace: Option<&str>,
-        selector: &LabelSelector,
-    ) -> Vec<Arc<Value>> {
-        self.cache
-            .kind(&kind_key(kind))
-            .map(|kc| {
-                let mut objects = kc.list(namespace);
-                objects.retain(|o| selector.matches(&o.labels()));
-                parsed(objects)
-            })
-            .unwrap_or_default()
-    }
-
-    fn get_named(&self, kind: &KindRef, namespace: Option<&str>, name: &str) -> Option<Arc<Value>> {
-        match (&self.secrets, namespace) {
-            (Some((secrets, runtime)), Some(ns)) if by_name::is_secret(kind) => {
-                secrets.get_blocking(runtime, ns, name)
-            }
-            _ => self.get(kind, namespace, name),
-        }
-    }
-}
-
-/// Cached objects parsed, for a snapshot.
-fn parsed(objects: Vec<Arc<CachedObject>>) -> Vec<Arc<Value>> {
-    objects.iter().map(|o| Arc::new(o.value())).collect()
-}
-
-impl PrimaryLookup for CacheSource {
-    fn by_uid(&self, kind: &KindKey, uid: &str) -> Option<Arc<CachedObject>> {
-        self.cache.kind(kind)?.get_by_uid(uid)
-    }
-
-    fn list(&self, kind: &KindKey, namespace: Option<&str>) -> Vec<Arc<CachedObject>> {
-        self.cache
-            .kind(kind)
-            .map(|kc| kc.list(namespace))
-            .unwrap_or_default()
-    }
-
-    fn by_name(&self, kind: &KindKey, namespace: &str, name: &str) -> Option<Arc<CachedObject>> {
-        self.cache.kind(kind)?.get(namespace, name)
-    }
-}
-
-impl Operator {
-    /// Reads again the Secrets primaries name through field references and
-    /// routes each change like a watch event.
-    async fn poll_secrets(&self) {
-        let secret = by_name::secret_key();
-        let mut referenced: Vec<by_name::SecretId> = self
-            .controllers
-            .read()
-            .expect("controllers lock")
-            .values()
-            .flat_map(|a| a.route.refs.lock().expect("refs lock").targets_of(&secret))
-            .collect();
-        referenced.sort();
-        referenced.dedup();
-        for change in self.secrets.poll(&referenced).await {
-            self.route(&change);
-        }
-    }
-
-    /// A kind was listed for the first time. Its objects, if any, came as
-    /// changes of their own; but a controller for which the kind is
-    /// optional decided its primaries while the kind was absent (its CRD
-    /// not installed, the snapshot naming it absent), and nothing else
-    /// would tell it the kind is served now when the list is empty. Every
-    /// primary of such a controller is queued again, in the background
-    /// like a swap's re-queues. Kinds a controller requires were synced
-    /// before it started, so they re-queue nothing.
-    fn kind_listed(&self, kind: &KindKey, actives: &[Arc<Active>]) {
-        for a in actives {
-            if a.primary == *kind
-                || a.kinds.contains(kind)
-                || !watched_kinds(&a.spec).contains(kind)
-            {
-                continue;
-            }
-            tracing::info!(controller = %a.id, kind = %kind,
-                "optional kind served now; reconciling the controller's primaries again");
-            if a.spec.scope == Scope::Kind {
-                self.queue.add_after(whole_kind_key(&a.id), KIND_DEBOUNCE);
-                continue;
-            }
-            if let Some(kc) = self.cache.kind(&a.primary) {
-                for obj in kc.list(None) {
-                    self.queue.add_background(cached_key_of(&a.id, &obj));
-                }
-            }
-        }
-    }
-
-    /// Every running controller, as of now.
-    fn actives(&self) -> Vec<Arc<Active>> {
-        self.controllers
-            .read()
-            .expect("controllers lock")
-            .values()
-            .cloned()
-            .collect()
-    }
-
-    /// Routes a cache change to the primaries it concerns.
-    fn route(&self, change: &Change) {
-        let actives = self.actives();
-        if change.is_listed() {
-            self.kind_listed(&change.kind, &actives);
-            return;
-        }
-        let routes: Vec<&Route> = actives.iter().map(|a| &a.route).collect();
-        let source = CacheSource {
-            cache: Arc::clone(&self.cache),
-            secrets: None,
-        };
-        let routed = route::route(&routes, change, &source);
-        let kind_scoped = |key: &PrimaryKey| {
-            actives
-                .iter()
-                .any(|a| a.id == key.controller && a.spec.scope == Scope::Kind)
-        };
-        let seen = self.echoes.take(change, |writer| {
-            !kind_scoped(writer) && routed.keys.contains(writer)
-        });
-        for (key, uid) in routed.gone {
-            if let Some(s) = self.sharding.get() {
-                s.forget_claim(&uid);
-            }
-            self.observer.forget(&uid);
-            self.queue.forget(&key);
-            self.backoff.reset(&key);
-            self.read_before_create
-                .lock()
-                .expect("read-before-create lock")
-                .remove(&key);
-            if kind_scoped(&key) {
-                // The others may move up (e.g. a queue): one more call.
-                metrics::global().set_primary_gauges(
-                    &key.controller,
-                    &key.namespace,
-                    &key.name,
-                    &[],
-                );
-                self.queue
-                    .add_after(whole_kind_key(&key.controller), KIND_DEBOUNCE);
-            }
-        }
-        for key in routed.keys {
-            if kind_scoped(&key) {
-                self.queue
-                    .add_after(whole_kind_key(&key.controller), KIND_DEBOUNCE);
-            } else {
-                match &seen {
-                    echo::Seen::Echo(writer) if *writer == key => {
-                        echo::settle(
-                            &self.queue,
-                            echo::Settled {
-                                primary: key,
-                                echo: true,
-                            },
-                        );
-                    }
-                    // Settled when the write's answer comes.
-                    echo::Seen::Held(writer) if *writer == key => {
-                        metrics::global().inc(
-                            "wasmop_echoes_held_total",
-                            &[("controller", &key.controller)],
-                        );
-                    }
-                    _ => self.queue.add(key),
-                }
-            }
-        }
     }
 }

@@ -19,12 +19,12 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
+use crate::contract::manifest::{Controller, KindRef, Ownership, Selector};
+use crate::contract::selector::selector_matches;
 use crate::controller::{PrimaryKey, RECONCILED_BY_ANNOTATION};
+use crate::judge::snapshot;
 use crate::object;
-use crate::plugin::manifest::{Controller, KindRef, Ownership, Selector};
-use crate::reconcile::snapshot;
 use crate::watch::cache::{CachedObject, Change, KindKey};
-use crate::watch::selector::selector_matches;
 
 /// `(namespace, name)` of a primary.
 pub(crate) type ObjId = (String, String);
@@ -382,7 +382,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::plugin::manifest::{Read, Selector};
+    use crate::contract::manifest::{Read, Selector};
 
     fn widget_kind() -> KindRef {
         KindRef::namespaced("test.wasmop.dev", "v1", "Widget", "widgets")

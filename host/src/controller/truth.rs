@@ -33,11 +33,11 @@ use kube::Client;
 use kube::api::{Api, DynamicObject};
 use tokio::runtime::Handle;
 
+use crate::contract::manifest::KindRef;
 use crate::controller::{CacheSource, kind_key};
 use crate::execute::api_resource;
-use crate::plugin::manifest::KindRef;
-use crate::reconcile::snapshot::ObjectSource;
-use crate::reconcile::validate::{BeforeCreate, ExistingLookup, ExistingObject};
+use crate::judge::snapshot::ObjectSource;
+use crate::judge::validate::{BeforeCreate, ExistingLookup, ExistingObject};
 
 /// The cache first, the API server when the cache does not hold the object.
 pub(crate) struct TruthLookup {

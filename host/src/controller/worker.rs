@@ -2,23 +2,35 @@
 //! [`Decision`] (controller-runtime's `reconcileHandler`): skipped → done;
 //! failed or rejected → report and back off; planned → (leader?) execute,
 //! requeue, observe.
+//!
+//! Its cuts: acting on a planned decision (`act`), the one call of a
+//! kind-scoped controller (`kind`) and the shadow calls (`shadow`).
+//!
+//! # Guarantees
+//! - A reconcile reads only from caches that have synced, decides through
+//!   the one path used offline too, and writes only on the leader (and,
+//!   with sharding, the primary's shard).
+//! - A failure is reported on the primary and retried with backoff; it
+//!   never deletes anything.
+
+mod act;
+mod kind;
+mod shadow;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::contract::manifest::KindRef;
 use crate::controller::truth::TruthLookup;
 use crate::controller::{Active, CacheSource, Operator, PrimaryKey, whole_kind_key};
-use crate::execute::{self, Target, report};
+use crate::execute::report;
+use crate::judge::validate::Plan;
 use crate::metrics;
 use crate::object;
 use crate::observe::PrimaryInfo;
-use crate::plugin::manifest::KindRef;
 use crate::reconcile::decide::{DecideInput, Decision, decide, format_now};
-use crate::reconcile::kind::{KindOutcome, decide_kind};
-use crate::reconcile::validate::Plan;
-use futures::StreamExt;
 use wasmop_contract::Scope;
 
 /// An object of a primary's snapshot, with the kind of the read that
@@ -43,114 +55,6 @@ impl Operator {
             collected: Arc::clone(&self.collected),
         };
         (source, truth)
-    }
-
-    /// A place for one more shadow call in flight (at most as many as
-    /// workers), given back when dropped; `None` when there is none,
-    /// counted as skipped once for each of the call's `primaries`.
-    fn shadow_slot(&self, a: &Active, primaries: usize) -> Option<ShadowSlot> {
-        use std::sync::atomic::Ordering;
-        let inflight = Arc::clone(&self.shadow_inflight);
-        if inflight.fetch_add(1, Ordering::SeqCst) >= self.config.workers.max(1) {
-            inflight.fetch_sub(1, Ordering::SeqCst);
-            crate::shadow::skipped(&a.id, primaries);
-            return None;
-        }
-        Some(ShadowSlot(inflight))
-    }
-
-    /// Calls the shadow candidate on the snapshot the active plugin just
-    /// decided, in the background (bounded by the worker count), and
-    /// compares the plans. Nothing of the shadow's plan is written.
-    fn run_shadow(
-        &self,
-        a: &Active,
-        key: &PrimaryKey,
-        shadow: Arc<crate::plugin::LoadedPlugin>,
-        snapshot: &crate::reconcile::snapshot::Snapshot,
-        decision: &Decision,
-    ) {
-        let Some(slot) = self.shadow_slot(a, 1) else {
-            return;
-        };
-        let active = crate::reconcile::diff::outcome_of(decision);
-        let snapshot = snapshot.clone();
-        let controller = a.id.to_string();
-        let primary = crate::shadow::primary_key(&key.namespace, &key.name);
-        let active_version = a.plugin.version().to_owned();
-        let rollouts = Arc::clone(&self.rollouts);
-        tokio::task::spawn_blocking(move || {
-            let _slot = slot;
-            let outcome = match shadow.reconcile(&snapshot) {
-                Ok(plan) => serde_json::to_value(&plan).unwrap_or_default(),
-                Err(e) => crate::shadow::failed(&e),
-            };
-            let differences = crate::shadow::account(
-                &controller,
-                &primary,
-                (&active_version, shadow.version()),
-                &active,
-                &outcome,
-            );
-            rollouts.record_shadow(
-                shadow.name(),
-                shadow.digest(),
-                &differences,
-                outcome.pointer("/failed/reason").and_then(Value::as_str),
-            );
-            if !differences.is_empty() {
-                tracing::info!(controller = %controller, primary = %primary, shadow_version = shadow.version(),
-                    differences = differences.len(), "shadow plan differs from the active one");
-            }
-        });
-    }
-
-    /// Calls the shadow candidate on the snapshot of a kind call the active
-    /// plugin just made, in the background (bounded like [`Self::run_shadow`]),
-    /// and compares the two calls primary by primary. Nothing of the
-    /// shadow's plan is written.
-    fn run_shadow_kind(
-        &self,
-        a: &Active,
-        shadow: Arc<crate::plugin::LoadedPlugin>,
-        decided: &crate::reconcile::kind::KindDecided,
-    ) {
-        let Some(snapshot) = &decided.snapshot else {
-            return;
-        };
-        let Some(slot) = self.shadow_slot(a, decided.primaries.len()) else {
-            return;
-        };
-        let active = crate::shadow::active_kind_outcomes(decided);
-        let snapshot = snapshot.clone();
-        let controller = a.id.to_string();
-        let active_version = a.plugin.version().to_owned();
-        let rollouts = Arc::clone(&self.rollouts);
-        tokio::task::spawn_blocking(move || {
-            let _slot = slot;
-            let pairs = crate::shadow::kind_pairs(active, shadow.reconcile(&snapshot));
-            let mut differing = 0usize;
-            for (primary, active, outcome) in &pairs {
-                let differences = crate::shadow::account(
-                    &controller,
-                    primary,
-                    (&active_version, shadow.version()),
-                    active,
-                    outcome,
-                );
-                rollouts.record_shadow(
-                    shadow.name(),
-                    shadow.digest(),
-                    &differences,
-                    outcome.pointer("/failed/reason").and_then(Value::as_str),
-                );
-                differing += usize::from(!differences.is_empty());
-            }
-            if differing > 0 {
-                tracing::info!(controller = %controller, shadow_version = shadow.version(),
-                    primaries = pairs.len(), differing, "shadow kind plan differs from the active one");
-            }
-        });
     }
 
     /// One reconcile of one primary, start to end. Never panics on bad
@@ -189,22 +93,22 @@ impl Operator {
             return;
         };
         if let Some(s) = self.shard_for(&a) {
-            match s.standing(&crate::controller::shard::labels_of(&primary)) {
-                crate::controller::shard::Standing::Mine => {}
-                crate::controller::shard::Standing::Draining => {
+            match s.standing(&crate::lease::shard::labels_of(&primary)) {
+                crate::lease::shard::Standing::Mine => {}
+                crate::lease::shard::Standing::Draining => {
                     self.acknowledge_drain(&a, key, &primary).await;
                     return;
                 }
                 // Another shard's (the cache is not filtered, or the
                 // label changed): nothing to do here.
-                crate::controller::shard::Standing::NotMine => {
+                crate::lease::shard::Standing::NotMine => {
                     s.forget_claim(object::uid(&primary));
                     return;
                 }
             }
         }
         // A rollout may route this primary to the candidate (see
-        // `rollout.rs`): chosen once, for the whole reconcile.
+        // `controller/rollout.rs`): chosen once, for the whole reconcile.
         let a = self.routed(&a, &primary);
         let now = jiff::Timestamp::now();
         let now_text = format_now(now);
@@ -275,8 +179,8 @@ impl Operator {
             self.rollouts.record(
                 a.plugin.name(),
                 a.plugin.digest(),
-                &crate::shadow::primary_key(&key.namespace, &key.name),
-                crate::rollout::Outcome::Decided { deletes },
+                &crate::report::shadow::primary_key(&key.namespace, &key.name),
+                crate::reconcile::rollout::Outcome::Decided { deletes },
                 elapsed,
             );
         }
@@ -312,215 +216,6 @@ impl Operator {
         .await;
     }
 
-    /// Carries out one primary's [`Decision`]: reports a failure or a
-    /// rejection on the primary, or executes the plan, then requeues and
-    /// starts its HTTP requests. The one place a decision turns into
-    /// writes, for per-object and kind-scoped controllers alike.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn act(
-        &self,
-        a: &Active,
-        key: &PrimaryKey,
-        primary: Arc<Value>,
-        decision: Decision,
-        snapshot: Option<&crate::reconcile::snapshot::Snapshot>,
-        now_text: &str,
-        elapsed: Duration,
-    ) {
-        let now_text = now_text.to_owned();
-        match decision {
-            Decision::Skipped(_) => {}
-            Decision::Failed(e) => {
-                self.fail(a, key, &primary, e.reason(), &e.to_string(), &now_text)
-                    .await;
-            }
-            Decision::Rejected { plan, violations } => {
-                // Refused only for objects whose owner is gone (the
-                // garbage collector missed them): collected, and the
-                // reconcile goes on at once.
-                if self.collect_refused(a, &primary, &plan, &violations).await {
-                    self.requeue(a, key, Duration::ZERO);
-                    return;
-                }
-                // Each violation names its rule, so a person (and a test)
-                // can tell which guarantee the plan broke.
-                let message = violations
-                    .iter()
-                    .map(|v| format!("{} ({})", v, v.rule.as_str()))
-                    .collect::<Vec<_>>()
-                    .join("; ");
-                let message = format!("plan rejected, nothing written: {message}");
-                self.fail(a, key, &primary, "PlanRejected", &message, &now_text)
-                    .await;
-            }
-            Decision::Planned { plan, judgement } => {
-                tracing::debug!(primary = %key, plugin_version = %a.plugin.version(), ?elapsed,
-                    applied = plan.apply.len(), deleted = plan.delete.len(), "plan");
-                let uid = object::uid(&primary);
-                if !self.may_write_for(a, key, uid) {
-                    return;
-                }
-                let shard = self.shard_for(a);
-                let owns = || self.may_write_for(a, key, uid);
-                let (leader, lease_until) = match shard {
-                    Some(s) => (&*s.flag, &*s.until),
-                    None => (&*self.leader, &*self.lease_until),
-                };
-                // The objects as cached, to skip applies that change nothing.
-                let current = CacheSource {
-                    cache: Arc::clone(&self.cache),
-                    secrets: None,
-                };
-                let target = Target {
-                    spec: &a.spec,
-                    plugin: &a.plugin,
-                    writer: &a.writer,
-                    primary_resource: &a.primary_resource,
-                    leader,
-                    lease_until,
-                    shard: shard.map(|sharding| execute::ShardFence {
-                        sharding,
-                        owns: &owns,
-                    }),
-                    budgets: &self.deletion_budgets,
-                    current: Some(&current),
-                    written: Some(&super::echo::EchoLog {
-                        echoes: &self.echoes,
-                        primary: key,
-                        queue: Some(&self.queue),
-                    }),
-                };
-                match execute::execute(
-                    target,
-                    &primary,
-                    &plan,
-                    &judgement,
-                    &now_text,
-                    &self.reporter,
-                )
-                .await
-                {
-                    Ok(_) => {
-                        metrics::global().set_primary_gauges(
-                            &key.controller,
-                            &key.namespace,
-                            &key.name,
-                            &plan.gauges,
-                        );
-                        metrics::global().inc(
-                            "wasmop_reconcile_total",
-                            &[("controller", &a.id), ("result", "Reconciled")],
-                        );
-                        self.backoff.reset(key);
-                        self.read_before_create
-                            .lock()
-                            .expect("read-before-create lock")
-                            .remove(key);
-                        tracing::info!(primary = %key, plugin_version = %a.plugin.version(),
-                            applied = plan.apply.len(), deleted = plan.delete.len(), "reconciled");
-                        // Never sooner than the plugin's floor: a
-                        // `requeueAfterMs: 0` is no tight loop.
-                        if let Some(delay) = a.plugin.limits().plan.requeue_after(&plan) {
-                            self.requeue(a, key, delay);
-                        }
-                        // HTTP calls are writes to the outside world: only
-                        // while this replica still leads.
-                        if !plan.http_requests.is_empty()
-                            && self.may_write_for(a, key, uid)
-                            && let Some(snapshot) = snapshot
-                        {
-                            // Each object with the kind of the read that
-                            // selected it: an object from a watch's
-                            // initial list may carry no apiVersion/kind.
-                            let read_kind = |read: &str| {
-                                a.spec
-                                    .reads
-                                    .iter()
-                                    .find(|r| r.id == read)
-                                    .map(|r| r.kind.clone())
-                            };
-                            let seen: Vec<Seen> = snapshot
-                                .owned
-                                .iter()
-                                .map(|o| (None, o.clone()))
-                                .chain(
-                                    snapshot
-                                        .related
-                                        .iter()
-                                        .map(|r| (read_kind(&r.read), r.object.clone())),
-                                )
-                                .collect();
-                            self.observe(a, key, &primary, &plan, &seen);
-                        }
-                    }
-                    Err(e) if e.is_conflict() && judgement.applies.iter().any(|j| j.unasked) => {
-                        // An object judged absent without a read was
-                        // there after all (someone else's: the cache would
-                        // hold ours), or the world moved. The retry, at
-                        // once, reads every object the cache does not hold
-                        // and judges it before writing anything.
-                        metrics::global().inc(
-                            "wasmop_reconcile_total",
-                            &[("controller", &a.id), ("result", e.reason())],
-                        );
-                        metrics::global().inc("workqueue_retries_total", &[("name", &a.id)]);
-                        self.read_before_create
-                            .lock()
-                            .expect("read-before-create lock")
-                            .insert(key.clone());
-                        tracing::info!(primary = %key, reason = e.reason(), error = %e,
-                            "reconcile deferred; the retry reads what the cache does not hold");
-                        self.requeue(a, key, Duration::ZERO);
-                    }
-                    Err(e)
-                        if e.is_conflict()
-                            && self.shard_for(a).is_some()
-                            && crate::controller::shard::forged_label_conflict(&e.to_string()) =>
-                    {
-                        // Someone else wrote the shard label of an owned
-                        // object: every apply of it conflicts until that
-                        // label goes. Said on the primary, not retried in
-                        // silence (see `shard::forged_label_conflict`).
-                        let message = crate::controller::shard::forged_label_message(&e);
-                        self.fail(a, key, &primary, "ShardLabelForged", &message, &now_text)
-                            .await;
-                    }
-                    Err(e)
-                        if e.is_conflict()
-                            || matches!(e, execute::ExecuteError::LostLeadership) =>
-                    {
-                        // The world moved since the snapshot (or another
-                        // replica leads now): a fresh snapshot is the fix,
-                        // not a failure to report.
-                        metrics::global().inc(
-                            "wasmop_reconcile_total",
-                            &[("controller", &a.id), ("result", e.reason())],
-                        );
-                        metrics::global().inc("workqueue_retries_total", &[("name", &a.id)]);
-                        let delay = self.backoff.fail(key);
-                        tracing::info!(primary = %key, reason = e.reason(), error = %e,
-                            retry_in = ?delay, "reconcile deferred");
-                        self.requeue(a, key, delay);
-                    }
-                    Err(e) => {
-                        // Re-read: the failed write may have been preceded
-                        // by others. Only the same primary: a successor
-                        // made under its name is not the one that failed.
-                        let current = self
-                            .cache
-                            .kind(&a.primary)
-                            .and_then(|kc| kc.get(&key.namespace, &key.name))
-                            .filter(|o| o.uid() == object::uid(&primary))
-                            .map(|o| Arc::new(o.value()));
-                        let primary = current.unwrap_or(primary);
-                        self.fail(a, key, &primary, e.reason(), &e.to_string(), &now_text)
-                            .await;
-                    }
-                }
-            }
-        }
-    }
-
     /// Queues `key` again after `delay`: the primary itself, or, for a
     /// kind-scoped controller, its one whole-kind key.
     pub(super) fn requeue(&self, a: &Active, key: &PrimaryKey, delay: Duration) {
@@ -528,125 +223,6 @@ impl Operator {
             self.queue.add_after(whole_kind_key(&a.id), delay);
         } else {
             self.queue.add_after(key.clone(), delay);
-        }
-    }
-
-    /// One call of a kind-scoped controller over every primary of its
-    /// kind, then each primary's decision carried out by [`Self::act`]
-    /// (at most `workers` primaries at once).
-    async fn reconcile_kind(&self, a: &Arc<Active>) {
-        let key = whole_kind_key(&a.id);
-        if let Some(kind) = a
-            .kinds
-            .iter()
-            .find(|k| !self.cache.kind(k).is_some_and(|kc| kc.synced()))
-        {
-            tracing::debug!(controller = %a.id, kind = %kind, "cache not synced; kind reconcile waits");
-            self.queue.add_after(key, Duration::from_millis(200));
-            return;
-        }
-        // Parsed from the cached text: the kind call reads every primary.
-        let all: Vec<Arc<Value>> = self
-            .cache
-            .kind(&a.primary)
-            .map(|kc| kc.list(None).iter().map(|o| Arc::new(o.value())).collect())
-            .unwrap_or_default();
-        let now = jiff::Timestamp::now();
-        let now_text = format_now(now);
-        // One call judges many primaries: every object the cache does not
-        // hold is read, as before.
-        let (source, truth) = self.sources(false);
-        let started = std::time::Instant::now();
-        let decided = {
-            let a = Arc::clone(a);
-            tokio::task::spawn_blocking(move || {
-                decide_kind(
-                    DecideInput {
-                        plugin: &a.plugin,
-                        controller: &a.spec,
-                        source: &source,
-                        existing: &truth,
-                        now,
-                    },
-                    all,
-                )
-            })
-            .await
-        };
-        let elapsed = started.elapsed();
-        let m = metrics::global();
-        m.add(
-            "wasmop_reconcile_seconds_total",
-            &[("controller", &a.id)],
-            elapsed.as_secs_f64(),
-        );
-        let decided = match decided {
-            Ok(decided) => decided,
-            Err(join) => {
-                let e = format!("kind reconcile task failed: {join}");
-                tracing::warn!(controller = %a.id, error = %e, "kind reconcile failed");
-                self.queue
-                    .add_after(key, self.config.backoff_max.min(Duration::from_secs(5)));
-                return;
-            }
-        };
-        if let Some(recorder) = &self.config.recorder
-            && let Some(rendered) = recorder.render_kind(&a.plugin, &decided)
-        {
-            let recorder = Arc::clone(recorder);
-            tokio::task::spawn_blocking(move || recorder.write(rendered));
-        }
-        if let Some(shadow) = self.shadow(a.plugin.name()) {
-            self.run_shadow_kind(a, shadow, &decided);
-        }
-        if decided.snapshot.is_some() {
-            m.inc("wasmop_kind_calls_total", &[("controller", &a.id)]);
-            m.add(
-                "wasmop_kind_call_primaries_total",
-                &[("controller", &a.id)],
-                decided.primaries.len() as f64,
-            );
-            m.observe(
-                "wasmop_plugin_call_duration_seconds",
-                &[("plugin", a.plugin.name()), ("controller", &a.id)],
-                elapsed.as_secs_f64(),
-            );
-        }
-        let workers = self.config.workers.max(1);
-        let key_of_primary = |p: &Value| super::route::key_of(&a.id, p);
-        match decided.outcome {
-            KindOutcome::Empty => {}
-            KindOutcome::Failed(e) => {
-                // The one call failed: every primary it covered says so.
-                let (reason, message) = (e.reason(), e.to_string());
-                futures::stream::iter(decided.primaries)
-                    .for_each_concurrent(workers, |p| {
-                        let (reason, message, now_text) = (reason, &message, &now_text);
-                        async move {
-                            self.fail(a, &key_of_primary(&p), &p, reason, message, now_text)
-                                .await;
-                        }
-                    })
-                    .await;
-            }
-            KindOutcome::Split { decisions, refused } => {
-                for r in &refused {
-                    m.inc("wasmop_kind_plans_refused_total", &[("controller", &a.id)]);
-                    tracing::warn!(controller = %a.id, plugin_version = %a.plugin.version(),
-                        refusal = %r, "object plan of a kind plan refused, nothing of it written");
-                }
-                tracing::debug!(controller = %a.id, primaries = decided.primaries.len(),
-                    planned = decisions.len(), refused = refused.len(), ?elapsed, "kind plan");
-                futures::stream::iter(decisions)
-                    .for_each_concurrent(workers, |(p, decision)| {
-                        let now_text = &now_text;
-                        async move {
-                            let k = key_of_primary(&p);
-                            self.act(a, &k, p, decision, None, now_text, elapsed).await;
-                        }
-                    })
-                    .await;
-            }
         }
     }
 
@@ -742,14 +318,5 @@ impl Operator {
             .await;
         }
         self.requeue(a, key, delay);
-    }
-}
-
-/// One shadow call in flight (see `Operator::shadow_slot`).
-struct ShadowSlot(Arc<std::sync::atomic::AtomicUsize>);
-
-impl Drop for ShadowSlot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }

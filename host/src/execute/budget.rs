@@ -3,7 +3,7 @@
 //!
 //! The per-reconcile budget (`maxDeletes`) is a count of one plan and is
 //! checked with the plan's other counts
-//! ([`crate::reconcile::validate::check_counts`]); this one needs the
+//! ([`crate::judge::validate::check_counts`]); this one needs the
 //! history of the plugin and is checked by the executor, before the first
 //! write of a plan.
 //!
@@ -35,7 +35,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::reconcile::validate::{Rule, Violation};
+use crate::judge::validate::{Rule, Violation};
 
 /// The window of the per-minute budget.
 pub const WINDOW: Duration = Duration::from_secs(60);

@@ -22,7 +22,7 @@ use std::io::Read as _;
 use base64::Engine as _;
 use serde_json::{Map, Value, json};
 
-use crate::reconcile::validate::{GeneratedKey, SecretEncoding};
+use crate::judge::validate::{GeneratedKey, SecretEncoding};
 
 /// Annotation naming the keys of a Secret whose values the host generates
 /// (comma-separated, sorted).

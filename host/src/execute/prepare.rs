@@ -3,12 +3,10 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::controller::shard::SHARD_LABEL;
+use crate::contract::manifest::{OwnedKind, Ownership};
+use crate::judge::validate::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, OWNER_UID_LABEL, PLUGIN_LABEL};
+use crate::lease::shard::SHARD_LABEL;
 use crate::object;
-use crate::plugin::manifest::{OwnedKind, Ownership};
-use crate::reconcile::validate::{
-    MANAGED_BY_LABEL, MANAGED_BY_VALUE, OWNER_UID_LABEL, PLUGIN_LABEL,
-};
 
 /// The object as the host writes it: `obj` plus the marks of ownership and
 /// the labels `app.kubernetes.io/managed-by: wasmop` and
@@ -22,7 +20,7 @@ use crate::reconcile::validate::{
 ///
 /// # Caveats
 ///
-/// Call it only on objects [`crate::reconcile::validate::validate`] accepted: it overwrites
+/// Call it only on objects [`crate::judge::validate::validate`] accepted: it overwrites
 /// `metadata.ownerReferences` and the owner labels (which validation
 /// guarantees the plugin did not set).
 pub fn prepare_apply(obj: &Value, primary: &Value, plugin_name: &str, owned: &OwnedKind) -> Value {
@@ -108,7 +106,7 @@ pub fn prepare_apply(obj: &Value, primary: &Value, plugin_name: &str, owned: &Ow
 /// ownership mark is an ownerReference, `wasmop.dev/owner-uid: <primary
 /// uid>` too (owner-label kinds have it already), so a shard the primary
 /// moves to finds the object by its owner's UID and claims it (see
-/// [`crate::controller::shard`]). For owner-reference kinds the label
+/// [`crate::lease::shard`]). For owner-reference kinds the label
 /// decides nothing about control: the controller ownerReference does.
 ///
 /// Added after the [`super::economy`] digest is taken, so the digest of
@@ -140,7 +138,7 @@ pub fn stamp_shard(obj: &mut Value, primary: &Value, shard: &str, owned: &OwnedK
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plugin::manifest::KindRef;
+    use crate::contract::manifest::KindRef;
 
     fn primary() -> Value {
         json!({"apiVersion": "test.wasmop.dev/v1", "kind": "Widget",

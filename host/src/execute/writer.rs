@@ -137,7 +137,7 @@ impl ApplyError {
 
 /// What the host reads of the API server's answer to an apply: the
 /// object's identity after the write, and the names of the non-empty keys
-/// of its `data` (a Secret's, for [`GeneratedKey`](crate::reconcile::validate::GeneratedKey)s;
+/// of its `data` (a Secret's, for [`GeneratedKey`](crate::judge::validate::GeneratedKey)s;
 /// never the values). The rest of the answer (the whole object,
 /// managedFields included) is skipped unparsed: the cache gets the object
 /// from its watch.

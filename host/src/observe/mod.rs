@@ -88,10 +88,10 @@ use thiserror::Error;
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
+use crate::contract::manifest::{HttpTarget, KindRef};
+use crate::judge::snapshot::Observation;
+use crate::judge::validate::{CaBundle, HttpMethod, HttpRequest, RequestTarget};
 use crate::object;
-use crate::plugin::manifest::{HttpTarget, KindRef};
-use crate::reconcile::snapshot::Observation;
-use crate::reconcile::validate::{CaBundle, HttpMethod, HttpRequest, RequestTarget};
 use wasmop_contract::ObservationOutcome;
 
 mod policy;

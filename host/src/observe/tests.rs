@@ -5,7 +5,7 @@ use super::*;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicUsize;
 
-use crate::reconcile::validate::SecretHeader;
+use crate::judge::validate::SecretHeader;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use serde_json::Value;
 use wasmop_contract::AdmissionResponse;
 
-use super::bindings::{admitting, types as wit};
 use super::{CallError, LoadedPlugin, classify, convert, parse_now, trap_message};
+use crate::contract::bindings::{admitting, types as wit};
 
 /// What one admission call hands the plugin.
 #[derive(Clone, Debug)]

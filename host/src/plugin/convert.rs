@@ -17,11 +17,11 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use thiserror::Error;
 
+use crate::contract::bindings::types as wit;
+use crate::contract::manifest::Manifest;
+use crate::judge::snapshot::Snapshot;
+use crate::judge::validate::Plan;
 use crate::object;
-use crate::plugin::bindings::types as wit;
-use crate::plugin::manifest::Manifest;
-use crate::reconcile::snapshot::Snapshot;
-use crate::reconcile::validate::Plan;
 use wasmop_contract::SettingsProblem;
 
 /// Largest JSON text a plugin may return, in bytes.

@@ -29,7 +29,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::plugin::manifest::Manifest;
+use crate::contract::manifest::Manifest;
 
 const READ: &[&str] = &["get", "list", "watch"];
 const WRITE: &[&str] = &["create", "patch", "delete"];
@@ -162,7 +162,7 @@ pub const CROSS_NAMESPACE_ANNOTATION: &str = "wasmop.dev/cross-namespace-writes"
 
 /// The owned kinds each controller may write outside its primary's
 /// namespace, and where (each kind's write scope,
-/// [`Controller::kind_write_namespaces`](crate::plugin::manifest::Controller::kind_write_namespaces)):
+/// [`Controller::kind_write_namespaces`](crate::contract::manifest::Controller::kind_write_namespaces)):
 /// one line per controller and scope, `None` when none does.
 pub fn cross_namespace_writes(manifest: &Manifest) -> Option<String> {
     let mut lines: Vec<String> = Vec::new();
@@ -223,7 +223,7 @@ pub fn cluster_role(manifest: &Manifest) -> ClusterRole {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plugin::manifest::tests::manifest;
+    use crate::contract::manifest::tests::manifest;
 
     fn as_text(rules: &[PolicyRule]) -> Vec<String> {
         rules
@@ -255,7 +255,7 @@ mod tests {
 
     #[test]
     fn cross_namespace_writes_are_called_out_on_the_role() {
-        use crate::plugin::manifest::{KindRef, OwnedKind};
+        use crate::contract::manifest::{KindRef, OwnedKind};
         let m = manifest();
         assert_eq!(cross_namespace_writes(&m), None);
         assert!(cluster_role(&m).metadata.annotations.is_none());
@@ -312,7 +312,7 @@ mod tests {
 
     #[test]
     fn secrets_named_by_a_field_are_only_got_other_reads_listed() {
-        use crate::plugin::manifest::{FieldRef, KindRef, Read, Selector};
+        use crate::contract::manifest::{FieldRef, KindRef, Read, Selector};
         let secret = KindRef::namespaced("", "v1", "Secret", "secrets");
         let mut m = manifest();
         m.controllers[0].reads.push(Read {

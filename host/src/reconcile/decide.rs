@@ -11,8 +11,8 @@
 //!   rounded to whole seconds, so two replicas (or a replica and a golden
 //!   test) within the same second hand the plugin the same snapshot.
 //! - A plan is [`Decision::Planned`] only when its counts are within the
-//!   plugin's [`crate::reconcile::validate::PlanLimits`] ([`check_counts`])
-//!   and [`crate::reconcile::validate::validate`] accepted all of it; otherwise it is
+//!   plugin's [`crate::judge::validate::PlanLimits`] ([`check_counts`])
+//!   and [`crate::judge::validate::validate`] accepted all of it; otherwise it is
 //!   [`Decision::Rejected`] with the count violations, or every violation.
 //!   Nothing here writes.
 
@@ -20,14 +20,14 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::object;
-use crate::plugin::OutputProblem;
-use crate::plugin::manifest::Controller;
-use crate::plugin::{CallError, LoadedPlugin};
-use crate::reconcile::snapshot::{ObjectSource, Observation, Snapshot, build_snapshot};
-use crate::reconcile::validate::{
+use crate::contract::manifest::Controller;
+use crate::judge::snapshot::{ObjectSource, Observation, Snapshot, build_snapshot};
+use crate::judge::validate::{
     ExistingLookup, Judgement, Plan, Violation, check_counts, check_gauges, validate_with_owned,
 };
+use crate::object;
+use crate::plugin::OutputProblem;
+use crate::plugin::{CallError, LoadedPlugin};
 
 /// Why a reconcile was skipped without calling the plugin.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

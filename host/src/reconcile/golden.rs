@@ -114,7 +114,7 @@ pub enum GoldenError {
         fixture: PathBuf,
         /// Why.
         #[source]
-        source: crate::admission::offline::OfflineAdmissionError,
+        source: crate::reconcile::admission::offline::OfflineAdmissionError,
     },
     /// One or more plans differ from their expected files.
     #[error("{} golden plan(s) differ (run with WASMOP_BLESS=1 to accept):\n{}", .mismatches.len(), .mismatches.join("\n"))]
@@ -211,12 +211,16 @@ pub fn check(plugin: &Path, dir: &Path) -> Result<GoldenReport, GoldenError> {
         let actual = match &input.review {
             // An AdmissionReview fixture: the golden file is the answer.
             Some(review) => {
-                let answer =
-                    crate::admission::offline::decide(loaded, review, &input.objects, &now)
-                        .map_err(|source| GoldenError::Admission {
-                            fixture: fixture.clone(),
-                            source,
-                        })?;
+                let answer = crate::reconcile::admission::offline::decide(
+                    loaded,
+                    review,
+                    &input.objects,
+                    &now,
+                )
+                .map_err(|source| GoldenError::Admission {
+                    fixture: fixture.clone(),
+                    source,
+                })?;
                 let mut text = serde_json::to_string_pretty(&answer).unwrap_or_default();
                 text.push('\n');
                 text

@@ -42,18 +42,16 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use crate::contract::manifest::{Controller, Selector};
+use crate::judge::existing::ExistingObject;
+use crate::judge::snapshot::{ObjectSource, RelatedObject, Snapshot, absent_kinds, build_snapshot};
+use crate::judge::validate::{
+    ExistingLookup, Plan, PlanLimits, check_counts, check_gauges, validate_with_owned,
+};
 use crate::object;
 use crate::plugin::CallError;
 use crate::plugin::OutputProblem;
-use crate::plugin::manifest::{Controller, Selector};
 use crate::reconcile::decide::{DecideInput, Decision, format_now};
-use crate::reconcile::existing::ExistingObject;
-use crate::reconcile::snapshot::{
-    ObjectSource, RelatedObject, Snapshot, absent_kinds, build_snapshot,
-};
-use crate::reconcile::validate::{
-    ExistingLookup, Plan, PlanLimits, check_counts, check_gauges, validate_with_owned,
-};
 
 /// An object plan the host refused without judging it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -442,10 +440,10 @@ mod tests {
     use wasmop_contract::{DeleteOp, ObjectPlan, ObjectRef, Scope};
 
     use super::*;
-    use crate::plugin::manifest::tests::controller;
-    use crate::plugin::manifest::{KindRef, Read};
-    use crate::reconcile::snapshot::MemorySource;
-    use crate::reconcile::validate::Rule;
+    use crate::contract::manifest::tests::controller;
+    use crate::contract::manifest::{KindRef, Read};
+    use crate::judge::snapshot::MemorySource;
+    use crate::judge::validate::Rule;
 
     fn kind_controller() -> Controller {
         Controller {
@@ -640,7 +638,7 @@ mod tests {
         c.reads.push(Read::new(
             "maps",
             KindRef::namespaced("", "v1", "ConfigMap", "configmaps"),
-            crate::plugin::manifest::Selector::SameNamespace,
+            crate::contract::manifest::Selector::SameNamespace,
         ));
         let mut gone = widget("gone");
         gone["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:00:00Z");

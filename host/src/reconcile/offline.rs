@@ -15,14 +15,14 @@
 //!   self-contained.
 //!
 //! They may also be items of a `kind: List`, which is how a recording of a
-//! live reconcile (see [`crate::record`]) holds them, next to a `kind:
+//! live reconcile (see [`crate::report::record`]) holds them, next to a `kind:
 //! Recorded` document that `wasmop plan` ignores and `wasmop replay`
 //! compares against.
 //!
 //! An `admission.k8s.io/v1` `AdmissionReview` document turns the run into
 //! an admission decision: the plugin's `admit` decides the review, with
 //! the other objects as what its rule's reads can select (see
-//! [`crate::admission::offline`]).
+//! [`crate::reconcile::admission::offline`]).
 //!
 //! A `kind: AbsentKind` document of the same apiVersion, named
 //! `<plural>.<group>`, says an optional kind's API is not served (an
@@ -41,13 +41,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use thiserror::Error;
 
+use crate::contract::manifest::{Controller, Manifest, split_api_version};
+use crate::judge::snapshot::{MemorySource, Observation, Snapshot};
+use crate::judge::validate::{Plan, Violation};
 use crate::object;
 use crate::plugin::LoadedPlugin;
-use crate::plugin::manifest::{Controller, Manifest, split_api_version};
 use crate::reconcile::decide::{DecideInput, Decision, SkipReason, decide};
 use crate::reconcile::kind::{KindDecided, KindOutcome, decide_kind};
-use crate::reconcile::snapshot::{MemorySource, Observation, Snapshot};
-use crate::reconcile::validate::{Plan, Violation};
 use wasmop_contract::Scope;
 
 /// The uid given to a primary that has none.
@@ -57,7 +57,7 @@ pub const PRIMARY_UID: &str = "00000000-0000-0000-0000-000000000001";
 pub const INPUT_API_VERSION: &str = "wasmop.dev/v1";
 
 /// The kind of the input document holding what a recording decided
-/// ([`crate::record`] writes it; this module reads it, and imports nothing
+/// ([`crate::report::record`] writes it; this module reads it, and imports nothing
 /// of `record`).
 pub const RECORDED_KIND: &str = "Recorded";
 
@@ -95,10 +95,10 @@ pub struct OfflineInput {
     /// Options from a `PlanOptions` document.
     pub options: PlanOptions,
     /// An `admission.k8s.io/v1` AdmissionReview document: the run decides
-    /// it (see [`crate::admission::offline`]) instead of reconciling.
+    /// it (see [`crate::reconcile::admission::offline`]) instead of reconciling.
     pub review: Option<Value>,
     /// A `Recorded` document (a recording of a live reconcile, see
-    /// [`crate::record`]): what the live plugin decided. `wasmop plan`
+    /// [`crate::report::record`]): what the live plugin decided. `wasmop plan`
     /// ignores it; `wasmop replay` compares against it.
     pub recorded: Option<Value>,
 }
@@ -314,7 +314,7 @@ fn push_document(
                 serde_json::from_value(items).map_err(|e| bad("Observations", e.to_string()))?;
             input.observations.extend(items);
         }
-        (crate::admission::offline::REVIEW_API_VERSION, "AdmissionReview") => {
+        (crate::reconcile::admission::offline::REVIEW_API_VERSION, "AdmissionReview") => {
             input.review = Some(doc);
         }
         (INPUT_API_VERSION, "PlanOptions") => {
@@ -573,7 +573,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::plugin::manifest::tests::manifest;
+    use crate::contract::manifest::tests::manifest;
 
     #[test]
     fn documents_lists_observations_and_options_are_read() {

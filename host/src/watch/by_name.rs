@@ -32,8 +32,8 @@ use kube::api::{Api, DynamicObject};
 use serde_json::Value;
 use tokio::runtime::Handle;
 
+use crate::contract::manifest::{KindRef, Read, Selector};
 use crate::object;
-use crate::plugin::manifest::{KindRef, Read, Selector};
 use crate::watch::cache::{CachedObject, Change, KindKey};
 
 /// Whether a read is served by name from the API server rather than by a
@@ -189,7 +189,7 @@ impl SecretReads {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plugin::manifest::FieldRef;
+    use crate::contract::manifest::FieldRef;
 
     fn read(kind: KindRef, selector: Selector) -> Read {
         Read {

@@ -71,7 +71,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 use wasmop::LoadOptions;
 use wasmop::controller::OperatorConfig;
-use wasmop::plugin::hotswap::{OptionsFor, PluginDir};
+use wasmop::delivery::hotswap::{OptionsFor, PluginDir};
 use wasmop::watch::cache::KindKey;
 use wasmop_tests::apiwrites::{self, Writes};
 use wasmop_tests::operator::{RunningOperator, load_plugin, plugin_path, sandbox, test_config};
