@@ -18,6 +18,9 @@
 //! cargo bench -p wasmop --bench polyglot
 //! ```
 
+mod widget;
+use widget::{owned_config_map, primary};
+
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,26 +31,9 @@ use wasmop::{
     build_snapshot,
 };
 
-const UID: &str = "00000000-0000-0000-0000-000000000001";
 const PLUGINS: [&str; 3] = ["good", "good-js", "good-py"];
 /// Calls per measure and plugin (round robin).
 const ROUNDS: usize = 60;
-
-fn primary() -> Value {
-    json!({"apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
-           "metadata": {"name": "w", "namespace": "ns", "uid": UID, "generation": 1},
-           "spec": {"value": "hello"}})
-}
-
-/// A ConfigMap owned by the Widget, about 4 KB as JSON.
-fn owned_config_map(i: usize) -> Value {
-    json!({"apiVersion": "v1", "kind": "ConfigMap",
-           "metadata": {"name": format!("w-data-{i:04}"), "namespace": "ns",
-                        "uid": format!("uid-{i}"), "resourceVersion": "1",
-                        "ownerReferences": [{"apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
-                                             "name": "w", "uid": UID, "controller": true}]},
-           "data": {"payload": "x".repeat(3800)}})
-}
 
 fn snapshot_of(plugin: &LoadedPlugin, owned: usize) -> Snapshot {
     let controller = &plugin.manifest().controllers[0];

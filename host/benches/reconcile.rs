@@ -55,6 +55,9 @@
 //! cargo bench -p wasmop --bench reconcile
 //! ```
 
+mod widget;
+use widget::{owned_config_map, primary};
+
 use std::hint::black_box;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -73,26 +76,9 @@ use wasmop_sdk::raw::{self, RawPlugin};
 use wasmop_sdk::testing::{SnapshotBuilder, run};
 
 const NOW: &str = "2025-01-01T00:00:00Z";
-const UID: &str = "00000000-0000-0000-0000-000000000001";
 
 fn plugin_path(name: &str) -> PathBuf {
     wasmop::reconcile::golden::built_plugin(name).unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn primary() -> Value {
-    json!({"apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
-           "metadata": {"name": "w", "namespace": "ns", "uid": UID, "generation": 1},
-           "spec": {"value": "hello"}})
-}
-
-/// A ConfigMap owned by the Widget, about 4 KB as JSON.
-fn owned_config_map(i: usize) -> Value {
-    json!({"apiVersion": "v1", "kind": "ConfigMap",
-           "metadata": {"name": format!("w-data-{i:04}"), "namespace": "ns",
-                        "uid": format!("uid-{i}"), "resourceVersion": "1",
-                        "ownerReferences": [{"apiVersion": "test.wasmop.dev/v1", "kind": "Widget",
-                                             "name": "w", "uid": UID, "controller": true}]},
-           "data": {"payload": "x".repeat(3800)}})
 }
 
 fn load(sandbox: &Arc<Sandbox>, name: &str) -> LoadedPlugin {

@@ -5,6 +5,9 @@
 //! (`hostile-js`, `hostile-py`). Built by `tests/build-plugins.sh`
 //! like every test plugin; a missing one fails the test.
 
+mod offline_call;
+use offline_call::reconcile_with;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -13,8 +16,7 @@ use serde_json::{Value, json};
 use wasmop::plugin::OutputProblem;
 use wasmop::plugin::PluginErrorKind;
 use wasmop::{
-    CallError, CompileCache, Limits, LoadError, LoadOptions, LoadedPlugin, MemorySource, Sandbox,
-    SandboxConfig, build_snapshot,
+    CallError, CompileCache, Limits, LoadError, LoadOptions, LoadedPlugin, Sandbox, SandboxConfig,
 };
 
 /// The ports of `good`, by language.
@@ -78,29 +80,6 @@ fn load(name: &str, limits: Limits) -> LoadedPlugin {
 
 fn reconcile(plugin: &LoadedPlugin, primary: Value) -> Result<wasmop::Plan, CallError> {
     reconcile_with(plugin, primary, vec![])
-}
-
-/// A reconcile of `primary` with `others` in the cluster (what the
-/// controller's reads select of them is in the snapshot).
-fn reconcile_with(
-    plugin: &LoadedPlugin,
-    primary: Value,
-    others: Vec<Value>,
-) -> Result<wasmop::Plan, CallError> {
-    let controller = &plugin.manifest().controllers[0];
-    let primary = Arc::new(primary);
-    let mut objects = others;
-    objects.push((*primary).clone());
-    let source = MemorySource::new(objects);
-    let snapshot = build_snapshot(
-        controller,
-        primary,
-        &source,
-        "2025-01-01T00:00:00Z",
-        plugin.settings(),
-        vec![],
-    );
-    plugin.reconcile(&snapshot)
 }
 
 fn widget(name: &str, spec: Value) -> Value {

@@ -3,6 +3,9 @@
 //! `$WASMOP_PLUGIN_DIR`). A missing plugin fails the test; nothing here is
 //! skipped.
 
+mod offline_call;
+use offline_call::reconcile_with as reconcile;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -80,27 +83,6 @@ fn primary(kind: &str, spec: Value) -> Value {
     json!({"apiVersion": "test.wasmop.dev/v1", "kind": kind,
            "metadata": {"name": "w", "namespace": "ns", "uid": "uid-w", "generation": 1},
            "spec": spec})
-}
-
-fn reconcile(
-    plugin: &LoadedPlugin,
-    primary: Value,
-    others: Vec<Value>,
-) -> Result<wasmop::Plan, CallError> {
-    let controller = &plugin.manifest().controllers[0];
-    let primary = Arc::new(primary);
-    let mut objects = others;
-    objects.push((*primary).clone());
-    let source = MemorySource::new(objects);
-    let snapshot = build_snapshot(
-        controller,
-        primary,
-        &source,
-        "2025-01-01T00:00:00Z",
-        plugin.settings(),
-        vec![],
-    );
-    plugin.reconcile(&snapshot)
 }
 
 #[test]
