@@ -977,7 +977,13 @@ struct Replica {
     child: tokio::process::Child,
     pid: u32,
     metrics_port: u16,
+    /// Its standard error.
+    log: PathBuf,
 }
+
+/// What the host prints right before it aborts at its failpoint, followed
+/// by the write index (`host/src/execute/failpoint.rs`).
+const FAILPOINT_ABORT: &str = "failpoint: aborting before write ";
 
 /// The two replicas, restarted by the soak after each kill.
 struct Replicas {
@@ -1103,10 +1109,10 @@ impl Replicas {
         let port = free_port()?;
         let _ = std::fs::remove_file(self.failpoint_file(slot));
         self.starts += 1;
-        let log = std::fs::File::create(
-            self.work
-                .join(format!("replica-{slot}-start-{}.log", self.starts)),
-        )?;
+        let log_path = self
+            .work
+            .join(format!("replica-{slot}-start-{}.log", self.starts));
+        let log = std::fs::File::create(&log_path)?;
         let mut cmd = tokio::process::Command::new(&self.bin);
         self.wanted[slot] = true;
         cmd.arg("run").arg("--plugins").arg(&self.plugins);
@@ -1160,6 +1166,7 @@ impl Replicas {
             child,
             pid,
             metrics_port: port,
+            log: log_path,
         });
         Ok(())
     }
@@ -1187,6 +1194,23 @@ impl Replicas {
         let status = r.child.try_wait().ok()??;
         self.slots[slot] = None;
         Some(status.to_string())
+    }
+
+    /// The write index at which the replica in `slot` said it aborts at
+    /// its failpoint (the host prints that line right before it aborts),
+    /// if it did. Its process may not have exited yet.
+    fn aborted_at(&self, slot: usize) -> Option<usize> {
+        use std::io::{Read, Seek, SeekFrom};
+        const TAIL: u64 = 64 * 1024;
+        let r = self.slots[slot].as_ref()?;
+        let mut f = std::fs::File::open(&r.log).ok()?;
+        let len = f.metadata().ok()?.len();
+        f.seek(SeekFrom::Start(len.saturating_sub(TAIL))).ok()?;
+        let mut buf = Vec::new();
+        f.read_to_end(&mut buf).ok()?;
+        let text = String::from_utf8_lossy(&buf);
+        let (_, rest) = text.rsplit_once(FAILPOINT_ABORT)?;
+        rest.split_whitespace().next()?.parse().ok()
     }
 
     /// Slots whose process exited by itself, with how.
@@ -1591,8 +1615,16 @@ impl Injector {
     }
 
     /// Waits for one of the replicas in `armed`, each armed at write
-    /// `index`, to abort; disarms them and starts again each that aborted.
-    /// `made` names the zoo primary made to reach the index.
+    /// `index`, to abort at its failpoint; disarms them and starts again
+    /// each that aborted. `made` names the zoo primary made to reach the
+    /// index.
+    ///
+    /// A replica counts as this fault's only by its own word: the line the
+    /// host prints right before it aborts. A replica of `armed` that exits
+    /// without it is left for [`Self::restart_exited`], a violation. One
+    /// that printed it but is not yet reaped (two shards can reach the
+    /// index at once; an abort takes a moment to become an exit) is waited
+    /// for, so no abort of the fault is taken for a crash later.
     async fn await_crash(
         &mut self,
         armed: &[usize],
@@ -1610,47 +1642,49 @@ impl Injector {
                 format!("shard replica {slot}")
             }
         };
-        let mut crashed = Vec::new();
+        let aborted = |replicas: &Replicas| -> Vec<(usize, usize)> {
+            armed
+                .iter()
+                .filter_map(|s| replicas.aborted_at(*s).map(|at| (*s, at)))
+                .collect()
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
-        while crashed.is_empty() && Instant::now() < deadline {
-            for slot in armed {
-                if let Some(status) = self.replicas.exited_slot(*slot) {
-                    crashed.push((*slot, status));
-                }
-            }
-            if crashed.is_empty() {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+        while aborted(&self.replicas).is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         for slot in armed {
             let _ = std::fs::remove_file(self.replicas.failpoint_file(*slot));
         }
-        // Another armed shard may have reached the index before it was
-        // disarmed: its abort is this fault's too.
-        for slot in armed {
-            if !crashed.iter().any(|(s, _)| s == slot)
-                && let Some(status) = self.replicas.exited_slot(*slot)
-            {
-                crashed.push((*slot, status));
+        // Disarmed: every abort of the fault has printed its line by now.
+        let aborts = aborted(&self.replicas);
+        let mut crashed = Vec::new();
+        for (slot, at) in aborts {
+            let reaped = Instant::now() + Duration::from_secs(20);
+            loop {
+                if let Some(status) = self.replicas.exited_slot(slot) {
+                    crashed.push((slot, at, status));
+                    break;
+                }
+                if Instant::now() > reaped {
+                    bail!(
+                        "replica {slot} printed its failpoint abort but had not exited 20 s later"
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
         if crashed.is_empty() {
-            for slot in armed {
-                if self.replicas.slots[*slot].is_none() {
-                    self.replicas.start(*slot).await?;
-                }
-            }
             let who = armed.iter().map(|s| who(*s)).collect::<Vec<_>>().join(", ");
             return Ok(format!(
                 "{who} armed at write {index}{by}: no plan reached it in 20 s"
             ));
         }
-        report.crashed_at_writes.insert(index);
         let mut done = Vec::new();
-        for (slot, status) in crashed {
+        for (slot, at, status) in crashed {
+            report.crashed_at_writes.insert(at);
             self.replicas.start(slot).await?;
             done.push(format!(
-                "{} crashed before write {index} of a plan{by} ({status}), restarted",
+                "{} crashed before write {at} of a plan{by} ({status}), restarted",
                 who(slot)
             ));
         }

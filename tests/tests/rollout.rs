@@ -320,7 +320,12 @@ impl Watcher {
             while !flag.load(Ordering::SeqCst) {
                 tick.tick().await;
                 let labels = cm_labels(&cms).await?;
-                let st = api.get(&name).await?.data["status"].clone();
+                // The watcher starts before the rollout is created: no
+                // rollout yet is a share of nothing.
+                let st = match api.get_opt(&name).await? {
+                    Some(r) => r.data["status"].clone(),
+                    None => Value::Null,
+                };
                 let share_bp = match st["phase"].as_str() {
                     Some("Promoted") => 10_000,
                     Some("Canary") => {
