@@ -977,13 +977,7 @@ struct Replica {
     child: tokio::process::Child,
     pid: u32,
     metrics_port: u16,
-    /// Its standard error.
-    log: PathBuf,
 }
-
-/// What the host prints right before it aborts at its failpoint, followed
-/// by the write index (`host/src/execute/failpoint.rs`).
-const FAILPOINT_ABORT: &str = "failpoint: aborting before write ";
 
 /// The two replicas, restarted by the soak after each kill.
 struct Replicas {
@@ -1105,14 +1099,21 @@ impl Replicas {
         self.work.join(format!("failpoint-{slot}"))
     }
 
+    /// Where the replica in `slot` moves its failpoint file when it takes
+    /// the abort (`host/src/execute/failpoint.rs`).
+    fn fired_file(&self, slot: usize) -> PathBuf {
+        self.work.join(format!("failpoint-{slot}.fired"))
+    }
+
     async fn start(&mut self, slot: usize) -> Result<()> {
         let port = free_port()?;
         let _ = std::fs::remove_file(self.failpoint_file(slot));
+        let _ = std::fs::remove_file(self.fired_file(slot));
         self.starts += 1;
-        let log_path = self
-            .work
-            .join(format!("replica-{slot}-start-{}.log", self.starts));
-        let log = std::fs::File::create(&log_path)?;
+        let log = std::fs::File::create(
+            self.work
+                .join(format!("replica-{slot}-start-{}.log", self.starts)),
+        )?;
         let mut cmd = tokio::process::Command::new(&self.bin);
         self.wanted[slot] = true;
         cmd.arg("run").arg("--plugins").arg(&self.plugins);
@@ -1166,7 +1167,6 @@ impl Replicas {
             child,
             pid,
             metrics_port: port,
-            log: log_path,
         });
         Ok(())
     }
@@ -1196,21 +1196,11 @@ impl Replicas {
         Some(status.to_string())
     }
 
-    /// The write index at which the replica in `slot` said it aborts at
-    /// its failpoint (the host prints that line right before it aborts),
-    /// if it did. Its process may not have exited yet.
-    fn aborted_at(&self, slot: usize) -> Option<usize> {
-        use std::io::{Read, Seek, SeekFrom};
-        const TAIL: u64 = 64 * 1024;
-        let r = self.slots[slot].as_ref()?;
-        let mut f = std::fs::File::open(&r.log).ok()?;
-        let len = f.metadata().ok()?.len();
-        f.seek(SeekFrom::Start(len.saturating_sub(TAIL))).ok()?;
-        let mut buf = Vec::new();
-        f.read_to_end(&mut buf).ok()?;
-        let text = String::from_utf8_lossy(&buf);
-        let (_, rest) = text.rsplit_once(FAILPOINT_ABORT)?;
-        rest.split_whitespace().next()?.parse().ok()
+    /// Whether the replica in `slot` took the abort of its failpoint: it
+    /// moved the file to [`Self::fired_file`] (its process may not have
+    /// exited yet).
+    fn fired(&self, slot: usize) -> bool {
+        self.slots[slot].is_some() && self.fired_file(slot).exists()
     }
 
     /// Slots whose process exited by itself, with how.
@@ -1619,12 +1609,13 @@ impl Injector {
     /// each that aborted. `made` names the zoo primary made to reach the
     /// index.
     ///
-    /// A replica counts as this fault's only by its own word: the line the
-    /// host prints right before it aborts. A replica of `armed` that exits
+    /// A replica counts as this fault's only by its own act: it moves its
+    /// failpoint file aside when it takes the abort, and an abort is taken
+    /// only while the file is there. A replica of `armed` that exits
     /// without it is left for [`Self::restart_exited`], a violation. One
-    /// that printed it but is not yet reaped (two shards can reach the
-    /// index at once; an abort takes a moment to become an exit) is waited
-    /// for, so no abort of the fault is taken for a crash later.
+    /// that took it but is not yet reaped (two shards can reach the index
+    /// at once; an abort takes a moment to become an exit) is waited for,
+    /// so no abort of the fault is taken for a crash later.
     async fn await_crash(
         &mut self,
         armed: &[usize],
@@ -1642,32 +1633,33 @@ impl Injector {
                 format!("shard replica {slot}")
             }
         };
-        let aborted = |replicas: &Replicas| -> Vec<(usize, usize)> {
+        let fired = |replicas: &Replicas| -> Vec<usize> {
             armed
                 .iter()
-                .filter_map(|s| replicas.aborted_at(*s).map(|at| (*s, at)))
+                .copied()
+                .filter(|s| replicas.fired(*s))
                 .collect()
         };
         let deadline = Instant::now() + Duration::from_secs(20);
-        while aborted(&self.replicas).is_empty() && Instant::now() < deadline {
+        while fired(&self.replicas).is_empty() && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         for slot in armed {
             let _ = std::fs::remove_file(self.replicas.failpoint_file(*slot));
         }
-        // Disarmed: every abort of the fault has printed its line by now.
-        let aborts = aborted(&self.replicas);
+        // Disarmed: a replica that takes the abort from now on cannot
+        // (its rename of the removed file fails), so these are all.
         let mut crashed = Vec::new();
-        for (slot, at) in aborts {
+        for slot in fired(&self.replicas) {
             let reaped = Instant::now() + Duration::from_secs(20);
             loop {
                 if let Some(status) = self.replicas.exited_slot(slot) {
-                    crashed.push((slot, at, status));
+                    crashed.push((slot, status));
                     break;
                 }
                 if Instant::now() > reaped {
                     bail!(
-                        "replica {slot} printed its failpoint abort but had not exited 20 s later"
+                        "replica {slot} took its failpoint's abort but had not exited 20 s later"
                     );
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -1680,11 +1672,11 @@ impl Injector {
             ));
         }
         let mut done = Vec::new();
-        for (slot, at, status) in crashed {
-            report.crashed_at_writes.insert(at);
+        report.crashed_at_writes.insert(index);
+        for (slot, status) in crashed {
             self.replicas.start(slot).await?;
             done.push(format!(
-                "{} crashed before write {at} of a plan{by} ({status}), restarted",
+                "{} crashed before write {index} of a plan{by} ({status}), restarted",
                 who(slot)
             ));
         }

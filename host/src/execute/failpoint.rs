@@ -15,7 +15,10 @@
 //!   makes more than `N` writes;
 //! - `@FILE` reads that same text from `FILE` before every write instead,
 //!   so a running process can be armed (and a missing or empty file arms
-//!   nothing).
+//!   nothing). Armed so, the process takes the abort by renaming `FILE` to
+//!   `FILE.fired` first: an abort happens only if that rename wins over
+//!   the file's removal, so whoever disarms by removing `FILE` knows from
+//!   `FILE.fired` alone whether the process aborted (or is about to).
 //!
 //! - `hold:POINT` or `hold:POINT:KEY` (one per line, in the `@FILE` form
 //!   only) holds the host where it calls [`hold`] with that point (and
@@ -132,6 +135,14 @@ pub fn before_write(dry_run: bool) {
         return;
     };
     if armed() == Some(index) {
+        if let Some(file) = std::env::var("WASMOP_FAILPOINT")
+            .ok()
+            .and_then(|v| v.strip_prefix('@').map(str::to_owned))
+            && std::fs::rename(&file, format!("{file}.fired")).is_err()
+        {
+            // Disarmed since it was read.
+            return;
+        }
         eprintln!("failpoint: aborting before write {index} of a plan (WASMOP_FAILPOINT)");
         std::process::abort();
     }
