@@ -357,7 +357,8 @@ async fn the_per_minute_deletion_budget_is_split_over_the_live_shards() -> Resul
         .collect();
     ensure!(
         !rejected.is_empty(),
-        "16 deletes wanted against a budget of 8: some plans are rejected: {reasons:?}"
+        "{} deletes wanted against a budget of {BUDGET}: some plans are rejected: {reasons:?}",
+        2 * FANOUTS
     );
     let f = fanouts.get(rejected[0]).await?;
     let message = f.data["status"]["conditions"]
@@ -768,7 +769,7 @@ fn owned_by(placed: &BTreeMap<String, String>, owner: &str) -> std::collections:
 /// (the API server's audit log).
 #[tokio::test]
 async fn a_tag_push_reaches_every_shard_and_each_rewrites_its_own_primaries() -> Result<()> {
-    const WIDGETS: usize = 10;
+    const WIDGETS: usize = 16;
     let t = setup("shardf-oci", "", false).await?;
     let registry = wasmop_tests::registry::Registry::start().await?;
     let reference = format!("oci://{}/wasmop/good:stable", registry.host);
@@ -840,7 +841,7 @@ async fn a_tag_push_reaches_every_shard_and_each_rewrites_its_own_primaries() ->
 /// only.
 #[tokio::test]
 async fn each_shard_records_and_shadows_only_its_own_primaries() -> Result<()> {
-    const WIDGETS: usize = 10;
+    const WIDGETS: usize = 16;
     let t = setup("shardf-rec", "good", false).await?;
     std::fs::copy(
         plugin_path("good-v2")?,
@@ -942,7 +943,7 @@ async fn person_writes(
 /// joins.
 #[tokio::test]
 async fn only_the_operator_sets_shard_labels_where_the_label_policy_is_installed() -> Result<()> {
-    const WIDGETS: usize = 8;
+    const WIDGETS: usize = 16;
     let t = setup("shardf-policy", "good", false).await?;
     let name = format!("wasmop-shard-labels-{}", t.ns.name);
     let policy = wasmop_tests::policy::Policy::shard_labels(
@@ -1054,7 +1055,7 @@ async fn only_the_operator_sets_shard_labels_where_the_label_policy_is_installed
 /// saw no candidate reconcile at all, and the step waited forever.
 #[tokio::test]
 async fn a_candidate_that_fails_only_on_another_shards_primaries_is_rolled_back() -> Result<()> {
-    const WIDGETS: usize = 8;
+    const WIDGETS: usize = 16;
     let t = setup("shardf-rollout", "good", true).await?;
     wasmop_tests::apply_crd_files(
         &t.ns.client,
