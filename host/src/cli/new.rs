@@ -3,7 +3,7 @@
 //! `src/lib.rs` (a controller that owns one ConfigMap per primary and sets
 //! `Ready`), a golden fixture with its expected plan, and a README with the
 //! build, plan and hot-swap steps. With `--lang js` or `--lang python` the
-//! same plugin, fixture and README in JavaScript or Python ([`lang`]).
+//! same plugin, fixture and README in JavaScript or Python (its `lang` module).
 
 mod lang;
 

@@ -35,7 +35,7 @@
 //!   `owner-reference` kinds), or the `wasmop.dev/owner-uid` label and no
 //!   controller ownerReference (for `owner-label` kinds);
 //! - it is where the controllers could have written it
-//!   ([`collectable_where_it_is`]): cluster-scoped; or, controlled by an
+//!   (`collectable_where_it_is`): cluster-scoped; or, controlled by an
 //!   ownerReference, in a watched namespace (its owner's) or, for a
 //!   cluster-scoped primary, one the controller declares for the kind;
 //!   or, owned by label, in a namespace the controller declares for the

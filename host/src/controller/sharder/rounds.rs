@@ -209,7 +209,7 @@ impl crate::controller::Operator {
         Ok(round)
     }
 
-    /// The sharder, and this shard's claimer ([`Self::run_claimer`]).
+    /// The sharder, and this shard's claimer (`run_claimer`).
     ///
     /// While this replica leads, [`Self::shard_round`]s: back to back
     /// while a round wrote something (or failed to), every
@@ -218,7 +218,7 @@ impl crate::controller::Operator {
     /// or just after the first live shard Lease expires, whichever comes
     /// first ([`Round::pause`]); and at once when a primary without a shard
     /// label appears (a new one, or one its old shard gave up), which the
-    /// leader watches for ([`unlabelled_watch`]). As a follower it only
+    /// leader watches for (`unlabelled_watch`). As a follower it only
     /// counts the live shards (for the deletion budget share), every third
     /// of the lease.
     pub async fn run_sharder(self: Arc<Self>) {
