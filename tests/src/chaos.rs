@@ -830,7 +830,9 @@ pub struct Report {
     /// The zoo's primaries (`Kind/name`), empty without a zoo.
     pub zoo: Vec<String>,
     /// Zoo primaries not done at a quiet point because Kubernetes' garbage
-    /// collector lost a Pod of their StatefulSet's predecessor, with the
+    /// collector has not removed a Pod of their predecessor (a Pod of a
+    /// StatefulSet re-created under its name, or a Pod the primary
+    /// controlled itself), or waiting for an instance so blocked, with the
     /// evidence: the cluster's fault, not a broken invariant (see
     /// `Zoo::gc_blocked`).
     pub gc_blocked: Vec<String>,
@@ -1697,6 +1699,25 @@ impl Injector {
     }
 }
 
+/// A FireboltEngine not done because its FireboltInstance is not ready,
+/// while that instance waits for the garbage collector: blocked with it.
+fn waits_on_blocked(
+    primary: &str,
+    state: &str,
+    gc_blocked: &BTreeMap<String, Vec<String>>,
+) -> Option<Vec<String>> {
+    if !primary.starts_with("FireboltEngine/") || !state.contains("InstanceNotReady") {
+        return None;
+    }
+    let (instance, why) = gc_blocked
+        .iter()
+        .find(|(k, _)| k.starts_with("FireboltInstance/"))?;
+    Some(vec![format!(
+        "waits for {instance}, itself blocked: {}",
+        why.join("; ")
+    )])
+}
+
 /// Gives every Widget a new value; returns how many.
 async fn edit_all(api: &Api<DynamicObject>, rng: &mut Rng, shared: &Shared) -> Result<usize> {
     let lp = ListParams::default();
@@ -2420,7 +2441,7 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
                 let since = Instant::now().max(recovered);
                 let times = zoo.measure(since, ZOO_BOUND).await;
                 // Read once, and only when a primary is not done.
-                let mut gc_blocked = if times.iter().any(|t| t.done.is_none()) {
+                let gc_blocked = if times.iter().any(|t| t.done.is_none()) {
                     zoo.gc_blocked(&client).await
                 } else {
                     Default::default()
@@ -2447,7 +2468,10 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
                         }),
                     }
                     let blocked_by_gc = if t.done.is_none() && t.reconciled.is_some() {
-                        gc_blocked.remove(name.as_str())
+                        gc_blocked
+                            .get(name.as_str())
+                            .cloned()
+                            .or_else(|| waits_on_blocked(name, state, &gc_blocked))
                     } else {
                         None
                     };

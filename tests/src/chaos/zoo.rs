@@ -587,6 +587,11 @@ impl Zoo {
         running
     }
 
+    /// Zoo primaries (`Kind/name`) whose new objects wait for Kubernetes'
+    /// garbage collector to remove a Pod of their predecessor, with the
+    /// Pods: a Pod whose controller is a StatefulSet or the primary itself
+    /// under the same name but an older UID. Empty when the API server
+    /// cannot be read.
     pub(super) async fn gc_blocked(&self, client: &Client) -> BTreeMap<String, Vec<String>> {
         use k8s_openapi::api::apps::v1::StatefulSet;
         use k8s_openapi::api::core::v1::Pod;
@@ -606,6 +611,31 @@ impl Zoo {
         ) else {
             return out;
         };
+        // A Pod a zoo primary controls itself (a fleet's member), left by
+        // the primary's previous incarnation: the new one's Pod of that
+        // name waits for the collector.
+        for item in &self.items {
+            let Ok(Some(current)) = item.api.get_opt(&item.name).await else {
+                continue;
+            };
+            let uid = current.metadata.uid.unwrap_or_default();
+            for pod in &pods.items {
+                if let Some(r) = controller(pod.metadata.owner_references.as_ref())
+                    && r.kind == item.kind
+                    && r.name == item.name
+                    && r.uid != uid
+                {
+                    out.entry(item.key()).or_default().push(format!(
+                        "Pod {} is controlled by {} {} uid {} (gone; {} is now uid {uid})",
+                        pod.metadata.name.as_deref().unwrap_or_default(),
+                        item.kind,
+                        item.name,
+                        r.uid,
+                        item.name,
+                    ));
+                }
+            }
+        }
         for set in &sets.items {
             let (Some(name), Some(uid)) = (&set.metadata.name, &set.metadata.uid) else {
                 continue;
