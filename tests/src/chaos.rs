@@ -2440,6 +2440,11 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
                 zoo.edit_all(rng.next_u64(), &shared).await?;
                 let since = Instant::now().max(recovered);
                 let times = zoo.measure(since, ZOO_BOUND).await;
+                if times.iter().any(|t| t.done.is_none()) {
+                    // For whoever reads the violation: the zoo as it was.
+                    let path = work.0.join(format!("zoo-quiet-point-{}.json", report.quiet_points));
+                    zoo.dump(&client, &ns.name, &path).await;
+                }
                 // Read once, and only when a primary is not done.
                 let gc_blocked = if times.iter().any(|t| t.done.is_none()) {
                     zoo.gc_blocked(&client).await

@@ -587,6 +587,50 @@ impl Zoo {
         running
     }
 
+    /// Writes what a person would read to see why a zoo primary was not
+    /// done: the Pods, PersistentVolumeClaims, StatefulSets, Jobs and
+    /// Events of the zoo's namespace and of `target_namespace` (where the
+    /// backups' Jobs run), without managed fields, as JSON to `path`. Best
+    /// effort: a list that fails is left out.
+    pub(super) async fn dump(
+        &self,
+        client: &Client,
+        target_namespace: &str,
+        path: &std::path::Path,
+    ) {
+        let kinds = [
+            ("", "v1", "Pod", "pods"),
+            ("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims"),
+            ("apps", "v1", "StatefulSet", "statefulsets"),
+            ("batch", "v1", "Job", "jobs"),
+            ("", "v1", "Event", "events"),
+        ];
+        let mut out = serde_json::Map::new();
+        for ns in [self.namespace.name.as_str(), target_namespace] {
+            for (group, version, kind, plural) in kinds {
+                let ar = ApiResource::from_gvk_with_plural(
+                    &GroupVersionKind::gvk(group, version, kind),
+                    plural,
+                );
+                let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
+                let Ok(list) = api.list(&ListParams::default()).await else {
+                    continue;
+                };
+                let items: Vec<Value> = list
+                    .items
+                    .into_iter()
+                    .map(|mut o| {
+                        o.metadata.managed_fields = None;
+                        serde_json::to_value(o).unwrap_or_default()
+                    })
+                    .collect();
+                out.insert(format!("{ns}/{plural}"), Value::Array(items));
+            }
+        }
+        let text = serde_json::to_string_pretty(&Value::Object(out)).unwrap_or_default();
+        let _ = std::fs::write(path, text);
+    }
+
     /// Zoo primaries (`Kind/name`) whose new objects wait for Kubernetes'
     /// garbage collector to remove a Pod of their predecessor, with the
     /// Pods: a Pod whose controller is a StatefulSet or the primary itself
