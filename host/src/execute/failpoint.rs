@@ -67,6 +67,14 @@ fn armed() -> Option<usize> {
     parse(&text)
 }
 
+/// The file `WASMOP_FAILPOINT` names in its `@FILE` form.
+#[cfg(feature = "failpoints")]
+fn armed_file() -> Option<String> {
+    std::env::var("WASMOP_FAILPOINT")
+        .ok()
+        .and_then(|v| v.strip_prefix('@').map(str::to_owned))
+}
+
 /// `abort-before-write:N` → `N`.
 #[cfg(any(feature = "failpoints", test))]
 fn parse(text: &str) -> Option<usize> {
@@ -81,10 +89,7 @@ fn parse(text: &str) -> Option<usize> {
 #[cfg(feature = "failpoints")]
 fn held(point: &str, key: &str) -> bool {
     let names = [point.to_owned(), format!("{point}:{key}")];
-    let Some(file) = std::env::var("WASMOP_FAILPOINT")
-        .ok()
-        .and_then(|v| v.strip_prefix('@').map(str::to_owned))
-    else {
+    let Some(file) = armed_file() else {
         return false;
     };
     let text = std::fs::read_to_string(&file).unwrap_or_default();
@@ -135,9 +140,7 @@ pub fn before_write(dry_run: bool) {
         return;
     };
     if armed() == Some(index) {
-        if let Some(file) = std::env::var("WASMOP_FAILPOINT")
-            .ok()
-            .and_then(|v| v.strip_prefix('@').map(str::to_owned))
+        if let Some(file) = armed_file()
             && std::fs::rename(&file, format!("{file}.fired")).is_err()
         {
             // Disarmed since it was read.
