@@ -35,8 +35,10 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . tests/cluster/lib.sh
 
-step() { printf '\n==> %s\n' "$*"; }
 t0=$(date +%s)
+# Each step is stamped with the seconds since the start, so a slow run's log
+# shows where its time went.
+step() { printf '\n==> [%ds] %s\n' "$(($(date +%s) - t0))" "$*"; }
 
 # Three tests need root: host/tests/swap.rs turns a swap file on for a moment
 # (mkswap, swapon, swapoff: util-linux) to show that a call's memory is
@@ -102,11 +104,32 @@ control_plane_built() {
     exit "$rc"
   fi
 }
-# Stop the build too when a step below fails first.
-trap 'kill -- "-$build_pid" 2>/dev/null || true' EXIT
+
+step "plugin toolchains and Envoy (in the background; their log follows the plugins')"
+# componentize-js, componentize-py (tests/toolchains.sh) and Envoy
+# (tests/install-envoy.sh) are downloads, not builds: on a cold machine they
+# take minutes of waiting on the registries, which the Rust plugins' builds
+# can fill. Each installer holds a lock while it installs, so the plugin
+# build (and the gateway tests) that need one wait for this install rather
+# than start another; if this one fails, they try again and report it.
+fetch_log="$(mktemp)"
+setsid bash -c '
+  bash tests/toolchains.sh js >/dev/null &
+  bash tests/toolchains.sh python >/dev/null &
+  bash tests/install-envoy.sh >/dev/null &
+  wait' >"$fetch_log" 2>&1 &
+fetch_pid=$!
+# Stop the builds and downloads too when a step below fails first.
+trap 'kill -- "-$build_pid" "-$fetch_pid" 2>/dev/null || true' EXIT
 
 step "plugins (components, most without WASI)"
 bash tests/build-plugins.sh "$WASMOP_PLUGIN_DIR"
+wait "$fetch_pid" || true
+if [[ -s $fetch_log ]]; then
+  step "plugin toolchains and Envoy: the background install's log"
+  cat "$fetch_log"
+fi
+rm -f "$fetch_log"
 
 step "formatting"
 cargo fmt --all --check
