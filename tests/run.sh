@@ -168,17 +168,39 @@ bash tests/check-plugins.sh
 
 control_plane_built
 
-step "local control plane"
+# The test binaries that stop, kill and freeze their control plane's
+# components on purpose (tests/tests/<name>.rs). They get a control plane of
+# their own and run beside the others, which share the first one: most
+# integration tests wait on the cluster (Jobs, deadlines, leases) far more
+# than they compute, so the two lanes overlap without slowing each other
+# much. With CARGO_TEST_ARGS (a filter of a developer's), one lane runs
+# everything on the first control plane, as before.
+breaking=(chaos faults)
+lanes=0
+[[ -z ${CARGO_TEST_ARGS:-} ]] && lanes=1
+breakable_dir="$WASMOP_CLUSTER_DIR-breakable"
+# Its own ports: each default of tests/cluster/up.sh plus one (etcd's two)
+# or plus ten (the rest).
+breakable_env=(WASMOP_CLUSTER_DIR="$breakable_dir"
+  WASMOP_ETCD_PORT=23791 WASMOP_ETCD_PEER_PORT=23801 WASMOP_API_PORT=26453
+  WASMOP_KCM_PORT=26267 WASMOP_SCHED_PORT=26269 WASMOP_KWOK_PORT=26270)
+
+step "local control plane$([[ $lanes == 1 ]] && echo "s: one for the tests, one for those that break it (${breaking[*]})")"
 cleanup() {
   if [[ ${WASMOP_KEEP_CLUSTER:-0} == 1 ]]; then
     log "leaving the control plane running (WASMOP_KEEP_CLUSTER=1); stop it with bash tests/cluster/down.sh"
+    [[ $lanes == 1 ]] && log "and the second with WASMOP_CLUSTER_DIR=$breakable_dir bash tests/cluster/down.sh"
   else
     bash tests/cluster/down.sh --keep-logs || true
+    [[ $lanes == 1 ]] && env "${breakable_env[@]}" bash tests/cluster/down.sh --keep-logs || true
   fi
 }
 trap cleanup EXIT
 KUBECONFIG="$(bash tests/cluster/up.sh)"
 export KUBECONFIG
+if [[ $lanes == 1 ]]; then
+  breakable_kubeconfig="$(env "${breakable_env[@]}" bash tests/cluster/up.sh)"
+fi
 
 step "the README's run command, unattended, as the operator's ServiceAccount under deploy/rbac.yaml (deploy/run-local.sh --check --rbac)"
 # On the fresh control plane, so its CRD handling meets CRDs just created.
@@ -197,8 +219,62 @@ if [[ ${#skip_args[@]} -gt 0 ]]; then
   [[ " ${test_args[*]} " == *" -- "* ]] || test_args+=(--)
   test_args+=("${skip_args[@]}")
 fi
-linted cargo test --workspace --no-fail-fast "${test_args[@]}" 2>&1 | tee "$test_log"
-status=${PIPESTATUS[0]}
+if [[ $lanes == 0 ]]; then
+  linted cargo test --workspace --no-fail-fast "${test_args[@]}" 2>&1 | tee "$test_log"
+  status=${PIPESTATUS[0]}
+else
+  # What `cargo test --workspace` runs, in two lanes. The breaking lane runs
+  # its test binaries itself, one after the other as cargo would, from the
+  # package's directory as cargo would (a cargo running tests beside
+  # another would wait for its lock on the build directory).
+  [[ ${#test_args[@]} -gt 0 ]] || test_args=(--)
+  breaking_log="$(mktemp)"
+  mapfile -t breaking_bins < <(linted cargo test --workspace --no-run --message-format=json \
+    $(printf -- '--test %s ' "${breaking[@]}") 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and "test" in m["target"]["kind"]:
+        print(m["target"]["name"], m["executable"], m["manifest_path"])
+')
+  if [[ ${#breaking_bins[@]} != "${#breaking[@]}" ]]; then
+    echo "error: found ${#breaking_bins[@]} test binaries for ${breaking[*]}: ${breaking_bins[*]}" >&2
+    exit 1
+  fi
+  (
+    export KUBECONFIG="$breakable_kubeconfig" WASMOP_CLUSTER_DIR="$breakable_dir"
+    rc=0
+    for entry in "${breaking_bins[@]}"; do
+      read -r name exe manifest <<<"$entry"
+      printf '     Running tests/%s.rs (%s)\n' "$name" "$exe"
+      (cd "$(dirname "$manifest")" && "$exe" "${test_args[@]:1}") || rc=1
+    done
+    exit "$rc"
+  ) >"$breaking_log" 2>&1 &
+  breaking_pid=$!
+  # Every other test target of the workspace: unit tests, golden plans,
+  # integration tests, then the doc tests.
+  mapfile -t other_tests < <(cargo metadata --format-version 1 --no-deps | python3 -c '
+import json, sys
+breaking = set(sys.argv[1:])
+names = sorted({t["name"] for p in json.load(sys.stdin)["packages"] for t in p["targets"]
+                if "test" in t["kind"] and not (p["name"] == "wasmop-tests" and t["name"] in breaking)})
+for n in names:
+    print("--test=" + n)
+' "${breaking[@]}")
+  linted cargo test --workspace --no-fail-fast --lib --bins "${other_tests[@]}" "${test_args[@]}" 2>&1 | tee "$test_log"
+  status=${PIPESTATUS[0]}
+  linted cargo test --workspace --no-fail-fast --doc "${test_args[@]}" 2>&1 | tee -a "$test_log"
+  doc_status=${PIPESTATUS[0]}
+  breaking_status=0
+  wait "$breaking_pid" || breaking_status=$?
+  step "the tests that break their control plane (${breaking[*]}), run beside the others: their output"
+  tee -a "$test_log" <"$breaking_log"
+  rm -f "$breaking_log"
+  for s in "$doc_status" "$breaking_status"; do
+    [[ $status != 0 ]] || status=$s
+  done
+fi
 set -e
 # One closing line over every test binary (cargo prints one per binary, the
 # last of which is usually an empty doc-test run).

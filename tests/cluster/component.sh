@@ -11,6 +11,9 @@
 #                                          kill, keep it down SECONDS (default 0),
 #                                          start
 #   component.sh freeze|thaw COMPONENT     SIGSTOP / SIGCONT it
+#   component.sh ensure COMPONENT          start it again if it is not running
+#                                          (as a kubelet restarts a static Pod),
+#                                          printing the end of its log first
 #   component.sh compact-etcd [--bump N]   write N throw-away keys (default 0),
 #                                          then compact etcd's history up to its
 #                                          newest revision
@@ -26,7 +29,7 @@ KUBECTL="$K8S_BIN/kubectl"
 export KUBECONFIG="$D/kubeconfig"
 READY_TIMEOUT="${WASMOP_READY_TIMEOUT:-120}"
 
-usage() { sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 pid_of() { # component -> its recorded PID when that process still runs it
   local f="$D/pids/$1.pid" pid
@@ -44,10 +47,29 @@ check_component() {
   [[ -f "$D/cmd/$1" ]] || die "no recorded command line for $1 in $D/cmd: start the cluster with tests/cluster/up.sh first"
 }
 
+flag_of() { # component flag -> the flag's value in its recorded command line
+  tr '\0' '\n' < "$D/cmd/$1" | sed -n "/^$2=/{s///p;q}"
+}
+
+# Where the log of the start under way began: what it printed since.
+log_at=0
+since_start() { tail -c +"$((log_at + 1))" "$D/logs/$1.log" 2>/dev/null; }
+# component text -> 0 when its log since this start holds the text (read
+# whole, not piped into grep -q, whose early exit would fail the pipe).
+printed() { [[ $(since_start "$1") == *"$2"* ]]; }
+
 ready() { # component -> 0 when it answers its health check
   case "$1" in
     etcd) curl -fsS "$(cat "$D/etcd-url")/health" ;;
     kube-apiserver) "$KUBECTL" get --raw /readyz ;;
+    # Running its controllers: kube-controller-manager first waits 10 s at
+    # most for the API server's /healthz and exits when that fails (the API
+    # server restarting or frozen by another fault), so a process that merely
+    # runs is not ready yet.
+    kube-controller-manager) pid_of "$1" && printed "$1" 'Started controller' ;;
+    # Serving: kwok marks its Node Ready before it binds its own server, and
+    # exits when that fails (its port still held by the kwok it replaces).
+    kwok) pid_of "$1" && curl -fsS "http://$(flag_of kwok --server-address)/healthz" ;;
     *) pid_of "$1" ;;
   esac
 }
@@ -77,7 +99,7 @@ do_start() {
     die "$c is already running"
   fi
   mapfile -d '' -t argv < "$D/cmd/$c"
-  local deadline=$(( $(date +%s) + READY_TIMEOUT )) attempt=1 log_at
+  local deadline=$(( $(date +%s) + READY_TIMEOUT )) attempt=1
   while :; do
     log_at=$(stat -c %s "$D/logs/$c.log" 2>/dev/null || echo 0)
     setsid "${argv[@]}" >>"$D/logs/$c.log" 2>&1 < /dev/null &
@@ -90,8 +112,18 @@ do_start() {
     pid_of "$c" >/dev/null && break
     # Its port still held by the process it replaces (another one's
     # would not free up): tried again, five times at most.
-    if (( attempt < 5 )) && tail -c +"$((log_at + 1))" "$D/logs/$c.log" | grep -q 'address already in use'; then
+    if (( attempt < 5 )) && printed "$c" 'address already in use'; then
       log "$c could not bind its port yet (attempt $attempt); starting it again"
+      attempt=$((attempt + 1))
+      sleep 1
+      continue
+    fi
+    # A client of the API server that gave up on it (kube-controller-manager
+    # waits 10 s for its /healthz, then exits): started again until the
+    # deadline, as a kubelet restarts a static Pod.
+    if [[ $c != etcd && $c != kube-apiserver ]] && (( $(date +%s) < deadline )); then
+      log "$c exited during start-up (attempt $attempt; its last lines follow); starting it again"
+      since_start "$c" | tail -n 5 >&2
       attempt=$((attempt + 1))
       sleep 1
       continue
@@ -100,6 +132,16 @@ do_start() {
     die "$c exited during start-up"
   done
   log "started $c (pid $(cat "$D/pids/$c.pid")) and it is ready"
+}
+
+# Started again when it is not running; prints (on stdout) what it found.
+do_ensure() {
+  local c="$1"
+  pid_of "$c" >/dev/null && return 0
+  echo "$c was not running; the last lines of its log:"
+  tail -n 20 "$D/logs/$c.log" 2>/dev/null | sed 's/^/  /'
+  do_start "$c"
+  echo "$c started again"
 }
 
 b64() { printf '%s' "$1" | base64 -w0; }
@@ -122,12 +164,13 @@ compact_etcd() {
 [[ $# -ge 1 ]] || usage
 cmd="$1"; shift
 case "$cmd" in
-  kill|start|freeze|thaw)
+  kill|start|ensure|freeze|thaw)
     [[ $# -eq 1 ]] || usage
     check_component "$1"
     case "$cmd" in
       kill) do_kill "$1" ;;
       start) do_start "$1" ;;
+      ensure) do_ensure "$1" ;;
       freeze) pid="$(pid_of "$1")" || die "$1 is not running"; kill -STOP "$pid"; log "froze $1 (pid $pid)" ;;
       thaw) pid="$(pid_of "$1")" || die "$1 is not running"; kill -CONT "$pid"; log "thawed $1 (pid $pid)" ;;
     esac

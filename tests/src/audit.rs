@@ -35,11 +35,13 @@ pub const AUDITED_NAMESPACE: &str = "wasmop-audited";
 // shard like any other.
 use wasmop::controller::shard::{SHARD_MANAGER, SHARDER_MANAGER};
 
-/// The audit log of the local control plane.
+/// The audit log of the local control plane the tests' client talks to:
+/// `up.sh` writes it beside the kubeconfig, in the cluster directory.
 pub fn audit_log_path() -> PathBuf {
-    std::env::var_os("WASMOP_CLUSTER_DIR")
+    crate::kubeconfig_path()
+        .parent()
         .map(PathBuf::from)
-        .unwrap_or_else(|| std::env::temp_dir().join("wasmop-cluster"))
+        .unwrap_or_default()
         .join("logs/audit.log")
 }
 

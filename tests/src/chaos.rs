@@ -836,6 +836,13 @@ pub struct Report {
     /// evidence: the cluster's fault, not a broken invariant (see
     /// `Zoo::gc_blocked`).
     pub gc_blocked: Vec<String>,
+    /// Control-plane components (kube-controller-manager, kube-scheduler,
+    /// kwok) found not running at a quiet point and started again, each
+    /// with the end of its log: the cluster's fault, not the operator's,
+    /// and repaired as a kubelet restarts a static Pod. A component that
+    /// stays gone would otherwise leave the zoo without Pods or Jobs for
+    /// the rest of the soak.
+    pub components_restarted: Vec<String>,
     /// At each quiet point with a zoo: how long after recovery the
     /// simulated kubelet (kwok) ran a new Pod again. The zoo's bound to its
     /// done conditions starts then (see `Zoo::kubelet_runs_pods`).
@@ -952,6 +959,17 @@ impl Report {
             );
             for b in &self.gc_blocked {
                 out += &format!("  {b}\n");
+            }
+        }
+        if !self.components_restarted.is_empty() {
+            out += &format!(
+                "control-plane components found not running and started again (the cluster's fault, not violations): {}\n",
+                self.components_restarted.len()
+            );
+            for c in &self.components_restarted {
+                for line in c.lines() {
+                    out += &format!("  {line}\n");
+                }
             }
         }
         out += &format!("violations: {}\n", self.violations.len());
@@ -1315,6 +1333,8 @@ struct Injector {
     deck: Vec<FaultKind>,
     active_version: usize,
     gc_outage: Option<tokio::task::JoinHandle<Result<()>>>,
+    /// What [`Injector::recovered`] found stopped and started again.
+    components_restarted: Vec<String>,
     registry: Option<Arc<tokio::sync::Mutex<Registry>>>,
     registry_outage: Option<tokio::task::JoinHandle<Result<()>>>,
     widgets: Api<DynamicObject>,
@@ -1508,6 +1528,16 @@ impl Injector {
         }
         if let Some(t) = self.registry_outage.take() {
             t.await??;
+        }
+        // The API server's clients among the control plane's components
+        // run again, whatever a fault did to them.
+        for c in ["kube-controller-manager", "kube-scheduler", "kwok"] {
+            let found = component(&["ensure", c]).await?;
+            if !found.is_empty() {
+                let at = self.started.elapsed();
+                eprintln!("chaos soak: [{at:.0?}] {found}");
+                self.components_restarted.push(format!("[{at:.0?}] {found}"));
+            }
         }
         self.restart_exited(violations).await?;
         let version = self.version();
@@ -2096,6 +2126,7 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
         deck: Vec::new(),
         active_version: 0,
         gc_outage: None,
+        components_restarted: Vec::new(),
         registry: registry.map(|r| Arc::new(tokio::sync::Mutex::new(r))),
         registry_outage: None,
         widgets: widgets(&ns),
@@ -2185,6 +2216,7 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
         zoo_reconciled: Vec::new(),
         zoo: zoo.as_ref().map(|z| z.primaries()).unwrap_or_default(),
         gc_blocked: Vec::new(),
+        components_restarted: Vec::new(),
         kubelet_back: Vec::new(),
         features: BTreeMap::new(),
         audit: None,
@@ -2684,6 +2716,7 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
     report.explained_deletions = ledger.explained_deletions;
     report.ops = shared.ops.lock().unwrap().clone();
     report.took = begun.elapsed();
+    report.components_restarted = std::mem::take(&mut injector.components_restarted);
     // Kept when they explain a failure; a soak that breaks the invariants
     // on purpose needs none.
     if !report.violations.is_empty() && config.breach == Breach::None {
