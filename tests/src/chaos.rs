@@ -1536,7 +1536,8 @@ impl Injector {
             if !found.is_empty() {
                 let at = self.started.elapsed();
                 eprintln!("chaos soak: [{at:.0?}] {found}");
-                self.components_restarted.push(format!("[{at:.0?}] {found}"));
+                self.components_restarted
+                    .push(format!("[{at:.0?}] {found}"));
             }
         }
         self.restart_exited(violations).await?;
