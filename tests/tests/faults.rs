@@ -3,13 +3,17 @@
 //! to expire every watch (410); the operator, running the real `good`
 //! plugin, must be back to work within 5 s of `/readyz`.
 //!
-//! These tests disturb the shared API server, so they live in a test binary
-//! of their own (cargo runs test binaries one after another) and take a
-//! lock so that its tests run one at a time.
+//! These tests disturb the API server, so they live in a test binary of
+//! their own (cargo runs test binaries one after another; `tests/run.sh`
+//! gives this one and the chaos soak's a control plane of their own, beside
+//! the other tests) and take a lock so that its tests run one at a time.
+//! The last one checks how `tests/cluster/component.sh` starts
+//! kube-controller-manager, which every other fault test relies on.
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -250,5 +254,81 @@ async fn an_expired_watch_relists_at_once_and_converges() -> Result<()> {
         "converged {took:?} after /readyz, more than {EXPIRY_BOUND:?}"
     );
     op.stop().await;
+    Ok(())
+}
+
+/// kube-controller-manager started while the API server is down exits at
+/// once (it cannot load its client CA) or after waiting 10 s for the API
+/// server's `/healthz`. `component.sh start` must not take that process
+/// for a started one: it starts it again until it runs its controllers,
+/// as a kubelet restarts a static Pod. Before, a start that met an API
+/// server restart left the cluster without controllers (no ReplicaSets,
+/// no Jobs' Pods, no garbage collection) until the next start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_manager_started_while_the_api_server_is_down_runs_once_it_is_back()
+-> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let ns = TestNamespace::new("faults-kcm").await?;
+    let log = wasmop_tests::kubeconfig_path()
+        .parent()
+        .context("the cluster directory")?
+        .join("logs/kube-controller-manager.log");
+    let stopped = Fault::kill("kube-controller-manager").await?;
+    let api = Fault::kill("kube-apiserver").await?;
+    let before = std::fs::metadata(&log)?.len();
+    let starting = tokio::spawn(stopped.start());
+    // It fails at least once while the API server is away.
+    wait_for(
+        "kube-controller-manager to fail to start without the API server",
+        DEFAULT_DEADLINE,
+        || {
+            let log = log.clone();
+            async move {
+                let text = std::fs::read(&log)?;
+                let since = String::from_utf8_lossy(&text[(before as usize).min(text.len())..])
+                    .into_owned();
+                Ok(since.contains("command failed").then_some(()))
+            }
+        },
+    )
+    .await?;
+    api.start().await?;
+    tokio::time::timeout(Duration::from_secs(120), starting)
+        .await
+        .context("component.sh start of kube-controller-manager did not return in 120 s")???;
+    // And its controllers work: a Deployment gets its ReplicaSet.
+    let deployments: Api<Deployment> = ns.api();
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "probe"},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {"app": "probe"}},
+            "template": {
+                "metadata": {"labels": {"app": "probe"}},
+                "spec": {"containers": [{"name": "c", "image": "example.invalid/probe"}]}
+            }
+        }
+    }))?;
+    deployments
+        .create(&PostParams::default(), &deployment)
+        .await?;
+    let sets: Api<ReplicaSet> = ns.api();
+    wait_for(
+        "the Deployment controller to make the probe's ReplicaSet",
+        DEFAULT_DEADLINE,
+        || {
+            let sets = sets.clone();
+            async move {
+                Ok((!sets.list(&Default::default()).await?.items.is_empty()).then_some(()))
+            }
+        },
+    )
+    .await?;
+    // Still running, not gone after its start: `ensure` finds nothing to do.
+    let found = component(&["ensure", "kube-controller-manager"]).await?;
+    assert!(
+        found.is_empty(),
+        "kube-controller-manager was not running after its start returned:\n{found}"
+    );
     Ok(())
 }
