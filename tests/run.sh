@@ -14,7 +14,9 @@
 #      dependency); scaffolds a plugin outside the workspace with
 #      `wasmop new`, builds it and checks its plan;
 #      runs `wasmop check` on every shipped plugin (tests/check-plugins.sh);
-#   5. waits for step 2, then starts the local control plane (tests/cluster/up.sh);
+#   5. waits for step 2, then starts the local control plane (tests/cluster/up.sh),
+#      and a second one for the test binaries that break theirs on purpose
+#      (tests/tests/chaos.rs, faults.rs);
 #   6. runs the README's demo unattended, as the operator's ServiceAccount
 #      under deploy/rbac.yaml (`deploy/run-local.sh --check --rbac`: every
 #      shipped plugin's example primaries must converge, no request may be
@@ -22,8 +24,9 @@
 #      is printed), which cleans up after itself; checks the deployment files (tests/deploy-check.sh:
 #      restricted Pod Security, RBAC drift, the Helm chart);
 #   7. runs `cargo test --workspace` — unit tests, golden plans and the
-#      integration tests against the control plane;
-#   8. stops the control plane, also when something failed.
+#      integration tests against the control plane — in two lanes at once:
+#      chaos and faults on the second control plane, the rest on the first;
+#   8. stops the control planes, also when something failed.
 # Exits non-zero on any failure.
 #
 # Environment:
