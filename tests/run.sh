@@ -11,22 +11,25 @@
 #      clippy as the compiler of the workspace's crates (the lints of
 #      `cargo clippy --workspace --all-targets -- -D warnings`, checked as
 #      the code compiles rather than in a separate check build of every
-#      dependency); scaffolds a plugin outside the workspace with
-#      `wasmop new`, builds it and checks its plan;
-#      runs `wasmop check` on every shipped plugin (tests/check-plugins.sh);
+#      dependency);
 #   5. waits for step 2, then starts the local control plane (tests/cluster/up.sh),
 #      and a second one for the test binaries that break theirs on purpose
 #      (tests/tests/chaos.rs, faults.rs);
-#   6. runs the README's demo unattended, as the operator's ServiceAccount
-#      under deploy/rbac.yaml (`deploy/run-local.sh --check --rbac`: every
-#      shipped plugin's example primaries must converge, no request may be
-#      forbidden, and the audit log's comparison of used and granted verbs
-#      is printed), which cleans up after itself; checks the deployment files (tests/deploy-check.sh:
-#      restricted Pod Security, RBAC drift, the Helm chart);
-#   7. runs `cargo test --workspace` — unit tests, golden plans and the
-#      integration tests against the control plane — in two lanes at once:
-#      chaos and faults on the second control plane, the rest on the first;
-#   8. stops the control planes, also when something failed.
+#   6. runs `cargo test --workspace` — unit tests, golden plans and the
+#      integration tests against the control plane — in two lanes at once.
+#      The first runs everything but chaos and faults on the first control
+#      plane. The second, on the second control plane: the README's demo
+#      unattended, as the operator's ServiceAccount under deploy/rbac.yaml
+#      (`deploy/run-local.sh --check --rbac`: every shipped plugin's example
+#      primaries must converge, no request may be forbidden, and the audit
+#      log's comparison of used and granted verbs is printed), which cleans
+#      up after itself; the deployment files (tests/deploy-check.sh:
+#      restricted Pod Security, RBAC drift, the Helm chart); a plugin
+#      scaffolded outside the workspace with `wasmop new`, built, its plan
+#      checked (tests/scaffold-check.sh); `wasmop check` on every shipped
+#      plugin (tests/check-plugins.sh); then chaos and faults. With
+#      CARGO_TEST_ARGS set, all of it runs in one lane, one step at a time;
+#   7. stops the control planes, also when something failed.
 # Exits non-zero on any failure.
 #
 # Environment:
@@ -163,21 +166,35 @@ export WASMOP_BIN="$CARGO_TARGET_DIR/debug/wasmop"
   exit 1
 }
 
-step "a plugin crate outside the workspace (wasmop new, build, wasmop plan)"
-bash tests/scaffold-check.sh
-
-step "wasmop check: the eight properties of every shipped plugin, in a modelled cluster"
-bash tests/check-plugins.sh
-
-control_plane_built
+# The checks that need no control plane: a plugin crate scaffolded outside
+# the workspace, and every shipped plugin explored offline. (Each check
+# returns at its first failure itself: the second lane below runs them
+# where `set -e` does not act.)
+offline_checks() {
+  step "a plugin crate outside the workspace (wasmop new, build, wasmop plan)"
+  bash tests/scaffold-check.sh || return
+  step "wasmop check: the eight properties of every shipped plugin, in a modelled cluster"
+  bash tests/check-plugins.sh || return
+}
+# The checks that need one: the README's run command, on a fresh control
+# plane (so its CRD handling meets CRDs just created), and the deployment
+# files.
+cluster_checks() {
+  step "the README's run command, unattended, as the operator's ServiceAccount under deploy/rbac.yaml (deploy/run-local.sh --check --rbac)"
+  bash deploy/run-local.sh --check --rbac || return
+  step "deployment files: Pod Security restricted, generated RBAC, Helm chart"
+  bash tests/deploy-check.sh || return
+}
 
 # The test binaries that stop, kill and freeze their control plane's
-# components on purpose (tests/tests/<name>.rs). They get a control plane of
-# their own and run beside the others, which share the first one: most
-# integration tests wait on the cluster (Jobs, deadlines, leases) far more
-# than they compute, so the two lanes overlap without slowing each other
-# much. With CARGO_TEST_ARGS (a filter of a developer's), one lane runs
-# everything on the first control plane, as before.
+# components on purpose (tests/tests/<name>.rs) get a control plane of their
+# own, and run in a lane beside the other tests, which share the first one:
+# most integration tests wait on the cluster (Jobs, deadlines, leases) far
+# more than they compute, so the lanes overlap without slowing each other
+# much. That second lane first runs the checks above (on its control plane,
+# still fresh), so they take none of the first lane's time either. With
+# CARGO_TEST_ARGS (a filter of a developer's) everything runs in one lane on
+# the first control plane, one step after the other.
 breaking=(chaos faults)
 lanes=0
 [[ -z ${CARGO_TEST_ARGS:-} ]] && lanes=1
@@ -188,7 +205,11 @@ breakable_env=(WASMOP_CLUSTER_DIR="$breakable_dir"
   WASMOP_ETCD_PORT=23791 WASMOP_ETCD_PEER_PORT=23801 WASMOP_API_PORT=26453
   WASMOP_KCM_PORT=26267 WASMOP_SCHED_PORT=26269 WASMOP_KWOK_PORT=26270)
 
-step "local control plane$([[ $lanes == 1 ]] && echo "s: one for the tests, one for those that break it (${breaking[*]})")"
+[[ $lanes == 1 ]] || offline_checks
+
+control_plane_built
+
+step "local control plane$([[ $lanes == 1 ]] && echo "s: one for the tests, one for those that break it (${breaking[*]}) and for the checks")"
 cleanup() {
   if [[ ${WASMOP_KEEP_CLUSTER:-0} == 1 ]]; then
     log "leaving the control plane running (WASMOP_KEEP_CLUSTER=1); stop it with bash tests/cluster/down.sh"
@@ -203,16 +224,10 @@ KUBECONFIG="$(bash tests/cluster/up.sh)"
 export KUBECONFIG
 if [[ $lanes == 1 ]]; then
   breakable_kubeconfig="$(env "${breakable_env[@]}" bash tests/cluster/up.sh)"
+else
+  cluster_checks
 fi
 
-step "the README's run command, unattended, as the operator's ServiceAccount under deploy/rbac.yaml (deploy/run-local.sh --check --rbac)"
-# On the fresh control plane, so its CRD handling meets CRDs just created.
-bash deploy/run-local.sh --check --rbac
-
-step "deployment files: Pod Security restricted, generated RBAC, Helm chart"
-bash tests/deploy-check.sh
-
-step "cargo test --workspace"
 test_log="$(mktemp)"
 set +e
 # shellcheck disable=SC2206
@@ -222,16 +237,16 @@ if [[ ${#skip_args[@]} -gt 0 ]]; then
   [[ " ${test_args[*]} " == *" -- "* ]] || test_args+=(--)
   test_args+=("${skip_args[@]}")
 fi
+side_failed=""
 if [[ $lanes == 0 ]]; then
+  step "cargo test --workspace"
   linted cargo test --workspace --no-fail-fast "${test_args[@]}" 2>&1 | tee "$test_log"
   status=${PIPESTATUS[0]}
 else
-  # What `cargo test --workspace` runs, in two lanes. The breaking lane runs
-  # its test binaries itself, one after the other as cargo would, from the
-  # package's directory as cargo would (a cargo running tests beside
-  # another would wait for its lock on the build directory).
+  # What `cargo test --workspace` runs, in two lanes. The second runs its
+  # test binaries itself, one after the other from the package's directory,
+  # as cargo would.
   [[ ${#test_args[@]} -gt 0 ]] || test_args=(--)
-  breaking_log="$(mktemp)"
   mapfile -t breaking_bins < <(linted cargo test --workspace --no-run --message-format=json \
     $(printf -- '--test %s ' "${breaking[@]}") 2>/dev/null | python3 -c '
 import json, sys
@@ -244,17 +259,6 @@ for line in sys.stdin:
     echo "error: found ${#breaking_bins[@]} test binaries for ${breaking[*]}: ${breaking_bins[*]}" >&2
     exit 1
   fi
-  (
-    export KUBECONFIG="$breakable_kubeconfig" WASMOP_CLUSTER_DIR="$breakable_dir"
-    rc=0
-    for entry in "${breaking_bins[@]}"; do
-      read -r name exe manifest <<<"$entry"
-      printf '     Running tests/%s.rs (%s)\n' "$name" "$exe"
-      (cd "$(dirname "$manifest")" && "$exe" "${test_args[@]:1}") || rc=1
-    done
-    exit "$rc"
-  ) >"$breaking_log" 2>&1 &
-  breaking_pid=$!
   # Every other test target of the workspace: unit tests, golden plans,
   # integration tests, then the doc tests.
   mapfile -t other_tests < <(cargo metadata --format-version 1 --no-deps | python3 -c '
@@ -265,16 +269,41 @@ names = sorted({t["name"] for p in json.load(sys.stdin)["packages"] for t in p["
 for n in names:
     print("--test=" + n)
 ' "${breaking[@]}")
+  side_log="$(mktemp)"
+  side_failures="$(mktemp)"
+  (
+    export "${breakable_env[@]}"
+    export KUBECONFIG="$breakable_kubeconfig"
+    rc=0
+    cluster_checks || {
+      rc=1
+      echo "  the README's run command or the deployment files (deploy/run-local.sh --check --rbac, tests/deploy-check.sh): see the second lane's output" >>"$side_failures"
+    }
+    offline_checks || {
+      rc=1
+      echo "  the offline checks (tests/scaffold-check.sh, tests/check-plugins.sh): see the second lane's output" >>"$side_failures"
+    }
+    step "cargo test: ${breaking[*]}"
+    for entry in "${breaking_bins[@]}"; do
+      read -r name exe manifest <<<"$entry"
+      printf '     Running tests/%s.rs (%s)\n' "$name" "$exe"
+      (cd "$(dirname "$manifest")" && "$exe" "${test_args[@]:1}") || rc=1
+    done
+    exit "$rc"
+  ) >"$side_log" 2>&1 &
+  side_pid=$!
+  step "cargo test --workspace, but ${breaking[*]}; beside it, on the second control plane: the README's run command, the deployment files, the offline checks, then ${breaking[*]} (that lane's output follows this one's)"
   linted cargo test --workspace --no-fail-fast --lib --bins "${other_tests[@]}" "${test_args[@]}" 2>&1 | tee "$test_log"
   status=${PIPESTATUS[0]}
   linted cargo test --workspace --no-fail-fast --doc "${test_args[@]}" 2>&1 | tee -a "$test_log"
   doc_status=${PIPESTATUS[0]}
-  breaking_status=0
-  wait "$breaking_pid" || breaking_status=$?
-  step "the tests that break their control plane (${breaking[*]}), run beside the others: their output"
-  tee -a "$test_log" <"$breaking_log"
-  rm -f "$breaking_log"
-  for s in "$doc_status" "$breaking_status"; do
+  side_status=0
+  wait "$side_pid" || side_status=$?
+  step "the second lane's output"
+  tee -a "$test_log" <"$side_log"
+  side_failed="$(cat "$side_failures")"
+  rm -f "$side_log" "$side_failures"
+  for s in "$doc_status" "$side_status"; do
     [[ $status != 0 ]] || status=$s
   done
 fi
@@ -301,8 +330,9 @@ if [[ ${#skip_args[@]} -gt 0 ]]; then
 else
   echo "tests: $totals"
 fi
-if [[ -n $failed ]]; then
+if [[ -n $failed || -n $side_failed ]]; then
   echo "failed:"
+  [[ -z $side_failed ]] || echo "$side_failed"
   echo "$failed"
 fi
 exit "$status"
