@@ -24,7 +24,9 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, VersionMatch,
+};
 use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
@@ -1746,12 +1748,20 @@ fn mesh_monitor(
     );
     let task = tokio::spawn(async move {
         while !flag.load(Ordering::SeqCst) {
-            let ap = aps.get_opt(&name).await?;
-            let pa = pas.get_opt(&name).await?;
-            let members = pods
-                .list(&ListParams::default().labels(&selector))
-                .await?
-                .items;
+            // One sample is the cluster at one revision: the members are
+            // listed, then both mesh objects are listed at exactly the
+            // members' resourceVersion. Three reads at three moments could
+            // pair a policy from before a plan's writes with a Pod made
+            // after them, and see a state that never was.
+            let list = pods.list(&ListParams::default().labels(&selector)).await?;
+            let revision = list.metadata.resource_version.clone().unwrap_or_default();
+            let at = ListParams::default()
+                .fields(&format!("metadata.name={name}"))
+                .at(&revision)
+                .matching(VersionMatch::Exact);
+            let ap = aps.list(&at).await?.items.into_iter().next();
+            let pa = pas.list(&at).await?.items.into_iter().next();
+            let members = list.items;
             if !ok(ap.as_ref(), pa.as_ref(), &members) {
                 let proxies: Vec<(String, bool)> =
                     members.iter().map(|p| (p.name_any(), proxied(p))).collect();
