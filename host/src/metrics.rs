@@ -13,7 +13,7 @@
 //! | `wasmop_kind_calls_total` | controller | calls of a kind-scoped controller (one per debounced batch of changes) |
 //! | `wasmop_kind_call_primaries_total` | controller | primaries those calls covered, summed |
 //! | `wasmop_kind_plans_refused_total` | controller | object plans of kind plans refused unjudged (unknown, duplicate or mismatched primary) |
-//! | `wasmop_http_requests_total` | controller, outcome | plan HTTP requests: sent, refused, rate_limited |
+//! | `wasmop_http_requests_total` | controller, outcome | plan HTTP requests: sent, refused, rate_limited, superseded (a mutating call not repeated: its answer came after the plan's snapshot) |
 //! | `wasmop_leader` | | 1 while this replica holds the leader Lease (with `--leader-elect`) |
 //! | `wasmop_watch_streams` | kind, state | watch streams of a kind (one per watched namespace) that are `synced`, `relisting` or `backing_off` |
 //! | `wasmop_watch_lists_total` | kind, reason | lists started: `initial`, or a relist after the watch `expired` (410) or an `error` (client-go: `reflector_lists_total`) |

@@ -1067,6 +1067,75 @@ async fn a_create_whose_answer_was_lost_is_adopted_on_409_without_a_duplicate() 
     Ok(())
 }
 
+/// A create whose answer is slow, with the spec edited meanwhile: every
+/// reconcile of an edit plans the create again (its snapshot has no
+/// answer), with another body and so another idempotency key. The server
+/// must see one create: while the first is in flight the host does not
+/// send it again, and once it answered a plan made from a snapshot
+/// without that answer does not repeat it. The answer is released right
+/// after an edit in the middle of a burst, so that edit's reconcile may
+/// straddle it; whether one does is timing (the old host passed this
+/// test six times in six), so the straddling plan itself is pinned by
+/// the host's unit test
+/// `a_mutating_call_answered_after_the_plans_snapshot_is_not_sent_again`.
+#[tokio::test]
+async fn edits_while_a_create_is_answered_make_one_team() -> Result<()> {
+    let env = env("team-slow-create", |_| {}).await?;
+    env.ready_server("terdut").await?;
+    let creates = |s: &mut terdut_standin::State| {
+        s.log
+            .iter()
+            .filter(|l| l.method == "POST" && l.path == "/api/teams")
+            .count()
+    };
+    env.standin.with(|s| {
+        s.controls
+            .hold_answers
+            .push(("POST".into(), "/api/teams".into()))
+    });
+    create(
+        &env.k.teams,
+        "TerdutTeam",
+        "platform",
+        json!({"serverRef": {"name": "terdut"}, "displayName": "Platform 0",
+               "oidc": {"memberGroup": "members", "ownerGroup": "owners"}}),
+    )
+    .await?;
+    wait_standin(
+        "the create on the wire, its answer held",
+        &env.standin,
+        |s| creates(s) == 1,
+    )
+    .await?;
+    let mut last = String::new();
+    for i in 1..=12 {
+        last = format!("Platform {i}");
+        patch_spec(&env.k.teams, "platform", json!({"displayName": last})).await?;
+        if i == 6 {
+            // Released as the reconcile of this edit starts.
+            env.standin.with(|s| s.controls.hold_answers.clear());
+        }
+    }
+    let team = wait_condition(
+        &env.k.teams,
+        "platform",
+        "Ready",
+        "True",
+        Some("Synced"),
+        DEADLINE,
+    )
+    .await?;
+    wait_standin("the team renamed to the last edit", &env.standin, |s| {
+        s.teams.values().any(|t| t.name == last)
+    })
+    .await?;
+    let (posts, teams) = env.standin.with(|s| (creates(s), s.teams.len()));
+    assert_eq!(posts, 1, "one create reached the server");
+    assert_eq!(teams, 1, "one team on the server");
+    assert!(team_id(&team) > 0);
+    Ok(())
+}
+
 #[tokio::test]
 async fn drift_on_the_server_is_reverted_by_the_resync() -> Result<()> {
     let env = env("team-drift", |_| {}).await?;

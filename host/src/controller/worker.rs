@@ -112,7 +112,7 @@ impl Operator {
         let a = self.routed(&a, &primary);
         let now = jiff::Timestamp::now();
         let now_text = format_now(now);
-        let observations = self.observer.results(object::uid(&primary), now);
+        let (observations, seen_results) = self.observer.snapshot(object::uid(&primary), now);
         if let Some(kind) = a
             .kinds
             .iter()
@@ -210,6 +210,7 @@ impl Operator {
             primary,
             decided.decision,
             decided.snapshot.as_ref(),
+            seen_results,
             &now_text,
             elapsed,
         )
@@ -228,7 +229,19 @@ impl Operator {
 
     /// Performs the plan's HTTP requests after its writes; their results
     /// reach the primary's next snapshot, which is queued when they are in.
-    fn observe(&self, a: &Active, key: &PrimaryKey, primary: &Value, plan: &Plan, seen: &[Seen]) {
+    ///
+    /// `seen_results` says which stored results the plan's snapshot
+    /// carried: a mutating call whose answer arrived after it is not sent
+    /// again ([`crate::observe::Observer::run_planned`]).
+    fn observe(
+        &self,
+        a: &Active,
+        key: &PrimaryKey,
+        primary: &Value,
+        plan: &Plan,
+        seen: &[Seen],
+        seen_results: crate::observe::SeenResults,
+    ) {
         // Targets and Secrets are looked up by name in the primary's
         // namespace, among the objects of its snapshot only: what the
         // primary owns or its controller reads.
@@ -257,6 +270,7 @@ impl Operator {
         self.observer.submit(
             PrimaryInfo::of(primary, a.plugin.name(), a.plugin.version()),
             resolved,
+            seen_results,
             // Only a result the plugin has not seen is worth a reconcile;
             // re-queueing on an unchanged result would loop.
             move |outcome| {
@@ -277,7 +291,12 @@ impl Operator {
                     &[("controller", c), ("outcome", "rate_limited")],
                     outcome.rate_limited as f64,
                 );
-                if outcome.changed > 0 {
+                m.add(
+                    "wasmop_http_requests_total",
+                    &[("controller", c), ("outcome", "superseded")],
+                    outcome.superseded as f64,
+                );
+                if outcome.changed > 0 || outcome.superseded > 0 {
                     queue.add(key);
                 }
             },

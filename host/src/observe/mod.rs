@@ -13,8 +13,10 @@
 //!    refusals as results, sends the rest and stores their results. The
 //!    [`SubmitOutcome`] says whether a stored result changed, which is when
 //!    a re-queue of the primary is worth it.
-//! 3. [`Observer::results`] — the stored results of a primary, with their
-//!    age, for [`crate::build_snapshot`].
+//! 3. [`Observer::snapshot`] — the stored results of a primary, with their
+//!    age, for [`crate::build_snapshot`], and which result of each id they
+//!    are ([`SeenResults`]), handed back to `submit` with the plan made
+//!    from them.
 //! 4. [`Observer::forget`] — when the primary is gone.
 //!
 //! # Limits ([`ObserveConfig`] defaults, the fleet seed's numbers)
@@ -48,7 +50,10 @@
 //!   ([`idempotency_key`]) and are sent at most once per [`Observer::run`]
 //!   that lists them (and within the budget): the host never retries them
 //!   on its own. While one is in flight, a plan listing the same id again
-//!   does not send it a second time.
+//!   does not send it a second time; nor does a plan made from a snapshot
+//!   taken before that call's answer was stored (it repeats a call whose
+//!   answer its plugin has not seen, [`SeenResults`]): the primary is
+//!   re-queued and the next plan sees the answer.
 //! - A plan's GETs are sent after its mutating calls have answered, so a
 //!   GET listed with a write observes it and its result is the newer one.
 //! - Secret header values are sent, never logged, and print as `Sensitive`
@@ -142,6 +147,8 @@ pub struct Observer {
     permits: Semaphore,
     state: Mutex<HashMap<String, PrimaryState>>,
     next_epoch: AtomicU64,
+    /// Sequence number of the next result stored, for any primary.
+    next_seq: AtomicU64,
     counters: Counters,
     tls: tls::Trust,
 }
@@ -158,6 +165,7 @@ impl Observer {
             config,
             state: Mutex::new(HashMap::new()),
             next_epoch: AtomicU64::new(1),
+            next_seq: AtomicU64::new(1),
             counters: Counters::default(),
             tls: tls::Trust::default(),
         })
@@ -218,13 +226,26 @@ impl Observer {
         self: &Arc<Self>,
         primary: PrimaryInfo,
         requests: Vec<ResolvedRequest>,
+        planned_from: SeenResults,
         on_done: impl FnOnce(SubmitOutcome) + Send + 'static,
     ) -> tokio::task::JoinHandle<()> {
         let observer = Arc::clone(self);
         tokio::spawn(async move {
-            let outcome = observer.run(&primary, requests).await;
+            let outcome = observer
+                .run_planned(&primary, requests, Some(&planned_from))
+                .await;
             on_done(outcome);
         })
+    }
+
+    /// [`Observer::run_planned`] for a plan made from the results stored
+    /// now: no mutating call counts as superseded.
+    pub async fn run(
+        &self,
+        primary: &PrimaryInfo,
+        requests: Vec<ResolvedRequest>,
+    ) -> SubmitOutcome {
+        self.run_planned(primary, requests, None).await
     }
 
     /// Handles the resolved requests of one plan and returns when every
@@ -243,6 +264,11 @@ impl Observer {
     ///   id is still in flight for this primary (listed by an earlier plan
     ///   whose answer has not arrived) is not sent again: the answer in
     ///   flight is stored under that id.
+    /// - A mutating call whose id has a stored result other than the one
+    ///   the plan's snapshot carried (`planned_from`: the result arrived
+    ///   after the snapshot was taken) is not sent: the plan repeats a call
+    ///   whose answer its plugin has not seen. It counts as `superseded`,
+    ///   and the caller re-queues the primary so the plugin sees it.
     /// - Every request that would be sent takes one of the primary's
     ///   `max_requests_per_primary` sends per `per_primary_interval`; when
     ///   none is left it is rate-limited: not sent, its earlier result
@@ -255,10 +281,11 @@ impl Observer {
     ///   so a GET observes the writes listed with it.
     /// - Each result replaces the one stored under its id for this primary.
     ///   A result arriving after [`Observer::forget`] is dropped.
-    pub async fn run(
+    pub async fn run_planned(
         &self,
         primary: &PrimaryInfo,
         requests: Vec<ResolvedRequest>,
+        planned_from: Option<&SeenResults>,
     ) -> SubmitOutcome {
         let mut outcome = SubmitOutcome::default();
         let mut to_send = Vec::new();
@@ -294,6 +321,7 @@ impl Observer {
                             observed_at: now_ms(),
                             max_age_ms: request.max_age_ms,
                             outcome: ObservationOutcome::Failed,
+                            seq: self.next_seq.fetch_add(1, Ordering::Relaxed),
                         };
                         if entry.store(&request.id, stored, &self.config) {
                             outcome.changed += 1;
@@ -326,6 +354,18 @@ impl Observer {
                         primary = %primary, id = %request.id, url = %endpoint.uri,
                         method = method_name(request.method),
                         "mutating observation request not re-sent: the same id is in flight"
+                    );
+                    continue;
+                } else if planned_from.is_some_and(|seen| {
+                    seen.missed(&request.id, entry.results.get(&request.id).map(|s| s.seq))
+                }) {
+                    outcome.superseded += 1;
+                    tracing::info!(
+                        primary = %primary, uid = %primary.uid, plugin = %primary.plugin,
+                        version = %primary.plugin_version, id = %request.id,
+                        method = method_name(request.method), url = %endpoint.uri,
+                        "mutating observation request not sent: its answer arrived after \
+                         the snapshot this plan was made from; the plugin sees it next"
                     );
                     continue;
                 } else if !entry.take_send(now, interval, self.config.max_requests_per_primary) {
@@ -378,7 +418,8 @@ impl Observer {
             && entry.epoch == epoch
         {
             let mut stored_ids = Vec::new();
-            for (request, stored) in answered {
+            for (request, mut stored) in answered {
+                stored.seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
                 if entry.store(&request.id, stored, &self.config) {
                     outcome.changed += 1;
                 }
@@ -397,13 +438,27 @@ impl Observer {
     /// storage. Their bytes never exceed
     /// [`ObserveConfig::max_result_bytes_per_primary`].
     pub fn results(&self, primary_uid: &str, now: Timestamp) -> Vec<Observation> {
+        self.snapshot(primary_uid, now).0
+    }
+
+    /// [`Observer::results`], with which result of each id they are: run
+    /// the plan made from them with [`Observer::submit`] or
+    /// [`Observer::run_planned`] and these marks.
+    pub fn snapshot(&self, primary_uid: &str, now: Timestamp) -> (Vec<Observation>, SeenResults) {
         let mut state = self.lock();
         let Some(entry) = state.get_mut(primary_uid) else {
-            return Vec::new();
+            return (Vec::new(), SeenResults::default());
         };
         let max_age = self.config.max_result_age;
         entry.results.retain(|_, s| !s.expired(now, max_age));
-        entry
+        let seen = SeenResults {
+            seq: entry
+                .results
+                .iter()
+                .map(|(id, s)| (id.clone(), s.seq))
+                .collect(),
+        };
+        let observations = entry
             .results
             .iter()
             .map(|(id, s)| Observation {
@@ -415,7 +470,8 @@ impl Observer {
                 age_ms: s.age_ms(now),
                 outcome: Some(s.outcome),
             })
-            .collect()
+            .collect();
+        (observations, seen)
     }
 
     /// Counts and logs a request the per-primary budget did not allow.

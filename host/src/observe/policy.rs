@@ -289,11 +289,36 @@ pub struct SubmitOutcome {
     /// Mutating requests not sent because one with the same id was still
     /// in flight for the primary (its answer is what gets stored).
     pub in_flight: usize,
+    /// Mutating requests not sent because a result for their id was stored
+    /// after the snapshot the plan was made from ([`SeenResults`]): the
+    /// plan repeats a call whose answer it has not seen. Re-queue the
+    /// primary when this is non-zero, so the plugin sees that answer.
+    pub superseded: usize,
     /// Stored results whose status, body or error differ from what was
     /// stored under that id before (or that are new). Re-queue the primary
     /// when this is non-zero: the plugin has something new to see. A
     /// re-queue when nothing changed would only loop.
     pub changed: usize,
+}
+
+/// Which stored result of each id a snapshot carried, as
+/// [`Observer::snapshot`] handed them out. A plan made from that snapshot
+/// is run with it ([`Observer::run_planned`]), so a mutating call the plan
+/// repeats is sent only when its plugin saw the latest result for that id.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SeenResults {
+    /// The stored result's sequence number per id (numbers grow across all
+    /// primaries, so a result stored after a `forget` is never mistaken
+    /// for one seen before it).
+    pub(crate) seq: HashMap<String, u64>,
+}
+
+impl SeenResults {
+    /// True when `stored`, now kept under `id`, is not the result the
+    /// snapshot carried for that id.
+    pub(crate) fn missed(&self, id: &str, stored: Option<u64>) -> bool {
+        stored.is_some_and(|now| self.seq.get(id) != Some(&now))
+    }
 }
 
 /// Counters of every request the [`Observer`] handled since it started.

@@ -50,6 +50,8 @@ pub(crate) struct Stored {
     pub(crate) max_age_ms: u64,
     /// The typed outcome the plugin sees (`Observation::outcome`).
     pub(crate) outcome: ObservationOutcome,
+    /// Set when stored: grows with every result stored for any primary.
+    pub(crate) seq: u64,
 }
 
 impl Stored {

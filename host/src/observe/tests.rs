@@ -615,6 +615,58 @@ async fn a_mutating_call_in_flight_is_not_sent_again_by_a_later_plan() {
 }
 
 #[tokio::test]
+async fn a_mutating_call_answered_after_the_plans_snapshot_is_not_sent_again() {
+    let server = TestServer::start(Reply::ok("created")).await;
+    let obs = observer(allowing(&server));
+    let mut post = probe(&server, "/v1/teams");
+    post.id = "create".into();
+    post.method = HttpMethod::Post;
+    post.body = r#"{"name":"a"}"#.into();
+    let send = |request: &HttpRequest, seen: &SeenResults| {
+        let resolved = obs.prepare(std::slice::from_ref(request), &[], no_objects, no_secrets);
+        let seen = seen.clone();
+        let obs = &obs;
+        async move { obs.run_planned(&primary(), resolved, Some(&seen)).await }
+    };
+    // Two plans made from the same snapshot, before any answer (as a spec
+    // edit's reconcile whose snapshot was taken while the first POST was
+    // on the wire, and whose plan runs after it answered). The second
+    // changed the body: a hashed Idempotency-Key would differ too.
+    let (before, seen_before) = obs.snapshot(UID, Timestamp::now());
+    assert!(before.is_empty());
+    let first = send(&post, &seen_before).await;
+    assert_eq!((first.sent, first.changed, first.superseded), (1, 1, 0));
+    let mut renamed = post.clone();
+    renamed.body = r#"{"name":"b"}"#.into();
+    let second = send(&renamed, &seen_before).await;
+    assert_eq!(
+        (second.sent, second.superseded),
+        (0, 1),
+        "a plan that has not seen the answer does not repeat the call"
+    );
+    assert_eq!(server.requests().len(), 1, "the server saw one POST");
+    // A plan made after the answer was stored may ask again: its plugin
+    // saw the answer and still wants the call.
+    let (after, seen_after) = obs.snapshot(UID, Timestamp::now());
+    assert_eq!(after[0].body, "created");
+    let third = send(&renamed, &seen_after).await;
+    assert_eq!((third.sent, third.superseded), (1, 0));
+    assert_eq!(server.requests().len(), 2);
+    // The mark is the result itself, not its content: the third answer
+    // equals the first, and a plan from the snapshot before it still
+    // has not seen it.
+    let fourth = send(&renamed, &seen_after).await;
+    assert_eq!((fourth.sent, fourth.superseded), (0, 1));
+    // After a forget, results stored anew are not the ones seen before.
+    obs.forget(UID);
+    let fifth = send(&renamed, &seen_after).await;
+    assert_eq!(fifth.sent, 1, "nothing stored for the id: sent");
+    let sixth = send(&renamed, &seen_after).await;
+    assert_eq!((sixth.sent, sixth.superseded), (0, 1));
+    assert_eq!(server.requests().len(), 3);
+}
+
+#[tokio::test]
 async fn a_plans_gets_are_sent_after_its_mutating_calls_answered() {
     // Slow answers: sent together, the GET would be on the wire while the
     // PATCH is still unanswered.
@@ -749,9 +801,14 @@ async fn submit_reports_its_outcome_and_forget_drops_everything() {
     let obs = observer(allowing(&server));
     let resolved = obs.prepare(&[probe(&server, "/state")], &[], no_objects, no_secrets);
     let (tx, rx) = tokio::sync::oneshot::channel();
-    obs.submit(primary(), resolved, move |outcome| {
-        let _ = tx.send(outcome);
-    });
+    obs.submit(
+        primary(),
+        resolved,
+        SeenResults::default(),
+        move |outcome| {
+            let _ = tx.send(outcome);
+        },
+    );
     let outcome = rx.await.expect("on_done is called");
     assert_eq!((outcome.sent, outcome.changed), (1, 1));
     assert_eq!(obs.results(UID, Timestamp::now()).len(), 1);

@@ -101,6 +101,7 @@ impl Observer {
             observed_at: now_ms(),
             max_age_ms: request.max_age_ms,
             outcome,
+            seq: 0,
         }
     }
 }

@@ -40,7 +40,8 @@
 //!
 //! Tests reach the state directly ([`StandIn::with`]) to change things
 //! behind the operator's back, and [`Controls`] make it fail requests, go
-//! down, advertise team-scoped accounts, or lose a bootstrap race.
+//! down, advertise team-scoped accounts, lose a bootstrap race, or hold
+//! the answers to some requests (already carried out) until released.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -117,6 +118,10 @@ pub struct Controls {
     pub honour_idempotency_keys: bool,
     /// Version string `/api/version` reports.
     pub version: String,
+    /// Requests whose method and path start with one of these are carried
+    /// out at once but answered only once the entry is removed: an answer
+    /// slow to arrive, with the change already made on the server.
+    pub hold_answers: Vec<(String, String)>,
     /// Serve only what terdut-server has today: no `GET /api/version` and no
     /// `/api/service-accounts` routes (both are proposals of the design,
     /// §6.6 and §13); they answer 404 like any unknown route.
@@ -134,6 +139,7 @@ impl Default for Controls {
             honour_idempotency_keys: true,
             version: "0.10.0-standin".to_owned(),
             without_proposed_routes: false,
+            hold_answers: Vec::new(),
         }
     }
 }
@@ -1142,6 +1148,17 @@ async fn serve(
         ..request
     };
     let response = lock(&state).handle(&request);
+    let held = |s: &State| {
+        s.controls
+            .hold_answers
+            .iter()
+            .any(|(method, prefix)| *method == request.method && request.path.starts_with(prefix))
+    };
+    // A held answer waits for its release (the test removes the entry);
+    // polled, as the state is behind a plain mutex.
+    while held(&lock(&state)) {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     let status = response.status.ok_or(Dropped)?;
     let mut builder = hyper::Response::builder().status(status);
     if !response.body.is_empty() && response.body.starts_with(['{', '[']) {

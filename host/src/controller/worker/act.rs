@@ -34,6 +34,7 @@ impl Operator {
         primary: Arc<Value>,
         decision: Decision,
         snapshot: Option<&crate::judge::snapshot::Snapshot>,
+        seen_results: crate::observe::SeenResults,
         now_text: &str,
         elapsed: Duration,
     ) {
@@ -160,7 +161,7 @@ impl Operator {
                                         .map(|r| (read_kind(&r.read), r.object.clone())),
                                 )
                                 .collect();
-                            self.observe(a, key, &primary, &plan, &seen);
+                            self.observe(a, key, &primary, &plan, &seen, seen_results);
                         }
                     }
                     Err(e) if e.is_conflict() && judgement.applies.iter().any(|j| j.unasked) => {

@@ -130,7 +130,17 @@ impl Operator {
                         let now_text = &now_text;
                         async move {
                             let k = key_of_primary(&p);
-                            self.act(a, &k, p, decision, None, now_text, elapsed).await;
+                            self.act(
+                                a,
+                                &k,
+                                p,
+                                decision,
+                                None,
+                                Default::default(),
+                                now_text,
+                                elapsed,
+                            )
+                            .await;
                         }
                     })
                     .await;
