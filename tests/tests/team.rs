@@ -10,7 +10,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -1017,6 +1017,64 @@ async fn a_lost_bootstrap_race_leaves_one_admin_and_is_reported() -> Result<()> 
         .await?
         .is_none()
     );
+    Ok(())
+}
+
+/// The operator dies while its `POST /api/bootstrap` is out: the server
+/// made the admin user and minted the key, but the answer is gone with
+/// the process, and the install now says it is bootstrapped. The next
+/// operator sends the same POST once more, with the same Idempotency-Key;
+/// the stand-in replays its answer, and the key reaches the credentials
+/// Secret, not a `BootstrappedElsewhere` dead end.
+#[tokio::test]
+async fn a_bootstrap_answer_lost_with_the_operator_is_replayed_to_the_next() -> Result<()> {
+    let mut env = env("team-boot-lost", |s| {
+        s.controls
+            .hold_answers
+            .push(("POST".into(), "/api/bootstrap".into()));
+    })
+    .await?;
+    env.server("terdut", json!({})).await?;
+    wait_standin(
+        "the bootstrap carried out, its answer held",
+        &env.standin,
+        |s| s.count("POST", "/api/bootstrap") == 1 && !s.users.is_empty(),
+    )
+    .await?;
+    env.op.take().context("operator")?.kill();
+    env.standin.with(|s| s.controls.hold_answers.clear());
+    env.op = Some(start_operator(&env.ns, &env.standin, vec![env.ns.name.clone()]).await?);
+    wait_condition(
+        &env.k.servers,
+        "terdut",
+        "Bootstrapped",
+        "True",
+        None,
+        DEADLINE,
+    )
+    .await?;
+    let posts: Vec<_> = env
+        .standin
+        .log()
+        .into_iter()
+        .filter(|l| l.path == "/api/bootstrap")
+        .collect();
+    assert_eq!(posts.len(), 2, "{posts:?}");
+    assert!(!posts[0].replayed && posts[1].replayed, "{posts:?}");
+    assert_eq!(
+        posts[0].idempotency_key, posts[1].idempotency_key,
+        "the same key"
+    );
+    let key = secret_data(
+        &env.ns,
+        &env.ns.name,
+        "terdut-operator-credentials",
+        "api-key",
+    )
+    .await?
+    .context("the operator's key")?;
+    assert!(key.starts_with(CANARY), "{key}");
+    assert_eq!(env.standin.with(|s| s.users.len()), 1, "one admin");
     Ok(())
 }
 

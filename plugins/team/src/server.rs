@@ -15,6 +15,13 @@
 //!    install only, `POST /api/bootstrap`; a 403 means someone else
 //!    bootstrapped, reported as `Bootstrapped=False/BootstrappedElsewhere`.
 //!    The key goes into the owner-referenced credentials Secret, nowhere else.
+//!    When the answer to the operator's own POST was lost
+//!    (`status.bootstrapRequested`, written before the call went out, is
+//!    set but no answer is kept: the operator restarted) and the install
+//!    now says it is
+//!    bootstrapped, the same POST is sent once more, with the same
+//!    `Idempotency-Key`: a server that replays keys hands back the key it
+//!    minted; one that does not answers 403, reported as above.
 //! 5. Team credentials: for every TerdutTeam that names this server and is
 //!    permitted, either a team-scoped key minted into its namespace (when
 //!    the server offers team-scoped accounts) or a mirror of the operator's
@@ -761,6 +768,13 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
 
     // 4. Bootstrap.
     let before = conds.reason("Bootstrapped").map(str::to_owned);
+    let boot_user = format!("wasmop.{namespace}.{name}");
+    // Written with the status of the pass that plans the POST, so before
+    // the call goes out; cleared once an answer to it is kept.
+    let requested =
+        snapshot.primary["status"]["bootstrapRequested"].as_str() == Some(boot_user.as_str());
+    let mut boot_sent = false;
+    let boot = snapshot.observation("bootstrap");
     let bootstrapped = if has_creds {
         conds.set(
             "Bootstrapped",
@@ -783,7 +797,6 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
             .admin_key_secret_ref
             .clone()
             .filter(|r| !r.name.is_empty());
-        let boot = snapshot.observation("bootstrap");
         if let Some(key) = boot
             .and_then(body_of)
             .and_then(|v| v["key"].as_str().map(str::to_owned))
@@ -874,6 +887,33 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
                 ),
             );
             false
+        } else if boot.is_none()
+            && requested
+            && version_body
+                .as_ref()
+                .is_some_and(|v| v["bootstrapped"] == true)
+        {
+            // Our own POST went out (`bootstrapRequested` was written before
+            // it) and its answer is gone with the replica that sent it; the
+            // install says it is bootstrapped, maybe by that very call. The
+            // same request carries the same Idempotency-Key: a server that
+            // replays keys hands back the key it minted, any other answers
+            // 403, and that answer is kept and reported as bootstrapped
+            // elsewhere. Sent once per lost answer: a kept 403 ends it.
+            plan = plan.http(anonymous.request(
+                "bootstrap",
+                HttpMethod::Post,
+                "/api/bootstrap",
+                Some(json!({"username": boot_user})),
+            ));
+            boot_sent = true;
+            conds.set(
+                "Bootstrapped",
+                false,
+                "Bootstrapping",
+                "the answer to the operator's POST /api/bootstrap was lost (it restarted while the call was out) and the install says it is bootstrapped: asking again with the same Idempotency-Key; a server that replays it hands back the key, a 403 means bootstrapped elsewhere",
+            );
+            false
         } else if boot.is_some_and(|o| o.status == Some(403))
             || version_body
                 .as_ref()
@@ -896,8 +936,9 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
                 "bootstrap",
                 HttpMethod::Post,
                 "/api/bootstrap",
-                Some(json!({"username": format!("wasmop.{namespace}.{name}")})),
+                Some(json!({"username": boot_user})),
             ));
+            boot_sent = true;
             false
         } else if version_missing
             || version_body
@@ -908,8 +949,9 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
                 "bootstrap",
                 HttpMethod::Post,
                 "/api/bootstrap",
-                Some(json!({"username": format!("wasmop.{namespace}.{name}")})),
+                Some(json!({"username": boot_user})),
             ));
+            boot_sent = true;
             let message = if version_missing {
                 "GET /api/version answered 404 (this server has no version endpoint, a proposal of the design's §13): trying POST /api/bootstrap; a 403 would mean the install is bootstrapped already"
             } else {
@@ -932,6 +974,12 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
     {
         plan = plan.warning("BootstrappedElsewhere", "terdut-server answered that it is bootstrapped already; the operator needs spec.bootstrap.adminKeySecretRef");
     }
+    // Until an answer to our POST is kept (or one is sent now).
+    status["bootstrapRequested"] = if boot_sent || (requested && !bootstrapped && boot.is_none()) {
+        json!(boot_user)
+    } else {
+        Value::Null
+    };
     // Kept while the Secret is missing after our own bootstrap: it is what
     // keeps the single-shot POST from being sent again.
     status["operatorCredentialsSecretRef"] =

@@ -230,6 +230,81 @@ fn a_403_means_bootstrapped_elsewhere_reported_not_failed() {
 }
 
 #[test]
+fn a_bootstrap_answer_lost_with_its_replica_is_asked_for_once_more() {
+    let taken = obs(
+        "version",
+        Some(200),
+        json!({"capabilities": [], "bootstrapped": true}),
+        5,
+    );
+    let with_reason = |reason: &str| {
+        let mut s = wasmop_sdk::testing::objects_from_yaml(SERVER_YAML).remove(0);
+        s["status"] = json!({"conditions": [{"type": "Bootstrapped", "status": "False",
+            "reason": reason, "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]});
+        if reason != "BootstrappedElsewhere" {
+            s["status"]["bootstrapRequested"] = json!("wasmop.oncall.terdut");
+        }
+        SnapshotBuilder::new(SERVER)
+            .primary(s)
+            .related(server::READ_SECRETS, one(DB_SECRET))
+            .observation(taken.clone())
+    };
+    // The status says our POST went out (the condition since overwritten
+    // while the version was asked for); no answer is kept: the same POST
+    // again (same id, path and body, so the same Idempotency-Key).
+    let plan = run::<TeamPlugin>(&with_reason("WaitingForServer").build()).unwrap();
+    let again = plan
+        .http_requests
+        .iter()
+        .find(|r| r.id == "bootstrap")
+        .expect("the bootstrap asked for again");
+    assert_eq!(again.method, HttpMethod::Post);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&again.body).unwrap(),
+        json!({"username": "wasmop.oncall.terdut"})
+    );
+    assert_eq!(condition(&plan, "Bootstrapped")["reason"], "Bootstrapping");
+    assert!(plan.events.is_empty(), "not reported as someone else's yet");
+    assert_eq!(
+        plan.status.as_ref().unwrap()["bootstrapRequested"],
+        "wasmop.oncall.terdut",
+        "kept until an answer is"
+    );
+    // While the version is being asked for, the mark stays.
+    let unknown = {
+        let mut s = wasmop_sdk::testing::objects_from_yaml(SERVER_YAML).remove(0);
+        s["status"] = json!({"bootstrapRequested": "wasmop.oncall.terdut"});
+        SnapshotBuilder::new(SERVER)
+            .primary(s)
+            .related(server::READ_SECRETS, one(DB_SECRET))
+            .build()
+    };
+    let plan = run::<TeamPlugin>(&unknown).unwrap();
+    assert_eq!(
+        plan.status.as_ref().unwrap()["bootstrapRequested"],
+        "wasmop.oncall.terdut"
+    );
+    // Its 403 is kept: bootstrapped elsewhere, no third POST.
+    let refused = obs(
+        "bootstrap",
+        Some(403),
+        json!({"error": "already bootstrapped"}),
+        1,
+    );
+    let plan =
+        run::<TeamPlugin>(&with_reason("Bootstrapping").observation(refused).build()).unwrap();
+    assert_eq!(
+        condition(&plan, "Bootstrapped")["reason"],
+        "BootstrappedElsewhere"
+    );
+    assert!(!ids(&plan).iter().any(|(id, ..)| *id == "bootstrap"));
+    assert!(plan.status.as_ref().unwrap()["bootstrapRequested"].is_null());
+    // Without the mark: someone else's, never POSTed to.
+    let plan = run::<TeamPlugin>(&with_reason("BootstrappedElsewhere").build()).unwrap();
+    assert_eq!(ids(&plan), [("version", HttpMethod::Get, "/api/version")]);
+}
+
+#[test]
 fn with_an_admin_key_the_operator_creates_its_own_service_account() {
     let mut spec = wasmop_sdk::testing::objects_from_yaml(SERVER_YAML).remove(0);
     spec["spec"]["bootstrap"] = json!({"adminKeySecretRef": {"name": "chart-admin", "key": "key"}});
