@@ -356,7 +356,8 @@ pub enum Invariant {
     Ownership,
     /// A primary did not converge within [`CONVERGE_BOUND`] of recovery.
     Convergence,
-    /// A replica exited without being killed by the soak.
+    /// A replica exited without being killed by the soak (but for a
+    /// shard's designed exit on a lost Lease term: `Report::shard_terms_lost`).
     ReplicaExited,
     /// Features mode: a status names a UID other than its object's (a
     /// status decided for a primary landed on a successor of its name).
@@ -843,6 +844,14 @@ pub struct Report {
     /// stays gone would otherwise leave the zoo without Pods or Jobs for
     /// the rest of the soak.
     pub components_restarted: Vec<String>,
+    /// With sharding: replicas that exited with
+    /// [`wasmop::lease::shard::LOST_TERM_EXIT_CODE`] after logging that
+    /// their shard Lease term ended (they could not renew it in time, as
+    /// when the API server is away longer than the Lease lasts), and were
+    /// started again as a kubelet restarts a container. That exit is the
+    /// host's design (its caches may be stale and its primaries given
+    /// away); any other exit is a violation.
+    pub shard_terms_lost: Vec<String>,
     /// At each quiet point with a zoo: how long after recovery the
     /// simulated kubelet (kwok) ran a new Pod again. The zoo's bound to its
     /// done conditions starts then (see `Zoo::kubelet_runs_pods`).
@@ -972,6 +981,15 @@ impl Report {
                 }
             }
         }
+        if !self.shard_terms_lost.is_empty() {
+            out += &format!(
+                "shards that exited on a lost Lease term and were started again (the host's design, not violations): {}\n",
+                self.shard_terms_lost.len()
+            );
+            for s in &self.shard_terms_lost {
+                out += &format!("  {s}\n");
+            }
+        }
         out += &format!("violations: {}\n", self.violations.len());
         for v in &self.violations {
             out += &format!("  {v}\n");
@@ -997,6 +1015,25 @@ struct Replica {
     child: tokio::process::Child,
     pid: u32,
     metrics_port: u16,
+    /// Its stderr.
+    log: PathBuf,
+}
+
+/// How a replica the soak did not kill ended.
+struct Exit {
+    slot: usize,
+    status: std::process::ExitStatus,
+    log: PathBuf,
+}
+
+impl Exit {
+    /// The host's own exit on a lost shard Lease term: its exit code, and
+    /// the line saying why at the end of its log.
+    fn lost_shard_term(&self) -> bool {
+        self.status.code() == Some(wasmop::lease::shard::LOST_TERM_EXIT_CODE)
+            && std::fs::read_to_string(&self.log)
+                .is_ok_and(|log| log.contains("shard Lease term ended"))
+    }
 }
 
 /// The two replicas, restarted by the soak after each kill.
@@ -1130,10 +1167,10 @@ impl Replicas {
         let _ = std::fs::remove_file(self.failpoint_file(slot));
         let _ = std::fs::remove_file(self.fired_file(slot));
         self.starts += 1;
-        let log = std::fs::File::create(
-            self.work
-                .join(format!("replica-{slot}-start-{}.log", self.starts)),
-        )?;
+        let log_path = self
+            .work
+            .join(format!("replica-{slot}-start-{}.log", self.starts));
+        let log = std::fs::File::create(&log_path)?;
         let mut cmd = tokio::process::Command::new(&self.bin);
         self.wanted[slot] = true;
         cmd.arg("run").arg("--plugins").arg(&self.plugins);
@@ -1187,6 +1224,7 @@ impl Replicas {
             child,
             pid,
             metrics_port: port,
+            log: log_path,
         });
         Ok(())
     }
@@ -1223,14 +1261,18 @@ impl Replicas {
         self.slots[slot].is_some() && self.fired_file(slot).exists()
     }
 
-    /// Slots whose process exited by itself, with how.
-    fn exited(&mut self) -> Vec<(usize, String)> {
+    /// The replicas whose process exited by itself, with how.
+    fn exited(&mut self) -> Vec<Exit> {
         let mut out = Vec::new();
-        for (i, s) in self.slots.iter_mut().enumerate() {
+        for (slot, s) in self.slots.iter_mut().enumerate() {
             if let Some(r) = s
                 && let Ok(Some(status)) = r.child.try_wait()
             {
-                out.push((i, status.to_string()));
+                out.push(Exit {
+                    slot,
+                    status,
+                    log: r.log.clone(),
+                });
                 *s = None;
             }
         }
@@ -1335,6 +1377,8 @@ struct Injector {
     gc_outage: Option<tokio::task::JoinHandle<Result<()>>>,
     /// What [`Injector::recovered`] found stopped and started again.
     components_restarted: Vec<String>,
+    /// Shards that exited on a lost Lease term (see `Report`).
+    shard_terms_lost: Vec<String>,
     registry: Option<Arc<tokio::sync::Mutex<Registry>>>,
     registry_outage: Option<tokio::task::JoinHandle<Result<()>>>,
     widgets: Api<DynamicObject>,
@@ -1717,16 +1761,38 @@ impl Injector {
     }
 
     /// Starts again every replica that exited without the soak killing
-    /// it, each a violation.
+    /// it; each is a violation, but for a shard's designed exit on a lost
+    /// Lease term (listed in the report).
     async fn restart_exited(&mut self, violations: &mut Vec<Violation>) -> Result<()> {
-        for (slot, status) in self.replicas.exited() {
-            violations.push(Violation {
-                invariant: Invariant::ReplicaExited,
-                detail: format!("replica {slot} exited by itself ({status})"),
-            });
-            self.replicas.start(slot).await?;
+        for exit in self.replicas.exited() {
+            self.judge_exit(&exit, violations);
+            self.replicas.start(exit.slot).await?;
         }
         Ok(())
+    }
+
+    /// A violation for `exit`, or a line in the report when it is a
+    /// shard's exit on a lost Lease term.
+    fn judge_exit(&mut self, exit: &Exit, violations: &mut Vec<Violation>) {
+        let (slot, status) = (exit.slot, exit.status);
+        if self.replicas.sharding && exit.lost_shard_term() {
+            let at = self.started.elapsed();
+            eprintln!(
+                "chaos soak: [{at:.0?}] replica {slot} exited on a lost shard Lease term ({status}); started again"
+            );
+            self.shard_terms_lost.push(format!(
+                "[{at:.0?}] replica {slot} ({status}, log {})",
+                exit.log.display()
+            ));
+        } else {
+            violations.push(Violation {
+                invariant: Invariant::ReplicaExited,
+                detail: format!(
+                    "replica {slot} exited by itself ({status}, log {})",
+                    exit.log.display()
+                ),
+            });
+        }
     }
 }
 
@@ -2128,6 +2194,7 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
         active_version: 0,
         gc_outage: None,
         components_restarted: Vec::new(),
+        shard_terms_lost: Vec::new(),
         registry: registry.map(|r| Arc::new(tokio::sync::Mutex::new(r))),
         registry_outage: None,
         widgets: widgets(&ns),
@@ -2218,6 +2285,7 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
         zoo: zoo.as_ref().map(|z| z.primaries()).unwrap_or_default(),
         gc_blocked: Vec::new(),
         components_restarted: Vec::new(),
+        shard_terms_lost: Vec::new(),
         kubelet_back: Vec::new(),
         features: BTreeMap::new(),
         audit: None,
@@ -2668,11 +2736,8 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
     let deleted = shared.deleted_owners.lock().unwrap().clone();
     let mut ledger = std::mem::take(&mut *shared.ledger.lock().unwrap());
     ledger.observe(&watched, &seen, &deleted);
-    for (slot, status) in injector.replicas.exited() {
-        report.violations.push(Violation {
-            invariant: Invariant::ReplicaExited,
-            detail: format!("replica {slot} exited by itself ({status})"),
-        });
+    for exit in injector.replicas.exited() {
+        injector.judge_exit(&exit, &mut report.violations);
     }
     injector.replicas.kill_all().await?;
     if let Some(zoo) = &zoo {
@@ -2718,6 +2783,7 @@ pub async fn soak(config: SoakConfig) -> Result<Report> {
     report.ops = shared.ops.lock().unwrap().clone();
     report.took = begun.elapsed();
     report.components_restarted = std::mem::take(&mut injector.components_restarted);
+    report.shard_terms_lost = std::mem::take(&mut injector.shard_terms_lost);
     // Kept when they explain a failure; a soak that breaks the invariants
     // on purpose needs none.
     if !report.violations.is_empty() && config.breach == Breach::None {
@@ -3005,6 +3071,33 @@ mod tests {
 
     fn ns() -> Vec<String> {
         vec!["ns".to_owned()]
+    }
+
+    #[test]
+    fn only_an_exit_on_a_lost_shard_term_with_its_reason_logged_is_the_designed_one() {
+        use std::os::unix::process::ExitStatusExt;
+        let dir = std::env::temp_dir().join(format!("wasmop-exit-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let exit = |code: i32, log: &str| {
+            let path = dir.join(format!("replica-{code}-{}.log", log.len()));
+            std::fs::write(&path, log).unwrap();
+            Exit {
+                slot: 0,
+                status: std::process::ExitStatus::from_raw(code << 8),
+                log: path,
+            }
+        };
+        let said = "ERROR wasmop::cli::run: shard Lease term ended: its primaries may have been given away and its caches may be stale; exiting shard=r0\n";
+        assert!(exit(3, said).lost_shard_term());
+        assert!(
+            !exit(3, "panicked at host/src/x.rs\n").lost_shard_term(),
+            "exit 3 without its reason"
+        );
+        assert!(!exit(1, said).lost_shard_term(), "another code");
+        let mut killed = exit(3, said);
+        killed.status = std::process::ExitStatus::from_raw(9);
+        assert!(!killed.lost_shard_term(), "a signal");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
