@@ -12,6 +12,10 @@
 //!   with sharding, the primary's shard).
 //! - A failure is reported on the primary and retried with backoff; it
 //!   never deletes anything.
+//! - A primary is never planned from a cached version older than this
+//!   replica's own last status write to it: the plan would start from the
+//!   status that write replaced, and its status write would put the older
+//!   state back. The reconcile waits ([`OWN_STATUS_WAIT`]) for the watch.
 
 mod act;
 mod kind;
@@ -36,6 +40,10 @@ use wasmop_contract::Scope;
 /// An object of a primary's snapshot, with the kind of the read that
 /// selected it (`None` for owned objects).
 type Seen = (Option<KindRef>, Arc<Value>);
+
+/// How long a reconcile waits before looking again when the cache has not
+/// yet seen this replica's last status write to the primary.
+pub(super) const OWN_STATUS_WAIT: Duration = Duration::from_millis(50);
 
 impl Operator {
     /// What a decision reads: the cache (Secrets read live), and the
@@ -106,6 +114,19 @@ impl Operator {
                     return;
                 }
             }
+        }
+        // The cache still shows the primary as it was before this
+        // replica's last status write to it: a plan made from it would
+        // start from the status that write replaced (a plugin's own
+        // records, like a key ring), and writing its status would put that
+        // older state back. Wait for the watch to deliver the write.
+        if crate::execute::economy::behind_own_status(
+            object::uid(&primary),
+            object::resource_version(&primary),
+        ) {
+            tracing::debug!(primary = %key, "the cache has not seen our last status write; reconcile waits");
+            self.queue.add_after(key.clone(), OWN_STATUS_WAIT);
+            return;
         }
         // A rollout may route this primary to the candidate (see
         // `controller/rollout.rs`): chosen once, for the whole reconcile.

@@ -90,10 +90,11 @@ pub fn patch_holds(patch: &Value, current: &Value) -> bool {
 }
 
 /// The status this process last wrote per primary UID, with the
-/// resourceVersion the primary had before the write. A reconcile that runs
-/// before the watch delivered our own status write sees the primary at that
-/// older version; comparing with what was written (instead of the stale
-/// cached status) spares a second, identical status write.
+/// resourceVersion the primary had before the write. Until the watch
+/// delivers that write the cache shows the primary at the older version:
+/// the worker does not plan from it ([`behind_own_status`]), and a status
+/// compared while it is so is compared with what was written
+/// ([`current_status`]), not the stale cached one.
 static WRITTEN_STATUS: Mutex<Option<HashMap<String, (String, Value)>>> = Mutex::new(None);
 
 /// Bound on [`WRITTEN_STATUS`]; when reached, it starts over (a forgotten
@@ -109,6 +110,18 @@ pub fn remember_status(uid: &str, before_rv: &str, status: &Value) {
         memo.clear();
     }
     memo.insert(uid.to_owned(), (before_rv.to_owned(), status.clone()));
+}
+
+/// True when the cache shows the primary `uid` at `rv`, the version this
+/// process's last status write to it was made over: the server already
+/// holds that write, the cache does not yet. A plan made from this primary
+/// would start from a status it replaced, and its status write would put
+/// the older state back.
+pub fn behind_own_status(uid: &str, rv: &str) -> bool {
+    let memo = WRITTEN_STATUS.lock().unwrap_or_else(|p| p.into_inner());
+    memo.as_ref()
+        .and_then(|m| m.get(uid))
+        .is_some_and(|(before, _)| before == rv)
 }
 
 /// The status the primary `uid` has on the server when the cache shows it
@@ -212,6 +225,15 @@ mod tests {
         );
         // A later version is the truth, whatever it holds.
         assert_eq!(current_status("uid-memo", "7", &cached), cached);
+    }
+
+    #[test]
+    fn a_primary_cached_from_before_our_status_write_is_behind_it() {
+        assert!(!behind_own_status("uid-behind", "5"), "nothing written");
+        remember_status("uid-behind", "5", &json!({"ring": 2}));
+        assert!(behind_own_status("uid-behind", "5"), "cache still at 5");
+        assert!(!behind_own_status("uid-behind", "6"), "the write arrived");
+        assert!(!behind_own_status("uid-other", "5"), "another primary");
     }
 
     #[test]

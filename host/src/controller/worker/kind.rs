@@ -39,6 +39,19 @@ impl Operator {
             .kind(&a.primary)
             .map(|kc| kc.list(None).iter().map(|o| Arc::new(o.value())).collect())
             .unwrap_or_default();
+        // As for one primary (`worker.rs`): a primary the cache shows from
+        // before our last status write to it would be planned from the
+        // status that write replaced. The call waits for the watch.
+        if all.iter().any(|p| {
+            crate::execute::economy::behind_own_status(
+                crate::object::uid(p),
+                crate::object::resource_version(p),
+            )
+        }) {
+            tracing::debug!(controller = %a.id, "the cache has not seen our last status write to a primary; kind reconcile waits");
+            self.queue.add_after(key, super::OWN_STATUS_WAIT);
+            return;
+        }
         let now = jiff::Timestamp::now();
         let now_text = format_now(now);
         // One call judges many primaries: every object the cache does not
