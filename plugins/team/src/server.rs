@@ -773,6 +773,16 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
     // the call goes out; cleared once an answer to it is kept.
     let requested =
         snapshot.primary["status"]["bootstrapRequested"].as_str() == Some(boot_user.as_str());
+    // The one bootstrap call: the same body every time, so the same
+    // Idempotency-Key.
+    let boot_request = || {
+        anonymous.request(
+            "bootstrap",
+            HttpMethod::Post,
+            "/api/bootstrap",
+            Some(json!({"username": boot_user})),
+        )
+    };
     let mut boot_sent = false;
     let boot = snapshot.observation("bootstrap");
     let bootstrapped = if has_creds {
@@ -900,12 +910,7 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
             // replays keys hands back the key it minted, any other answers
             // 403, and that answer is kept and reported as bootstrapped
             // elsewhere. Sent once per lost answer: a kept 403 ends it.
-            plan = plan.http(anonymous.request(
-                "bootstrap",
-                HttpMethod::Post,
-                "/api/bootstrap",
-                Some(json!({"username": boot_user})),
-            ));
+            plan = plan.http(boot_request());
             boot_sent = true;
             conds.set(
                 "Bootstrapped",
@@ -932,12 +937,7 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
                 "BootstrapFailed",
                 &format!("POST /api/bootstrap: {}", describe(o)),
             );
-            plan = plan.http(anonymous.request(
-                "bootstrap",
-                HttpMethod::Post,
-                "/api/bootstrap",
-                Some(json!({"username": boot_user})),
-            ));
+            plan = plan.http(boot_request());
             boot_sent = true;
             false
         } else if version_missing
@@ -945,12 +945,7 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
                 .as_ref()
                 .is_some_and(|v| v["bootstrapped"] == false)
         {
-            plan = plan.http(anonymous.request(
-                "bootstrap",
-                HttpMethod::Post,
-                "/api/bootstrap",
-                Some(json!({"username": boot_user})),
-            ));
+            plan = plan.http(boot_request());
             boot_sent = true;
             let message = if version_missing {
                 "GET /api/version answered 404 (this server has no version endpoint, a proposal of the design's §13): trying POST /api/bootstrap; a 403 would mean the install is bootstrapped already"
