@@ -194,6 +194,15 @@ async fn run(observer: &Observer, requests: &[HttpRequest]) -> SubmitOutcome {
     observer.run(&primary(), resolved).await
 }
 
+/// `POST /v1/teams` with body `{"name":"a"}`, under id `create`.
+fn create_team(server: &TestServer) -> HttpRequest {
+    let mut post = probe(server, "/v1/teams");
+    post.id = "create".into();
+    post.method = HttpMethod::Post;
+    post.body = r#"{"name":"a"}"#.into();
+    post
+}
+
 fn probe(server: &TestServer, path: &str) -> HttpRequest {
     get(
         "probe",
@@ -560,10 +569,7 @@ async fn at_most_max_concurrent_requests_are_in_flight() {
 async fn mutating_calls_carry_an_idempotency_key_and_are_sent_each_time_asked() {
     let server = TestServer::start(Reply::ok("created")).await;
     let obs = observer(allowing(&server));
-    let mut post = probe(&server, "/v1/teams");
-    post.id = "create".into();
-    post.method = HttpMethod::Post;
-    post.body = r#"{"name":"a"}"#.into();
+    let post = create_team(&server);
     run(&obs, std::slice::from_ref(&post)).await;
     run(&obs, std::slice::from_ref(&post)).await;
     let key = idempotency_key(UID, "create", HttpMethod::Post, "/v1/teams", &post.body);
@@ -618,10 +624,7 @@ async fn a_mutating_call_in_flight_is_not_sent_again_by_a_later_plan() {
 async fn a_mutating_call_answered_after_the_plans_snapshot_is_not_sent_again() {
     let server = TestServer::start(Reply::ok("created")).await;
     let obs = observer(allowing(&server));
-    let mut post = probe(&server, "/v1/teams");
-    post.id = "create".into();
-    post.method = HttpMethod::Post;
-    post.body = r#"{"name":"a"}"#.into();
+    let post = create_team(&server);
     let send = |request: &HttpRequest, seen: &SeenResults| {
         let resolved = obs.prepare(std::slice::from_ref(request), &[], no_objects, no_secrets);
         let seen = seen.clone();
