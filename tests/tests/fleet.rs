@@ -1943,7 +1943,81 @@ async fn mesh_join_and_departure_follow_the_proxies() -> Result<()> {
         &Patch::Merge(json!({"metadata": {"finalizers": [HOLD_FINALIZER]}})),
     )
     .await?;
+    // First the permissive PeerAuthentication cannot be created (a
+    // ValidatingAdmissionPolicy refuses it) while the policy's update and
+    // the Deployment's would go through, as with a 5xx on one write: the
+    // template keeps the proxy until a snapshot shows the permissive
+    // objects, so no member starts without a proxy under the strict rule.
+    let refusal = wasmop_tests::policy::Policy::apply(
+        &ns.client,
+        &format!("{}-no-pa", ns.name),
+        json!({"spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": ["security.istio.io"], "apiVersions": ["*"],
+                "operations": ["CREATE"], "resources": ["peerauthentications"],
+            }]},
+            "validations": [{"expression": "false", "message": "test: no PeerAuthentication yet"}],
+        }}),
+        json!({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns.name}}}),
+    )
+    .await?;
+    let probe: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "security.istio.io/v1", "kind": "PeerAuthentication",
+        "metadata": {"name": "probe"}, "spec": {},
+    }))?;
+    refusal
+        .wait_enforced("no PeerAuthentication yet", || {
+            let (ns, probe) = (&ns, &probe);
+            async move {
+                let pp = PostParams {
+                    dry_run: true,
+                    ..Default::default()
+                };
+                peer_authentications(ns)
+                    .create(&pp, probe)
+                    .await
+                    .map(|_| ())
+            }
+        })
+        .await?;
     patch_spec(&ns, "mf", json!({"mesh": null})).await?;
+    // The departure's plan ran and its writes were attempted: refused at
+    // the PeerAuthentication, the template unchanged, every member proxied.
+    wait_for(
+        "the departure refused at the PeerAuthentication",
+        DEADLINE,
+        || {
+            let ns = &ns;
+            async move {
+                let c = condition(&fleets(ns).get("mf").await?, "Reconciled");
+                let refused = c["status"] == "False"
+                    && c["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("no PeerAuthentication yet"));
+                Ok(refused.then_some(()))
+            }
+        },
+    )
+    .await?;
+    let labels = deployments
+        .get("mf")
+        .await?
+        .spec
+        .and_then(|s| s.template.metadata)
+        .and_then(|m| m.labels)
+        .unwrap_or_default();
+    let members = member_pods(&ns, &uid).await?;
+    refusal.remove().await?;
+    assert_eq!(
+        labels.get("sidecar.istio.io/inject").map(String::as_str),
+        Some("true"),
+        "the template dropped the proxy before the permissive PeerAuthentication existed"
+    );
+    assert!(
+        members.iter().all(proxied),
+        "a member without a proxy started while the peer rule could be strict"
+    );
     wait_for(
         "every running member without a proxy, the held one terminating",
         DEADLINE,

@@ -10,6 +10,8 @@
 //!   proxy exits. On departure the PeerAuthentication (8081 PERMISSIVE)
 //!   and the identity-free peer rule are applied again until then too: a
 //!   member already out of the mesh talks plaintext to those still in it.
+//!   The template drops the proxy only once a snapshot shows both in place
+//!   ([`departure_in_place`]), a pass after the one that applies them.
 //! - AuthorizationPolicy `F-mesh` (ALLOW): 8081 from the fleet's and the
 //!   operator's ServiceAccounts in any trust domain; 8080 from anyone with
 //!   `applicationAccess: AllowAll`. PeerAuthentication `F-mesh` keeps 8081
@@ -110,6 +112,44 @@ pub fn template_metadata(
     {
         labels.insert("sidecar.istio.io/inject".into(), json!("false"));
     }
+}
+
+/// True when the workload's Pod template still asks for the proxy.
+pub fn template_in_mesh(workload: &Value) -> bool {
+    workload["spec"]["template"]["metadata"]["labels"]["sidecar.istio.io/inject"] == "true"
+}
+
+/// True when the snapshot shows a departing fleet's mesh objects in place:
+/// PeerAuthentication `F-mesh` keeps 8081 PERMISSIVE and the
+/// AuthorizationPolicy has a peer rule that asks for no identity. Until
+/// then the Pod template keeps the proxy: a member started without one
+/// would talk plaintext to peers whose policy still demands an identity
+/// (a plan's writes are attempted independently, so the workload's update
+/// can land while the policy's fails).
+pub fn departure_in_place(policy: Option<&Value>, peer: Option<&Value>) -> bool {
+    let live = |o: &&Value| o["metadata"]["deletionTimestamp"].is_null();
+    let permissive = peer
+        .filter(live)
+        .is_some_and(|p| p["spec"]["portLevelMtls"][PEER_PORT.to_string()]["mode"] == "PERMISSIVE");
+    let open_peer_rule = policy.filter(live).is_some_and(|p| {
+        p["spec"]["rules"].as_array().is_some_and(|rules| {
+            rules.iter().any(|r| {
+                r["to"][0]["operation"]["ports"] == json!([PEER_PORT.to_string()])
+                    && r.get("from").is_none()
+            })
+        })
+    });
+    permissive && open_peer_rule
+}
+
+/// The fleet as the Pod template sees it while its members keep the proxy
+/// during a departure (`template_metadata` of a fleet still in the mesh).
+pub fn keeping_proxy(fleet: &Fleet) -> Fleet {
+    let mut kept = fleet.clone();
+    kept.spec.mesh = Some(crate::api::Mesh {
+        istio: Some(Istio::default()),
+    });
+    kept
 }
 
 /// The istiod egress rule of NetworkPolicy `F`.

@@ -434,6 +434,19 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         None => None,
     };
 
+    // Departure: the Pod template drops the proxy only once the snapshot
+    // shows the permissive peer policy in place (a pass later than the one
+    // that applies it), never in the same plan.
+    let keeping_proxy = istio.is_none()
+        && any_proxy
+        && observed.workload.is_some_and(mesh::template_in_mesh)
+        && !mesh::departure_in_place(
+            snapshot.owned_named("AuthorizationPolicy", &mesh_name),
+            snapshot.owned_named("PeerAuthentication", &mesh_name),
+        );
+    let template_fleet = keeping_proxy.then(|| mesh::keeping_proxy(&fleet));
+    let template_fleet = template_fleet.as_ref().unwrap_or(&fleet);
+
     // Infrastructure: never held by maintenance.
     plan = plan
         .apply(render::application_service(&fleet))
@@ -553,7 +566,7 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
 
     let fixed = render::fixed_hash(&snapshot.primary);
     let desired = i64::from(fleet.spec.replicas());
-    let template_hash = stable_hash(&render::pod_template(&fleet));
+    let template_hash = stable_hash(&render::pod_template(template_fleet));
     let paused = fleet.spec.paused();
     pause_condition(&fleet, &mut st);
 
@@ -595,7 +608,7 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         }
     } else {
         let replicas = i32::try_from(target).unwrap_or(i32::MAX);
-        plan = plan.apply(render::workload(&fleet, &fixed, replicas));
+        plan = plan.apply(render::workload(template_fleet, &fixed, replicas));
     }
     let settled_now = observed.workload.is_some_and(|w| {
         workload_annotation(w, TEMPLATE_HASH_ANNOTATION) == Some(&template_hash)
@@ -608,6 +621,13 @@ pub fn reconcile(snapshot: &Snapshot) -> Result<Plan, ReconcileError> {
         progress = Some((
             "Provisioning",
             "waiting for the Istio proxy in every member Pod".into(),
+        ));
+    }
+    if progress.is_none() && keeping_proxy && !paused {
+        progress = Some((
+            "Provisioning",
+            "leaving the mesh: members keep their Istio proxy until the permissive peer policy is in place"
+                .into(),
         ));
     }
     if progress.is_none() && !settled_now {

@@ -1284,6 +1284,120 @@ fn mesh_departure_waits_for_the_last_proxy() {
 }
 
 #[test]
+fn a_departing_template_keeps_the_proxy_until_the_permissive_policy_is_seen() {
+    // The joined fleet: every member proxied, the policy strict, no
+    // PeerAuthentication, the workload's template asking for the proxy.
+    let mut joined = World::running(meshed(), 2);
+    joined.pods = vec![
+        with_proxy(pod("f-abc-0", true), true),
+        with_proxy(pod("f-abc-1", true), true),
+    ];
+    let strict = applied_named(&joined.plan(), "AuthorizationPolicy", "f-mesh")
+        .unwrap()
+        .clone();
+    assert!(strict["spec"]["rules"][0].get("from").is_some());
+    let meshed_workload = settled_workload(&meshed(), 2);
+    assert_eq!(
+        meshed_workload["spec"]["template"]["metadata"]["labels"]["sidecar.istio.io/inject"],
+        "true"
+    );
+
+    // The user removes spec.mesh.
+    let mut f = bucket_fleet();
+    f["metadata"]["annotations"] = json!({"celld.eric.dev/istio-control-plane": "istio-system"});
+    let mut w = World::running(f, 2);
+    w.pods = joined.pods.clone();
+    w.owned.retain(|o| o["kind"] != "Deployment");
+    w.owned.push(meshed_workload.clone());
+    let mut ap = routing_owned("AuthorizationPolicy", "security.istio.io/v1");
+    ap["metadata"]["name"] = json!("f-mesh");
+    ap["spec"] = strict["spec"].clone();
+    w.owned.push(ap.clone());
+
+    // First pass: the permissive objects are applied, the template is not
+    // changed in the same plan (its write could land while theirs fails).
+    let plan = w.plan();
+    assert!(applied_named(&plan, "PeerAuthentication", "f-mesh").is_some());
+    let departing = applied_named(&plan, "AuthorizationPolicy", "f-mesh")
+        .unwrap()
+        .clone();
+    assert!(departing["spec"]["rules"][0].get("from").is_none());
+    let held = applied_named(&plan, "Deployment", "f").expect("workload");
+    assert_eq!(
+        held["spec"]["template"], meshed_workload["spec"]["template"],
+        "the template keeps the proxy"
+    );
+    assert_eq!(
+        held["metadata"]["annotations"], meshed_workload["metadata"]["annotations"],
+        "the template hash is the meshed one"
+    );
+    let progressing = condition(&plan, "Progressing");
+    assert_eq!(progressing["status"], "True");
+    assert!(
+        progressing["message"]
+            .as_str()
+            .unwrap()
+            .contains("permissive peer policy"),
+        "{progressing}"
+    );
+
+    // Only the PeerAuthentication seen: still held.
+    let mut pa = routing_owned("PeerAuthentication", "security.istio.io/v1");
+    pa["metadata"]["name"] = json!("f-mesh");
+    pa["spec"] = applied_named(&plan, "PeerAuthentication", "f-mesh").unwrap()["spec"].clone();
+    w.owned.push(pa.clone());
+    let plan = w.plan();
+    assert_eq!(
+        applied_named(&plan, "Deployment", "f").unwrap()["spec"]["template"]["metadata"]["labels"]
+            ["sidecar.istio.io/inject"],
+        "true"
+    );
+    // A PeerAuthentication being deleted does not count as in place.
+    let mut w_deleting = World::running(w.primary.clone(), 2);
+    w_deleting.pods = w.pods.clone();
+    w_deleting.owned.retain(|o| o["kind"] != "Deployment");
+    w_deleting.owned.push(meshed_workload.clone());
+    let mut open = ap.clone();
+    open["spec"] = departing["spec"].clone();
+    w_deleting.owned.push(open.clone());
+    let mut pa_deleting = pa.clone();
+    pa_deleting["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    w_deleting.owned.push(pa_deleting);
+    assert_eq!(
+        applied_named(&w_deleting.plan(), "Deployment", "f").unwrap()["spec"]["template"]["metadata"]
+            ["labels"]["sidecar.istio.io/inject"],
+        "true"
+    );
+
+    // Both in place: the template drops the proxy.
+    w.owned.retain(|o| o["kind"] != "AuthorizationPolicy");
+    w.owned.push(open);
+    let plan = w.plan();
+    assert_eq!(
+        applied_named(&plan, "Deployment", "f").unwrap()["spec"]["template"]["metadata"]["labels"]
+            ["sidecar.istio.io/inject"],
+        "false"
+    );
+
+    // Once the template has left the mesh it is never put back, even if a
+    // hand edit makes the policy strict again (the policy is re-applied).
+    let mut left = World::running(w.primary.clone(), 2);
+    left.pods = w.pods.clone();
+    left.owned.push(ap);
+    let plan = left.plan();
+    assert_eq!(
+        applied_named(&plan, "Deployment", "f").unwrap()["spec"]["template"]["metadata"]["labels"]
+            ["sidecar.istio.io/inject"],
+        "false"
+    );
+    assert!(
+        applied_named(&plan, "AuthorizationPolicy", "f-mesh").unwrap()["spec"]["rules"][0]
+            .get("from")
+            .is_none()
+    );
+}
+
+#[test]
 fn mesh_without_istio_crds_is_infrastructure_blocked() {
     let mut w = World::running(meshed(), 2);
     w.absent.push(crate::mesh::authorization_policy_kind());
