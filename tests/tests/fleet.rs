@@ -1643,6 +1643,20 @@ fn authorization_policies(ns: &TestNamespace) -> Api<DynamicObject> {
     )
 }
 
+/// The labels of Deployment `name`'s Pod template.
+async fn template_labels(
+    deployments: &Api<Deployment>,
+    name: &str,
+) -> Result<BTreeMap<String, String>> {
+    Ok(deployments
+        .get(name)
+        .await?
+        .spec
+        .and_then(|s| s.template.metadata)
+        .and_then(|m| m.labels)
+        .unwrap_or_default())
+}
+
 fn peer_authentications(ns: &TestNamespace) -> Api<DynamicObject> {
     dynamic(
         ns,
@@ -1850,13 +1864,9 @@ async fn mesh_join_and_departure_follow_the_proxies() -> Result<()> {
         || {
             let (ns, deployments) = (&ns, &deployments);
             async move {
-                let labelled = deployments
-                    .get("mf")
+                let labelled = template_labels(deployments, "mf")
                     .await?
-                    .spec
-                    .and_then(|s| s.template.metadata)
-                    .and_then(|m| m.labels)
-                    .is_some_and(|l| l.contains_key("sidecar.istio.io/inject"));
+                    .contains_key("sidecar.istio.io/inject");
                 Ok((istiod_egress(ns, "mf").await? && labelled).then_some(()))
             }
         },
@@ -2000,13 +2010,7 @@ async fn mesh_join_and_departure_follow_the_proxies() -> Result<()> {
         },
     )
     .await?;
-    let labels = deployments
-        .get("mf")
-        .await?
-        .spec
-        .and_then(|s| s.template.metadata)
-        .and_then(|m| m.labels)
-        .unwrap_or_default();
+    let labels = template_labels(&deployments, "mf").await?;
     let members = member_pods(&ns, &uid).await?;
     refusal.remove().await?;
     assert_eq!(
@@ -2090,12 +2094,9 @@ async fn mesh_join_and_departure_follow_the_proxies() -> Result<()> {
             .contains_key("celld.eric.dev/istio-control-plane"),
         "the opt-out record is kept"
     );
-    let template = deployments.get("mf").await?.spec.context("spec")?.template;
     assert_eq!(
-        template
-            .metadata
-            .and_then(|m| m.labels)
-            .unwrap_or_default()
+        template_labels(&deployments, "mf")
+            .await?
             .get("sidecar.istio.io/inject"),
         Some(&"false".to_owned()),
         "replacement Pods disable injection explicitly"

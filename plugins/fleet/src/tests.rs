@@ -1283,6 +1283,12 @@ fn mesh_departure_waits_for_the_last_proxy() {
     assert_eq!(deleted, ["AuthorizationPolicy", "PeerAuthentication"]);
 }
 
+/// The `sidecar.istio.io/inject` label of the workload's template in `plan`.
+fn injection(plan: &Plan) -> &Value {
+    &applied_named(plan, "Deployment", "f").expect("workload")["spec"]["template"]["metadata"]["labels"]
+        ["sidecar.istio.io/inject"]
+}
+
 #[test]
 fn a_departing_template_keeps_the_proxy_until_the_permissive_policy_is_seen() {
     // The joined fleet: every member proxied, the policy strict, no
@@ -1347,11 +1353,7 @@ fn a_departing_template_keeps_the_proxy_until_the_permissive_policy_is_seen() {
     pa["spec"] = applied_named(&plan, "PeerAuthentication", "f-mesh").unwrap()["spec"].clone();
     w.owned.push(pa.clone());
     let plan = w.plan();
-    assert_eq!(
-        applied_named(&plan, "Deployment", "f").unwrap()["spec"]["template"]["metadata"]["labels"]
-            ["sidecar.istio.io/inject"],
-        "true"
-    );
+    assert_eq!(injection(&plan), "true");
     // A PeerAuthentication being deleted does not count as in place.
     let mut w_deleting = World::running(w.primary.clone(), 2);
     w_deleting.pods = w.pods.clone();
@@ -1363,21 +1365,13 @@ fn a_departing_template_keeps_the_proxy_until_the_permissive_policy_is_seen() {
     let mut pa_deleting = pa.clone();
     pa_deleting["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
     w_deleting.owned.push(pa_deleting);
-    assert_eq!(
-        applied_named(&w_deleting.plan(), "Deployment", "f").unwrap()["spec"]["template"]["metadata"]
-            ["labels"]["sidecar.istio.io/inject"],
-        "true"
-    );
+    assert_eq!(injection(&w_deleting.plan()), "true");
 
     // Both in place: the template drops the proxy.
     w.owned.retain(|o| o["kind"] != "AuthorizationPolicy");
     w.owned.push(open);
     let plan = w.plan();
-    assert_eq!(
-        applied_named(&plan, "Deployment", "f").unwrap()["spec"]["template"]["metadata"]["labels"]
-            ["sidecar.istio.io/inject"],
-        "false"
-    );
+    assert_eq!(injection(&plan), "false");
 
     // Once the template has left the mesh it is never put back, even if a
     // hand edit makes the policy strict again (the policy is re-applied).
@@ -1385,11 +1379,7 @@ fn a_departing_template_keeps_the_proxy_until_the_permissive_policy_is_seen() {
     left.pods = w.pods.clone();
     left.owned.push(ap);
     let plan = left.plan();
-    assert_eq!(
-        applied_named(&plan, "Deployment", "f").unwrap()["spec"]["template"]["metadata"]["labels"]
-            ["sidecar.istio.io/inject"],
-        "false"
-    );
+    assert_eq!(injection(&plan), "false");
     assert!(
         applied_named(&plan, "AuthorizationPolicy", "f-mesh").unwrap()["spec"]["rules"][0]
             .get("from")
